@@ -1,0 +1,31 @@
+"""Errors that reach the user: each carries the process exit code and a one-line message."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_ABORTED = 3
+
+
+class KvdiagError(Exception):
+    """An error the CLI reports as one line (no traceback unless ``--debug``)."""
+
+    exit_code: int = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(KvdiagError):
+    """Bad option values or an impossible configuration."""
+
+
+class InputError(KvdiagError):
+    """A file that cannot be read or is not what it claims to be."""
+
+
+class DeviceUnavailable(KvdiagError):
+    """The requested executor or device is not present on this machine."""

@@ -1,0 +1,233 @@
+"""Trace events (format v1): the contract between capture and everything after it.
+
+Every event carries ``seq`` (1-based, strictly increasing in a file), ``t_ns`` (monotonic
+nanoseconds since capture start) and ``step`` (decode/ubatch step, 0-based). On disk each is one
+JSON object per line with a ``kind`` tag; see docs/trace-format.md for the field reference.
+
+Page ranges are half-open ``[begin, end)`` so a read of 512 pages costs one range, not 512
+events.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from kvdiag.model.geometry import Tensor
+
+Route = Literal["streamed", "fallback", "abort", "ordinary"]
+Source = Literal["pool", "ring", "host"]
+ReadClass = Literal["exact", "stale", "foreign"]
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
+    """Common header of every event."""
+
+    seq: int
+    t_ns: int
+    step: int
+
+
+class Step(Event, tag="step"):
+    """A ubatch begins. ``tokens`` is the number of query tokens per stream in the ubatch."""
+
+    phase: Literal["prefill", "decode"]
+    streams: tuple[int, ...]
+    tokens: int
+    n_kv: int
+    slots: tuple[int, ...] = ()
+
+
+class Learn(Event, tag="learn"):
+    """The resident cache assigned a layer number to a K view pointer (or cleared its maps)."""
+
+    layer: int
+    k_ptr: int
+    relearn: bool = False
+
+
+class Fits(Event, tag="fits"):
+    """One ``ggml_cuda_kv_stream_fattn_fits(dst)`` decision and the route the dispatcher took."""
+
+    node: str
+    layer: int
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    dst: Tensor
+    stage_bytes: int
+    result: bool
+    route: Route
+    failed: tuple[str, ...] = ()
+    mask: Tensor | None = None
+    membership: bool = False
+
+
+class Write(Event, tag="write"):
+    """SET_ROWS of one ubatch into one layer and stream of the host store.
+
+    ``cells`` is the stream-local cell range written, ``rows`` the global row range
+    (stream × kv_size + cell) that the runtime hands to mark_dirty_rows, and ``dirty`` the
+    bookkeeping keys the layout marked: ``[layer, stream, page]`` with stream None for the
+    shared (layer, page) layout.
+    """
+
+    layer: int
+    stream: int
+    cells: tuple[int, int]
+    rows: tuple[int, int]
+    dirty: tuple[tuple[int, int | None, int], ...] = ()
+    versions: tuple[tuple[int, int], ...] = ()
+
+
+class Upload(Event, tag="upload"):
+    """Host → device copy of consecutive pages of one layer view (one batched copy)."""
+
+    layer: int
+    stream: int
+    pages: tuple[int, int]
+    slot: int
+    target: Literal["resident", "ring"]
+    bytes: int
+    reason: Literal["miss", "dirty", "wide-query", "last-chunk", "ring"]
+    key_stream: int | None = None
+
+
+class Evict(Event, tag="evict"):
+    """A resident slot lost the content it held (replaced or invalidated)."""
+
+    slot: int
+    layer: int
+    page: int
+    stream: int
+    bytes: int
+    reason: str
+
+
+class ReadRange(msgspec.Struct, frozen=True, array_like=True):
+    """Pages ``[begin, end)`` read from one source whose bytes were written by ``holder``."""
+
+    begin: int
+    end: int
+    source: Source
+    holder: int
+    cls: ReadClass
+    version_lag: int = 0
+
+
+class Read(Event, tag="read"):
+    """What one streamed attention read for one layer and stream."""
+
+    layer: int
+    stream: int
+    pool: int
+    ring: int
+    host: int
+    ranges: tuple[ReadRange, ...] = ()
+
+
+class Abort(Event, tag="abort"):
+    """A modelled or real abort: ggml_abort text, or a CUDA error."""
+
+    message: str
+    file: str = ""
+    line: int = 0
+    condition: str = ""
+    backtrace: tuple[str, ...] = ()
+    cuda_error: str | None = None
+
+
+class Warn(Event, tag="warn"):
+    message: str
+    code: str = ""
+    layer: int | None = None
+
+
+class Output(Event, tag="output"):
+    """Attention output of one stream at one step (all layers), against the resident reference.
+
+    ``checksum``/``ref_checksum`` are CRC-32 of the float32 outputs of every layer in graph
+    order; ``worst_layer`` is the layer with the largest ``max_abs_delta``.
+    """
+
+    stream: int
+    checksum: str
+    ref_checksum: str
+    max_abs_delta: float
+    tolerance: float
+    worst_layer: int | None = None
+
+
+class Telemetry(Event, tag="telemetry"):
+    """One NVML sample. Fields NVML could not provide are absent."""
+
+    mem_used: int | None = None
+    mem_total: int | None = None
+    gpu_util: int | None = None
+    mem_util: int | None = None
+    pcie_rx_kbps: int | None = None
+    pcie_tx_kbps: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_mw: int | None = None
+
+
+class End(Event, tag="end"):
+    """The capture finished (``status`` completed or aborted); absent if the process died."""
+
+    status: Literal["completed", "aborted", "error"]
+    steps: int
+    events: int
+
+
+class Unknown(msgspec.Struct, frozen=True):
+    """An event of a kind this version does not know (from a newer minor version): kept."""
+
+    kind: str
+    seq: int
+    t_ns: int
+    step: int
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+AnyEvent = Step | Learn | Fits | Write | Upload | Evict | Read | Abort | Warn | Output | Telemetry | End
+KNOWN_KINDS: tuple[str, ...] = (
+    "step",
+    "learn",
+    "fits",
+    "write",
+    "upload",
+    "evict",
+    "read",
+    "abort",
+    "warn",
+    "output",
+    "telemetry",
+    "end",
+)
+
+
+class Device(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The machine a capture ran on (NVML's words where a GPU exists)."""
+
+    name: str
+    memory_bytes: int | None = None
+    driver: str | None = None
+    pcie: str | None = None
+    compute_capability: str | None = None
+
+
+class Header(msgspec.Struct, frozen=True, omit_defaults=True):
+    """First line of a trace file."""
+
+    format: str
+    version: str
+    kvdiag_version: str
+    created: str
+    backend: str
+    device: Device
+    scenario: dict[str, Any] = msgspec.field(default_factory=dict)
+    plan: dict[str, Any] = msgspec.field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)

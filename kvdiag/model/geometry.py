@@ -1,0 +1,29 @@
+"""Tensor geometry as ggml describes it: type, ``ne`` (elements per dim), ``nb`` (byte strides).
+
+``ne[0]`` is the innermost dimension; ``nb[i]`` is the byte stride of dimension ``i``
+(ggml.h, ``struct ggml_tensor``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+Shape4 = tuple[int, int, int, int]
+
+
+class Tensor(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One ggml tensor (or view) as seen by an op: what ``fits()`` and the dispatcher inspect.
+
+    ``buffer`` is the buffer type name (``CUDA0``, ``CUDA_KV_Stream_Host``, ...); ``runtime``
+    is the kv-stream runtime id that ``runtime_from_tensor`` would return (None = not
+    streamed); ``data`` is the data pointer (views include their byte offset).
+    """
+
+    name: str
+    type: str
+    ne: Shape4
+    nb: Shape4
+    data: int = 0
+    buffer: str = ""
+    runtime: int | None = None
+    contiguous: bool = True
