@@ -1,15 +1,193 @@
-"""(not implemented yet)"""
+"""Inspect and validate .kvtrace files: ``trace info FILE [--json]``, ``trace validate FILE``.
+
+``info`` shows the header, event counts per kind, step and time spans, problems and whether the
+capture ended. ``validate`` prints one line per problem and exits 0 when the file is valid
+(no problems, has an End event), 1 when it has problems, 2 when it is not a readable trace.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from kvdiag.errors import KvdiagError
+from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from kvdiag.model.events import Device
+    from kvdiag.trace.summary import TraceSummary
+
+MAX_PROBLEMS_SHOWN = 50
+_SCENARIO_VALUE_WIDTH = 60
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*")
+    sub = parser.add_subparsers(
+        dest="trace_command", metavar="ACTION", required=True, parser_class=type(parser)
+    )
+    info = sub.add_parser("info", help="header, counts, spans, problems and end status")
+    info.add_argument("file", metavar="FILE", help="a .kvtrace file")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    validate = sub.add_parser(
+        "validate", help="exit 0 if the trace is complete and undamaged, 1 if not"
+    )
+    validate.add_argument("file", metavar="FILE", help="a .kvtrace file")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KvdiagError("trace: not implemented yet")
+    if args.trace_command == "validate":
+        return _validate(args.file)
+    return _info(args.file, as_json=args.json)
+
+
+def _validate(path: str) -> int:
+    from kvdiag.trace.reader import TraceReader
+
+    with TraceReader.open(path) as reader:
+        events = sum(1 for _ in reader)
+        for problem in reader.problems:
+            print(f"{path}:{problem.line}: {problem.kind}: {problem.message}")
+        if reader.problems:
+            print(
+                f"{path}: invalid: {_plural(len(reader.problems), 'problem')}, {events} events read"
+            )
+            return EXIT_FINDINGS
+        end = reader.end
+        ended = f"ended {end.status} after {_plural(end.steps, 'step')}" if end else "ended"
+        print(f"{path}: valid: format {reader.version_text}, {events} events, {ended}")
+        return EXIT_OK
+
+
+def _info(path: str, *, as_json: bool) -> int:
+    from kvdiag.trace.reader import TraceReader
+    from kvdiag.trace.summary import summarize
+
+    with TraceReader.open(path) as reader:
+        summary = summarize(reader)
+    if as_json:
+        import msgspec
+
+        print(msgspec.json.format(msgspec.json.encode(summary.to_dict()), indent=2).decode())
+        return EXIT_OK
+    from rich.console import Console
+
+    console = Console()
+    for part in _info_renderables(summary):
+        console.print(part)
+    return EXIT_OK
+
+
+def _info_renderables(s: TraceSummary) -> list[RenderableType]:
+    from rich.table import Table
+    from rich.text import Text
+
+    h = s.header
+    head = Table(title=f"trace {s.name}", show_header=False, title_justify="left")
+    head.add_column("field", style="bold", no_wrap=True)
+    head.add_column("value", overflow="fold")
+    fmt = f"{h.format} {s.version}"
+    if s.newer_minor:
+        fmt += " (newer minor version: unknown kinds and fields kept)"
+    head.add_row("format", fmt)
+    head.add_row("kvdiag", h.kvdiag_version)
+    head.add_row("created", h.created)
+    head.add_row("backend", h.backend)
+    head.add_row("device", _device_text(h.device))
+    for key, value in h.scenario.items():
+        head.add_row(f"scenario.{key}", _short(value))
+    if h.plan:
+        head.add_row("plan", f"{len(h.plan)} entries")
+    for key, value in s.header_extras.items():
+        head.add_row(f"{key} (unknown)", _short(value))
+    parts: list[RenderableType] = [head]
+
+    counts = Table(title="events", title_justify="left")
+    counts.add_column("kind", no_wrap=True)
+    counts.add_column("count", justify="right")
+    counts.add_column("share", justify="right")
+    for kind, n in s.counts.items():
+        label = f"{kind} (unknown kind)" if kind in s.unknown_kinds else kind
+        counts.add_row(label, f"{n:,}", f"{n / s.events:.1%}" if s.events else "-")
+    counts.add_row(Text("total", style="bold"), f"{s.events:,}", "")
+    parts.append(counts)
+
+    span = Table(show_header=False, title="span", title_justify="left")
+    span.add_column("field", style="bold", no_wrap=True)
+    span.add_column("value")
+    if s.first_step is None or s.last_step is None:
+        span.add_row("steps", "no events")
+    else:
+        n_steps = s.last_step - s.first_step + 1
+        span.add_row("steps", f"{s.first_step} – {s.last_step} ({_plural(n_steps, 'step')})")
+    if s.duration_ns is not None:
+        span.add_row("time", f"{s.first_t_ns:,} – {s.last_t_ns:,} ns ({_duration(s.duration_ns)})")
+    span.add_row("lines", f"{s.lines:,}")
+    if s.end is not None:
+        span.add_row(
+            "end",
+            Text(
+                f"{s.end.status} (End: {_plural(s.end.steps, 'step')}, {s.end.events:,} events)",
+                style="green" if s.end.status == "completed" else "yellow",
+            ),
+        )
+    else:
+        span.add_row("end", Text("no End event: the capture did not finish", style="red"))
+    if s.truncated:
+        span.add_row("truncated", Text(f"yes: last line {s.lines} is cut short", style="red"))
+    parts.append(span)
+
+    if s.extra_fields:
+        extra = Table(title="fields unknown to this version (kept)", title_justify="left")
+        extra.add_column("kind.field", overflow="fold")
+        extra.add_column("events", justify="right")
+        for path, n in s.extra_fields.items():
+            extra.add_row(path, f"{n:,}")
+        parts.append(extra)
+
+    if s.problems:
+        problems = Table(title=_plural(len(s.problems), "problem"), title_justify="left")
+        problems.add_column("line", justify="right", no_wrap=True)
+        problems.add_column("kind", no_wrap=True)
+        problems.add_column("message", overflow="fold")
+        for p in s.problems[:MAX_PROBLEMS_SHOWN]:
+            problems.add_row(str(p.line), Text(p.kind, style="red"), p.message)
+        if len(s.problems) > MAX_PROBLEMS_SHOWN:
+            problems.add_row("", "", f"… and {len(s.problems) - MAX_PROBLEMS_SHOWN} more")
+        parts.append(problems)
+    else:
+        parts.append(Text("no problems", style="green"))
+    return parts
+
+
+def _device_text(device: Device) -> str:
+    parts = [device.name]
+    if device.memory_bytes is not None:
+        parts.append(f"{device.memory_bytes / 2**30:.1f} GiB")
+    for label, value in (
+        ("driver", device.driver),
+        ("PCIe", device.pcie),
+        ("cc", device.compute_capability),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value}")
+    return ", ".join(parts)
+
+
+def _duration(ns: int) -> str:
+    if ns >= 10**9:
+        return f"{ns / 1e9:.3f} s"
+    if ns >= 10**6:
+        return f"{ns / 1e6:.3f} ms"
+    return f"{ns / 1e3:.1f} µs"
+
+
+def _short(value: object) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > _SCENARIO_VALUE_WIDTH:
+        text = text[: _SCENARIO_VALUE_WIDTH - 1] + "…"
+    return text
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

@@ -1,0 +1,360 @@
+"""Streaming reader of ``.kvtrace`` files (format v1, docs/trace-format.md).
+
+Memory stays bounded by the chunk size and the longest line (``max_line``), whatever the file
+size. The fast path hands a whole chunk of complete lines to ``msgspec``'s ``decode_lines`` over
+the tagged union of event Structs; a chunk that fails to decode, holds a blank line, the End
+event or a sequence break is decoded again line by line, which is where problems are found and
+given line numbers. Files of a newer minor version always take the line-by-line path, because
+each line is also decoded as plain JSON to keep the fields this version does not know.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import msgspec
+
+from kvdiag.errors import InputError
+from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
+from kvdiag.trace.extras import extra_fields
+from kvdiag.trace.problems import Problem, ProblemKind
+from kvdiag.trace.version import FORMAT_NAME, check_compatible, parse_version
+
+TraceItem = AnyEvent | Unknown
+
+# Small chunks measured fastest (benchmarks/bench_trace_io.py): decode_lines builds one list
+# per chunk, and a list of thousands of fresh objects costs the cyclic GC far more than a few
+# dozen that die young; 32 KiB is about 150 events.
+CHUNK_SIZE = 32 << 10
+MAX_LINE = 64 << 20
+# What a bad line can make msgspec raise: malformed JSON or wrong types (MsgspecError),
+# invalid UTF-8 (UnicodeDecodeError, a ValueError) and absurd nesting (RecursionError).
+_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)
+_COMMON = ("seq", "t_ns", "step")
+_json_decode = msgspec.json.decode
+_SEQ = operator.attrgetter("seq")
+
+
+class TraceReader:
+    """Reads the header on construction; iterating yields events, once, in file order.
+
+    After (and during) iteration: ``problems``, ``truncated``, ``complete``, ``end``,
+    ``lines_read`` (lines consumed, header included) and, for a file of a
+    newer minor version, ``extras``: ``{seq: {path: value}}`` for fields of known kinds that
+    this version does not declare (see :mod:`kvdiag.trace.extras`).
+    """
+
+    def __init__(
+        self,
+        stream: BinaryIO,
+        name: str = "<stream>",
+        *,
+        chunk_size: int = CHUNK_SIZE,
+        max_line: int = MAX_LINE,
+        close_stream: bool = False,
+    ) -> None:
+        if not 0 < chunk_size <= max_line:
+            raise ValueError("need 0 < chunk_size <= max_line")
+        self.name = name
+        self._stream = stream
+        self._close_stream = close_stream
+        self._chunk_size = chunk_size
+        self._max_line = max_line
+        self.problems: list[Problem] = []
+        self.truncated = False
+        self.end: End | None = None
+        self.lines_read = 0
+        self.extras: dict[int, dict[str, Any]] = {}
+        self.header_extras: dict[str, Any] = {}
+        self._last_seq = 0
+        self._decode_lines = msgspec.json.Decoder(AnyEvent).decode_lines
+        self._decode = msgspec.json.Decoder(AnyEvent).decode
+        self._iterator: Iterator[TraceItem] | None = None
+        self._finished = False
+        self.header, self.version, self.newer_minor = self._read_header()
+
+    @classmethod
+    def open(cls, path: str | Path, **options: Any) -> TraceReader:
+        """Open ``path``; every failure to open or to recognise it is an :class:`InputError`."""
+        p = Path(path)
+        try:
+            stream = p.open("rb")
+        except FileNotFoundError:
+            raise InputError(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"{p}: is a directory, not a trace file") from None
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
+        try:
+            return cls(stream, str(p), close_stream=True, **options)
+        except BaseException:
+            stream.close()
+            raise
+
+    @property
+    def version_text(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+    @property
+    def complete(self) -> bool:
+        """An End event was seen."""
+        return self.end is not None
+
+    @property
+    def finished(self) -> bool:
+        """Iteration reached the end of the file."""
+        return self._finished
+
+    def __iter__(self) -> Iterator[TraceItem]:
+        if self._iterator is None:
+            self._iterator = self._events()
+        return self._iterator
+
+    def close(self) -> None:
+        if self._close_stream:
+            self._stream.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- header ---------------------------------------------------------------------------
+
+    def _read_header(self) -> tuple[Header, tuple[int, int], bool]:
+        name = self.name
+        line = self._read(lambda: self._stream.readline(self._max_line))
+        if not line:
+            raise InputError(f"{name}: empty file, not a kvtrace trace")
+        self.lines_read = 1
+        if not line.endswith(b"\n") and len(line) >= self._max_line:
+            raise InputError(f"{name}: not a kvtrace trace (no header line)")
+        try:
+            raw = _json_decode(line)
+        except _DECODE_ERRORS:
+            if not line.endswith(b"\n") and line.startswith(b'{"format":"kvtrace"'):
+                raise InputError(f"{name}: truncated header, no events written") from None
+            raise InputError(f"{name}: not a kvtrace trace (line 1 is not JSON)") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+            raise InputError(f"{name}: not a kvtrace trace (line 1 is not a kvtrace header)")
+        try:
+            version = parse_version(raw.get("version"))
+            newer_minor = check_compatible(version)
+        except InputError as exc:
+            raise InputError(f"{name}: {exc}") from None
+        try:
+            header = msgspec.convert(raw, Header)
+        except msgspec.ValidationError as exc:
+            raise InputError(f"{name}: invalid trace header: {exc}") from None
+        if newer_minor:
+            self.header_extras = extra_fields(header, raw)
+        return header, version, newer_minor
+
+    def _read(self, call: Any) -> bytes:
+        try:
+            data = call()
+        except OSError as exc:
+            raise InputError(f"{self.name}: read failed: {exc.strerror or exc}") from None
+        if not isinstance(data, bytes | bytearray):
+            raise InputError(f"{self.name}: not a binary stream")
+        return bytes(data)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _events(self) -> Iterator[TraceItem]:
+        read = self._stream.read
+        size = self._chunk_size
+        parts: list[bytes] = []  # pieces of the line not yet ended by a newline
+        pending = 0
+        skipping = False  # inside a line longer than max_line
+        while True:
+            chunk = self._read(lambda: read(size))
+            if not chunk:
+                break
+            if skipping:
+                cut = chunk.find(b"\n")
+                if cut < 0:
+                    continue
+                skipping = False
+                chunk = chunk[cut + 1 :]
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                parts.append(chunk)
+                pending += len(chunk)
+                if pending > self._max_line:
+                    self.lines_read += 1
+                    self._problem(
+                        self.lines_read,
+                        "corrupt",
+                        f"line longer than {self._max_line} bytes, skipped",
+                    )
+                    parts.clear()
+                    pending = 0
+                    skipping = True
+                continue
+            if parts:
+                parts.append(chunk[: cut + 1])
+                block = b"".join(parts)
+                parts.clear()
+            else:
+                block = chunk[: cut + 1]
+            rest = chunk[cut + 1 :]
+            if rest:
+                parts.append(rest)
+            pending = len(rest)
+            yield from self._block(block)
+        if skipping:
+            self.truncated = True
+        elif parts:
+            tail = b"".join(parts)
+            parts.clear()
+            self.lines_read += 1
+            event = self._line(tail, self.lines_read, last=True)
+            if event is not None:
+                yield event
+        if self.end is None:
+            self._problem(
+                self.lines_read,
+                "incomplete",
+                f"no End event: the capture did not finish ({self.lines_read} lines read)",
+            )
+        self._finished = True
+
+    def _block(self, block: bytes) -> list[TraceItem]:
+        """Decode a run of complete lines (each ending in a newline)."""
+        n = block.count(b"\n")
+        if not self.newer_minor and self.end is None:
+            try:
+                events: list[TraceItem] = self._decode_lines(block)
+            except _DECODE_ERRORS:
+                pass
+            else:
+                # decode_lines splits on any whitespace and skips blank lines, so one value per
+                # newline is what proves the line numbers right. (Only a crafted file with a
+                # blank line and a line of two events together would pass where the line-by-line
+                # path reports both; the writer writes neither.)
+                if len(events) == n and self._fast_accept(events):
+                    self.lines_read += n
+                    return events
+        first = self.lines_read + 1
+        lines = block.split(b"\n")
+        lines.pop()
+        out: list[TraceItem] = []
+        for number, text in enumerate(lines, first):
+            event = self._line(text, number, last=False)
+            if event is not None:
+                out.append(event)
+        self.lines_read += n
+        return out
+
+    def _fast_accept(self, events: list[TraceItem]) -> bool:
+        """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End."""
+        seqs = list(map(_SEQ, events))
+        first = seqs[0]
+        if first <= self._last_seq:
+            return False
+        # The writer numbers events consecutively, so comparing with a range (C speed) settles
+        # almost every chunk; the pairwise test covers files with gaps in seq.
+        if seqs != list(range(first, first + len(seqs))) and not all(
+            map(operator.lt, seqs, itertools.islice(seqs, 1, None))
+        ):
+            return False
+        if End in map(type, events):
+            return False
+        self._last_seq = seqs[-1]
+        return True
+
+    def _line(self, text: bytes, number: int, *, last: bool) -> TraceItem | None:
+        """Decode one line; record what is wrong with it; None when nothing can be kept."""
+        event: TraceItem | None
+        if not text.strip():
+            self._problem(number, "corrupt", "empty line")
+            return None
+        try:
+            event = self._decode(text)
+        except _DECODE_ERRORS as exc:
+            event = self._fallback(text, number, exc, last=last)
+            if event is None:
+                return None
+        else:
+            if self.newer_minor:
+                extras = extra_fields(event, _json_decode(text))
+                if extras:
+                    self.extras[event.seq] = extras
+        self._accept(event, number)
+        return event
+
+    def _fallback(
+        self, text: bytes, number: int, error: BaseException, *, last: bool
+    ) -> Unknown | None:
+        """A line the typed decoder refused: an unknown kind, truncation or corruption."""
+        try:
+            raw = _json_decode(text)
+        except _DECODE_ERRORS as exc:
+            if last and not text.endswith(b"\n"):
+                self.truncated = True
+                self._problem(
+                    number, "truncated", f"last line is cut short ({len(text)} bytes): {exc}"
+                )
+            else:
+                self._problem(number, "corrupt", f"not JSON: {exc}")
+            return None
+        if not isinstance(raw, dict):
+            self._problem(number, "corrupt", f"not a JSON object ({type(raw).__name__})")
+            return None
+        kind = raw.get("kind")
+        if not isinstance(kind, str):
+            self._problem(number, "corrupt", "no string 'kind' field")
+            return None
+        if kind in KNOWN_KINDS:
+            self._problem(number, "corrupt", f"invalid {kind} event: {error}")
+            return None
+        seq, t_ns, step = (raw.get(key) for key in _COMMON)
+        # type() is: JSON true/false decode to bool, which is an int subclass.
+        if type(seq) is not int or type(t_ns) is not int or type(step) is not int:
+            self._problem(
+                number, "corrupt", f"event of unknown kind {kind!r} without integer seq/t_ns/step"
+            )
+            return None
+        if not self.newer_minor:
+            self._problem(
+                number,
+                "unknown-kind",
+                f"kind {kind!r} is not part of format {self.version_text}; kept as unknown",
+            )
+        fields = {k: v for k, v in raw.items() if k != "kind" and k not in _COMMON}
+        return Unknown(kind, seq, t_ns, step, fields)
+
+    def _accept(self, event: TraceItem, number: int) -> None:
+        """Sequence, End and counting checks for an event decoded on the slow path."""
+        if event.seq <= self._last_seq:
+            self._problem(
+                number, "sequence", f"seq {event.seq} does not follow seq {self._last_seq}"
+            )
+        self._last_seq = event.seq
+        if self.end is not None:
+            self._problem(number, "after-end", f"event seq {event.seq} after the End event")
+        if isinstance(event, End) and self.end is None:
+            self.end = event
+            # Lines between the header (line 1) and this End line, damaged ones included.
+            present = number - 2
+            if event.events != present:
+                self._problem(
+                    number,
+                    "count",
+                    f"End reports {event.events} events but {present} event lines precede it",
+                )
+
+    def _problem(self, line: int, kind: ProblemKind, message: str) -> None:
+        self.problems.append(Problem(line, kind, message))

@@ -1,0 +1,202 @@
+"""Append-only writer of ``.kvtrace`` files (format v1, docs/trace-format.md).
+
+Crash safety comes from when bytes reach the kernel, not from fsync: events are encoded into
+an in-process buffer and handed to ``os.write`` as whole lines by :meth:`TraceWriter.end_step`
+(at least once per step), immediately for Abort and Warn, and by :meth:`TraceWriter.close`.
+Once ``os.write`` returns, the lines survive the death of this process (SIGKILL, abort), so every
+event of every completed step is on disk; only a machine crash can lose them, which is what the
+optional ``fsync=True`` is for. If the process dies inside ``os.write`` itself, at most the last
+line is cut short, and the reader reports it as truncated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from kvdiag import __version__
+from kvdiag.model.events import Abort, Device, End, Event, Header, Warn
+from kvdiag.trace.version import FORMAT_NAME, FORMAT_VERSION
+
+E = TypeVar("E", bound=Event)
+EndStatus = Literal["completed", "aborted", "error"]
+
+_NEWLINE = 10
+# Lines that must not wait for the end of the step: they are what a post-mortem looks for first.
+_URGENT: tuple[type[Event], ...] = (Abort, Warn)
+
+
+def make_header(
+    backend: str,
+    device: Device,
+    *,
+    scenario: dict[str, Any] | None = None,
+    plan: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    created: datetime.datetime | None = None,
+) -> Header:
+    """A v1 header for this kvdiag version; ``created`` defaults to now (UTC, ISO 8601)."""
+    when = created or datetime.datetime.now(datetime.UTC)
+    return Header(
+        format=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        kvdiag_version=__version__,
+        created=when.isoformat(timespec="seconds"),
+        backend=backend,
+        device=device,
+        scenario=scenario or {},
+        plan=plan or {},
+        extra=extra or {},
+    )
+
+
+class TraceWriter:
+    """Writes a header line, then one event per line, to a file it owns.
+
+    Use :meth:`create`. ``emit`` numbers events (``seq`` from 1) and stamps ``t_ns``
+    (monotonic nanoseconds since the writer was created). It is safe to call from several
+    threads (a telemetry sampler beside the capture loop); events are numbered in the order
+    their calls take the lock.
+    """
+
+    def __init__(self, fd: int, path: Path, *, fsync: bool = False) -> None:
+        self.path = path
+        self._fd = fd
+        self._fsync = fsync
+        self._buf = bytearray()
+        self._encoder = msgspec.json.Encoder()
+        self._encode_into = self._encoder.encode_into
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic_ns()
+        self._seq = 0
+        self._max_step = -1
+        self._counts: Counter[type[Event]] = Counter()
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls, path: str | os.PathLike[str], header: Header, *, fsync: bool = False
+    ) -> TraceWriter:
+        """Create (or truncate) ``path``, write ``header`` as line 1 and flush it.
+
+        ``header`` must carry this format's name and version (see :func:`make_header`).
+        """
+        if header.format != FORMAT_NAME or header.version != FORMAT_VERSION:
+            raise ValueError(
+                f"header says {header.format} {header.version}; this writer writes "
+                f"{FORMAT_NAME} {FORMAT_VERSION}"
+            )
+        p = Path(path)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        writer = cls(fd, p, fsync=fsync)
+        writer._buf += msgspec.json.encode(header)
+        writer._buf.append(_NEWLINE)
+        writer._flush()
+        return writer
+
+    @property
+    def seq(self) -> int:
+        """The ``seq`` of the last event emitted (0 before the first)."""
+        return self._seq
+
+    @property
+    def count_by_kind(self) -> dict[str, int]:
+        """Events emitted so far, by ``kind`` tag."""
+        with self._lock:
+            counts = list(self._counts.items())
+        return {_tag(cls): n for cls, n in counts}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def emit(self, cls: type[E], step: int, **fields: Any) -> E:
+        """Build ``cls(seq, t_ns, step, **fields)``, buffer its line and return it.
+
+        The line reaches the file at the next :meth:`end_step`, or now for Abort and Warn.
+        """
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"emit on closed trace writer ({self.path})")
+            self._seq += 1
+            event = cls(seq=self._seq, t_ns=time.monotonic_ns() - self._t0, step=step, **fields)
+            buf = self._buf
+            self._encode_into(event, buf, -1)
+            buf.append(_NEWLINE)
+            self._counts[cls] += 1
+            if step > self._max_step:
+                self._max_step = step
+            if cls in _URGENT:
+                self._flush()
+        return event
+
+    def end_step(self) -> None:
+        """Hand every buffered line to the OS (and fsync when configured)."""
+        with self._lock:
+            if not self._closed:
+                self._flush()
+
+    def close(self, status: EndStatus = "completed", *, steps: int | None = None) -> End | None:
+        """Write the End event, flush and close; a second call does nothing and returns None.
+
+        ``steps`` defaults to the highest step emitted + 1; End's ``events`` counts the events
+        before it.
+        """
+        if self._closed:
+            return None
+        try:
+            end = self.emit(
+                End,
+                max(self._max_step, 0),
+                status=status,
+                steps=self._max_step + 1 if steps is None else steps,
+                events=self._seq,
+            )
+            with self._lock:
+                self._flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                os.close(self._fd)
+        return end
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close("completed" if exc_type is None else "error")
+
+    def _flush(self) -> None:
+        """Write the whole buffer; called with the lock held."""
+        buf = self._buf
+        if buf:
+            view = memoryview(buf)
+            done = 0
+            try:
+                # os.write may write less than asked (signals, quotas); loop so that a line is
+                # never left half on disk while the process is still alive.
+                while done < len(view):
+                    done += os.write(self._fd, view[done:])
+            finally:
+                view.release()
+                del buf[:done]
+        if self._fsync:
+            os.fsync(self._fd)
+
+
+def _tag(cls: type[Event]) -> str:
+    tag = cls.__struct_config__.tag
+    return tag if isinstance(tag, str) else cls.__name__.lower()
