@@ -230,6 +230,8 @@ class TraceReader:
                 f"no End event: the capture did not finish ({self.lines_read} lines read)",
             )
         self._finished = True
+        # A file opened by open() is closed once read to the end, so list(open(p)) leaks nothing.
+        self.close()
 
     def _block(self, block: bytes) -> list[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
