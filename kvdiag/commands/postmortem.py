@@ -1,15 +1,57 @@
-"""(not implemented yet)"""
+"""Analyse llama-server logs after a crash: aborts, backtraces, known signatures.
+
+Exit status: 0 no crash found, 1 crashes found, 2 input errors (a log or binary that cannot be
+read; partial input is still analysed and the break reported).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from kvdiag.errors import KvdiagError
+from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*")
+    parser.add_argument("logs", nargs="+", metavar="LOG",
+                        help="log files (.gz accepted); '-' reads standard input")
+    parser.add_argument("--binary", action="append", default=[], metavar="PATH",
+                        help="ELF binary or shared library the crash ran (repeatable); "
+                             "frames in it are symbolized from its DWARF")
+    parser.add_argument("--debug-dir", metavar="DIR",
+                        help="directory with separate debug files (.build-id/xx/yyyy.debug)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="do not read or write the symbolizer's on-disk index cache")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a report")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KvdiagError("postmortem: not implemented yet")
+    import json
+    import sys
+
+    from kvdiag.analysis.signatures import evaluate
+    from kvdiag.postmortem.lines import open_log
+    from kvdiag.postmortem.parse import LogParser
+    from kvdiag.report.postmortem import postmortem_renderable, postmortem_to_json
+
+    parser = LogParser()
+    for path in args.logs:
+        name, stream, closers = open_log(path)
+        try:
+            parser.feed(name, stream)
+        finally:
+            for c in closers:
+                c.close()
+    scan = parser.result()
+    if args.binary:
+        raise UsageError("--binary: symbolization is not available in this build yet")
+    findings = evaluate(scan)
+    if args.json:
+        json.dump(postmortem_to_json(scan, findings), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        Console().print(postmortem_renderable(scan, findings))
+    if any(p.message.startswith("input breaks") for p in scan.problems):
+        return EXIT_USAGE
+    return EXIT_FINDINGS if scan.crashes else EXIT_OK

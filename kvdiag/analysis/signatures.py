@@ -1,0 +1,326 @@
+"""Known crash and risk signatures in parsed server logs: ``LogScan`` in, findings out.
+
+Each rule is a pure function registered with an id, a title and a fix; it returns findings whose
+evidence cites the log lines it matched. Facts behind the kv-stream rules are in the domain
+brief §8: the fits-dispatch abort needs K/V in ``CUDA_KV_Stream_Host``, more than one KV stream
+(``2/2 seqs``), a ubatch holding both slots and membership-only dispatch; the aliasing risk
+needs streaming on, non-unified KV with ≥ 2 streams (only reachable through the
+``LLAMA_KV_STREAM_ALLOW_MULTISEQ`` opt-in in the G1 lineage) and shows on a first request that
+lands in slot ≥ 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.model.logrecords import BootConfig, Crash, LogLine, LogScan
+
+Rule = Callable[[LogScan], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    id: str
+    title: str
+    fix: str
+    func: Rule
+
+
+REGISTRY: dict[str, RuleInfo] = {}
+
+
+def rule(rule_id: str, title: str, fix: str) -> Callable[[Rule], Rule]:
+    def deco(func: Rule) -> Rule:
+        REGISTRY[rule_id] = RuleInfo(rule_id, title, fix, func)
+        return func
+
+    return deco
+
+
+def evaluate(scan: LogScan) -> list[Finding]:
+    """Every registered rule over ``scan``, in registry order."""
+    out: list[Finding] = []
+    for info in REGISTRY.values():
+        out.extend(info.func(scan))
+    return out
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _ev(where: LogLine, text: str | None = None) -> Evidence:
+    return Evidence(source=where.source, line=where.line, text=(text or where.text)[:300])
+
+
+def _boot_for(scan: LogScan, crash: Crash) -> BootConfig | None:
+    if crash.boot_index is not None and 0 <= crash.boot_index < len(scan.boots):
+        boot = scan.boots[crash.boot_index]
+        if boot.source == crash.where.source:
+            return boot
+    return None
+
+
+def _boot_line(boot: BootConfig, *needles: str) -> Evidence | None:
+    for where in boot.evidence:
+        if all(n in where.text for n in needles):
+            return _ev(where)
+    return None
+
+
+def _groups(crashes: Iterable[Crash]) -> list[list[Crash]]:
+    """Crashes grouped by fingerprint, in order of first appearance."""
+    groups: dict[str, list[Crash]] = {}
+    for c in crashes:
+        groups.setdefault(c.fingerprint or f"#{id(c)}", []).append(c)
+    return list(groups.values())
+
+
+def _first_app_frame(crash: Crash) -> str | None:
+    if crash.backtrace is None:
+        return None
+    for fr in crash.backtrace.frames:
+        if fr.in_app and fr.function:
+            loc = f" at {fr.file}:{fr.line}" if fr.file else ""
+            return f"{fr.function}{loc}"
+    return None
+
+
+def _crash_evidence(crash: Crash) -> list[Evidence]:
+    out = [_ev(crash.where)]
+    if crash.error is not None and crash.error.where != crash.where:
+        out.append(_ev(crash.error.where))
+    frame = _first_app_frame(crash)
+    if frame is not None and crash.backtrace is not None:
+        out.append(Evidence(source=crash.backtrace.where.source,
+                            line=crash.backtrace.where.line, text=f"first in-app frame: {frame}"))
+    return out
+
+
+def _short(path: str | None) -> str:
+    return re.sub(r"^.*[\\/]", "", path) if path else "?"
+
+
+_FITS_COND = re.compile(r"kv_stream_fattn_fits|streamed_supported|kv_stream\w*fits")
+_OOM = re.compile(r"out of memory|OutOfMemory|cudaErrorMemoryAllocation|hipErrorOutOfMemory",
+                  re.IGNORECASE)
+
+
+def _is_fits_abort(crash: Crash) -> bool:
+    cond = crash.abort.condition if crash.abort is not None else None
+    return bool(cond and _FITS_COND.search(cond))
+
+
+def _is_oom(crash: Crash) -> bool:
+    return crash.error is not None and bool(_OOM.search(crash.error.message))
+
+
+# -- rules ---------------------------------------------------------------------------------
+
+FITS_FIX = (
+    "dispatch FLASH_ATTN_EXT on the full ggml_cuda_kv_stream_fattn_fits(dst), not on buffer "
+    "membership; when it is false run the ordinary flash attention on the same host-mapped "
+    "tensors (zero-copy) and warn. Until then: run with --kv-unified (one stream) or -np 1."
+)
+
+
+@rule("kvstream-fits-dispatch-abort", "kv-stream fits/dispatch mismatch abort", FITS_FIX)
+def fits_dispatch_abort(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if _is_fits_abort(c)):
+        crash = group[0]
+        ev = _crash_evidence(crash)
+        details: dict[str, object] = {"crashes": len(group), "fingerprint": crash.fingerprint}
+        boot = _boot_for(scan, crash)
+        conds: list[str] = []
+        if boot is not None:
+            details["n_stream"] = boot.n_stream
+            details["kv_unified"] = boot.kv_unified
+            if boot.kv_stream:
+                conds.append("streaming on")
+                e = _boot_line(boot, "KV_Stream") or _boot_line(boot, "KV streaming")
+                if e is not None:
+                    ev.append(e)
+            if boot.n_stream is not None and boot.n_stream >= 2:
+                conds.append(f"{boot.n_stream} KV streams")
+                e = _boot_line(boot, "seqs)")
+                if e is not None:
+                    ev.append(e)
+        if len(crash.active_slots) >= 2:
+            conds.append(f"slots {', '.join(map(str, crash.active_slots))} active together")
+            details["active_slots"] = list(crash.active_slots)
+            for slot in crash.active_slots:
+                launches = [e for e in crash.timeline if e.slot == slot and e.kind == "launch"]
+                if launches:
+                    ev.append(_ev(launches[-1].where))
+        geometry = [f for f in crash.fits if len(f.ne) == 4 and f.ne[3] > 1]
+        identity = [f for f in crash.fits if f.kr in ("(nil)", "0x0", None) or f.kr != f.vr]
+        if geometry:
+            details["class"] = "geometry"
+            details["fits_ne"] = list(geometry[-1].ne)
+            ev.append(_ev(geometry[-1].where))
+            conds.append(f"FA view ne[3] = {geometry[-1].ne[3]} (streamed kernel needs 1)")
+        elif identity:
+            details["class"] = "runtime identity"
+            ev.append(_ev(identity[-1].where))
+        details["conditions"] = conds
+        title = "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) aborted the server"
+        if conds:
+            title += ": " + "; ".join(conds)
+        yield Finding(rule="kvstream-fits-dispatch-abort", severity=Severity.CRITICAL,
+                      title=title, evidence=tuple(ev), fix=FITS_FIX, details=details)
+
+
+ALIAS_FIX = (
+    "key resident-page bookkeeping (slots, loaded, dirty) by (layer, stream, page) instead of "
+    "(layer, page); until then run streamed caches with --kv-unified or -np 1, and compare "
+    "slot >= 1 outputs against a streaming-off run."
+)
+
+
+@rule("kvstream-multislot-aliasing-risk", "multi-slot resident page aliasing risk", ALIAS_FIX)
+def multislot_aliasing(scan: LogScan) -> Iterable[Finding]:
+    for first in scan.first_requests:
+        if first.slot < 1 or not (0 <= first.boot_index < len(scan.boots)):
+            continue
+        boot = scan.boots[first.boot_index]
+        streams = boot.n_stream
+        if not boot.kv_stream or streams is None or streams < 2 or boot.kv_unified is True:
+            continue
+        ev: list[Evidence] = []
+        for needles in (("KV_Stream",), ("KV streaming",), ("seqs)",), ("kv_unified",),
+                        ("MULTISEQ",)):
+            e = _boot_line(boot, *needles)
+            if e is not None and e not in ev:
+                ev.append(e)
+        ev.append(_ev(first.where))
+        title = (f"first request after boot ran on slot {first.slot} with {streams} KV streams "
+                 "and streaming on: its reads may return slot 0's resident pages")
+        if not boot.multiseq_optin:
+            title += " (no multi-sequence opt-in line seen)"
+        yield Finding(
+            rule="kvstream-multislot-aliasing-risk", severity=Severity.ERROR, title=title,
+            evidence=tuple(ev), fix=ALIAS_FIX,
+            details={"slot": first.slot, "n_stream": streams, "optin": boot.multiseq_optin},
+        )
+
+
+OOM_FIX = (
+    "reduce device memory: smaller -c/--ctx-size or -ub, fewer offloaded layers (-ngl), a "
+    "smaller kv-stream pool/arena, or free the GPU from other processes"
+)
+
+
+@rule("cuda-oom", "GPU out of memory", OOM_FIX)
+def cuda_oom(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if _is_oom(c)):
+        crash = group[0]
+        err = crash.error
+        assert err is not None
+        where = f" in {err.function}" if err.function else ""
+        dev = f" on device {err.device}" if err.device is not None else ""
+        yield Finding(
+            rule="cuda-oom", severity=Severity.ERROR,
+            title=f"{err.backend} out of memory{where}{dev}"
+                  + (f" ({err.statement})" if err.statement else ""),
+            evidence=tuple(_crash_evidence(crash)), fix=OOM_FIX,
+            details={"crashes": len(group), "fingerprint": crash.fingerprint,
+                     "function": err.function, "device": err.device},
+        )
+    for ev in scan.stream_events:
+        if ev.kind == "alloc_failure":
+            yield Finding(rule="cuda-oom", severity=Severity.ERROR,
+                          title=f"kv-stream allocation failed: {ev.message[:160]}",
+                          evidence=(_ev(ev.where),), fix=OOM_FIX)
+
+
+def _cuda_fix(message: str) -> str:
+    low = message.lower()
+    if "illegal memory access" in low or "misaligned" in low or "launch failure" in low:
+        return ("a kernel faulted: rerun with CUDA_LAUNCH_BLOCKING=1 (and compute-sanitizer) "
+                "to find the op; the named function is where the error surfaced, not "
+                "necessarily where it happened")
+    if "no kernel image" in low or "invalid device function" in low:
+        return "rebuild for this GPU's architecture (CMAKE_CUDA_ARCHITECTURES)"
+    if "unsupported" in low or "invalid argument" in low or "invalid value" in low:
+        return ("the failed call got parameters the device or library rejects: check the "
+                "tensor shapes/types of the op and the driver/library versions")
+    return "look up the error in the CUDA runtime docs; the statement shows the failed call"
+
+
+@rule("cuda-error", "GPU error in a named op", "see the finding")
+def cuda_error(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if c.error is not None and not _is_oom(c)
+                         and c.kind != "exception"):
+        crash = group[0]
+        err = crash.error
+        assert err is not None
+        op = f" ({err.failed_op} failed)" if err.failed_op else ""
+        where = f" in {err.function}" if err.function else ""
+        yield Finding(
+            rule="cuda-error", severity=Severity.ERROR,
+            title=f"{err.backend} error{where}: {err.message or '?'}{op}",
+            evidence=tuple(_crash_evidence(crash)), fix=_cuda_fix(err.message),
+            details={"crashes": len(group), "fingerprint": crash.fingerprint,
+                     "function": err.function, "location": err.location,
+                     "statement": err.statement, "device": err.device},
+        )
+
+
+@rule("ggml-assert", "ggml assert or abort", "see the condition and the first in-app frame")
+def ggml_assert(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if c.abort is not None and c.error is None
+                         and not _is_fits_abort(c)):
+        crash = group[0]
+        ab = crash.abort
+        assert ab is not None
+        what = f"assert {ab.condition}" if ab.condition is not None else ab.message
+        frame = _first_app_frame(crash)
+        yield Finding(
+            rule="ggml-assert", severity=Severity.ERROR,
+            title=f"{what} failed at {_short(ab.file)}:{ab.line}"
+                  + (f" (in {frame})" if frame else ""),
+            evidence=tuple(_crash_evidence(crash)),
+            fix="unknown signature: read the condition at that line and the in-app frames; "
+                "report it upstream with this fingerprint if it is not yours",
+            details={"crashes": len(group), "fingerprint": crash.fingerprint,
+                     "file": ab.file, "line": ab.line, "condition": ab.condition},
+        )
+
+
+@rule("segfault", "fatal signal without an assert", "see the first in-app frame")
+def segfault(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal")):
+        crash = group[0]
+        sig = crash.signal.signal if crash.signal is not None else "fatal signal"
+        frame = _first_app_frame(crash)
+        yield Finding(
+            rule="segfault", severity=Severity.ERROR,
+            title=f"{sig} without an assert" + (f" in {frame}" if frame else ""),
+            evidence=tuple(_crash_evidence(crash)),
+            fix="symbolize the backtrace (--binary) and inspect the first in-app frame; a "
+                "crash inside a GPU library usually means a bad pointer or size passed to it",
+            details={"crashes": len(group), "fingerprint": crash.fingerprint},
+        )
+
+
+@rule("kvstream-config-rejected", "kv-stream configuration rejected at boot",
+      "see the message")
+def config_rejected(scan: LogScan) -> Iterable[Finding]:
+    for ev in scan.config_failures:
+        msg = ev.message
+        fix = "fix the configuration named in the message"
+        if "-np 1" in msg or "sequence" in msg:
+            fix = "use -np 1, or --kv-unified where the build accepts several sequences"
+        elif "Flash Attention" in msg:
+            fix = "enable flash attention (-fa on)"
+        elif "CUDA backend" in msg:
+            fix = "keep every attention layer on one CUDA device (try --fit off)"
+        yield Finding(rule="kvstream-config-rejected", severity=Severity.ERROR,
+                      title=f"context creation failed: {msg[:200]}",
+                      evidence=(_ev(ev.where),), fix=fix)
+
+
+def rule_ids() -> Sequence[str]:
+    return tuple(REGISTRY)

@@ -1,0 +1,410 @@
+"""Backtrace frame lines in the forms ggml's crash path prints (domain brief §6.2–§6.4).
+
+* gdb ``bt``: ``#N  0xADDR in func (args) at file:line`` / ``… () from /lib`` / inlined frames
+  without an address ``#N  func (args) at file:line``; args may wrap onto following lines;
+  pager prompts may be glued in front of a frame.
+* glibc ``backtrace_symbols_fd``: ``module(sym+0xOFF)[0xADDR]``, ``module(+0xOFF) [0xADDR]``.
+* lldb: ``frame #N: 0xADDR module`func + off at file:line``.
+* macOS ``backtrace_symbols``: ``N   module   0xADDR func + off``.
+* systemd-coredump: ``#N  0xADDR func (module + 0xOFF)``.
+* Android (``Unwind``): ``N: 0xADDR symbol``.
+
+``BacktraceBuilder`` gathers consecutive frame lines into one ``Backtrace`` and ends it when a
+Go runtime trace (ollama) starts, so only the native part is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import msgspec
+
+from kvdiag.model.frames import Frame
+from kvdiag.model.logrecords import Backtrace, BacktraceForm, LogLine
+from kvdiag.postmortem.demangle import demangle
+
+MAX_FRAMES = 256
+
+_PAGER = re.compile(r"^--(?:Type <RET>|More--)[^-]*(?:--)?\s*")
+_GDB = re.compile(r"^#(\d+) +(?:(0x[0-9a-fA-F]+) in )?(.*)$")
+_COREDUMP = re.compile(r"^#(\d+) +(0x[0-9a-fA-F]+) (\S+) \((\S+) \+ (0x[0-9a-fA-F]+)\)$")
+_GLIBC = re.compile(
+    r"^(\S[^()\[]*?)?\(([^()+]*?)?(?:\+(0x[0-9a-fA-F]+))?\) ?\[(0x[0-9a-fA-F]+)\]\s*$"
+)
+_GLIBC_BARE = re.compile(r"^\[(0x[0-9a-fA-F]+)\]\s*$")
+_LLDB = re.compile(
+    r"^[* ]*frame #(\d+): (0x[0-9a-fA-F]+)(?: ([^`\s]+)`(.*?))?"
+    r"(?: \+ (\d+))?(?: at ([^:]+):(\d+)(?::\d+)?)?(?: \[\w+\])?\s*$"
+)
+_MACOS = re.compile(r"^(\d+) +(\S+) +(0x[0-9a-fA-F]+) (.+?)(?: \+ (\d+))?\s*$")
+_ANDROID = re.compile(r"^\s*(\d+): (0x[0-9a-fA-F]+) (.*)$")
+_BARE_ADDR = re.compile(r"^0x[0-9a-fA-F]+$")
+_GDB_AT = re.compile(r"^(.*) at (\S.*?):(\d+)$")
+_GDB_FROM = re.compile(r"^(.*) from (\S+)$")
+_GDB_CONT = re.compile(r"^\s+(?:at (\S.*?):(\d+)|from (\S+))\s*$")
+_THREAD_HDR = re.compile(
+    r"^(?:Thread \d+ \(.*\):|\* thread #\d+.*|  thread #\d+.*|Stack trace of thread \d+:)$"
+)
+_GO_START = re.compile(r"^(?:goroutine \d+ (?:gp=\S+ )?\S*\s*\[|SIG[A-Z]+: |PC=0x|"
+                       r"signal arrived during cgo execution|runtime\.\w+\()")
+_NOTES = (
+    "ptrace: Operation not permitted",
+    "No symbol table is loaded",
+    "No stack.",
+    "Could not attach to process",
+    "The program is not being run",
+    "warning: process",
+)
+
+#: Functions that are the abort/backtrace machinery, not the crash site (issue 4 list).
+ABORT_MACHINERY = frozenset({
+    "abort", "raise", "gsignal", "__GI_raise", "__GI_abort", "__pthread_kill_implementation",
+    "__pthread_kill_internal", "pthread_kill", "__pthread_kill", "__restore_rt", "_sigtramp",
+    "<signal handler called>", "__kernel_rt_sigreturn", "__assert_fail", "__assert_fail_base",
+    "__assert_rtn", "__GI___assert_fail", "ggml_abort", "ggml_print_backtrace",
+    "ggml_print_backtrace_symbols", "ggml_uncaught_exception", "ggml_abort_callback",
+    "__syscall_cancel_arch", "__internal_syscall_cancel", "__syscall_cancel", "__GI___wait4",
+    "wait4", "__wait4", "waitpid", "__waitpid", "__libc_wait", "_Unwind_Backtrace",
+    "backtrace", "__GI___backtrace", "std::terminate", "__cxa_throw", "__cxa_rethrow",
+    "__cxxabiv1::__terminate", "__gnu_cxx::__verbose_terminate_handler", "__pthread_kill_impl",
+})
+_RUNTIME_FUNCS = frozenset({
+    "_start", "__libc_start_main", "__libc_start_call_main", "__libc_start_main_impl",
+    "start_thread", "clone", "clone3", "__clone", "__clone3", "__clone_internal",
+    "execute_native_thread_routine", "start", "thread_start", "_pthread_start",
+    "crosscall2", "BaseThreadInitThunk", "RtlUserThreadStart",
+})
+_RUNTIME_MODULE = re.compile(
+    r"(?:^|[/\\])(?:libc(?:-[\d.]+)?\.so|libc\.so\.\d|libpthread|libm\.so|libdl|librt|"
+    r"ld-linux|ld\.so|ld-musl|libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s|libffi|libpython|"
+    r"python\d|libsystem_\w+\.dylib|libdyld\.dylib|dyld|libobjc|libunwind|ntdll\.dll|"
+    r"kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|msvcp\d+\.dll|vcruntime\d+\.dll|"
+    r"libcuda\.so|libcudart|libcublas|libamdhip64|libhsa-runtime|linux-vdso|libgomp|libomp|"
+    r"libiomp)",
+    re.IGNORECASE,
+)
+_CLONE_SUFFIX = re.compile(r"(?: \[clone [^\]]+\])+$|\.(?:cold|part\.\d+|isra\.\d+|"
+                           r"constprop\.\d+|llvm\.\d+|lto_priv\.\d+)$")
+
+
+def base_name(function: str) -> str:
+    """``ns::f(int) const [clone .cold]`` → ``ns::f``: the name used for matching and grouping."""
+    name = _CLONE_SUFFIX.sub("", function.strip())
+    name = _CLONE_SUFFIX.sub("", name)
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        ch = name[i]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            depth -= 1
+            if depth == 0:
+                head = name[:i].rstrip()
+                if head and not head.endswith("operator"):
+                    name = head
+                break
+    return name.strip()
+
+
+def is_in_app(function: str | None, module: str | None) -> bool:
+    """False for the abort machinery and for system/runtime libraries (see module docstring)."""
+    if module and _RUNTIME_MODULE.search(module):
+        return False
+    if function:
+        base = base_name(function)
+        if base in ABORT_MACHINERY or base in _RUNTIME_FUNCS:
+            return False
+        if base.startswith(("runtime.", "_cgo_", "__GI_", "__libc_")):
+            return False
+    return True
+
+
+def _split_gdb_call(rest: str) -> tuple[str | None, str]:
+    """Split ``func (args)`` into ``(func, args)``; C++ names keep their parameter list."""
+    rest = rest.strip()
+    if rest.endswith(")"):
+        depth = 0
+        for i in range(len(rest) - 1, -1, -1):
+            ch = rest[i]
+            if ch == ")":
+                depth += 1
+            elif ch == "(":
+                depth -= 1
+                if depth == 0:
+                    if i > 0 and rest[i - 1] == " ":
+                        func = rest[: i - 1].strip()
+                        return (func or None), rest[i:]
+                    break
+    return (rest or None), ""
+
+
+def _clean_function(func: str | None) -> str | None:
+    if func is None or func in ("??", "???", ""):
+        return None
+    return demangle(func)
+
+
+class Parsed(NamedTuple):
+    form: BacktraceForm
+    frame: Frame
+    complete: bool
+    symref: tuple[str, int] | None = None
+
+
+def parse_frame(text: str) -> Parsed | None:
+    """One frame line → ``(form, frame, complete)``; ``complete`` is False for a gdb frame whose
+    argument list wraps onto the next line(s)."""
+    s = text.strip()
+    if not s:
+        return None
+    if s.startswith("--"):
+        s = _PAGER.sub("", s)
+        if not s:
+            return None
+    if s.startswith("#"):
+        m = _COREDUMP.match(s)
+        if m is not None:
+            func = None if m.group(3) == "n/a" else m.group(3)
+            function = _clean_function(func)
+            module = m.group(4)
+            return Parsed("coredump", Frame(
+                index=int(m.group(1)), module=module, offset=int(m.group(5), 16),
+                address=int(m.group(2), 16), function=function,
+                in_app=is_in_app(function, module),
+            ), True)
+        m = _GDB.match(s)
+        if m is not None:
+            return _gdb_frame(int(m.group(1)), m.group(2), m.group(3))
+        return None
+    if "frame #" in s:
+        m = _LLDB.match(s)
+        if m is not None:
+            module = m.group(3)
+            function = _clean_function(_strip_lldb_args(m.group(4)))
+            return Parsed("lldb", Frame(
+                index=int(m.group(1)), module=module, address=int(m.group(2), 16),
+                function=function, file=m.group(6),
+                line=int(m.group(7)) if m.group(7) else None,
+                in_app=is_in_app(function, module),
+            ), True)
+    if s.endswith("]"):
+        m = _GLIBC.match(s)
+        if m is not None and (m.group(1) or m.group(3)):
+            module = (m.group(1) or "").strip() or None
+            sym = m.group(2) or None
+            function = _clean_function(sym)
+            off = int(m.group(3), 16) if m.group(3) else None
+            frame = Frame(
+                index=-1, module=module, offset=off if sym is None else None,
+                address=int(m.group(4), 16), function=function,
+                in_app=is_in_app(function, module),
+            )
+            ref = (sym, off) if sym is not None and off is not None else None
+            return Parsed("glibc", frame, True, ref)
+        m = _GLIBC_BARE.match(s)
+        if m is not None:
+            return Parsed("glibc", Frame(index=-1, address=int(m.group(1), 16)), True)
+    if s[0].isdigit():
+        m = _MACOS.match(s)
+        if m is not None and not m.group(2).startswith("0x"):
+            function = _clean_function(m.group(4))
+            module = m.group(2)
+            return Parsed("macos", Frame(
+                index=int(m.group(1)), module=module, address=int(m.group(3), 16),
+                function=function, in_app=is_in_app(function, module),
+            ), True)
+        m = _ANDROID.match(s)
+        if m is not None:
+            function = _clean_function(m.group(3).split(" ")[0] or None)
+            return Parsed("android", Frame(index=int(m.group(1)), address=int(m.group(2), 16),
+                                           function=function, in_app=is_in_app(function, None)),
+                          True)
+    return None
+
+
+def _strip_lldb_args(func: str | None) -> str | None:
+    """lldb prints ``f(a=1, b=0x2)`` with argument values; keep ``f``."""
+    if func and func.endswith(")"):
+        name, args = _split_gdb_call(func.replace("(", " (", 1)) if "(" in func else (func, "")
+        if "=" in args and name:
+            return name
+    return func
+
+
+def _gdb_frame(index: int, addr: str | None, rest: str) -> Parsed:
+    if addr is None and _BARE_ADDR.match(rest.strip()):
+        # a frame cut after its address (truncated log)
+        return Parsed("gdb", Frame(index=index, address=int(rest.strip(), 16)), True)
+    file: str | None = None
+    line: int | None = None
+    module: str | None = None
+    m = _GDB_AT.match(rest)
+    if m is not None:
+        rest, file, line = m.group(1), m.group(2), int(m.group(3))
+    else:
+        m = _GDB_FROM.match(rest)
+        if m is not None:
+            rest, module = m.group(1), m.group(2)
+    complete = rest.count("(") <= rest.count(")")
+    func, _args = _split_gdb_call(rest)
+    function = _clean_function(func)
+    frame = Frame(
+        index=index, module=module, address=int(addr, 16) if addr else None,
+        function=function, file=file, line=line, inlined=addr is None and index > 0,
+        in_app=is_in_app(function, module),
+    )
+    return Parsed("gdb", frame, complete)
+
+
+def is_note(text: str) -> str | None:
+    s = text.strip()
+    for note in _NOTES:
+        if s.startswith(note):
+            return s
+    return None
+
+
+def is_noise(text: str) -> bool:
+    """gdb chatter around a backtrace: source echo, LWP/thread lines, warnings."""
+    s = text.strip()
+    if not s:
+        return True
+    if s[0].isdigit() and ("\t" in text or " in " in s or ": No such file" in s):
+        return True
+    return s.startswith((
+        "[New LWP", "[New Thread", "[Thread debugging", "Using host libthread_db",
+        "[Inferior", "warning:", "⚠", "[Detaching", "This GDB supports", "Enable debuginfod",
+        "Debuginfod has been", "To make this setting", "<https://", "Reading symbols",
+        "Downloading", "[Switching to", "(gdb)", "(lldb)", "Process ", "Executable module",
+        "Core file", "Current executable", "Architecture set", "[Nuevo LWP", "[Nouveau",
+        "WARNING: Using native backtrace", "WARNING: GGML_BACKTRACE_LLDB", "See: https://",
+    )) or _is_localized_lwp(s)
+
+
+def _is_localized_lwp(s: str) -> bool:
+    return s.startswith("[") and "LWP" in s[:30]
+
+
+def is_thread_header(text: str) -> bool:
+    return _THREAD_HDR.match(text.strip()) is not None
+
+
+def is_go_trace(text: str) -> bool:
+    return _GO_START.match(text.strip()) is not None
+
+
+class BacktraceBuilder:
+    """Collects frame lines into ``Backtrace`` records (wrapped gdb frames joined)."""
+
+    def __init__(self) -> None:
+        self._frames: list[Frame] = []
+        self._refs: list[tuple[str, int] | None] = []
+        self._form: BacktraceForm | None = None
+        self._where: LogLine | None = None
+        self._thread: str | None = None
+        self._notes: list[str] = []
+        self._pending: str | None = None
+        self._pending_index = 0
+        self._pending_addr: str | None = None
+        self.done: list[Backtrace] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._frames) or self._pending is not None
+
+    def feed(self, where: LogLine, text: str) -> bool:
+        """Consume one line; True if it belonged to a backtrace (frame, wrap, note, header)."""
+        if self._pending is not None:
+            joined = f"{self._pending} {text.strip()}"
+            if joined.count("(") <= joined.count(")") or len(joined) > 4000:
+                self._pending = None
+                p = _gdb_frame(self._pending_index, self._pending_addr, joined)
+                self._add(where, p.form, p.frame, None)
+            else:
+                self._pending = joined
+            return True
+        note = is_note(text)
+        if note is not None:
+            self._notes.append(note[:200])
+            return True
+        if is_go_trace(text):
+            self.flush()
+            return False
+        if is_thread_header(text):
+            self.flush()
+            self._thread = text.strip()[:200]
+            return True
+        m = _GDB_CONT.match(text)
+        if m is not None and self._frames and self._form == "gdb":
+            last = self._frames[-1]
+            if last.file is None and last.module is None:
+                if m.group(1):
+                    last = _replace(last, file=m.group(1), line=int(m.group(2)))
+                else:
+                    mod = m.group(3)
+                    last = _replace(last, module=mod, in_app=is_in_app(last.function, mod))
+                self._frames[-1] = last
+                return True
+        parsed = parse_frame(text)
+        if parsed is None:
+            return False
+        form, frame, complete, ref = parsed
+        if form == "gdb" and not complete:
+            gm = _GDB.match(_PAGER.sub("", text.strip()))
+            if gm is not None:
+                self._pending = gm.group(3)
+                self._pending_index = int(gm.group(1))
+                self._pending_addr = gm.group(2)
+                if self._where is None:
+                    self._where = where
+                self._form = self._form or "gdb"
+                return True
+        self._add(where, form, frame, ref)
+        return True
+
+    def _add(
+        self, where: LogLine, form: BacktraceForm, frame: Frame, ref: tuple[str, int] | None
+    ) -> None:
+        restart = (
+            self._form is not None and form != self._form
+        ) or (form in ("gdb", "coredump", "lldb", "macos") and frame.index == 0 and self._frames
+              and self._frames[-1].index >= 0)
+        if restart:
+            self.flush()
+        if self._where is None:
+            self._where = where
+        self._form = form
+        if frame.index < 0:
+            frame = _replace(frame, index=len(self._frames))
+        if len(self._frames) < MAX_FRAMES:
+            self._frames.append(frame)
+            self._refs.append(ref)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            p = _gdb_frame(self._pending_index, self._pending_addr, self._pending)
+            self._pending = None
+            assert self._where is not None
+            self._add(self._where, p.form, p.frame, None)
+        if self._frames and self._where is not None and self._form is not None:
+            self.done.append(Backtrace(
+                where=self._where, form=self._form, frames=tuple(self._frames),
+                thread=self._thread, notes=tuple(self._notes),
+                symrefs=tuple(self._refs) if any(self._refs) else (),
+            ))
+            self._notes = []
+        self._frames = []
+        self._refs = []
+        self._form = None
+        self._where = None
+        self._thread = None
+
+    def take_notes(self) -> tuple[str, ...]:
+        notes = tuple(self._notes)
+        self._notes = []
+        return notes
+
+
+def _replace(frame: Frame, **changes: object) -> Frame:
+    return msgspec.structs.replace(frame, **changes)

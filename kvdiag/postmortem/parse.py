@@ -1,0 +1,373 @@
+"""The streaming driver: bytes in, a bounded ``LogScan`` out.
+
+Most lines of a server log are routine slot lines that no rule needs one by one, so the driver
+reads large blocks and looks only for a few anchor substrings (``ANCHORS``) with ``bytes.find``;
+only lines that contain an anchor are decoded and parsed. Two kinds of *window* switch to
+parsing every line: a boot window (from the first configuration line until the server says it
+is ready) and a crash window (from the first crash line until the log is quiet again). When a
+crash window opens, the bytes just before it are read backwards for the slot timeline.
+
+Memory stays bounded: one block, the tail of the previous block, and capped lists of records.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections import deque
+from collections.abc import Iterable
+from typing import BinaryIO
+
+from kvdiag.model.logrecords import (
+    Abort,
+    BootConfig,
+    ConfigItem,
+    Crash,
+    FirstRequest,
+    FitsLine,
+    GpuError,
+    LogLine,
+    LogScan,
+    Problem,
+    SignalLine,
+    SlotEvent,
+    StreamEvent,
+)
+from kvdiag.postmortem import grammar
+from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
+from kvdiag.postmortem.bootfold import BootAccumulator
+from kvdiag.postmortem.crashblock import CrashBlock
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.slots import active_slots
+
+#: Substrings that mark a line worth parsing. Each names what it catches.
+ANCHORS: tuple[bytes, ...] = (
+    b"ASSERT",  # GGML_ASSERT(...) failed; legacy "GGML_ASSERT: file:line: cond"
+    b"ssert",  # MSVC "Assertion failed: ..."; glibc "Assertion `x' failed."
+    b" error",  # CUDA/ROCm/SYCL error lines, "…cu:102: CUDA error" aborts
+    b"llama_",  # boot configuration (llama_context:, llama_kv_cache:, llama_model_loader:)
+    b"stream",  # kv_stream_adapt, block KV streaming, device filter, ring latency
+    b"fits=",  # instrumented fits=false line
+    b"SIG",  # SIGSEGV/SIGABRT/SIGBUS…, "received signal"
+    b"fault",  # "Segmentation fault"
+    b"backtrace",  # ggml_print_backtrace: present in every backtrace form
+)
+#: Extra anchors while a boot still waits for its first request.
+LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=")
+
+BLOCK = 8 << 20
+LOOKBACK_BYTES = 1 << 20
+LOOKBACK_LINES = 4000
+TIMELINE = 40
+PRE_STACK_LINES = 300
+CRASH_QUIET = 200
+CRASH_MAX_LINES = 20000
+BOOT_MAX_LINES = 5000
+MAX_CRASHES = 500
+MAX_PROBLEMS = 100
+MAX_RAW_LINE = 1 << 20
+KEEP_STREAM = 200
+KEEP_FITS = 64
+
+
+class LogParser:
+    """Feed one or more sources with ``feed``; ``result()`` gives the ``LogScan``."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self.boot = BootAccumulator()
+        self.first_requests: list[FirstRequest] = []
+        self.crashes: list[Crash] = []
+        self.stream_events: deque[StreamEvent] = deque(maxlen=KEEP_STREAM)
+        self.stream_event_count = 0
+        self.fits: deque[FitsLine] = deque(maxlen=KEEP_FITS)
+        self.config_failures: list[StreamEvent] = []
+        self.problems: list[Problem] = []
+        self.lines = 0
+        self.bytes = 0
+        self._reset_source("")
+
+    # -- per source -------------------------------------------------------------------------
+
+    def _reset_source(self, name: str) -> None:
+        self._name = name
+        self._lineno = 0
+        self._crash: CrashBlock | None = None
+        self._crash_meta: tuple[tuple[SlotEvent, ...], tuple[int, ...]] = ((), ())
+        self._crash_quiet = 0
+        self._crash_lines = 0
+        self._boot_lines = 0
+        self._awaiting_launch = False
+        self._replaced_reported = False
+        self._long_reported = False
+        self._prev_tail = b""
+
+    def feed(self, name: str, stream: BinaryIO) -> None:
+        """Read ``stream`` to its end (or to where it breaks, which is reported)."""
+        self.sources.append(name)
+        self._reset_source(name)
+        carry = b""
+        skipping = False
+        while True:
+            try:
+                data = stream.read(BLOCK)
+            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+                self._problem(f"input breaks after line {self._lineno}: {exc}", None)
+                break
+            if not data:
+                break
+            self.bytes += len(data)
+            first_nl = data.find(b"\n")
+            if first_nl < 0:
+                if skipping:
+                    continue
+                carry += data
+                if len(carry) > MAX_RAW_LINE:
+                    self._long_line()
+                    skipping = True
+                    carry = carry[:MAX_RAW_LINE]
+                continue
+            if carry or skipping:
+                head = carry + data[:first_nl] if not skipping else carry
+                self._region(head + b"\n", 0, len(head) + 1)
+                carry = b""
+                skipping = False
+                start = first_nl + 1
+            else:
+                start = 0
+            last_nl = data.rfind(b"\n") + 1
+            if start < last_nl:
+                self._region(data, start, last_nl)
+                self._prev_tail = data[max(start, last_nl - LOOKBACK_BYTES):last_nl]
+            tail = data[last_nl:]
+            if len(tail) > MAX_RAW_LINE:
+                self._long_line()
+                skipping = True
+                tail = tail[:MAX_RAW_LINE]
+            carry = tail
+        if carry:
+            self._problem("last line has no line end (truncated log?)", self._lineno + 1)
+            self._region(carry + b"\n", 0, len(carry) + 1)
+        self._close_crash()
+        self.lines += self._lineno
+
+    # -- scanning ---------------------------------------------------------------------------
+
+    def _anchors(self) -> tuple[bytes, ...]:
+        return ANCHORS + LAUNCH_ANCHORS if self._awaiting_launch else ANCHORS
+
+    def _region(self, data: bytes, start: int, end: int) -> None:
+        """Lines ``data[start:end]`` (``end`` just after a newline)."""
+        pos = start
+        anchors = self._anchors()
+        nxt = [data.find(a, pos, end) for a in anchors]
+        while pos < end:
+            if self._crash is not None or self._boot_lines > 0:
+                nl = data.find(b"\n", pos, end)
+                self._lineno += 1
+                self._window_line(data[pos:nl], data, pos)
+                pos = nl + 1
+                continue
+            if self._anchors() is not anchors:
+                anchors = self._anchors()
+                nxt = [data.find(a, pos, end) for a in anchors]
+            hit = -1
+            for i, p in enumerate(nxt):
+                if 0 <= p < pos:
+                    p = nxt[i] = data.find(anchors[i], pos, end)
+                if p >= 0 and (hit < 0 or p < hit):
+                    hit = p
+            if hit < 0:
+                self._lineno += data.count(b"\n", pos, end)
+                return
+            ls = max(pos, data.rfind(b"\n", pos, hit) + 1)
+            self._lineno += data.count(b"\n", pos, ls) + 1
+            nl = data.find(b"\n", hit, end)
+            self._fast_line(data[ls:nl], data, ls)
+            pos = nl + 1
+
+    def _where(self, raw: bytes) -> tuple[LogLine, str]:
+        text, _level = clean(raw)
+        if not self._replaced_reported and "\ufffd" in text:
+            self._replaced_reported = True
+            self._problem("bytes that are not UTF-8 were replaced (first here)", self._lineno)
+        if not self._long_reported and len(raw) > MAX_LINE_CHARS * 4:
+            self._long_line()
+        return LogLine(self._name, self._lineno, text), text
+
+    def _fast_line(self, raw: bytes, data: bytes, ls: int) -> None:
+        where, text = self._where(raw)
+        recs = grammar.classify(where, text)
+        if not recs:
+            parsed = parse_frame(text)
+            if parsed is not None and (parsed.frame.function or parsed.frame.module):
+                self._open_crash(where, data, ls)
+                self._crash_feed(where, text)
+            return
+        for rec in recs:
+            if isinstance(rec, Abort | GpuError | SignalLine):
+                self._open_crash(where, data, ls)
+                self._crash_feed(where, text)
+                return
+            self._dispatch(rec)
+
+    def _window_line(self, raw: bytes, data: bytes, ls: int) -> None:
+        where, text = self._where(raw)
+        if self._crash is not None and self._crash_feed(where, text):
+            return
+        recs = grammar.classify(where, text)
+        for rec in recs:
+            if isinstance(rec, Abort | GpuError | SignalLine):
+                self._open_crash(where, data, ls)
+                self._crash_feed(where, text)
+                return
+            self._dispatch(rec)
+        if self._boot_lines > 0:
+            self._boot_lines += 1
+            if self._boot_lines > BOOT_MAX_LINES:
+                self._boot_lines = 0
+
+    def _dispatch(self, rec: grammar.Record) -> None:
+        if isinstance(rec, ConfigItem):
+            if self._crash is not None and rec.key in ("construct", "n_ctx"):
+                self._close_crash()
+            started = self.boot.add(rec)
+            if started:
+                self._awaiting_launch = True
+            if rec.key == "ready":
+                self._boot_lines = 0
+            elif self._boot_lines == 0 and not self.boot.ready:
+                self._boot_lines = 1
+        elif isinstance(rec, SlotEvent):
+            if rec.kind == "launch" and self._awaiting_launch and rec.slot is not None:
+                self._awaiting_launch = False
+                self.first_requests.append(FirstRequest(
+                    where=rec.where, slot=rec.slot, task=rec.task,
+                    boot_index=max(0, len(self.boot.boots) - 1)))
+        elif isinstance(rec, StreamEvent):
+            self.stream_event_count += 1
+            if rec.kind == "config_failure":
+                if len(self.config_failures) < MAX_PROBLEMS:
+                    self.config_failures.append(rec)
+            else:
+                self.stream_events.append(rec)
+        elif isinstance(rec, FitsLine):
+            self.fits.append(rec)
+
+    # -- crashes ----------------------------------------------------------------------------
+
+    def _open_crash(self, where: LogLine, data: bytes, ls: int) -> None:
+        if self._crash is not None:
+            return
+        self._crash = CrashBlock(where)
+        self._crash_quiet = 0
+        self._crash_lines = 0
+        self._crash_meta, before = self._lookback(data, ls, where.line)
+        for w, text in before:
+            self._crash.feed(w, text)
+
+    def _crash_feed(self, where: LogLine, text: str) -> bool:
+        block = self._crash
+        if block is None:
+            return False
+        self._crash_lines += 1
+        used = block.feed(where, text)
+        self._crash_quiet = 0 if used else self._crash_quiet + 1
+        if self._crash_quiet > CRASH_QUIET or self._crash_lines > CRASH_MAX_LINES:
+            self._close_crash()
+        return used
+
+    def _close_crash(self) -> None:
+        block = self._crash
+        if block is None:
+            return
+        self._crash = None
+        timeline, active = self._crash_meta
+        fits = tuple(f for f in self.fits if f.where.source == self._name)
+        for crash in block.crashes():
+            if len(self.crashes) >= MAX_CRASHES:
+                self._problem(f"more than {MAX_CRASHES} crashes; later ones not kept", None)
+                return
+            self.crashes.append(Crash(
+                where=crash.where, kind=crash.kind, abort=crash.abort, error=crash.error,
+                signal=crash.signal, backtrace=crash.backtrace, fingerprint=crash.fingerprint,
+                boot_index=len(self.boot.boots) - 1 if self.boot.boots else None,
+                active_slots=active, timeline=timeline, fits=fits[-8:],
+            ))
+
+    def _lookback(
+        self, data: bytes, ls: int, line: int
+    ) -> tuple[tuple[tuple[SlotEvent, ...], tuple[int, ...]], list[tuple[LogLine, str]]]:
+        """Slot lines just before a crash, read backwards from the bytes still in memory, and
+        a backtrace printed just before the crash line (a stack dumped before the shell or
+        systemd reports the signal)."""
+        lo = max(0, ls - LOOKBACK_BYTES)
+        before = data[lo:ls]
+        if len(before) < LOOKBACK_BYTES and self._prev_tail and data is not self._prev_tail:
+            before = self._prev_tail[-(LOOKBACK_BYTES - len(before)):] + before
+        raws = before.split(b"\n")
+        if raws and raws[-1] == b"":
+            raws.pop()
+        events: list[SlotEvent] = []
+        stack: list[tuple[LogLine, str]] = []
+        stack_open = True
+        misses = 0
+        n = line - 1
+        for k, raw in enumerate(reversed(raws)):
+            if k >= LOOKBACK_LINES or n < 1:
+                break
+            if stack_open and k < PRE_STACK_LINES:
+                text, _ = clean(raw)
+                if parse_frame(text) is not None or is_thread_header(text):
+                    stack.append((LogLine(self._name, n, text), text))
+                elif not is_noise(text):
+                    misses += 1
+                    if stack or misses > 20:
+                        stack_open = False
+            elif stack_open:
+                stack_open = False
+            if b"slot" in raw or b"idle" in raw or b"id_slot" in raw:
+                text, _ = clean(raw)
+                ev: SlotEvent | None = None
+                if text.startswith("slot ") or "id_slot=" in text:
+                    ev = grammar.parse_slot(LogLine(self._name, n, text), text)
+                elif "all slots are idle" in text:
+                    ev = SlotEvent(where=LogLine(self._name, n, text), kind="idle",
+                                   message=text.strip())
+                if ev is not None:
+                    events.append(ev)
+            n -= 1
+        events.reverse()
+        stack.reverse()
+        return (tuple(events[-TIMELINE:]), active_slots(events)), stack
+
+    # -- problems ---------------------------------------------------------------------------
+
+    def _long_line(self) -> None:
+        if not self._long_reported:
+            self._long_reported = True
+            self._problem(f"very long line cut to {MAX_LINE_CHARS} characters (first here)",
+                          self._lineno + 1)
+
+    def _problem(self, message: str, line: int | None) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(source=self._name, message=message, line=line))
+
+    def result(self) -> LogScan:
+        boots: tuple[BootConfig, ...] = tuple(self.boot.boots_final())
+        return LogScan(
+            sources=tuple(self.sources), boots=boots, first_requests=tuple(self.first_requests),
+            crashes=tuple(self.crashes), stream_events=tuple(self.stream_events),
+            stream_event_count=self.stream_event_count, fits=tuple(self.fits),
+            config_failures=tuple(self.config_failures),
+            slot_events_tail=self.crashes[-1].timeline if self.crashes else (),
+            problems=tuple(self.problems), lines=self.lines, bytes=self.bytes,
+        )
+
+
+def scan(sources: Iterable[tuple[str, BinaryIO]]) -> LogScan:
+    """Parse every ``(name, stream)`` in order into one ``LogScan``."""
+    parser = LogParser()
+    for name, stream in sources:
+        parser.feed(name, stream)
+    return parser.result()

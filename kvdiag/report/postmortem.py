@@ -1,0 +1,217 @@
+"""The post-mortem report: rich renderables for people, plain dicts for ``--json``.
+
+The JSON shape is documented in docs/postmortem-json.md; ``postmortem_to_json`` is the only
+place that builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvdiag.model.findings import Finding
+from kvdiag.model.frames import Frame
+from kvdiag.model.logrecords import BootConfig, Crash, LogScan, SlotEvent
+from kvdiag.report.findings import findings_table, findings_to_json
+
+_CONFIG_ROWS: tuple[tuple[str, str], ...] = (
+    ("model", "model"), ("n_ctx", "n_ctx"), ("n_ctx_seq", "n_ctx_seq"),
+    ("n_seq_max", "n_seq_max (slots)"), ("n_stream", "KV streams"), ("kv_unified", "kv_unified"),
+    ("n_batch", "n_batch"), ("n_ubatch", "n_ubatch"), ("flash_attn", "flash_attn"),
+    ("type_k", "K type"), ("type_v", "V type"), ("kv_stream", "kv streaming"),
+    ("kv_stream_pool_mib", "stream pool MiB"), ("kv_stream_arena_mib", "stream arena MiB"),
+    ("kv_stream_device", "stream device filter"), ("kv_stream_layers", "streamed layers"),
+    ("multiseq_optin", "multi-seq opt-in"),
+)
+
+
+def _hex(value: int | None) -> str | None:
+    return None if value is None else f"0x{value:x}"
+
+
+def boot_for(scan: LogScan, crash: Crash | None) -> BootConfig | None:
+    """The boot a crash happened under, else the last boot seen."""
+    if crash is not None and crash.boot_index is not None and (
+        0 <= crash.boot_index < len(scan.boots)
+    ):
+        return scan.boots[crash.boot_index]
+    return scan.boots[-1] if scan.boots else None
+
+
+# -- JSON ----------------------------------------------------------------------------------
+
+
+def frame_to_json(fr: Frame) -> dict[str, Any]:
+    return {
+        "index": fr.index, "module": fr.module, "offset": _hex(fr.offset),
+        "address": _hex(fr.address), "function": fr.function, "file": fr.file,
+        "line": fr.line, "inlined": fr.inlined, "in_app": fr.in_app,
+    }
+
+
+def crash_to_json(crash: Crash) -> dict[str, Any]:
+    ab = crash.abort
+    err = crash.error
+    frames = crash.backtrace.frames if crash.backtrace is not None else ()
+    return {
+        "kind": crash.kind,
+        "assert": None if ab is None else {
+            "file": ab.file, "line": ab.line,
+            "condition": ab.condition if ab.condition is not None else ab.message,
+        },
+        "error": None if err is None else {
+            "message": err.message, "function": err.function, "location": err.location,
+            "statement": err.statement,
+        },
+        "frames": [frame_to_json(f) for f in frames],
+        "fingerprint": crash.fingerprint,
+    }
+
+
+def config_to_json(boot: BootConfig | None) -> dict[str, Any]:
+    if boot is None:
+        return {}
+    out: dict[str, Any] = msgspec.to_builtins(boot)
+    out.pop("evidence", None)
+    return out
+
+
+def slot_to_json(ev: SlotEvent) -> dict[str, Any]:
+    return {
+        "source": ev.where.source, "line": ev.where.line, "event": ev.kind, "slot": ev.slot,
+        "task": ev.task, "n_tokens": ev.n_tokens, "n_past": ev.n_past,
+        "progress": ev.progress,
+    }
+
+
+def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, Any]:
+    last = scan.crashes[-1] if scan.crashes else None
+    return {
+        "crashes": [crash_to_json(c) for c in scan.crashes],
+        "config": config_to_json(boot_for(scan, last)),
+        "slots": [slot_to_json(e) for e in scan.slot_events_tail],
+        "findings": findings_to_json(findings),
+        "problems": [msgspec.to_builtins(p) for p in scan.problems],
+    }
+
+
+# -- rich ----------------------------------------------------------------------------------
+
+
+def config_table(boot: BootConfig) -> Table:
+    table = Table(title=f"Configuration ({boot.source}:{boot.line})", show_header=False,
+                  expand=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for attr, label in _CONFIG_ROWS:
+        value = getattr(boot, attr)
+        if value is None or (value is False and attr == "multiseq_optin"):
+            continue
+        table.add_row(label, str(value))
+    for buft, mib in boot.kv_buffers.items():
+        style = "magenta" if "KV_Stream" in buft else ""
+        table.add_row(f"KV buffer {buft}", Text(f"{mib:g} MiB", style=style))
+    return table
+
+
+def timeline_table(events: Sequence[SlotEvent], active: Sequence[int]) -> Table:
+    title = "Slot activity before the crash"
+    if active:
+        title += f" (busy at the crash: {', '.join(map(str, active))})"
+    table = Table(title=title, expand=True)
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("slot", justify="right")
+    table.add_column("task", justify="right")
+    table.add_column("event", no_wrap=True)
+    table.add_column("detail", ratio=1)
+    for ev in events:
+        detail = []
+        if ev.n_tokens is not None:
+            detail.append(f"n_tokens {ev.n_tokens}")
+        if ev.n_past is not None:
+            detail.append(f"n_past {ev.n_past}")
+        if ev.progress is not None:
+            detail.append(f"progress {ev.progress:.2f}")
+        table.add_row(str(ev.where.line), "" if ev.slot is None else str(ev.slot),
+                      "" if ev.task is None else str(ev.task), ev.kind,
+                      ", ".join(detail) or ev.message[:80])
+    return table
+
+
+def backtrace_table(frames: Sequence[Frame]) -> Table:
+    table = Table(title="Backtrace (in-app frames bold)", expand=True)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("function", ratio=3)
+    table.add_column("source", ratio=2)
+    table.add_column("module / address", ratio=2)
+    for fr in frames:
+        style = "bold" if fr.in_app else "dim"
+        name = fr.function or "??"
+        if fr.inlined:
+            name = f"(inlined) {name}"
+        src = f"{fr.file}:{fr.line}" if fr.file else ""
+        where = fr.module or ""
+        if fr.offset is not None:
+            where += f"+0x{fr.offset:x}"
+        elif fr.address is not None:
+            where = f"{where} 0x{fr.address:x}".strip()
+        table.add_row(str(fr.index), Text(name, style=style), Text(src, style=style),
+                      Text(where, style="dim"))
+    return table
+
+
+def crash_renderable(crash: Crash, number: int, count: int, total: int) -> RenderableType:
+    parts: list[RenderableType] = []
+    head = Text(f"Crash {number} of {total}: {crash.kind}", style="bold red")
+    if count > 1:
+        head.append(f"  (x{count} with this fingerprint)", style="yellow")
+    head.append(f"  fingerprint {crash.fingerprint}", style="dim")
+    parts.append(head)
+    parts.append(Text(f"  at {crash.where.source}:{crash.where.line}", style="dim"))
+    if crash.abort is not None:
+        ab = crash.abort
+        parts.append(Text(f"  {ab.file}:{ab.line}: {ab.message}", style="red"))
+    if crash.error is not None:
+        err = crash.error
+        parts.append(Text(f"  {err.backend} error: {err.message}", style="red"))
+        if err.function or err.location:
+            parts.append(Text(f"    device {err.device}, in {err.function} at {err.location}"))
+        if err.statement:
+            parts.append(Text(f"    {err.statement}", style="italic"))
+    if crash.signal is not None:
+        parts.append(Text(f"  signal: {crash.signal.signal}", style="red"))
+    if crash.timeline:
+        parts.append(timeline_table(crash.timeline, crash.active_slots))
+    if crash.backtrace is not None and crash.backtrace.frames:
+        parts.append(backtrace_table(crash.backtrace.frames))
+        for note in crash.backtrace.notes:
+            parts.append(Text(f"  note: {note}", style="yellow"))
+    elif crash.backtrace is None:
+        parts.append(Text("  no backtrace in the log", style="dim"))
+    return Group(*parts)
+
+
+def postmortem_renderable(scan: LogScan, findings: Sequence[Finding]) -> RenderableType:
+    parts: list[RenderableType] = []
+    groups: dict[str, list[Crash]] = {}
+    for c in scan.crashes:
+        groups.setdefault(c.fingerprint, []).append(c)
+    parts.append(Text(
+        f"{len(scan.sources)} log(s), {scan.lines} lines, {len(scan.crashes)} crash(es) in "
+        f"{len(groups)} group(s), {len(scan.boots)} boot(s)", style="bold"))
+    last = scan.crashes[-1] if scan.crashes else None
+    boot = boot_for(scan, last)
+    if boot is not None:
+        parts.append(config_table(boot))
+    for i, group in enumerate(groups.values(), 1):
+        parts.append(crash_renderable(group[-1], i, len(group), len(groups)))
+    parts.append(findings_table(findings))
+    for p in scan.problems:
+        loc = f"{p.source}:{p.line}" if p.line is not None else p.source
+        parts.append(Text(f"problem: {loc}: {p.message}", style="yellow"))
+    return Group(*parts)
