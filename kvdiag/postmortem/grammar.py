@@ -121,7 +121,7 @@ def _slot_kind(msg: str) -> SlotEventKind | None:
     return None
 
 
-_INT_FIELD = re.compile(r"\b(n_tokens|n_past|task\.n_tokens|n_prompt_tokens) = (\d+)")
+_INT_FIELD = re.compile(r"(?<![\w.])(task\.n_tokens|n_tokens|n_past|n_prompt_tokens) = (\d+)")
 _PROGRESS = re.compile(r"progress = ([\d.]+)")
 
 

@@ -108,9 +108,12 @@ class LogParser:
         self._reset_source(name)
         carry = b""
         skipping = False
+        # read1 hands over what one underlying read produced, so a stream that breaks
+        # (a cut gzip member) still delivers everything decoded before the break
+        read = getattr(stream, "read1", None) or stream.read
         while True:
             try:
-                data = stream.read(BLOCK)
+                data = read(BLOCK)
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
                 self._problem(f"input breaks after line {self._lineno}: {exc}", None)
                 break

@@ -1,0 +1,102 @@
+"""Single-line recognisers: aborts, GPU errors, slot lines, kv-stream lines, frame forms."""
+
+from __future__ import annotations
+
+from kvdiag.model.logrecords import (
+    ConfigItem,
+    FitsLine,
+    GpuError,
+    LogLine,
+    SlotEvent,
+    StreamEvent,
+)
+from kvdiag.postmortem import grammar
+from kvdiag.postmortem.backtrace import base_name, is_in_app, parse_frame
+
+W = LogLine("t", 1, "")
+
+
+def test_abort_forms() -> None:
+    (a,) = grammar.parse_abort(W, "ggml/src/ggml.c:1554: GGML_ASSERT(a->ne[2] == (b)->ne[0]) failed")
+    assert (a.form, a.file, a.line, a.condition) == ("ggml", "ggml/src/ggml.c", 1554,
+                                                     "a->ne[2] == (b)->ne[0]")
+    (b,) = grammar.parse_abort(W, "GGML_ASSERT: /x/ggml.c:77: n > 0")
+    assert (b.form, b.line, b.condition) == ("legacy", 77, "n > 0")
+    (c,) = grammar.parse_abort(W, r"Assertion failed: x != 0, file C:\s\ggml.c, line 12")
+    assert (c.form, c.file, c.line, c.condition) == ("msvc", r"C:\s\ggml.c", 12, "x != 0")
+    (d,) = grammar.parse_abort(W, "llama-server: /s/a.cpp:9: void f(): Assertion `p' failed.")
+    assert (d.form, d.file, d.line, d.condition) == ("libc", "/s/a.cpp", 9, "p")
+    (e,) = grammar.parse_abort(W, "/s/ggml-cuda/ggml-cuda.cu:102: CUDA error")
+    assert (e.form, e.line, e.message, e.condition) == ("message", 102, "CUDA error", None)
+    glued = grammar.parse_abort(W, "tokens!/a/b.cpp:3: GGML_ASSERT(x) failed/a/b.cpp:4: GGML_ASSERT(y) failed")
+    assert [(g.file, g.line, g.condition) for g in glued] == [("/a/b.cpp", 3, "x"),
+                                                               ("/a/b.cpp", 4, "y")]
+    assert grammar.parse_abort(W, "src/a.c:12: warning: unused") == []
+
+
+def test_gpu_errors_and_details() -> None:
+    e = grammar.parse_gpu_error(W, "ROCm error: out of memory")
+    assert isinstance(e, GpuError) and (e.backend, e.message) == ("ROCm", "out of memory")
+    old = grammar.parse_gpu_error(W, "CUDA error 2 at /s/ggml-cuda.cu:6210: out of memory")
+    assert old is not None and (old.location, old.message) == ("/s/ggml-cuda.cu:6210",
+                                                               "out of memory")
+    assert grammar.parse_current_device(
+        "  current device: -1, in function ggml_cuda_set_device at /s/common.cuh:90"
+    ) == (-1, "ggml_cuda_set_device", "/s/common.cuh:90")
+    assert grammar.parse_failed_op("ggml_cuda_compute_forward: SCALE failed") == "SCALE"
+
+
+def test_slot_lines() -> None:
+    ev = grammar.parse_slot(W, "slot update_slots: id  3 | task 812 | prompt processing progress, "
+                               "n_tokens = 2048, batch.n_tokens = 512, progress = 0.250000")
+    assert isinstance(ev, SlotEvent)
+    assert (ev.kind, ev.slot, ev.task, ev.n_tokens, ev.progress) == ("progress", 3, 812, 2048, 0.25)
+    rel = grammar.parse_slot(W, "slot      release: id  0 | task 9 | stop processing: n_tokens = 77, truncated = 0")
+    assert rel is not None and (rel.kind, rel.n_tokens) == ("release", 77)
+    cache = grammar.parse_slot(W, "slot update_slots: id  1 | task 4 | n_past = 12, slot.prompt.tokens.size() = 40, seq_id = 1, pos_min = 39, n_swa = 0")
+    assert cache is not None and (cache.kind, cache.n_past) == ("cache", 12)
+    old = grammar.parse_slot(W, "INFO [ launch_slot_with_task] slot is processing task | tid=\"1\" id_slot=2 id_task=7")
+    assert old is not None and (old.kind, old.slot, old.task) == ("launch", 2, 7)
+    (idle,) = grammar.classify(W, "srv  update_slots: all slots are idle")
+    assert isinstance(idle, SlotEvent) and idle.kind == "idle" and idle.slot is None
+
+
+def test_config_and_stream_lines() -> None:
+    items = grammar.classify(W, "llama_kv_cache: size =  512.00 MiB (  4096 cells,  32 layers,  2/1 seqs), K (f16):  256.00 MiB, V (f16):  256.00 MiB")
+    got = {i.key: i.value for i in items if isinstance(i, ConfigItem)}
+    assert got == {"kv_cells": 4096, "n_layer": 32, "n_seq_max": 2, "n_stream": 1,
+                   "type_k": "f16", "type_v": "f16"}
+    (fa,) = grammar.classify(W, "llama_new_context_with_model: flash_attn = 1")
+    assert isinstance(fa, ConfigItem) and fa.value == "enabled"
+    arena = [i for i in grammar.classify(W, "llama_context: experimental block KV streaming enabled, arena = 3072 MiB, bootstrap KV = 128 MiB")]
+    assert {i.key: i.value for i in arena if isinstance(i, ConfigItem)} == {
+        "kv_stream": True, "kv_stream_arena_mib": 3072.0}
+    (fb,) = grammar.classify(W, "kv_stream_adapt: ignoring invalid CUDA feedback: KV stream feedback counters moved backwards")
+    assert isinstance(fb, StreamEvent) and fb.kind == "feedback_error"
+    assert fb.message == "KV stream feedback counters moved backwards"
+    (al,) = grammar.classify(W, "ggml_backend_cuda_kv_stream_buffer_alloc: allocating 4096.00 MiB pinned KV storage failed: out of memory")
+    assert isinstance(al, StreamEvent) and al.kind == "alloc_failure" and al.values["mib"] == 4096
+    (fits,) = grammar.classify(W, 'E arm117 fits=false: dst=0x1 ne=[256,24,2,1] type=f32 k=0x2 kbuf="CUDA0" | v="CUDA0" | kr=(nil) vr=(nil)')
+    assert isinstance(fits, FitsLine)
+    assert fits.ne == (256, 24, 2, 1) and fits.kr == "(nil)"
+
+
+def test_frame_forms() -> None:
+    g = parse_frame("#3  0x00007f in ggml_cuda_error (stmt=0x1 \"x\", func=0x2 \"f\") at /s/common.cuh:120")
+    assert g is not None and g.form == "gdb"
+    assert (g.frame.function, g.frame.file, g.frame.line) == ("ggml_cuda_error", "/s/common.cuh", 120)
+    cpp = parse_frame("#6  0x1 in llama_grammar_accept_token(llama_grammar&, int) [clone .cold] () from /l/libllama.so.0")
+    assert cpp is not None and cpp.frame.module == "/l/libllama.so.0"
+    assert cpp.frame.function == "llama_grammar_accept_token(llama_grammar&, int) [clone .cold]"
+    assert base_name(cpp.frame.function) == "llama_grammar_accept_token"
+    wrapped = parse_frame("#5  0x1 in f (a=1,")
+    assert wrapped is not None and wrapped.complete is False
+    gl = parse_frame("./llama-server(_ZN13llama_context6decodeERK11llama_batch+0x14c3) [0x55d0]")
+    assert gl is not None and gl.symref == ("_ZN13llama_context6decodeERK11llama_batch", 0x14C3)
+    assert gl.frame.function == "llama_context::decode(llama_batch const&)"
+    nospace = parse_frame("/lib/libggml-base.so(+0x12ff6)[0x7fdf]")
+    assert nospace is not None and (nospace.frame.offset, nospace.frame.address) == (0x12FF6, 0x7FDF)
+    assert parse_frame("the answer is (42) [x]") is None
+    assert not is_in_app("raise", None) and not is_in_app("f", "/usr/lib/libstdc++.so.6")
+    assert not is_in_app("ggml_print_backtrace_symbols", "libggml-base.so")
+    assert is_in_app("ggml_cuda_op_mul_mat", "libggml-cuda.so")
