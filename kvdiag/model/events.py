@@ -29,7 +29,7 @@ class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
     step: int
 
 
-class Step(Event, tag="step"):
+class Step(Event, tag="step", frozen=True):
     """A ubatch begins. ``tokens`` is the number of query tokens per stream in the ubatch."""
 
     phase: Literal["prefill", "decode"]
@@ -39,7 +39,7 @@ class Step(Event, tag="step"):
     slots: tuple[int, ...] = ()
 
 
-class Learn(Event, tag="learn"):
+class Learn(Event, tag="learn", frozen=True):
     """The resident cache assigned a layer number to a K view pointer (or cleared its maps)."""
 
     layer: int
@@ -47,7 +47,7 @@ class Learn(Event, tag="learn"):
     relearn: bool = False
 
 
-class Fits(Event, tag="fits"):
+class Fits(Event, tag="fits", frozen=True):
     """One ``ggml_cuda_kv_stream_fattn_fits(dst)`` decision and the route the dispatcher took."""
 
     node: str
@@ -64,7 +64,7 @@ class Fits(Event, tag="fits"):
     membership: bool = False
 
 
-class Write(Event, tag="write"):
+class Write(Event, tag="write", frozen=True):
     """SET_ROWS of one ubatch into one layer and stream of the host store.
 
     ``cells`` is the stream-local cell range written, ``rows`` the global row range
@@ -81,7 +81,7 @@ class Write(Event, tag="write"):
     versions: tuple[tuple[int, int], ...] = ()
 
 
-class Upload(Event, tag="upload"):
+class Upload(Event, tag="upload", frozen=True):
     """Host → device copy of consecutive pages of one layer view (one batched copy)."""
 
     layer: int
@@ -94,7 +94,7 @@ class Upload(Event, tag="upload"):
     key_stream: int | None = None
 
 
-class Evict(Event, tag="evict"):
+class Evict(Event, tag="evict", frozen=True):
     """A resident slot lost the content it held (replaced or invalidated)."""
 
     slot: int
@@ -116,7 +116,7 @@ class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     version_lag: int = 0
 
 
-class Read(Event, tag="read"):
+class Read(Event, tag="read", frozen=True):
     """What one streamed attention read for one layer and stream."""
 
     layer: int
@@ -127,7 +127,7 @@ class Read(Event, tag="read"):
     ranges: tuple[ReadRange, ...] = ()
 
 
-class Abort(Event, tag="abort"):
+class Abort(Event, tag="abort", frozen=True):
     """A modelled or real abort: ggml_abort text, or a CUDA error."""
 
     message: str
@@ -138,13 +138,13 @@ class Abort(Event, tag="abort"):
     cuda_error: str | None = None
 
 
-class Warn(Event, tag="warn"):
+class Warn(Event, tag="warn", frozen=True):
     message: str
     code: str = ""
     layer: int | None = None
 
 
-class Output(Event, tag="output"):
+class Output(Event, tag="output", frozen=True):
     """Attention output of one stream at one step (all layers), against the resident reference.
 
     ``checksum``/``ref_checksum`` are CRC-32 of the float32 outputs of every layer in graph
@@ -159,7 +159,7 @@ class Output(Event, tag="output"):
     worst_layer: int | None = None
 
 
-class Telemetry(Event, tag="telemetry"):
+class Telemetry(Event, tag="telemetry", frozen=True):
     """One NVML sample. Fields NVML could not provide are absent."""
 
     mem_used: int | None = None
@@ -174,7 +174,7 @@ class Telemetry(Event, tag="telemetry"):
     power_mw: int | None = None
 
 
-class End(Event, tag="end"):
+class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
     status: Literal["completed", "aborted", "error"]

@@ -1,0 +1,244 @@
+"""Findings over a capture trace: one streaming pass, bounded memory.
+
+Rule ids (stable; CI scripts match on them): ``fits-dispatch-mismatch``, ``abort``,
+``fallback``, ``stale-page-read``, ``foreign-page-read``, ``stream-divergence``,
+``trace-incomplete``. Residency statistics go to the summary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdiag.model import events as ev
+from kvdiag.model.findings import Evidence, Finding, Severity
+
+MAX_EVIDENCE = 20
+
+FIX_DISPATCH = (
+    "dispatch FLASH_ATTN_EXT on the full ggml_cuda_kv_stream_fattn_fits(dst) predicate, not on "
+    "buffer membership; fall back to ordinary flash attention over the host-mapped buffer "
+    "(zero-copy) when it fails — or run with --kv-unified / -np 1"
+)
+FIX_ALIAS = (
+    "key resident-page bookkeeping (slots, loaded, dirty) by (layer, stream, page) and derive the "
+    "dirty page from the stream-local cell, not global_row / 256 — or use a unified KV cache"
+)
+
+
+@dataclass
+class _Group:
+    """Accumulates one finding: first evidence, counts."""
+
+    count: int = 0
+    evidence: list[Evidence] = field(default_factory=list)
+    first_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, evidence: Evidence) -> None:
+        self.count += 1
+        if self.first_step is None:
+            self.first_step = evidence.step
+        if len(self.evidence) < MAX_EVIDENCE:
+            self.evidence.append(evidence)
+
+
+@dataclass
+class Residency:
+    """Residency/upload statistics of a capture."""
+
+    pool_pages_read: int = 0
+    ring_pages_read: int = 0
+    host_pages_read: int = 0
+    exact_pages: int = 0
+    stale_pages: int = 0
+    foreign_pages: int = 0
+    uploads: Counter[str] = field(default_factory=Counter)
+    upload_pages: Counter[str] = field(default_factory=Counter)
+    upload_bytes: Counter[str] = field(default_factory=Counter)
+    upload_reasons: Counter[str] = field(default_factory=Counter)
+    evictions: int = 0
+    routes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def resident_hit_rate(self) -> float | None:
+        pool_uploads = self.upload_pages["resident"]
+        if self.pool_pages_read == 0:
+            return None
+        return max(0.0, 1.0 - pool_uploads / self.pool_pages_read)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "pages_read": {
+                "pool": self.pool_pages_read,
+                "ring": self.ring_pages_read,
+                "host": self.host_pages_read,
+            },
+            "read_classes": {
+                "exact": self.exact_pages,
+                "stale": self.stale_pages,
+                "foreign": self.foreign_pages,
+            },
+            "resident_hits": self.pool_pages_read - self.upload_pages["resident"],
+            "resident_hit_rate": self.resident_hit_rate,
+            "uploads": dict(self.uploads),
+            "upload_pages": dict(self.upload_pages),
+            "upload_bytes": dict(self.upload_bytes),
+            "upload_reasons": dict(self.upload_reasons),
+            "ring_pages": self.upload_pages["ring"],
+            "evictions": self.evictions,
+            "routes": dict(self.routes),
+        }
+
+
+class TraceAnalyzer:
+    """Feed events in file order; ask for findings at the end."""
+
+    def __init__(self) -> None:
+        self.mismatch: dict[tuple[str, ...], _Group] = {}
+        self.fallback: dict[tuple[str, ...], _Group] = {}
+        self.aborts: list[ev.Abort] = []
+        self.stale: dict[int, _Group] = {}
+        self.foreign: dict[int, _Group] = {}
+        self.divergence: dict[int, _Group] = {}
+        self.residency = Residency()
+        self.counts: Counter[str] = Counter()
+        self.steps: set[int] = set()
+        self.end: ev.End | None = None
+        self.last_seq = 0
+
+    def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
+        kind = event.kind if isinstance(event, ev.Unknown) else type(event).__name__.lower()
+        self.counts[kind] += 1
+        self.last_seq = event.seq
+        self.steps.add(event.step)
+        match event:
+            case ev.Fits():
+                self._fits(event)
+            case ev.Read():
+                self._read(event)
+            case ev.Upload():
+                r = self.residency
+                n = event.pages[1] - event.pages[0]
+                r.uploads[event.target] += 1
+                r.upload_pages[event.target] += n
+                r.upload_bytes[event.target] += event.bytes
+                r.upload_reasons[event.reason] += n
+            case ev.Evict():
+                self.residency.evictions += 1
+            case ev.Abort():
+                self.aborts.append(event)
+            case ev.Output():
+                if event.max_abs_delta > event.tolerance:
+                    g = self.divergence.setdefault(event.stream, _Group())
+                    g.add(Evidence(seq=event.seq, step=event.step, stream=event.stream,
+                                   layer=event.worst_layer,
+                                   text=f"max |Δ| {event.max_abs_delta:.3g}"))
+                    g.extra["max_abs_delta"] = max(g.extra.get("max_abs_delta", 0.0),
+                                                   event.max_abs_delta)
+                    g.extra["tolerance"] = event.tolerance
+            case ev.End():
+                self.end = event
+            case _:
+                pass
+
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> TraceAnalyzer:
+        for e in events:
+            self.feed(e)
+        return self
+
+    def _fits(self, e: ev.Fits) -> None:
+        self.residency.routes[e.route] += 1
+        evidence = Evidence(seq=e.seq, step=e.step, layer=e.layer,
+                            text=f"{e.node}: {', '.join(e.failed)}" if e.failed else e.node)
+        if not e.result and e.route in ("streamed", "abort"):
+            self.mismatch.setdefault(e.failed, _Group()).add(evidence)
+        elif e.route == "fallback":
+            self.fallback.setdefault(e.failed, _Group()).add(evidence)
+
+    def _read(self, e: ev.Read) -> None:
+        r = self.residency
+        r.pool_pages_read += e.pool
+        r.ring_pages_read += e.ring
+        r.host_pages_read += e.host
+        for rng in e.ranges:
+            n = rng.end - rng.begin
+            if rng.cls == "exact":
+                r.exact_pages += n
+                continue
+            if rng.cls == "stale":
+                r.stale_pages += n
+                target = self.stale
+                text = f"pages {rng.begin}..{rng.end - 1} are {rng.version_lag} write(s) old"
+            else:
+                r.foreign_pages += n
+                target = self.foreign
+                text = (f"pages {rng.begin}..{rng.end - 1} hold stream {rng.holder}'s bytes"
+                        if rng.holder >= 0 else f"pages {rng.begin}..{rng.end - 1} never uploaded")
+            target.setdefault(e.stream, _Group()).add(
+                Evidence(seq=e.seq, step=e.step, layer=e.layer, stream=e.stream, page=rng.begin,
+                         text=text))
+
+    # -- results -------------------------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        for failed, g in self.mismatch.items():
+            out.append(Finding(
+                rule="fits-dispatch-mismatch", severity=Severity.CRITICAL,
+                title=(f"FA node routed to the streamed kernel while fits() was false "
+                       f"({', '.join(failed)}) — {g.count} node(s)"),
+                evidence=tuple(g.evidence), fix=FIX_DISPATCH,
+                details={"failed": list(failed), "count": g.count, "first_step": g.first_step}))
+        for a in self.aborts:
+            out.append(Finding(
+                rule="abort", severity=Severity.CRITICAL, title=a.message,
+                evidence=(Evidence(seq=a.seq, step=a.step, text=a.condition or a.message),),
+                fix=FIX_DISPATCH if "fattn_fits" in a.condition else "",
+                details={"file": a.file, "line": a.line, "condition": a.condition,
+                         "backtrace": list(a.backtrace), "cuda_error": a.cuda_error}))
+        for failed, g in self.fallback.items():
+            out.append(Finding(
+                rule="fallback", severity=Severity.WARNING,
+                title=(f"{g.count} FA node(s) fell back to ordinary flash attention over the "
+                       f"host buffer (zero-copy): {', '.join(failed)}"),
+                evidence=tuple(g.evidence),
+                fix="expected with several KV streams per ubatch; use --kv-unified to keep "
+                    "the streamed path",
+                details={"failed": list(failed), "count": g.count, "first_step": g.first_step}))
+        for rule, groups, what in (("stale-page-read", self.stale, "stale"),
+                                   ("foreign-page-read", self.foreign, "another stream's")):
+            for stream, g in sorted(groups.items()):
+                out.append(Finding(
+                    rule=rule, severity=Severity.ERROR,
+                    title=(f"stream {stream} read {what} resident pages in {g.count} read(s), "
+                           f"first at step {g.first_step}"),
+                    evidence=tuple(g.evidence), fix=FIX_ALIAS,
+                    details={"stream": stream, "count": g.count, "first_step": g.first_step}))
+        for stream, g in sorted(self.divergence.items()):
+            out.append(Finding(
+                rule="stream-divergence", severity=Severity.ERROR,
+                title=(f"stream {stream} output diverges from the fully resident reference from "
+                       f"step {g.first_step} (max |Δ| {g.extra['max_abs_delta']:.3g} > "
+                       f"{g.extra['tolerance']:g}) in {g.count} step(s)"),
+                evidence=tuple(g.evidence), fix=FIX_ALIAS,
+                details={"stream": stream, "first_step": g.first_step, "count": g.count,
+                         **g.extra}))
+        if self.end is None:
+            out.append(Finding(
+                rule="trace-incomplete", severity=Severity.WARNING,
+                title=f"the trace has no end record (the capture died); analysed up to event "
+                      f"#{self.last_seq}",
+                evidence=(Evidence(seq=self.last_seq),)))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "events": sum(self.counts.values()),
+            "counts": dict(self.counts),
+            "steps": len(self.steps),
+            "status": self.end.status if self.end else "incomplete",
+            "residency": self.residency.as_json(),
+        }

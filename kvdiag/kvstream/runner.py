@@ -1,0 +1,361 @@
+"""Drive a scenario through the runtime model on an executor and record every decision.
+
+Per ubatch, in the runtime's order: set_input_k_idxs → mark_dirty_rows (global rows); then for
+each attention layer SET_ROWS into the host store, the FA node's fits() and dispatch, and — on
+the streamed route — resident-page uploads, ring uploads and the read. Outputs of every stream
+are compared with a fully resident reference computed by the same executor.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from kvdiag.kvstream.backend import HOST, Executor, StoreGeometry
+from kvdiag.kvstream.config import RuntimeConfig
+from kvdiag.kvstream.dispatch import (
+    ABORT_BACKTRACE,
+    FITS_ASSERT,
+    assert_message,
+    fallback_warning,
+    route,
+)
+from kvdiag.kvstream.fits import fits
+from kvdiag.kvstream.ggml_types import AttentionMode
+from kvdiag.kvstream.pages import PAGE_TOKENS
+from kvdiag.kvstream.plan import Plan, make_plan
+from kvdiag.kvstream.resident import Holder, LayerIdentityError, ResidentCache, classify
+from kvdiag.kvstream.scenarios import Scenario, Scheduler, Ubatch
+from kvdiag.kvstream.views import AddressMap, attention_node
+from kvdiag.model import events as ev
+
+COPY_BATCH_PAGES = 32
+"""KV_STREAM_COPY_BATCH_PAGES: consecutive pages batched into one upload."""
+
+DEFAULT_TOLERANCE = 1e-3
+
+
+class EventSink(Protocol):
+    """What the runner needs from a trace writer."""
+
+    def emit(self, cls: type[Any], step: int, **fields: Any) -> Any: ...
+
+    def end_step(self) -> None: ...
+
+
+class _NoSink:
+    def emit(self, cls: type[Any], step: int, **fields: Any) -> Any:
+        raise RuntimeError("Runner.run() was not given a sink")
+
+    def end_step(self) -> None:
+        pass
+
+
+class ConfigError(ValueError):
+    """The scenario cannot run on this configuration (the runtime would refuse to boot)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: Literal["completed", "aborted"]
+    steps: int
+    abort: ev.Abort | None
+    max_abs_delta: float
+
+
+def store_geometry(cfg: RuntimeConfig, plan: Plan) -> StoreGeometry:
+    assert plan.pool is not None
+    return StoreGeometry(
+        n_layers=cfg.layers,
+        n_stream=cfg.n_stream,
+        kv_size=cfg.kv_size,
+        head_dim=cfg.head_dim,
+        n_head=cfg.n_head,
+        n_head_kv=cfg.n_head_kv,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        page_tokens=PAGE_TOKENS,
+        page_bytes=plan.page_bytes,
+        v_offset=plan.v_offset,
+        pool_pages=plan.pool.pool_pages,
+        f16_mode=plan.attention_mode == AttentionMode.F16.name,
+    )
+
+
+def _ranges(items: list[tuple[int, tuple[Any, ...]]]) -> list[tuple[int, int, tuple[Any, ...]]]:
+    """Collapse (page, attrs) pairs into [begin, end) runs of equal attrs."""
+    runs: list[tuple[int, int, tuple[Any, ...]]] = []
+    for page, attrs in items:
+        if runs and runs[-1][1] == page and runs[-1][2] == attrs:
+            runs[-1] = (runs[-1][0], page + 1, attrs)
+        else:
+            runs.append((page, page + 1, attrs))
+    return runs
+
+
+def _batches(pages: list[tuple[int, int]], limit: int) -> list[tuple[int, int, int]]:
+    """Group (page, slot) pairs with consecutive pages and slots: (page, slot, count)."""
+    out: list[tuple[int, int, int]] = []
+    for page, slot in pages:
+        if out:
+            p0, s0, n = out[-1]
+            if page == p0 + n and slot == s0 + n and n < limit:
+                out[-1] = (p0, s0, n + 1)
+                continue
+        out.append((page, slot, 1))
+    return out
+
+
+class Runner:
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        scenario: Scenario,
+        executor: Executor,
+        seed: int = 0,
+        addresses: AddressMap | None = None,
+        tolerance: float = DEFAULT_TOLERANCE,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if cfg.kv_unified and cfg.np > 1:
+            raise ConfigError(
+                "--kv-unified with -np > 1 puts several sequences in one stream; "
+                "capture does not model that mask yet (plan does)"
+            )
+        self.cfg = cfg
+        self.scenario = scenario
+        self.executor = executor
+        self.sink: EventSink = _NoSink()
+        self.seed = seed
+        self.addresses = addresses or AddressMap()
+        self.tolerance = tolerance
+        self.progress = progress
+        self.plan = make_plan(cfg, allow_multiseq=True)
+        if self.plan.pool is None:
+            raise ConfigError(f"the runtime would refuse this pool: {self.plan.pool_error}")
+        if self.plan.attention_mode == AttentionMode.UNSUPPORTED.name:
+            raise ConfigError(f"block KV streaming does not support K {cfg.type_k} and V {cfg.type_v}")
+        for r in scenario.requests:
+            if r.slot >= cfg.np:
+                raise ConfigError(f"scenario {scenario.name} uses slot {r.slot} but -np is {cfg.np}")
+        pool = self.plan.pool
+        self.cache = ResidentCache(
+            cfg.layout, cfg.n_streamed, pool.resident_pages_per_layer, pool.ring_slots,
+            cfg.n_stream, cfg.kv_size,
+        )
+        self.scheduler = Scheduler(scenario.requests, cfg.n_stream, cfg.n_ubatch, cfg.kv_size)
+        self.ring_cursor = 0
+        self.max_delta = 0.0
+        self.request_epoch: dict[int, int] = {}
+
+    # -- data --------------------------------------------------------------------------
+
+    def _rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *key])
+
+    def total_steps(self) -> int:
+        return sum(1 for _ in Scheduler(self.scenario.requests, self.cfg.n_stream,
+                                        self.cfg.n_ubatch, self.cfg.kv_size).ubatches())
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def run(self, sink: EventSink) -> RunResult:
+        self.sink = sink
+        self.executor.setup(store_geometry(self.cfg, self.plan))
+        total = self.total_steps()
+        steps = 0
+        abort: ev.Abort | None = None
+        for ub in self.scheduler.ubatches():
+            abort = self._step(ub)
+            self.sink.end_step()
+            steps += 1
+            if self.progress is not None:
+                self.progress(steps, total)
+            if abort is not None:
+                break
+        return RunResult("aborted" if abort else "completed", steps, abort, self.max_delta)
+
+    def _step(self, ub: Ubatch) -> ev.Abort | None:
+        cfg, step = self.cfg, ub.index
+        last_cell = max(c + ub.tokens for c in ub.cell_begin)
+        n_kv = min(cfg.kv_size, max(PAGE_TOKENS, -(-last_cell // PAGE_TOKENS) * PAGE_TOKENS))
+        self.sink.emit(ev.Step, step, phase=ub.phase, streams=ub.streams, tokens=ub.tokens,
+                       n_kv=n_kv, slots=ub.slots)
+        # set_input_k_idxs: global rows = stream × kv_size + cell, handed to mark_dirty_rows
+        cells = {s: np.arange(c, c + ub.tokens, dtype=np.int64)
+                 for s, c in zip(ub.streams, ub.cell_begin, strict=True)}
+        rows = [int(r) for s in ub.streams for r in s * cfg.kv_size + cells[s]]
+        dirty = self.cache.mark_dirty_rows(rows)
+        s0, s1 = min(ub.streams), max(ub.streams)
+        view_streams = tuple(range(s0, s1 + 1))
+        positions = np.zeros((len(view_streams), ub.tokens), np.int64)
+        for i, s in enumerate(view_streams):
+            # a stream inside s0..s1 with no token in this ubatch attends cell 0; ignored
+            positions[i] = cells.get(s, 0)
+        outputs: dict[int, list[np.ndarray]] = {s: [] for s in ub.streams}
+        refs: dict[int, list[np.ndarray]] = {s: [] for s in ub.streams}
+        deltas: dict[int, list[float]] = {s: [] for s in ub.streams}
+        first_streamed_fa = True
+        for layer in range(cfg.layers):
+            streamed_layer = layer < cfg.n_streamed
+            for s, req in zip(ub.streams, ub.requests, strict=True):
+                self._write(step, layer, s, req, cells[s], dirty, streamed_layer)
+            node = attention_node(cfg, layer, view_streams, ub.tokens, n_kv, self.addresses)
+            result = fits(node, self.plan.page_bytes, cfg.native_quants)
+            taken = route(cfg.dispatch, result)
+            self.sink.emit(
+                ev.Fits, step, node=node.name, layer=layer, q=node.q, k=node.k, v=node.v,
+                dst=node.dst, mask=node.mask, stage_bytes=self.plan.page_bytes,
+                result=result.ok, route=taken, failed=result.failed,
+                membership=result.membership,
+            )
+            if taken == "abort":
+                return self._abort(step, assert_message(cfg.assert_file, cfg.assert_line),
+                                   cfg.assert_file, cfg.assert_line, FITS_ASSERT)
+            n_pages = n_kv // PAGE_TOKENS
+            table = np.full((len(view_streams), n_pages), HOST, np.int64)
+            if taken == "streamed":
+                try:
+                    table[0] = self._streamed_read(step, layer, s0, ub, n_pages, node.k.data,
+                                                   first_streamed_fa)
+                except LayerIdentityError as exc:
+                    return self._abort(step, f"{cfg.assert_file.rsplit('/', 1)[0]}/fattn.cu:0: "
+                                       "GGML_ASSERT(cache->next_layer < cache->layer_count) failed",
+                                       "fattn.cu", 0, "cache->next_layer < cache->layer_count",
+                                       detail=str(exc))
+                first_streamed_fa = False
+            elif taken == "fallback":
+                self.sink.emit(ev.Warn, step, message=fallback_warning(layer, result.failed),
+                               code="kv-stream-fallback", layer=layer)
+                for s in ub.streams:
+                    self.sink.emit(ev.Read, step, layer=layer, stream=s, pool=0, ring=0,
+                                   host=n_pages, ranges=(ev.ReadRange(0, n_pages, "host", s, "exact"),))
+            q = self._rng(1, layer, step).standard_normal(
+                (len(view_streams), ub.tokens, cfg.n_head, cfg.head_dim), dtype=np.float32)
+            out = self.executor.attend(layer, view_streams, q, positions, n_kv, table)
+            if (table == HOST).all():
+                ref = out
+            else:
+                ref = self.executor.attend(layer, view_streams, q, positions, n_kv,
+                                           np.full_like(table, HOST))
+            for i, s in enumerate(view_streams):
+                if s in outputs:
+                    outputs[s].append(out[i])
+                    refs[s].append(ref[i])
+                    deltas[s].append(float(np.max(np.abs(out[i] - ref[i]))))
+        for s in ub.streams:
+            worst = int(np.argmax(deltas[s]))
+            delta = deltas[s][worst]
+            self.max_delta = max(self.max_delta, delta)
+            self.sink.emit(
+                ev.Output, step, stream=s,
+                checksum=f"{zlib.crc32(b''.join(o.tobytes() for o in outputs[s])):08x}",
+                ref_checksum=f"{zlib.crc32(b''.join(o.tobytes() for o in refs[s])):08x}",
+                max_abs_delta=delta, tolerance=self.tolerance, worst_layer=worst,
+            )
+        return None
+
+    def _write(self, step: int, layer: int, stream: int, req: int, cells: np.ndarray,
+               dirty: set[tuple[int, int | None, int]], streamed_layer: bool) -> None:
+        cfg = self.cfg
+        width = cfg.head_dim * cfg.n_head_kv
+        rng = self._rng(2, layer, stream, req, int(cells[0]))
+        k = rng.standard_normal((len(cells), width), dtype=np.float32)
+        v = rng.standard_normal((len(cells), width), dtype=np.float32)
+        self.executor.write_rows(layer, stream, cells, k, v)
+        c0, c1 = int(cells[0]), int(cells[-1]) + 1
+        keys: tuple[tuple[int, int | None, int], ...] = ()
+        versions: list[tuple[int, int]] = []
+        if streamed_layer:
+            for page in range(c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1):
+                versions.append((page, self.cache.versions.bump(layer, stream, page)))
+            keys = tuple(sorted((k_ for k_ in dirty if k_[0] == layer),
+                                key=lambda t: (t[1] if t[1] is not None else -1, t[2])))
+        base = stream * cfg.kv_size
+        self.sink.emit(ev.Write, step, layer=layer, stream=stream, cells=(c0, c1),
+                       rows=(base + c0, base + c1), dirty=keys, versions=tuple(versions))
+
+    def _streamed_read(self, step: int, layer: int, stream: int, ub: Ubatch, n_pages: int,
+                       k_ptr: int, first_fa: bool) -> np.ndarray:
+        cache = self.cache
+        if self.cfg.layout == "shared":
+            if ub.tokens > 1 and first_fa:
+                cache.forget_layers()
+                self.sink.emit(ev.Learn, step, layer=-1, k_ptr=0, relearn=True)
+            index, new = cache.learn(k_ptr)
+            if new:
+                self.sink.emit(ev.Learn, step, layer=index, k_ptr=k_ptr)
+        else:
+            index = layer
+        window = cache.window(index)
+        row = np.full(n_pages, HOST, np.int64)
+        resident_up: list[tuple[int, int]] = []
+        reasons: dict[int, str] = {}
+        read_items: list[tuple[int, tuple[Any, ...]]] = []
+        ring_pages: list[int] = []
+        for page in range(n_pages):
+            current = cache.versions.get(layer, stream, page)
+            if page < window:
+                plan = cache.plan_page(index, stream, page, ub.tokens, page == n_pages - 1)
+                if plan.upload is not None:
+                    resident_up.append((page, plan.slot))
+                    reasons[page] = plan.upload
+                    previous = cache.uploaded(plan.key, plan.slot,
+                                              Holder(layer, stream, page, current))
+                    if previous is not None:
+                        self.sink.emit(ev.Evict, step, slot=plan.slot, layer=previous.layer,
+                                       page=previous.page, stream=previous.stream,
+                                       bytes=self.plan.page_bytes, reason="replaced")
+                holder = cache.holders.get(plan.slot)
+                cls = classify(holder, layer, stream, page, current)
+                lag = current - holder.version if holder and cls == "stale" else 0
+                read_items.append((page, ("pool", holder.stream if holder else -1, cls, lag)))
+                row[page] = plan.slot
+            else:
+                ring_pages.append(page)
+                read_items.append((page, ("ring", stream, "exact", 0)))
+        for page, slot, count in _batches(resident_up, COPY_BATCH_PAGES):
+            self.executor.upload(layer, stream, page, count, slot)
+            self.sink.emit(ev.Upload, step, layer=layer, stream=stream, pages=(page, page + count),
+                           slot=slot, target="resident", bytes=count * self.plan.page_bytes,
+                           reason=reasons[page],
+                           key_stream=None if self.cfg.layout == "shared" else stream)
+        self._ring(step, layer, stream, ring_pages)
+        ranges = tuple(ev.ReadRange(b, e, a[0], a[1], a[2], a[3]) for b, e, a in _ranges(read_items))
+        pool_n = sum(1 for _, a in read_items if a[0] == "pool")
+        self.sink.emit(ev.Read, step, layer=layer, stream=stream, pool=pool_n,
+                       ring=len(ring_pages), host=0, ranges=ranges)
+        return row
+
+    def _ring(self, step: int, layer: int, stream: int, pages: list[int]) -> None:
+        """Pages beyond the resident window stream through the ring, ≤ 32 pages a batch.
+
+        The data plane reads them from the host store: the ring copy is made from the same
+        host bytes immediately before the read, so the numbers are identical.
+        """
+        ring = self.plan.pool.ring_slots if self.plan.pool else 0
+        limit = min(COPY_BATCH_PAGES, ring)
+        i = 0
+        while i < len(pages):
+            run = 1
+            while (i + run < len(pages) and run < limit and pages[i + run] == pages[i] + run
+                   and self.ring_cursor + run < ring):
+                run += 1
+            self.sink.emit(ev.Upload, step, layer=layer, stream=stream,
+                           pages=(pages[i], pages[i] + run), slot=self.ring_cursor,
+                           target="ring", bytes=run * self.plan.page_bytes, reason="ring")
+            self.ring_cursor = (self.ring_cursor + run) % ring
+            i += run
+
+    def _abort(self, step: int, message: str, file: str, line: int, condition: str,
+               detail: str | None = None) -> ev.Abort:
+        backtrace = ABORT_BACKTRACE if condition == FITS_ASSERT else ()
+        abort: ev.Abort = self.sink.emit(ev.Abort, step, message=message, file=file, line=line,
+                                         condition=condition, backtrace=backtrace)
+        if detail:
+            self.sink.emit(ev.Warn, step, message=detail, code="layer-identity")
+        return abort
