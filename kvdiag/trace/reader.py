@@ -112,7 +112,8 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[TraceItem]:
         if self._iterator is None:
-            self._iterator = self._events()
+            # chain flattens the per-chunk lists in C: no Python frame runs per event.
+            self._iterator = itertools.chain.from_iterable(self._chunks())
         return self._iterator
 
     def close(self) -> None:
@@ -172,7 +173,7 @@ class TraceReader:
 
     # -- events ---------------------------------------------------------------------------
 
-    def _events(self) -> Iterator[TraceItem]:
+    def _chunks(self) -> Iterator[list[TraceItem]]:
         read = self._stream.read
         size = self._chunk_size
         parts: list[bytes] = []  # pieces of the line not yet ended by a newline
@@ -213,7 +214,7 @@ class TraceReader:
             if rest:
                 parts.append(rest)
             pending = len(rest)
-            yield from self._block(block)
+            yield self._block(block)
         if skipping:
             self.truncated = True
         elif parts:
@@ -222,7 +223,7 @@ class TraceReader:
             self.lines_read += 1
             event = self._line(tail, self.lines_read, last=True)
             if event is not None:
-                yield event
+                yield [event]
         if self.end is None:
             self._problem(
                 self.lines_read,
