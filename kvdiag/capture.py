@@ -6,9 +6,11 @@ Joins kvstream (decisions), executors (data plane) and trace (the file); the CLI
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvdiag.errors import DeviceUnavailable, InputError, UsageError
 from kvdiag.kvstream.backend import Executor
@@ -35,13 +37,15 @@ def make_executor(name: str) -> tuple[Executor, Device]:
         raise UsageError(f"unknown executor {name!r} (one of {', '.join(EXECUTORS)})")
     if name in ("auto", "cupy"):
         try:
-            from kvdiag.executors.cupy_exec import open_cupy_executor
+            # imported by name: the module needs cupy, which only the GPU extra installs
+            module = importlib.import_module("kvdiag.executors.cupy_exec")
         except ImportError as exc:
             if name == "cupy":
                 raise DeviceUnavailable(f"the cupy executor is not available: {exc}") from None
         else:
             try:
-                return open_cupy_executor()
+                opened: tuple[Executor, Device] = module.open_cupy_executor()
+                return opened
             except DeviceUnavailable:
                 if name == "cupy":
                     raise
@@ -81,3 +85,54 @@ def capture(
             return CaptureResult(out, result, writer.seq, executor.name)
     finally:
         executor.close()
+
+
+def scenario_from_args(args: Any) -> Scenario:
+    """The named scenario with --steps / --prompt-tokens applied to every request."""
+    import dataclasses
+
+    from kvdiag.kvstream.scenarios import SCENARIOS
+
+    scenario = SCENARIOS[args.scenario]
+    for flag, field in (("steps", "decode"), ("prompt_tokens", "prompt")):
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if value < (0 if field == "decode" else 1):
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+        scenario = dataclasses.replace(scenario, requests=tuple(
+            dataclasses.replace(r, **{field: value}) for r in scenario.requests))
+    return scenario
+
+
+def capture_from_args(args: Any) -> int:
+    """The ``capture`` subcommand: exit 0 ran to the end, 3 modelled abort, 2 usage error."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from kvdiag.commands._shape import build_config
+    from kvdiag.errors import EXIT_ABORTED, EXIT_OK
+
+    scenario = scenario_from_args(args)
+    cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+    console = Console(stderr=True)
+    out = Path(args.output)
+    if args.quiet or not console.is_terminal:
+        result = capture(cfg, scenario, out, args.executor, args.seed)
+    else:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task(f"capturing {scenario.name}", total=None)
+            result = capture(cfg, scenario, out, args.executor, args.seed,
+                             progress=lambda done, total: bar.update(task, completed=done,
+                                                                     total=total))
+    r = result.result
+    line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
+            f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")
+    if r.abort is not None:
+        line += f"; abort: {r.abort.message}"
+    else:
+        line += f"; max |Δ| vs resident reference {r.max_abs_delta:.3g}"
+    print(line)
+    return EXIT_ABORTED if r.status == "aborted" else EXIT_OK

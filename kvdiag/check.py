@@ -1,0 +1,66 @@
+"""``kvdiag check``: read a trace (tolerantly), run the trace rules, report, pick the exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvdiag.model.events import Header
+from kvdiag.model.findings import Finding, Severity
+from kvdiag.trace.problems import Problem
+from kvdiag.trace.reader import TraceReader
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    header: Header
+    findings: list[Finding]
+    summary: dict[str, Any]
+    problems: list[Problem]
+
+
+def analyse_file(path: str | Path) -> CheckResult:
+    with TraceReader.open(path) as reader:
+        analyzer = TraceAnalyzer().feed_all(reader)
+        problems = list(reader.problems)
+        header = reader.header
+    summary = analyzer.summary()
+    summary["problems"] = [
+        {"line": p.line, "kind": p.kind, "message": p.message} for p in problems
+    ]
+    return CheckResult(header, analyzer.findings(), summary, problems)
+
+
+def check_file(path: str, json_out: bool = False, fail_on: str = "error") -> int:
+    try:
+        threshold = Severity.parse(fail_on)
+    except ValueError as exc:
+        raise UsageError(f"--fail-on: {exc}") from None
+    result = analyse_file(path)
+    failing = [f for f in result.findings if f.severity >= threshold]
+    if json_out:
+        from kvdiag.report.findings import findings_to_json
+
+        doc = {
+            "file": str(path),
+            "scenario": result.header.scenario.get("name"),
+            "backend": result.header.backend,
+            "findings": findings_to_json(result.findings),
+            "summary": result.summary,
+            "fail_on": threshold.label,
+            "failing": len(failing),
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        from kvdiag.report.check import check_report
+
+        Console().print(check_report(str(path), result.header, result.findings, result.summary))
+    return EXIT_FINDINGS if failing else EXIT_OK

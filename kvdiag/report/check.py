@@ -1,0 +1,84 @@
+"""The rich report of ``kvdiag check``: what ran, what it found, how the pages were served."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvdiag.model.events import Header
+from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.findings import SEVERITY_STYLE, findings_table
+
+
+def verdict(findings: Sequence[Finding]) -> Text:
+    """One line saying what went wrong, if anything."""
+    worst = max((f.severity for f in findings), default=None)
+    if worst is None:
+        return Text("OK — no findings", style="bold green")
+    top = [f for f in findings if f.severity == worst]
+    return Text(f"{worst.label.upper()}: {top[0].title}", style=SEVERITY_STYLE[worst])
+
+
+def header_table(path: str, header: Header) -> Table:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    sc = header.scenario
+    cfg: dict[str, Any] = sc.get("config", {})
+    t.add_row("trace", path)
+    t.add_row("scenario", f"{sc.get('name', '?')} — {sc.get('description', '')}")
+    t.add_row("executor", f"{header.backend} on {header.device.name}")
+    if cfg:
+        t.add_row("runtime", (
+            f"np {cfg.get('np')}{' (kv unified)' if cfg.get('kv_unified') else ''}, ctx "
+            f"{cfg.get('ctx')}, {cfg.get('layers')} layers, K {cfg.get('type_k')} / V "
+            f"{cfg.get('type_v')}, stage {cfg.get('stage_mib')} MiB, layout {cfg.get('layout')}, "
+            f"dispatch {cfg.get('dispatch')}"))
+    plan = header.plan
+    if plan:
+        t.add_row("pool", (
+            f"{plan.get('pool_pages')} pages of {plan.get('page_bytes')} B: "
+            f"{plan.get('resident_pages_per_layer')} resident/layer + {plan.get('ring_slots')} "
+            f"ring slots"))
+    return t
+
+
+def residency_table(summary: dict[str, Any]) -> Table:
+    r = summary["residency"]
+    t = Table(title="Residency", show_header=True)
+    for col in ("pages read (pool/ring/host)", "exact/stale/foreign", "resident hits",
+                "uploads (resident/ring)", "bytes uploaded", "evictions", "routes"):
+        t.add_column(col)
+    pr, rc = r["pages_read"], r["read_classes"]
+    up, ub = r["upload_pages"], r["upload_bytes"]
+    rate = r["resident_hit_rate"]
+    t.add_row(
+        f"{pr['pool']}/{pr['ring']}/{pr['host']}",
+        f"{rc['exact']}/{rc['stale']}/{rc['foreign']}",
+        f"{r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else ""),
+        f"{up.get('resident', 0)}/{up.get('ring', 0)} pages",
+        f"{sum(ub.values()) / (1 << 20):.1f} MiB",
+        str(r["evictions"]),
+        ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items())),
+    )
+    return t
+
+
+def check_report(
+    path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
+) -> RenderableType:
+    parts: list[RenderableType] = [header_table(path, header), Text()]
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+    parts.append(Text(f"{summary['events']} events over {summary['steps']} step(s) "
+                      f"[{summary['status']}]: {counts}", style="dim"))
+    for p in summary.get("problems", []):
+        parts.append(Text(f"trace problem at line {p['line']}: {p['message']}", style="yellow"))
+    parts += [residency_table(summary), findings_table(findings), verdict(findings)]
+    return Group(*parts)
+
+
+__all__ = ["Severity", "check_report", "verdict"]
