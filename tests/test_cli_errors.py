@@ -1,0 +1,115 @@
+"""Bad input gets one line on stderr and exit 2 — never a traceback — through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvdiag.cli import main
+
+KVDIAG = [sys.executable, "-m", "kvdiag"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVDIAG, *args], capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kvdiag: error:") and text in lines[0]
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["plan", "--ctx", "-5"], "--ctx must be positive"),
+    (["plan", "--type-k", "q9_9"], "not a supported KV type"),
+    (["plan", "--ctx", "many"], "invalid int value"),
+    (["capture", "-o", "/nonexistent-dir/x.kvtrace"], "does not exist"),
+    (["capture", "--scenario", "nope", "-o", "x.kvtrace"], "invalid choice"),
+    (["capture", "--steps", "-3", "-o", "x.kvtrace"], "--steps must be positive"),
+    (["capture", "--executor", "cupy", "-o", "x.kvtrace"], "cupy executor is not available"),
+    (["check", "t.kvtrace", "--fail-on", "panic"], "unknown severity"),
+])
+def test_usage_errors(args: list[str], text: str, tmp_path: Path,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    if args[0] == "check":
+        assert main(["capture", "--scenario", "single-slot", "--steps", "0", "--prompt-tokens",
+                     "8", "-q", "-o", str(tmp_path / "t.kvtrace")]) == 0
+        args = ["check", str(tmp_path / "t.kvtrace"), *args[2:]]
+    proc = subprocess.run([*KVDIAG, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    if "cupy" in args and proc.returncode == 0:
+        pytest.skip("a GPU and CuPy are present here")
+    assert_one_line_error(proc, 2, text)
+
+
+def test_bad_trace_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.kvtrace"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.kvtrace"
+    garbage.write_bytes(os.urandom(4096))
+    newer = tmp_path / "newer.kvtrace"
+    newer.write_text('{"format":"kvtrace","version":"2.0","kvdiag_version":"9","created":"x",'
+                     '"backend":"numpy","device":{"name":"cpu"}}\n')
+    for path, text in [(tmp_path / "missing.kvtrace", "missing.kvtrace"),
+                       (tmp_path, "directory"), (empty, "empty"), (garbage, "garbage"),
+                       (newer, "2.0")]:
+        for cmd in (["check"], ["trace", "info"], ["trace", "validate"]):
+            proc = run_cli(*cmd, str(path))
+            assert proc.returncode == 2, (cmd, path, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_sigkill_mid_capture_leaves_a_readable_trace(tmp_path: Path) -> None:
+    out = tmp_path / "killed.kvtrace"
+    proc = subprocess.Popen([*KVDIAG, "capture", "--scenario", "pool-pressure", "--steps",
+                             "400", "--prompt-tokens", "300", "-q", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    # wait until a few steps have reached the file, then kill without warning
+    while time.monotonic() < deadline:
+        if out.exists() and out.read_bytes().count(b'"kind":"step"') >= 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    validate = run_cli("trace", "validate", str(out))
+    assert validate.returncode == 1
+    assert "Traceback" not in validate.stderr
+    assert "end" in (validate.stdout + validate.stderr).lower()
+    check = run_cli("check", str(out), "--json")
+    assert check.returncode in (0, 1), check.stderr
+    doc = json.loads(check.stdout)
+    assert "trace-incomplete" in [f["rule"] for f in doc["findings"]]
+    assert doc["summary"]["counts"]["step"] >= 5
+    # every completed step has its output event
+    assert doc["summary"]["counts"]["output"] >= doc["summary"]["counts"]["step"] - 1
+
+
+def test_check_imports_neither_textual_nor_cupy_nor_pynvml(tmp_path: Path) -> None:
+    trace = tmp_path / "t.kvtrace"
+    assert main(["capture", "--scenario", "single-slot", "--steps", "0", "--prompt-tokens", "8",
+                 "--executor", "numpy", "-q", "-o", str(trace)]) == 0
+    code = (
+        "import sys\n"
+        "from kvdiag.cli import main\n"
+        f"rc = main(['check', {str(trace)!r}])\n"
+        "bad = [m for m in ('textual', 'cupy', 'pynvml') if m in sys.modules]\n"
+        "print('LOADED', bad)\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout

@@ -1,0 +1,160 @@
+"""Unit tests of the runtime model's rules: fits conditions, views, bookkeeping, scheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdiag.kvstream.config import RuntimeConfig
+from kvdiag.kvstream.dispatch import route
+from kvdiag.kvstream.fits import block_tokens, fits
+from kvdiag.kvstream.resident import Holder, LayerIdentityError, ResidentCache, classify
+from kvdiag.kvstream.scenarios import Request, Scheduler
+from kvdiag.kvstream.views import AddressMap, attention_node
+
+CFG = RuntimeConfig(layers=2, ctx=4096, np=2, stage_mib=12)
+
+
+def node(cfg: RuntimeConfig = CFG, layer: int = 0, streams: tuple[int, ...] = (0,),
+         tokens: int = 1, n_kv: int = 512):  # type: ignore[no-untyped-def]
+    return attention_node(cfg, layer, streams, tokens, n_kv, AddressMap())
+
+
+def test_single_stream_view_fits() -> None:
+    n = node()
+    assert n.k.ne == (256, 512, 4, 1)
+    assert n.k.nb == (34, 34 * 8 * 4, 34 * 8, 34 * 8 * 4 * 2048)
+    r = fits(n, 475136)
+    assert r.ok and r.failed == () and r.membership
+
+
+def test_two_stream_view_fails_exactly_the_ne3_conditions() -> None:
+    n = node(streams=(0, 1))
+    assert n.k.ne[3] == 2 and n.q.ne[3] == 2 and n.dst.ne == (256, 24, 1, 2)
+    r = fits(n, 475136)
+    assert r.failed == ("Q.ne[3]==1", "K.ne[3]==1", "V.ne[3]==1")
+    assert route("membership", r) == "abort"
+    assert route("fits", r) == "fallback"
+
+
+def test_view_of_stream_1_is_offset_by_one_stream() -> None:
+    a, b = node(streams=(0,)), node(streams=(1,))
+    assert b.k.data - a.k.data == a.k.nb[3] == 272 * 4 * 2048
+
+
+def test_non_streamed_layer_fails_runtime_identity_and_routes_ordinary() -> None:
+    cfg = CFG.replace(streamed_layers=1)
+    n = node(cfg, layer=1)
+    assert n.k.buffer == "CUDA0" and n.k.runtime is None
+    r = fits(n, 475136)
+    assert r.failed[:2] == ("K.runtime!=NULL", "V.runtime!=NULL") and not r.membership
+    assert route("membership", r) == "ordinary" and route("fits", r) == "ordinary"
+
+
+def test_geometry_failures_are_named() -> None:
+    cfg = RuntimeConfig(layers=1, head_dim=128, n_head=8, n_head_kv=2, stage_mib=64)
+    r = fits(node(cfg), 10 << 20)
+    assert "Q.ne[0]==256" in r.failed and "V.ne[0]==256" in r.failed
+    n = node(n_kv=300)
+    assert "K.ne[1]%256==0" in fits(n, 475136).failed
+
+
+def test_block_tokens_needs_one_page_in_the_stage() -> None:
+    n = node()
+    assert block_tokens(n.k, n.v, 475136) == 256
+    assert block_tokens(n.k, n.v, 475135) == 0
+    assert block_tokens(n.k, n.v, 2 * 475136) == 512
+    assert "block_tokens(stage_bytes)>0" in fits(n, 400000).failed
+
+
+def cache(layout: str) -> ResidentCache:
+    return ResidentCache(layout, layer_count=2, pages_per_layer=4, ring_slots=10, n_stream=2,
+                         kv_size=2048)  # type: ignore[arg-type]
+
+
+def test_shared_layout_marks_pages_from_global_rows() -> None:
+    c = cache("shared")
+    # stream 1, cells 0..2 → global rows 2048..2050 → page 8: outside the 4-page window
+    assert c.mark_dirty_rows([2048, 2049, 2050]) == set()
+    # stream 0, cells 300, 700 → pages 1 and 2 of every layer
+    assert c.mark_dirty_rows([300, 700]) == {(0, None, 1), (0, None, 2), (1, None, 1),
+                                             (1, None, 2)}
+
+
+def test_per_stream_layout_marks_pages_from_local_cells() -> None:
+    c = cache("per-stream")
+    assert c.window(0) == 2
+    assert c.mark_dirty_rows([2048 + 300]) == {(0, 1, 1), (1, 1, 1)}
+    assert c.slot((1, 1, 1)) == 10 + 4 + 2 + 1
+
+
+def test_upload_rule() -> None:
+    c = cache("shared")
+    c.mark_dirty_rows([0])
+    first = c.plan_page(0, 0, 0, q_width=1, last_chunk=False)
+    assert first.upload == "miss"
+    c.uploaded(first.key, first.slot, Holder(0, 0, 0, 1))
+    assert c.plan_page(0, 0, 0, 1, False).upload is None  # dirty flag cleared by the upload
+    c.mark_dirty_rows([5])
+    assert c.plan_page(0, 0, 0, 1, False).upload == "dirty"
+    c.precise = [False, False]
+    c.dirty.clear()
+    assert c.plan_page(0, 0, 0, q_width=8, last_chunk=False).upload == "wide-query"
+    assert c.plan_page(0, 0, 0, q_width=1, last_chunk=True).upload == "last-chunk"
+    assert c.plan_page(0, 0, 0, q_width=1, last_chunk=False).upload is None
+
+
+def test_shared_slots_alias_across_streams() -> None:
+    c = cache("shared")
+    s0 = c.plan_page(0, 0, 1, 1, False)
+    s1 = c.plan_page(0, 1, 1, 1, False)
+    assert s0.slot == s1.slot and s0.key == s1.key == (0, None, 1)
+    c.uploaded(s0.key, s0.slot, Holder(0, 0, 1, 3))
+    assert classify(c.holders[s1.slot], 0, 1, 1, 3) == "foreign"
+    assert classify(c.holders[s0.slot], 0, 0, 1, 4) == "stale"
+    assert classify(c.holders[s0.slot], 0, 0, 1, 3) == "exact"
+
+
+def test_layer_identity_is_learned_and_bounded() -> None:
+    c = cache("shared")
+    assert c.learn(0x1000) == (0, True)
+    assert c.learn(0x2000) == (1, True)
+    assert c.learn(0x1000) == (0, False)
+    with pytest.raises(LayerIdentityError):
+        c.learn(0x3000)
+    c.forget_layers()
+    assert c.learn(0x3000) == (0, True)
+
+
+def test_scheduler_splits_two_slots_equally() -> None:
+    s = Scheduler((Request(0, 600, 2), Request(1, 600, 2)), n_stream=2, n_ubatch=512,
+                  kv_size=2048)
+    ubs = list(s.ubatches())
+    assert [(u.streams, u.tokens) for u in ubs] == [
+        ((0, 1), 256), ((0, 1), 256), ((0, 1), 88), ((0, 1), 1), ((0, 1), 1)]
+    assert ubs[3].cell_begin == (600, 600)
+
+
+def test_scheduler_runs_dependent_requests_in_order_and_resets_cells() -> None:
+    s = Scheduler((Request(1, 300, 1), Request(0, 300, 1, after=0), Request(1, 100, 0, after=1)),
+                  n_stream=2, n_ubatch=512, kv_size=2048)
+    ubs = list(s.ubatches())
+    assert [(u.streams, u.tokens, u.cell_begin) for u in ubs] == [
+        ((1,), 300, (0,)), ((1,), 1, (300,)), ((0,), 300, (0,)), ((0,), 1, (300,)),
+        ((1,), 100, (0,))]
+
+
+def test_scheduler_refuses_overflowing_requests() -> None:
+    s = Scheduler((Request(0, 3000, 1),), n_stream=2, n_ubatch=512, kv_size=2048)
+    with pytest.raises(ValueError, match="raise --ctx"):
+        list(s.ubatches())
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("ctx", -1, "--ctx must be positive"),
+    ("type_k", "q9_9", "not a supported KV type"),
+    ("n_head", 7, "not a multiple of --n-head-kv"),
+    ("streamed_layers", 9, "--streamed-layers must be between"),
+])
+def test_config_rejects_nonsense(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RuntimeConfig(**{field: value})  # type: ignore[arg-type]
