@@ -60,14 +60,15 @@ def test_bad_trace_files(tmp_path: Path) -> None:
     newer = tmp_path / "newer.kvtrace"
     newer.write_text('{"format":"kvtrace","version":"2.0","kvdiag_version":"9","created":"x",'
                      '"backend":"numpy","device":{"name":"cpu"}}\n')
-    for path, text in [(tmp_path / "missing.kvtrace", "missing.kvtrace"),
-                       (tmp_path, "directory"), (empty, "empty"), (garbage, "garbage"),
-                       (newer, "2.0")]:
+    for path, text in [(tmp_path / "missing.kvtrace", "no such file"),
+                       (tmp_path, "is a directory"), (empty, "empty file"),
+                       (garbage, "not a kvtrace trace"), (newer, "2.0 is newer")]:
         for cmd in (["check"], ["trace", "info"], ["trace", "validate"]):
             proc = run_cli(*cmd, str(path))
             assert proc.returncode == 2, (cmd, path, proc.stderr)
             assert "Traceback" not in proc.stderr
             assert len(proc.stderr.strip().splitlines()) == 1
+            assert text in proc.stderr
 
 
 def test_sigkill_mid_capture_leaves_a_readable_trace(tmp_path: Path) -> None:
