@@ -132,6 +132,30 @@ def test_info_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     assert "no problems" in out
 
 
+def test_info_spells_out_the_scenario(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from trace_samples import header
+
+    from kvdiag.trace import TraceWriter
+
+    path = tmp_path / "sc.kvtrace"
+    scenario = {
+        "name": "two-streams",
+        "config": {"layout": "shared", "np": 2, "extra": {"a": 1}},
+        "requests": [{"slot": i, "prompt": 512, "decode": 64} for i in range(5)],
+        "seed": 7,
+    }
+    TraceWriter.create(path, header(**scenario)).close()
+    code, out, _ = run(capsys, "info", str(path))
+    assert code == 0
+    assert _row(out, "scenario.name") == ["scenario.name", "two-streams"]
+    assert _row(out, "scenario.config.layout") == ["scenario.config.layout", "shared"]
+    assert _row(out, "scenario.config.np") == ["scenario.config.np", "2"]
+    assert _row(out, "scenario.config.extra") == ["scenario.config.extra", "{'a': 1}"]
+    assert _row(out, "scenario.requests") == ["scenario.requests", "5 items"]
+    assert _row(out, "scenario.seed") == ["scenario.seed", "7"]
+    assert _row(out, "plan") == ["plan", "1 entry"]
+
+
 def test_info_damaged_file(capsys: pytest.CaptureFixture[str], damaged: Path) -> None:
     code, out, _ = run(capsys, "info", str(damaged))
     assert code == 0

@@ -8,7 +8,7 @@ capture ended. ``validate`` prints one line per problem and exits 0 when the fil
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
 
@@ -94,10 +94,10 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     head.add_row("created", h.created)
     head.add_row("backend", h.backend)
     head.add_row("device", _device_text(h.device))
-    for key, value in h.scenario.items():
-        head.add_row(f"scenario.{key}", _short(value))
+    for key, value in _flatten("scenario", h.scenario):
+        head.add_row(key, value)
     if h.plan:
-        head.add_row("plan", f"{len(h.plan)} entries")
+        head.add_row("plan", _count(h.plan))
     for key, value in s.header_extras.items():
         head.add_row(f"{key} (unknown)", _short(value))
     parts: list[RenderableType] = [head]
@@ -180,6 +180,27 @@ def _duration(ns: int) -> str:
     if ns >= 10**6:
         return f"{ns / 1e6:.3f} ms"
     return f"{ns / 1e3:.1f} µs"
+
+
+def _flatten(prefix: str, mapping: dict[str, object]) -> list[tuple[str, str]]:
+    """Scalars as they are, one level of nested mappings spelt out, larger values counted."""
+    rows: list[tuple[str, str]] = []
+    for key, value in mapping.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, dict) and prefix.count(".") == 0:
+            rows.extend(_flatten(name, value))
+        elif isinstance(value, dict | list):
+            rows.append((name, _short(value) if len(repr(value)) <= 40 else _count(value)))
+        else:
+            rows.append((name, _short(value)))
+    return rows
+
+
+def _count(value: dict[str, Any] | list[Any]) -> str:
+    n = len(value)
+    if isinstance(value, dict):
+        return f"{n:,} entry" if n == 1 else f"{n:,} entries"
+    return _plural(n, "item")
 
 
 def _short(value: object) -> str:

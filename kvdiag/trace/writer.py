@@ -15,7 +15,6 @@ import datetime
 import os
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -30,8 +29,6 @@ E = TypeVar("E", bound=Event)
 EndStatus = Literal["completed", "aborted", "error"]
 
 _NEWLINE = 10
-# Lines that must not wait for the end of the step: they are what a post-mortem looks for first.
-_URGENT: tuple[type[Event], ...] = (Abort, Warn)
 
 
 def make_header(
@@ -78,7 +75,7 @@ class TraceWriter:
         self._t0 = time.monotonic_ns()
         self._seq = 0
         self._max_step = -1
-        self._counts: Counter[type[Event]] = Counter()
+        self._counts: dict[type[Event], int] = {}
         self._closed = False
 
     @classmethod
@@ -121,7 +118,8 @@ class TraceWriter:
     def emit(self, cls: type[E], step: int, **fields: Any) -> E:
         """Build ``cls(seq, t_ns, step, **fields)``, buffer its line and return it.
 
-        The line reaches the file at the next :meth:`end_step`, or now for Abort and Warn.
+        The line reaches the file at the next :meth:`end_step`, or now for Abort and Warn:
+        those are what a post-mortem looks for first, so they must not wait for the step's end.
         """
         with self._lock:
             if self._closed:
@@ -131,10 +129,11 @@ class TraceWriter:
             buf = self._buf
             self._encode_into(event, buf, -1)
             buf.append(_NEWLINE)
-            self._counts[cls] += 1
+            counts = self._counts
+            counts[cls] = counts.get(cls, 0) + 1
             if step > self._max_step:
                 self._max_step = step
-            if cls in _URGENT:
+            if cls is Abort or cls is Warn:
                 self._flush()
         return event
 
