@@ -1,15 +1,50 @@
-"""(not implemented yet)"""
+"""The demo: capture the two-slot scenario on the best executor, then show it.
+
+Captures ``two-slot-concurrent`` with the upstream runtime (membership dispatch, shared
+bookkeeping: the server aborts on the fits assert) and ``slot1-first`` (the silent slot-1
+divergence), then opens the TUI on them — or prints the ``check`` report when there is no
+terminal to draw on.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from kvdiag.errors import KvdiagError
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*")
+    parser.add_argument("--output-dir", default="kvdiag-demo",
+                        help="where the traces go (default: ./kvdiag-demo)")
+    parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"))
+    parser.add_argument("--no-tui", action="store_true", help="print the reports instead")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KvdiagError("demo: not implemented yet")
+    import sys
+    from argparse import Namespace
+    from pathlib import Path
+
+    from kvdiag.capture import capture_from_args
+    from kvdiag.check import check_file
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    traces: list[Path] = []
+    for scenario in ("two-slot-concurrent", "slot1-first"):
+        path = out / f"{scenario}.kvtrace"
+        capture_from_args(Namespace(
+            scenario=scenario, output=str(path), executor=args.executor, layout=None,
+            dispatch=None, steps=None, prompt_tokens=None, seed=0, quiet=False, preset=None))
+        traces.append(path)
+    if not args.no_tui and sys.stdout.isatty():
+        import importlib
+
+        try:
+            tui = importlib.import_module("kvdiag.tui.app")
+        except ImportError:
+            pass
+        else:
+            code: int = tui.run_tui([str(p) for p in traces])
+            return code
+    for path in traces:
+        check_file(str(path))
+    return 0
