@@ -1,0 +1,427 @@
+// Streamed flash attention over paged K/V (decode and prefill), and the ordinary zero-copy
+// fallback: the same kernel with every page read from the pinned host store.
+//
+// Function (kvdiag.executors.numpy_exec defines the numbers): for stream i, query token t and
+// head h, out = sum_c softmax_c(scale * q . K[c, h/G]) V[c, h/G] over cells c <= pos[i, t]
+// (c < n_kv), G = n_head / n_head_kv. Pages of 256 cells come from the pool slot the page
+// table names, or from the host store when the entry is -1.
+//
+// Work split (flash-decoding): a block owns one (stream, KV head, row tile, split). A row tile
+// is 8 query rows r = token * G + j, so one tile of K/V serves every query head of the GQA
+// group. The split's cells are cut in 16-cell tiles that the block's warps take in turn; each
+// warp keeps its own online-softmax state, streams its next tile in with cp.async while it
+// computes the current one, and the warps merge in shared memory at the end. A second kernel
+// merges the splits. Both products run on tensor cores transposed (S^T = K Q^T, O^T = V^T P^T,
+// mma.m16n8k16): the 16 cells / 16 head dims fill M and the 8 query rows fill N, so Q and O
+// stay in registers (D/16 x 2 and D/16 x 4 of them) and K/V are dequantized straight from the
+// raw page bytes into A fragments. Inside a 32-wide block of head dims the k order of the QK
+// product and the row order of O are permuted so that each lane reads 8 (K) or 4 (V)
+// consecutive elements of one ggml block; Q is loaded and O stored with the same permutation.
+#include "kvdiag_blocks.cuh"
+#include "kvdiag_ring.cuh"
+
+#define KV_PARAMS_MAGIC 0x6b76646961670001LL
+
+// Every field 8 bytes so that the host packs it as an int64 array (kvdiag/executors/
+// cuda_kernels.py FATTN_FIELDS lists the same names in the same order).
+struct FattnParams {
+    kv_i64 magic;
+    kv_i64 q, positions, page_table, streams, host_k, host_v, pool;
+    kv_i64 part_o, part_ml, out;
+    kv_i64 ring_counter, ring_records, ring_capacity;
+    kv_i64 row_k, row_v, kv_size, page_bytes, v_offset, page_tokens, n_pages_tab;
+    kv_i64 ns, T, n_head, n_head_kv, G, rows, n_kv, n_rowtiles;
+    kv_i64 tiles_per_block, n_splits;
+    kv_i64 layer, ring_slots, kernel_id, warp_smem;
+    double scale_log2;
+};
+
+__host__ __device__ constexpr int kv_smem_stride(int bytes, int residue) {
+    int s = (bytes + 15) / 16 * 16;
+    while (s % 128 != residue) s += 16;
+    return s;
+}
+
+template <int TK, int TV, int D>
+struct FattnGeom {
+    static constexpr int HK = D / 32 * KvBlock<TK>::bytes;  // bytes of one head row of K
+    static constexpr int HV = D / 32 * KvBlock<TV>::bytes;
+    // Row strides in shared memory chosen against bank conflicts of the fragment reads: the
+    // K reads of 8 lanes span two rows (stride = 64 mod 128), the V reads of 16 lanes span
+    // four rows two apart (stride = 16 mod 128).
+    static constexpr int SK = kv_smem_stride(HK, 64);
+    static constexpr int SV = kv_smem_stride(HV, 16);
+    static constexpr int STAGE = 16 * (SK + SV);
+    static constexpr int WARP = 2 * STAGE;  // double buffered
+};
+
+template <int VEC>
+KV_DEV void kv_zero_smem(kv_u8* dst) {
+    if constexpr (VEC == 16) *(kv_v4*)dst = kv_v4{0u, 0u, 0u, 0u};
+    else if constexpr (VEC == 8) *(kv_v2*)dst = kv_v2{0u, 0u};
+    else if constexpr (VEC == 4) *(kv_u32*)dst = 0u;
+    else *(kv_u16*)dst = 0;
+}
+
+// Start copying the raw K and V rows of 16-cell tile `tile` into `buf`; cells at or past
+// lim_max are zero-filled (their V must be finite: 0 * NaN would poison the product).
+template <int TK, int TV, int D, int VEC, bool PAGED>
+KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int tile, int lim_max,
+                         kv_u8* buf, int lane) {
+    using G = FattnGeom<TK, TV, D>;
+    static_assert(G::HK % VEC == 0 && G::HV % VEC == 0, "copy unit must divide a head row");
+    const int c0 = tile * 16;
+    const int pt = (int)p.page_tokens;
+    const int page = c0 / pt;
+    int slot = -1;
+    if (PAGED && page < p.n_pages_tab) {
+        slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
+    }
+    const kv_u8* kb;
+    const kv_u8* vb;
+    if (slot >= 0) {
+        const kv_u8* base = (const kv_u8*)p.pool + (kv_i64)slot * p.page_bytes;
+        kb = base + (kv_i64)(c0 - page * pt) * p.row_k + hk * G::HK;
+        vb = base + p.v_offset + (kv_i64)(c0 - page * pt) * p.row_v + hk * G::HV;
+    } else {
+        const kv_i64 row = (kv_i64)stream * p.kv_size + c0;
+        kb = (const kv_u8*)p.host_k + row * p.row_k + hk * G::HK;
+        vb = (const kv_u8*)p.host_v + row * p.row_v + hk * G::HV;
+    }
+    const int nvalid = lim_max - c0 < 16 ? lim_max - c0 : 16;
+    constexpr int UK = G::HK / VEC;
+    constexpr int UV = G::HV / VEC;
+    for (int u = lane; u < 16 * UK; u += 32) {
+        const int r = u / UK;
+        const int col = (u - r * UK) * VEC;
+        kv_u8* dst = buf + r * G::SK + col;
+        if (r < nvalid) kv_copy_async<VEC>(dst, kb + (kv_i64)r * p.row_k + col);
+        else kv_zero_smem<VEC>(dst);
+    }
+    kv_u8* vbuf = buf + 16 * G::SK;
+    for (int u = lane; u < 16 * UV; u += 32) {
+        const int r = u / UV;
+        const int col = (u - r * UV) * VEC;
+        kv_u8* dst = vbuf + r * G::SV + col;
+        if (r < nvalid) kv_copy_async<VEC>(dst, vb + (kv_i64)r * p.row_v + col);
+        else kv_zero_smem<VEC>(dst);
+    }
+}
+
+// One 16-cell tile: S^T = K Q^T, online softmax of the lane's two rows (2t, 2t+1), O^T += V^T P^T.
+template <int TK, int TV, int D>
+KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float sl,
+                            const kv_u32 (&qf)[D / 16][2], float (&o)[D / 16][4], float& m0,
+                            float& m1, float& l0, float& l1, int g, int t) {
+    using G = FattnGeom<TK, TV, D>;
+    constexpr int BK = KvBlock<TK>::bytes;
+    constexpr int BV = KvBlock<TV>::bytes;
+    float sa[4] = {0.f, 0.f, 0.f, 0.f};
+    float sb[4] = {0.f, 0.f, 0.f, 0.f};  // second accumulator: halves the mma dependency chain
+    const kv_u8* k0 = buf + g * G::SK;
+    const kv_u8* k1 = buf + (g + 8) * G::SK;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+        kv_u32 w0[4], w1[4];
+        kv_load_h2<TK, 8>(k0 + c * BK, 8 * t, w0);  // cell g, elements 8t..8t+7 of block c
+        kv_load_h2<TK, 8>(k1 + c * BK, 8 * t, w1);  // cell g+8
+        const kv_u32 a0[4] = {w0[0], w1[0], w0[1], w1[1]};
+        const kv_u32 a1[4] = {w0[2], w1[2], w0[3], w1[3]};
+        kv_mma_16816(sa, a0, qf[2 * c]);
+        kv_mma_16816(sb, a1, qf[2 * c + 1]);
+    }
+    // Accumulator element k: cell g (k < 2) or g+8, query row 2t + (k & 1).
+    const int ca = c0 + g;
+    const int cb = ca + 8;
+    const float v0 = ca < lim0 ? (sa[0] + sb[0]) * sl : KV_NEG_INF;
+    const float v1 = ca < lim1 ? (sa[1] + sb[1]) * sl : KV_NEG_INF;
+    const float v2 = cb < lim0 ? (sa[2] + sb[2]) * sl : KV_NEG_INF;
+    const float v3 = cb < lim1 ? (sa[3] + sb[3]) * sl : KV_NEG_INF;
+    float mx0 = fmaxf(v0, v2);
+    float mx1 = fmaxf(v1, v3);
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) {
+        mx0 = fmaxf(mx0, kv_u2f(kv_shfl_xor(kv_f2u(mx0), m)));
+        mx1 = fmaxf(mx1, kv_u2f(kv_shfl_xor(kv_f2u(mx1), m)));
+    }
+    const float mn0 = fmaxf(m0, mx0);
+    const float mn1 = fmaxf(m1, mx1);
+    const bool e0 = mn0 == KV_NEG_INF;
+    const bool e1 = mn1 == KV_NEG_INF;
+    const float al0 = e0 ? 1.f : kv_exp2(m0 - mn0);
+    const float al1 = e1 ? 1.f : kv_exp2(m1 - mn1);
+    const kv_u32 h01 = kv_pack_f2(e0 ? 0.f : kv_exp2(v0 - mn0), e1 ? 0.f : kv_exp2(v1 - mn1));
+    const kv_u32 h23 = kv_pack_f2(e0 ? 0.f : kv_exp2(v2 - mn0), e1 ? 0.f : kv_exp2(v3 - mn1));
+    // The denominator sums the same f16-rounded weights that multiply V.
+    l0 = l0 * al0 + (kv_lo_f(h01) + kv_lo_f(h23));
+    l1 = l1 * al1 + (kv_hi_f(h01) + kv_hi_f(h23));
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+        o[mt][0] *= al0;
+        o[mt][1] *= al1;
+        o[mt][2] *= al0;
+        o[mt][3] *= al1;
+    }
+    // h01 holds P^T[cell g][rows 2t, 2t+1]; its transpose is the B fragment P^T[cells 2t..][row g].
+    const kv_u32 pb[2] = {kv_movmatrix_trans(h01), kv_movmatrix_trans(h23)};
+    const kv_u8* vr = buf + 16 * G::SK;
+    const kv_u8* va = vr + (2 * t) * G::SV;
+    const kv_u8* vb = va + G::SV;
+    const kv_u8* vc = vr + (2 * t + 8) * G::SV;
+    const kv_u8* vd = vc + G::SV;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+        kv_u32 xa[2], xb[2], xc[2], xd[2];  // cells 2t, 2t+1, 2t+8, 2t+9: elements 4g..4g+3
+        kv_load_h2<TV, 4>(va + c * BV, 4 * g, xa);
+        kv_load_h2<TV, 4>(vb + c * BV, 4 * g, xb);
+        kv_load_h2<TV, 4>(vc + c * BV, 4 * g, xc);
+        kv_load_h2<TV, 4>(vd + c * BV, 4 * g, xd);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            // Row g of O^T tile 2c+j is head dim 32c + 4g + 2j, row g+8 is the dim after it.
+            const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
+                                 kv_byte_perm(xa[j], xb[j], 0x7632u),
+                                 kv_byte_perm(xc[j], xd[j], 0x5410u),
+                                 kv_byte_perm(xc[j], xd[j], 0x7632u)};
+            kv_mma_16816(o[2 * c + j], a, pb);
+        }
+    }
+}
+
+template <int TK, int TV, int D, int VEC, bool PAGED>
+__global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __restrict__ pp) {
+    using G = FattnGeom<TK, TV, D>;
+    const FattnParams& p = *pp;
+    if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int split = blockIdx.x;
+    const int rt = blockIdx.y;
+    const int ih = blockIdx.z;
+    const int nhk = (int)p.n_head_kv;
+    const int i = ih / nhk;
+    const int hk = ih - i * nhk;
+    const int stream = ((const kv_i32*)p.streams)[i];
+    const int rows = (int)p.rows;
+    const int gq = (int)p.G;
+    const int n_kv = (int)p.n_kv;
+    const kv_i32* pos = (const kv_i32*)p.positions + (kv_i64)i * p.T;
+
+    auto limit = [&](int r) -> int {
+        if (r >= rows) return 0;
+        const int v = pos[r / gq] + 1;
+        return v < n_kv ? v : n_kv;
+    };
+    const int lim0 = limit(rt * 8 + 2 * t);
+    const int lim1 = limit(rt * 8 + 2 * t + 1);
+    const int lim_max = kv_warp_max_i(limit(rt * 8 + (lane & 7)));
+    const float sl = (float)p.scale_log2;
+
+    // Q^T B fragments, k order permuted like the K fragments: lane (g, t) holds query row g,
+    // head dims 32c + 8t .. 32c + 8t + 7 for every block c.
+    kv_u32 qf[D / 16][2];
+    {
+        const int r = rt * 8 + g;
+        const float* q = nullptr;
+        if (r < rows) {
+            const int tok = r / gq;
+            const int head = hk * gq + (r - tok * gq);
+            q = (const float*)p.q + (((kv_i64)i * p.T + tok) * p.n_head + head) * D;
+        }
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+            if (q != nullptr) {
+                const kv_v4 x = *(const kv_v4*)(q + 32 * c + 8 * t);
+                const kv_v4 y = *(const kv_v4*)(q + 32 * c + 8 * t + 4);
+                qf[2 * c][0] = kv_pack_f2(kv_u2f(x.x), kv_u2f(x.y));
+                qf[2 * c][1] = kv_pack_f2(kv_u2f(x.z), kv_u2f(x.w));
+                qf[2 * c + 1][0] = kv_pack_f2(kv_u2f(y.x), kv_u2f(y.y));
+                qf[2 * c + 1][1] = kv_pack_f2(kv_u2f(y.z), kv_u2f(y.w));
+            } else {
+                qf[2 * c][0] = qf[2 * c][1] = qf[2 * c + 1][0] = qf[2 * c + 1][1] = 0u;
+            }
+        }
+    }
+
+    float o[D / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+
+    const int n_tiles = (lim_max + 15) / 16;
+    const int tb = split * (int)p.tiles_per_block;
+    const int te = tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block : n_tiles;
+
+#if KVDIAG_INSTRUMENT
+    if (warp == 0 && tb < te) {
+        const KvRing ring{(kv_u32*)p.ring_counter, (kv_i32*)p.ring_records,
+                          (kv_u32)p.ring_capacity};
+        const int pt = (int)p.page_tokens;
+        const int block = split + (int)p.n_splits * (rt + (int)p.n_rowtiles * ih);
+        for (int page = tb * 16 / pt + lane; page <= (te * 16 - 1) / pt; page += 32) {
+            int slot = -1;
+            if (PAGED && page < p.n_pages_tab) {
+                slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
+            }
+            const int src = slot < 0 ? KV_SRC_HOST : (slot < p.ring_slots ? KV_SRC_RING : KV_SRC_POOL);
+            kv_ring_put(ring, (int)p.kernel_id, block, (int)p.layer, stream, page, src, slot, hk);
+        }
+    }
+#endif
+
+    kv_u8* wbuf = kv_smem() + warp * G::WARP;
+    int tile = tb + warp;
+    int stage = 0;
+    if (tile < te) kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
+    kv_copy_commit();
+    for (; tile < te; tile += nwarps) {
+        const int next = tile + nwarps;
+        if (next < te) {
+            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, lim_max,
+                                                wbuf + (stage ^ 1) * G::STAGE, lane);
+        }
+        kv_copy_commit();
+        kv_copy_wait<1>();
+        kv_syncwarp();
+        kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf, o, m0,
+                                   m1, l0, l1, g, t);
+        kv_syncwarp();
+        stage ^= 1;
+    }
+    kv_copy_wait<0>();
+
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) {
+        l0 += kv_u2f(kv_shfl_xor(kv_f2u(l0), m));
+        l1 += kv_u2f(kv_shfl_xor(kv_f2u(l1), m));
+    }
+
+    // Merge the warps of the block: cm = [warp][row][m, l], co = [warp][row][D] (unnormalized).
+    kv_syncthreads();
+    float* cm = (float*)kv_smem();
+    float* co = cm + 64;
+    if (g == 0) {
+        cm[(warp * 8 + 2 * t) * 2] = m0;
+        cm[(warp * 8 + 2 * t) * 2 + 1] = l0;
+        cm[(warp * 8 + 2 * t + 1) * 2] = m1;
+        cm[(warp * 8 + 2 * t + 1) * 2 + 1] = l1;
+    }
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+        float* r0 = co + (warp * 8 + 2 * t) * D + 32 * c + 4 * g;
+        *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]), kv_f2u(o[2 * c + 1][0]),
+                            kv_f2u(o[2 * c + 1][2])};
+        *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
+                                  kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
+    }
+    kv_syncthreads();
+    const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
+    float* po = (float*)p.part_o + item * 8 * D;
+    float* pml = (float*)p.part_ml + item * 16;
+    for (int e = threadIdx.x; e < 8 * (D / 4); e += blockDim.x) {
+        const int rr = e / (D / 4);
+        const int d4 = (e - rr * (D / 4)) * 4;
+        if (rt * 8 + rr >= rows) continue;
+        float mm = KV_NEG_INF;
+        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, cm[(w * 8 + rr) * 2]);
+        float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f, ll = 0.f;
+        for (int w = 0; w < nwarps; ++w) {
+            const float mw = cm[(w * 8 + rr) * 2];
+            if (mw == KV_NEG_INF) continue;
+            const float s = kv_exp2(mw - mm);
+            ll += cm[(w * 8 + rr) * 2 + 1] * s;
+            const float* src = co + (w * 8 + rr) * D + d4;
+            acc0 += src[0] * s;
+            acc1 += src[1] * s;
+            acc2 += src[2] * s;
+            acc3 += src[3] * s;
+        }
+        *(kv_v4*)(po + rr * D + d4) = kv_v4{kv_f2u(acc0), kv_f2u(acc1), kv_f2u(acc2), kv_f2u(acc3)};
+        if (d4 == 0) {
+            pml[rr * 2] = mm;
+            pml[rr * 2 + 1] = ll;
+        }
+    }
+}
+
+// Merge the splits of every query row: grid (rows, ns * n_head_kv, D / 32), 256 threads; warp w
+// owns head dims 32 * blockIdx.z + 4w .. +3 and its lanes stride over the splits.
+template <int D>
+__global__ void __launch_bounds__(256) kv_fattn_combine(const FattnParams* __restrict__ pp) {
+    const FattnParams& p = *pp;
+    if (p.magic != KV_PARAMS_MAGIC) __trap();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int r = blockIdx.x;
+    const int ih = blockIdx.y;
+    const int d = 32 * blockIdx.z + 4 * warp;
+    const int nhk = (int)p.n_head_kv;
+    const int i = ih / nhk;
+    const int hk = ih - i * nhk;
+    const int rt = r / 8;
+    const int rr = r - rt * 8;
+    const int nsp = (int)p.n_splits;
+    const kv_i64 item0 = ((kv_i64)ih * p.n_rowtiles + rt) * nsp;
+    const float* pml = (const float*)p.part_ml + item0 * 16 + rr * 2;
+    const float* po = (const float*)p.part_o + item0 * 8 * D + rr * D + d;
+    float mm = KV_NEG_INF;
+    for (int s = lane; s < nsp; s += 32) mm = fmaxf(mm, pml[(kv_i64)s * 16]);
+    mm = kv_warp_max(mm);
+    float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f, ll = 0.f;
+    for (int s = lane; s < nsp; s += 32) {
+        const float ms = pml[(kv_i64)s * 16];
+        if (ms == KV_NEG_INF) continue;
+        const float w = kv_exp2(ms - mm);
+        ll += pml[(kv_i64)s * 16 + 1] * w;
+        const kv_v4 x = *(const kv_v4*)(po + (kv_i64)s * 8 * D);
+        acc0 += kv_u2f(x.x) * w;
+        acc1 += kv_u2f(x.y) * w;
+        acc2 += kv_u2f(x.z) * w;
+        acc3 += kv_u2f(x.w) * w;
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+        ll += kv_u2f(kv_shfl_xor(kv_f2u(ll), m));
+        acc0 += kv_u2f(kv_shfl_xor(kv_f2u(acc0), m));
+        acc1 += kv_u2f(kv_shfl_xor(kv_f2u(acc1), m));
+        acc2 += kv_u2f(kv_shfl_xor(kv_f2u(acc2), m));
+        acc3 += kv_u2f(kv_shfl_xor(kv_f2u(acc3), m));
+    }
+    if (lane == 0) {
+        const int gq = (int)p.G;
+        const int tok = r / gq;
+        const int head = hk * gq + (r - tok * gq);
+        const float inv = ll > 0.f ? 1.f / ll : 0.f;
+        float* out = (float*)p.out + (((kv_i64)i * p.T + tok) * p.n_head + head) * D + d;
+        *(kv_v4*)out = kv_v4{kv_f2u(acc0 * inv), kv_f2u(acc1 * inv), kv_f2u(acc2 * inv),
+                             kv_f2u(acc3 * inv)};
+    }
+}
+
+#if !defined(__CUDACC_RTC__) && !defined(KVDIAG_EMULATE)
+// nvcc builds (the compile test) instantiate a representative set; the executor compiles the
+// exact instantiation it needs through NVRTC.
+#define KV_FATTN_INST(TK, TV, D, VEC)                                                         \
+    template __global__ void kv_fattn_partial<TK, TV, D, VEC, true>(const FattnParams*);     \
+    template __global__ void kv_fattn_partial<TK, TV, D, VEC, false>(const FattnParams*);
+KV_FATTN_INST(KV_F16, KV_F16, 256, 16)
+KV_FATTN_INST(KV_BF16, KV_BF16, 256, 16)
+KV_FATTN_INST(KV_Q8_0, KV_Q8_0, 256, 16)
+KV_FATTN_INST(KV_Q4_0, KV_Q4_0, 256, 16)
+KV_FATTN_INST(KV_Q4_1, KV_Q4_1, 256, 16)
+KV_FATTN_INST(KV_Q5_0, KV_Q5_0, 256, 16)
+KV_FATTN_INST(KV_Q5_1, KV_Q5_1, 256, 16)
+KV_FATTN_INST(KV_Q8_0, KV_Q5_1, 256, 16)
+KV_FATTN_INST(KV_F16, KV_F16, 64, 16)
+KV_FATTN_INST(KV_Q8_0, KV_Q4_0, 128, 4)
+KV_FATTN_INST(KV_Q5_0, KV_Q8_0, 96, 2)
+template __global__ void kv_fattn_combine<64>(const FattnParams*);
+template __global__ void kv_fattn_combine<96>(const FattnParams*);
+template __global__ void kv_fattn_combine<128>(const FattnParams*);
+template __global__ void kv_fattn_combine<256>(const FattnParams*);
+#endif

@@ -1,0 +1,105 @@
+// ggml K/V block layouts and in-register dequantization to f16 pairs.
+//
+// Layouts (ggml-common.h, little endian, packed, 32 elements a block):
+//   block_q8_0 { half d; int8 qs[32]; }                     34 bytes
+//   block_q4_0 { half d; uint8 qs[16]; }                    18 bytes, byte j = elem j | elem j+16 << 4
+//   block_q4_1 { half d; half m; uint8 qs[16]; }            20 bytes, value = q*d + m
+//   block_q5_0 { half d; uint8 qh[4]; uint8 qs[16]; }       22 bytes, bit e of qh = bit 4 of elem e
+//   block_q5_1 { half d; half m; uint8 qh[4]; uint8 qs[16]; } 24 bytes
+// f16 and bf16 rows are plain arrays; kvdiag treats 32 of them as a 64-byte "block" so that
+// every type is addressed the same way (block c of a head row holds elements 32c..32c+31).
+//
+// Dequantization follows ggml's dequantize_row_* and rounds the float value once to f16, the
+// precision the attention's tensor-core products use (as ggml's CUDA FA does). The integer to
+// f16 step uses the 0x6400 trick (f16 1024 + n is exact for 0 <= n < 1024), so it needs no
+// conversion instructions; d*q is exact in f16 arithmetic before its single rounding.
+#pragma once
+#include "kvdiag_platform.cuh"
+
+enum KvType { KV_F16 = 0, KV_BF16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3, KV_Q4_1 = 4, KV_Q5_0 = 5, KV_Q5_1 = 6 };
+
+template <int T>
+struct KvBlock;
+template <> struct KvBlock<KV_F16> { static constexpr int bytes = 64; };
+template <> struct KvBlock<KV_BF16> { static constexpr int bytes = 64; };
+template <> struct KvBlock<KV_Q8_0> { static constexpr int bytes = 34; };
+template <> struct KvBlock<KV_Q4_0> { static constexpr int bytes = 18; };
+template <> struct KvBlock<KV_Q4_1> { static constexpr int bytes = 20; };
+template <> struct KvBlock<KV_Q5_0> { static constexpr int bytes = 22; };
+template <> struct KvBlock<KV_Q5_1> { static constexpr int bytes = 24; };
+
+// Two integers 0..255 held in bytes 0 and 1 of x -> f16x2 of (1024 + n0, 1024 + n1).
+KV_DEV kv_u32 kv_bytes_to_h2_biased(kv_u32 x) { return kv_byte_perm(x, 0x64646464u, 0x5140u); }
+
+// Bits e and e+1 of qh moved to bit 4 of byte 0 and byte 1.
+KV_DEV kv_u32 kv_q5_high_pair(kv_u32 qh, int e) {
+    return (((qh >> e) & 1u) << 4) | (((qh >> (e + 1)) & 1u) << 12);
+}
+
+// w[k] = f16x2 of elements e0+2k, e0+2k+1 of the 32-element block at `blk` (2-byte aligned;
+// 16-byte aligned for f16/bf16 with N == 8, 8-byte aligned with N == 4). N is 4 or 8 and e0 is
+// a multiple of N.
+template <int T, int N>
+KV_DEV void kv_load_h2(const kv_u8* blk, int e0, kv_u32* w) {
+    const kv_u16* h = (const kv_u16*)blk;
+    if constexpr (T == KV_F16 || T == KV_BF16) {
+        kv_u32 r[N / 2];
+        if constexpr (N == 8) {
+            kv_v4 v = *(const kv_v4*)(blk + 2 * e0);
+            r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+        } else {
+            kv_v2 v = *(const kv_v2*)(blk + 2 * e0);
+            r[0] = v.x; r[1] = v.y;
+        }
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+            if constexpr (T == KV_F16) {
+                w[k] = r[k];
+            } else {
+                w[k] = kv_pack_f2(kv_bf2f((kv_u16)(r[k] & 0xffffu)), kv_bf2f((kv_u16)(r[k] >> 16)));
+            }
+        }
+    } else if constexpr (T == KV_Q8_0) {
+        const kv_u32 d = h[0];
+        const kv_u32 d2 = d | (d << 16);
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+            const kv_u32 x = (kv_u32)h[1 + e0 / 2 + k] ^ 0x8080u;  // int8 -> q + 128
+            w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64806480u), d2);
+        }
+    } else if constexpr (T == KV_Q4_0 || T == KV_Q4_1) {
+        constexpr int qs = T == KV_Q4_0 ? 1 : 2;  // first qs u16
+        const kv_u32 d = h[0];
+        const kv_u32 d2 = d | (d << 16);
+        const int shift = e0 >= 16 ? 4 : 0;
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+            const kv_u32 x = ((kv_u32)h[qs + (e0 & 15) / 2 + k] >> shift) & 0x0f0fu;
+            if constexpr (T == KV_Q4_0) {
+                w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64086408u), d2);
+            } else {
+                const kv_u32 m = h[1];
+                w[k] = kv_hfma2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64006400u), d2, m | (m << 16));
+            }
+        }
+    } else {  // q5_0, q5_1
+        constexpr int qh0 = T == KV_Q5_0 ? 1 : 2;
+        constexpr int qs = qh0 + 2;
+        const kv_u32 d = h[0];
+        const kv_u32 d2 = d | (d << 16);
+        const kv_u32 qh = (kv_u32)h[qh0] | ((kv_u32)h[qh0 + 1] << 16);
+        const int shift = e0 >= 16 ? 4 : 0;
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+            const int e = e0 + 2 * k;
+            const kv_u32 x =
+                (((kv_u32)h[qs + (e0 & 15) / 2 + k] >> shift) & 0x0f0fu) | kv_q5_high_pair(qh, e);
+            if constexpr (T == KV_Q5_0) {
+                w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64106410u), d2);
+            } else {
+                const kv_u32 m = h[1];
+                w[k] = kv_hfma2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64006400u), d2, m | (m << 16));
+            }
+        }
+    }
+}
