@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
                 c.close()
     scan = parser.result()
     if args.binary:
-        raise UsageError("--binary: symbolization is not available in this build yet")
+        from kvdiag.postmortem.resymbolize import resymbolize
+
+        scan = resymbolize(scan, args.binary, args.debug_dir, use_cache=not args.no_cache)
+    elif args.debug_dir:
+        raise UsageError("--debug-dir needs at least one --binary")
     findings = evaluate(scan)
     if args.json:
         json.dump(postmortem_to_json(scan, findings), sys.stdout, indent=2)

@@ -1,0 +1,128 @@
+"""Re-symbolizing parsed backtraces with the binaries the user names (``--binary``).
+
+A frame is looked up when it lacks a function or a source location (gdb's ``??``, glibc's
+``module(+0xOFF)``, frames from libraries without line info). Its link-time address comes
+from, in order: the module offset (glibc ``(+0xOFF)``, systemd-coredump ``(module + 0xOFF)``),
+a symbol plus offset (glibc ``(sym+0xOFF)``), or an absolute address minus the module's load
+bias, which is known when another frame of the same module printed both its address and its
+offset, or when the binary is not position independent. Addresses are return addresses except
+for frame #0 of a debugger's stack and a frame interrupted by a signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from kvdiag.model.frames import Frame
+from kvdiag.model.logrecords import Backtrace, Crash, LogScan
+from kvdiag.postmortem.backtrace import is_in_app
+from kvdiag.postmortem.fingerprint import fingerprint
+from kvdiag.postmortem.symbolizer import DEFAULT_BUDGET_S, Module, module_key
+
+_CURRENT_PC_FORMS = ("gdb", "lldb", "coredump")
+
+
+def _load_bases(bt: Backtrace) -> dict[str, int]:
+    bases: dict[str, int] = {}
+    for fr in bt.frames:
+        if fr.module and fr.offset is not None and fr.address is not None:
+            bases.setdefault(module_key(fr.module), fr.address - fr.offset)
+    return bases
+
+
+class Resymbolizer:
+    """Holds the opened binaries for one run."""
+
+    def __init__(self, binaries: Sequence[str], debug_dirs: Sequence[str],
+                 use_cache: bool = True, budget_s: float = DEFAULT_BUDGET_S,
+                 cache_root: str | None = None) -> None:
+        self.modules: dict[str, Module] = {}
+        self.main: Module | None = None
+        try:
+            for path in binaries:
+                mod = Module(path, debug_dirs, use_cache, budget_s, cache_root)
+                self.modules[module_key(path)] = mod
+                if self.main is None and (mod.image.is_exec or mod.image.elf.get_section_by_name(
+                        ".interp") is not None):
+                    self.main = mod
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for mod in self.modules.values():
+            mod.close()
+        self.modules.clear()
+
+    def _module(self, name: str | None) -> Module | None:
+        if name is None:
+            return self.main if self.main is not None else (
+                next(iter(self.modules.values())) if len(self.modules) == 1 else None)
+        return self.modules.get(module_key(name))
+
+    def backtrace(self, bt: Backtrace) -> Backtrace:
+        bases = _load_bases(bt)
+        out: list[Frame] = []
+        after_signal = False
+        for pos, fr in enumerate(bt.frames):
+            ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
+            expanded = self._frame(bt, fr, pos, ref, bases, after_signal)
+            after_signal = (fr.function or "") in ("<signal handler called>", "__restore_rt")
+            out.extend(expanded)
+        frames = tuple(msgspec.structs.replace(f, index=i) for i, f in enumerate(out))
+        return msgspec.structs.replace(bt, frames=frames, symrefs=())
+
+    def _frame(self, bt: Backtrace, fr: Frame, pos: int, ref: tuple[str, int] | None,
+               bases: dict[str, int], after_signal: bool) -> list[Frame]:
+        if fr.function is not None and fr.file is not None:
+            return [fr]
+        mod = self._module(fr.module)
+        if mod is None:
+            return [fr]
+        vaddr: int | None = None
+        if fr.offset is not None:
+            vaddr = mod.image.base_vaddr + fr.offset
+        elif ref is not None:
+            sym = mod.image.symbol_address(ref[0])
+            if sym is not None:
+                vaddr = sym + ref[1]
+        elif fr.address is not None:
+            base = bases.get(module_key(fr.module or mod.path))
+            if base is not None:
+                vaddr = fr.address - base + mod.image.base_vaddr
+            elif mod.image.is_exec:
+                vaddr = fr.address
+        if vaddr is None:
+            return [fr]
+        is_return = not (after_signal or (pos == 0 and bt.form in _CURRENT_PC_FORMS))
+        found = mod.resolve(vaddr, is_return)
+        if not found:
+            return [fr]
+        module = fr.module or mod.path
+        frames: list[Frame] = []
+        for k, (func, file, line) in enumerate(found):
+            function = func if func is not None else fr.function
+            frames.append(msgspec.structs.replace(
+                fr, function=function, file=file if file is not None else fr.file,
+                line=line if line is not None else fr.line, inlined=k < len(found) - 1,
+                in_app=is_in_app(function, module)))
+        return frames
+
+
+def resymbolize(scan: LogScan, binaries: Sequence[str], debug_dir: str | None,
+                use_cache: bool = True, cache_root: str | None = None) -> LogScan:
+    """``scan`` with every crash's backtrace re-symbolized and re-fingerprinted."""
+    dirs = [debug_dir] if debug_dir else []
+    rs = Resymbolizer(binaries, dirs, use_cache=use_cache, cache_root=cache_root)
+    try:
+        crashes: list[Crash] = []
+        for crash in scan.crashes:
+            if crash.backtrace is not None:
+                crash = msgspec.structs.replace(crash, backtrace=rs.backtrace(crash.backtrace))
+                crash = msgspec.structs.replace(crash, fingerprint=fingerprint(crash))
+            crashes.append(crash)
+    finally:
+        rs.close()
+    return msgspec.structs.replace(scan, crashes=tuple(crashes))
