@@ -174,6 +174,22 @@ class Telemetry(Event, tag="telemetry", frozen=True):
     power_mw: int | None = None
 
 
+class Kernel(Event, tag="kernel", frozen=True):
+    """Device-side records of one kernel for one layer and stream, drained from the GPU event
+    ring after a step (CuPy executor only): the pages its blocks read (attention) or wrote
+    (set_rows), as ranges ``[begin, end, source, slot]`` where ``slot`` is the pool slot of
+    ``begin`` (consecutive pages in consecutive slots share a range) or -1 for the host store.
+    ``records`` counts the raw records behind the event; ``dropped`` the records a full ring
+    lost in the same drain."""
+
+    name: str
+    layer: int
+    stream: int
+    ranges: tuple[tuple[int, int, str, int], ...] = ()
+    records: int = 0
+    dropped: int = 0
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -192,7 +208,10 @@ class Unknown(msgspec.Struct, frozen=True):
     fields: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-AnyEvent = Step | Learn | Fits | Write | Upload | Evict | Read | Abort | Warn | Output | Telemetry | End
+AnyEvent = (
+    Step | Learn | Fits | Write | Upload | Evict | Read | Abort | Warn | Output | Telemetry
+    | Kernel | End
+)
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
     "learn",
@@ -205,6 +224,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "warn",
     "output",
     "telemetry",
+    "kernel",
     "end",
 )
 
