@@ -100,8 +100,29 @@ class NumpyExecutor:
     def upload(self, layer: int, stream: int, page: int, n_pages: int, slot: int) -> None:
         for i in range(n_pages):
             src = self._host_page(layer, stream, page + i)
-            self._pool[slot + i] = _Page(src.k.copy(), src.v.copy())
+            copy = _Page(src.k.copy(), src.v.copy())
+            if src._deq is not None and src._deq[0] == src.version:
+                # same bytes, so the same dequantized values: share them (read-only)
+                copy._deq = (0, src._deq[1], src._deq[2])
+            self._pool[slot + i] = copy
             self.bytes_uploaded += src.k.nbytes + src.v.nbytes
+
+    def reads_match_host(
+        self, layer: int, streams: tuple[int, ...], page_table: I64Array
+    ) -> bool:
+        """True when every pool slot in ``page_table`` holds exactly the bytes of the host
+        page it stands for, so attention over it equals the fully resident reference."""
+        for i, stream in enumerate(streams):
+            for p, slot in enumerate(page_table[i]):
+                if slot == HOST:
+                    continue
+                pool = self._pool.get(int(slot))
+                host = self._host.get((layer, stream, p))
+                if pool is None or host is None:
+                    return False
+                if not (np.array_equal(pool.k, host.k) and np.array_equal(pool.v, host.v)):
+                    return False
+        return True
 
     def _gather(
         self, layer: int, stream: int, row: I64Array, n_pages: int
