@@ -1,8 +1,9 @@
-"""Inspect and validate .kvtrace files: ``trace info FILE [--json]``, ``trace validate FILE``.
+"""Inspect and validate .kvtrace files.
 
-``info`` shows the header, event counts per kind, step and time spans, problems and whether the
-capture ended. ``validate`` prints one line per problem and exits 0 when the file is valid
-(no problems, has an End event), 1 when it has problems, 2 when it is not a readable trace.
+trace info FILE [--json] shows the header, event counts per kind, step and time spans,
+problems and whether the capture ended. trace validate FILE prints one line per problem and
+exits 0 when the file is valid (no problems, has an End event), 1 when it has problems, and 2
+when it is not a readable trace.
 """
 
 from __future__ import annotations
