@@ -42,15 +42,15 @@ from kvdiag.postmortem.slots import active_slots
 
 #: Substrings that mark a line worth parsing. Each names what it catches.
 ANCHORS: tuple[bytes, ...] = (
-    b"ASSERT",  # GGML_ASSERT(...) failed; legacy "GGML_ASSERT: file:line: cond"
-    b"ssert",  # MSVC "Assertion failed: ..."; glibc "Assertion `x' failed."
+    b"_ASSERT",  # GGML_ASSERT(...) failed; legacy "GGML_ASSERT: file:line: cond"
+    b"ssertion",  # MSVC "Assertion failed: ..."; glibc "Assertion `x' failed."
     b" error",  # CUDA/ROCm/SYCL error lines, "…cu:102: CUDA error" aborts
     b"llama_",  # boot configuration (llama_context:, llama_kv_cache:, llama_model_loader:)
-    b"stream",  # kv_stream_adapt, block KV streaming, device filter, ring latency
-    b"fits=",  # instrumented fits=false line
-    b"SIG",  # SIGSEGV/SIGABRT/SIGBUS…, "received signal"
+    b"kv_stream",  # kv_stream_adapt, ring latency, kv-stream allocation failures
+    b"fits=false",  # instrumented fits=false line
+    b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
-    b"backtrace",  # ggml_print_backtrace: present in every backtrace form
+    b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
 )
 #: Extra anchors while a boot still waits for its first request.
 LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=")
