@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ARGS = ["--scenario", "pool-pressure", "--ctx", "32768", "--layers", "16", "--np", "2",
-        "--steps", "256", "--stage-mib", "32", "--executor", "numpy", "-q"]
+SHAPE = ["--ctx", "32768", "--layers", "16", "--np", "2", "--stage-mib", "32"]
+ARGS = ["--scenario", "pool-pressure", *SHAPE, "--steps", "256", "--executor", "numpy", "-q"]
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
         doc = json.loads(info.stdout)
         events = doc["summary"]["events"]
         size = out.stat().st_size
-        plan = subprocess.run([sys.executable, "-m", "kvdiag", "plan", "--json", *ARGS[2:12]],
+        plan = subprocess.run([sys.executable, "-m", "kvdiag", "plan", "--json", *SHAPE],
                               capture_output=True, text=True)
         p = json.loads(plan.stdout)
     print(f"machine: {platform.machine()}, {platform.python_implementation()} "
