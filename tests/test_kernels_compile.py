@@ -14,7 +14,8 @@ from kvdiag.executors import cuda_kernels as ck
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"
-NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
+_LOCAL_NVCC = Path("/usr/local/bin/nvcc")
+NVCC = shutil.which("nvcc") or (str(_LOCAL_NVCC) if _LOCAL_NVCC.exists() else None)
 
 ATOMIC_ADD = re.compile(r"\batom(\.global)?\.add\.u32\b")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit not installed)")

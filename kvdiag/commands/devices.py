@@ -1,15 +1,54 @@
-"""(not implemented yet)"""
+"""List the NVIDIA GPUs NVML reports: name, memory, driver, PCIe link, compute capability.
+
+Exit status: 0 when at least one GPU is listed; 1 when there is none (no driver, no NVML, or
+no device), after a one-line message saying why, so ``kvdiag devices && ...`` guards GPU work.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from kvdiag.errors import KvdiagError
+EXIT_NO_GPU = 1
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KvdiagError("devices: not implemented yet")
+    import json
+    import sys
+    from dataclasses import asdict
+
+    from kvdiag.telemetry import Nvml, list_gpus
+
+    nvml = Nvml()
+    try:
+        gpus = list_gpus(nvml)
+        reason = nvml.unavailable_reason or nvml.last_error
+    finally:
+        nvml.shutdown()
+    if args.json:
+        print(json.dumps({
+            "gpus": [{**asdict(g), "pcie": g.pcie} for g in gpus],
+            "reason": None if gpus else (reason or "NVML reports no GPU"),
+        }, indent=2))
+        return 0 if gpus else EXIT_NO_GPU
+    if not gpus:
+        why = f" ({reason})" if reason else ""
+        print(f"no NVIDIA GPU found{why}", file=sys.stderr)
+        return EXIT_NO_GPU
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GPUs (NVML)")
+    for col in ("#", "name", "memory", "driver", "CUDA", "PCIe link", "cc", "bus"):
+        table.add_column(col, justify="right" if col in ("#", "memory") else "left",
+                         no_wrap=True)
+    for g in gpus:
+        mem = f"{g.memory_bytes / 2**30:.1f} GiB" if g.memory_bytes else "n/a"
+        table.add_row(str(g.index), g.name, mem, g.driver or "n/a", g.cuda_driver or "n/a",
+                      g.pcie or "n/a", g.compute_capability or "n/a", g.bus_id or "n/a")
+    Console(width=max(120, Console().width)).print(table)
+    return 0

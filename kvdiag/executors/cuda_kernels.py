@@ -236,7 +236,8 @@ class DeviceLimits:
     max_warps_per_sm: int = 64
 
 
-def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: int) -> tuple[int, int]:
+def warps_per_block(layout: FattnLayout, limits: DeviceLimits,
+                    regs_per_thread: int) -> tuple[int, int]:
     """(warps a block, blocks an SM) that keep the most warps resident; ties go to wider blocks
     (fewer partial results to merge)."""
     best = (0, 0, 0)
