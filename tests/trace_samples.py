@@ -15,6 +15,7 @@ from kvdiag.model.events import (
     Evict,
     Fits,
     Header,
+    Kernel,
     Learn,
     Output,
     Read,
@@ -142,6 +143,17 @@ ALL_KINDS: list[tuple[type[Event], dict[str, Any]]] = [
             "max_abs_delta": 0.125,
             "tolerance": 0.001,
             "worst_layer": 5,
+        },
+    ),
+    (
+        Kernel,
+        {
+            "name": "fattn_streamed",
+            "layer": 5,
+            "stream": 1,
+            "ranges": ((0, 2, "pool", 7), (2, 3, "host", -1)),
+            "records": 12,
+            "dropped": 1,
         },
     ),
     (

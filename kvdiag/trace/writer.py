@@ -125,7 +125,9 @@ class TraceWriter:
             if self._closed:
                 raise ValueError(f"emit on closed trace writer ({self.path})")
             self._seq += 1
-            event = cls(seq=self._seq, t_ns=time.monotonic_ns() - self._t0, step=step, **fields)
+            # Positionally: seq, t_ns, step are Event's first fields in every kind, and msgspec
+            # builds a Struct measurably faster without merging them into the keyword dict.
+            event = cls(self._seq, time.monotonic_ns() - self._t0, step, **fields)
             buf = self._buf
             self._encode_into(event, buf, -1)
             buf.append(_NEWLINE)
