@@ -167,6 +167,12 @@ class Runner:
         self.sink = sink
         self.executor.setup(store_geometry(self.cfg, self.plan))
         total = self.total_steps()
+        if self.cfg.n_stream > 1:
+            # the G1 validator refuses -np > 1 without a unified cache; the arm117 port's
+            # opt-in is the only way such a boot runs (brief §8.4)
+            self.sink.emit(ev.Warn, 0, code="multiseq-opt-in", message=(
+                f"LLAMA_KV_STREAM_ALLOW_MULTISEQ=1: block KV streaming with {self.cfg.n_stream} "
+                "KV streams (-np > 1 without --kv-unified) is untested upstream"))
         steps = 0
         abort: ev.Abort | None = None
         for ub in self.scheduler.ubatches():

@@ -49,22 +49,23 @@ def header_table(path: str, header: Header) -> Table:
 
 def residency_table(summary: dict[str, Any]) -> Table:
     r = summary["residency"]
-    t = Table(title="Residency", show_header=True)
-    for col in ("pages read (pool/ring/host)", "exact/stale/foreign", "resident hits",
-                "uploads (resident/ring)", "bytes uploaded", "evictions", "routes"):
-        t.add_column(col)
+    t = Table(title="Residency", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
     pr, rc = r["pages_read"], r["read_classes"]
     up, ub = r["upload_pages"], r["upload_bytes"]
     rate = r["resident_hit_rate"]
-    t.add_row(
-        f"{pr['pool']}/{pr['ring']}/{pr['host']}",
-        f"{rc['exact']}/{rc['stale']}/{rc['foreign']}",
-        f"{r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else ""),
-        f"{up.get('resident', 0)}/{up.get('ring', 0)} pages",
-        f"{sum(ub.values()) / (1 << 20):.1f} MiB",
-        str(r["evictions"]),
-        ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items())),
-    )
+    t.add_row("pages read", f"pool {pr['pool']}, ring {pr['ring']}, host (zero-copy) {pr['host']}")
+    t.add_row("resident reads", (
+        f"exact {rc['exact']}, stale {rc['stale']}, foreign {rc['foreign']}; hits "
+        f"{r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else "")))
+    t.add_row("uploads", (
+        f"resident {up.get('resident', 0)} pages ({ub.get('resident', 0) / 2**20:.1f} MiB), "
+        f"ring {up.get('ring', 0)} pages ({ub.get('ring', 0) / 2**20:.1f} MiB)"))
+    if r["upload_reasons"]:
+        t.add_row("upload reasons", ", ".join(f"{k} {v}" for k, v in sorted(r["upload_reasons"].items())))
+    t.add_row("evictions", str(r["evictions"]))
+    t.add_row("FA routes", ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items())) or "none")
     return t
 
 
