@@ -212,3 +212,18 @@ def test_fingerprint_groups_identical_crashes_across_logs() -> None:
     assert prints[0] == prints[2] != prints[1]
     fits = [f for f in findings_of(scan) if f.rule == "kvstream-fits-dispatch-abort"]
     assert len(fits) == 1 and fits[0].details["crashes"] == 2
+
+
+def test_uncaught_exception() -> None:
+    scan = scan_fixture("exception_terminate.log")
+    (crash,) = scan.crashes
+    assert crash.kind == "exception" and crash.error is not None
+    assert crash.error.message == ("std::runtime_error: Unexpected empty grammar stack after "
+                                   "accepting piece: <|im_end|>")
+    bt = crash.backtrace
+    assert bt is not None and len(bt.frames) == 9
+    assert [f.in_app for f in bt.frames] == [False, False, False, False, False, False, True,
+                                             True, True]
+    (finding,) = findings_of(scan)
+    assert finding.rule == "uncaught-exception"
+    assert "llama_grammar_accept_token" in finding.title

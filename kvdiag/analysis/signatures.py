@@ -305,6 +305,21 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
         )
 
 
+@rule("uncaught-exception", "uncaught C++ exception", "see the exception and the first frame")
+def uncaught_exception(scan: LogScan) -> Iterable[Finding]:
+    for group in _groups(c for c in scan.crashes if c.kind == "exception"):
+        crash = group[0]
+        what = crash.error.message if crash.error is not None else "exception"
+        frame = _first_app_frame(crash)
+        yield Finding(
+            rule="uncaught-exception", severity=Severity.ERROR,
+            title=f"terminate called after throwing {what}" + (f" (in {frame})" if frame else ""),
+            evidence=tuple(_crash_evidence(crash)),
+            fix="catch the exception where the request is handled, or fix its cause",
+            details={"crashes": len(group), "fingerprint": crash.fingerprint},
+        )
+
+
 @rule("kvstream-config-rejected", "kv-stream configuration rejected at boot",
       "see the message")
 def config_rejected(scan: LogScan) -> Iterable[Finding]:

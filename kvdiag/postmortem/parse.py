@@ -101,6 +101,7 @@ class LogParser:
         self._replaced_reported = False
         self._long_reported = False
         self._prev_tail = b""
+        self._region_start = 0
 
     def feed(self, name: str, stream: BinaryIO) -> None:
         """Read ``stream`` to its end (or to where it breaks, which is reported)."""
@@ -131,8 +132,9 @@ class LogParser:
                     carry = carry[:MAX_RAW_LINE]
                 continue
             if carry or skipping:
-                head = carry + data[:first_nl] if not skipping else carry
-                self._region(head + b"\n", 0, len(head) + 1)
+                head = (carry + data[:first_nl] if not skipping else carry) + b"\n"
+                self._region(head, 0, len(head))
+                self._remember(head, 0, len(head))
                 carry = b""
                 skipping = False
                 start = first_nl + 1
@@ -141,7 +143,7 @@ class LogParser:
             last_nl = data.rfind(b"\n") + 1
             if start < last_nl:
                 self._region(data, start, last_nl)
-                self._prev_tail = data[max(start, last_nl - LOOKBACK_BYTES):last_nl]
+                self._remember(data, start, last_nl)
             tail = data[last_nl:]
             if len(tail) > MAX_RAW_LINE:
                 self._long_line()
@@ -154,6 +156,13 @@ class LogParser:
         self._close_crash()
         self.lines += self._lineno
 
+    def _remember(self, data: bytes, start: int, end: int) -> None:
+        """Keep the last ``LOOKBACK_BYTES`` of complete lines for looking back from a crash."""
+        if end - start >= LOOKBACK_BYTES:
+            self._prev_tail = data[end - LOOKBACK_BYTES:end]
+        else:
+            self._prev_tail = (self._prev_tail + data[start:end])[-LOOKBACK_BYTES:]
+
     # -- scanning ---------------------------------------------------------------------------
 
     def _anchors(self) -> tuple[bytes, ...]:
@@ -161,6 +170,7 @@ class LogParser:
 
     def _region(self, data: bytes, start: int, end: int) -> None:
         """Lines ``data[start:end]`` (``end`` just after a newline)."""
+        self._region_start = start
         pos = start
         anchors = self._anchors()
         nxt = [data.find(a, pos, end) for a in anchors]
@@ -304,7 +314,7 @@ class LogParser:
         """Slot lines just before a crash, read backwards from the bytes still in memory, and
         a backtrace printed just before the crash line (a stack dumped before the shell or
         systemd reports the signal)."""
-        lo = max(0, ls - LOOKBACK_BYTES)
+        lo = max(self._region_start, ls - LOOKBACK_BYTES)
         before = data[lo:ls]
         if len(before) < LOOKBACK_BYTES and self._prev_tail and data is not self._prev_tail:
             before = self._prev_tail[-(LOOKBACK_BYTES - len(before)):] + before
@@ -321,7 +331,9 @@ class LogParser:
                 break
             if stack_open and k < PRE_STACK_LINES:
                 text, _ = clean(raw)
-                if parse_frame(text) is not None or is_thread_header(text):
+                if (parse_frame(text) is not None or is_thread_header(text)
+                        or grammar.parse_terminate(text) is not None
+                        or text.lstrip().startswith("what():")):
                     stack.append((LogLine(self._name, n, text), text))
                 elif not is_noise(text):
                     misses += 1

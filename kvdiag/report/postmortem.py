@@ -143,19 +143,24 @@ def timeline_table(events: Sequence[SlotEvent], active: Sequence[int]) -> Table:
     return table
 
 
+def _short_path(path: str, keep: int = 2) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
+
+
 def backtrace_table(frames: Sequence[Frame]) -> Table:
     table = Table(title="Backtrace (in-app frames bold)", expand=True)
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("function", ratio=3)
-    table.add_column("source", ratio=2)
-    table.add_column("module / address", ratio=2)
+    table.add_column("function", ratio=3, overflow="fold")
+    table.add_column("source", ratio=2, overflow="fold")
+    table.add_column("module / address", ratio=2, overflow="fold")
     for fr in frames:
         style = "bold" if fr.in_app else "dim"
         name = fr.function or "??"
         if fr.inlined:
             name = f"(inlined) {name}"
-        src = f"{fr.file}:{fr.line}" if fr.file else ""
-        where = fr.module or ""
+        src = f"{_short_path(fr.file)}:{fr.line}" if fr.file else ""
+        where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
         elif fr.address is not None:

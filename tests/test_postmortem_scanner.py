@@ -1,0 +1,55 @@
+"""The block scanner: results do not depend on where block boundaries fall, long lines are cut,
+and a stack printed before a late crash line is found by looking back."""
+
+from __future__ import annotations
+
+import io
+
+import msgspec
+import pytest
+from postmortem_helpers import FIXTURES, scan_bytes
+
+from kvdiag.postmortem import parse
+from kvdiag.postmortem.parse import LogParser
+
+
+def _scan(data: bytes) -> dict[str, object]:
+    parser = LogParser()
+    parser.feed("x.log", io.BytesIO(data))
+    out: dict[str, object] = msgspec.to_builtins(parser.result())
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.log")))
+def test_block_boundaries_do_not_change_results(name: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    data = (FIXTURES / name).read_bytes()
+    want = _scan(data)
+    for block in (1, 7, 64, 333):
+        monkeypatch.setattr(parse, "BLOCK", block)
+        assert _scan(data) == want, (name, block)
+
+
+def test_very_long_line_is_cut_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "BLOCK", 1000)
+    monkeypatch.setattr(parse, "MAX_RAW_LINE", 5000)
+    data = (b"slot x: " + b"y" * 50_000 + b"\n" + (FIXTURES / "msvc_windows.log").read_bytes())
+    scan = scan_bytes(data)
+    (crash,) = scan.crashes
+    assert crash.abort is not None and crash.abort.where.line == 8
+    (problem,) = scan.problems
+    assert problem.line == 1 and problem.message.startswith("very long line")
+
+
+def test_stack_before_a_late_signal_line_is_found_by_looking_back() -> None:
+    filler = b"".join(
+        b"0.10.000.000 I slot update_slots: id  0 | task %d | prompt done, n_tokens = 9, "
+        b"batch.n_tokens = 9\n" % i for i in range(8000))
+    core = (FIXTURES / "coredump_segv.log").read_bytes().split(b"\n", 2)[2]
+    scan = scan_bytes(filler + core)
+    (crash,) = scan.crashes
+    assert crash.kind == "segfault"
+    bt = crash.backtrace
+    assert bt is not None and bt.form == "coredump" and len(bt.frames) == 6
+    assert bt.where.line == 8000 + 4
+    assert crash.active_slots == (0,)
