@@ -79,10 +79,9 @@ def test_broken_gzip_reads_up_to_the_break_and_exits_2(tmp_path: Path, capsys: A
 
 def _run_cli(args: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     code = (
-        "import sys, argparse\n"
-        "from kvdiag.commands import postmortem\n"
-        "p = argparse.ArgumentParser(); postmortem.configure(p)\n"
-        "rc = postmortem.run(p.parse_args(sys.argv[1:]))\n"
+        "import sys\n"
+        "from kvdiag.cli import main\n"
+        "rc = main(['postmortem', *sys.argv[1:]])\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'cupy', 'pynvml'))\n"
         "print('HEAVY=' + ','.join(bad), file=sys.stderr)\n"
         "sys.exit(rc)\n"
