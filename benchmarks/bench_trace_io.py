@@ -7,7 +7,9 @@ emits it: per layer one ``fits``, per stream one ``write`` and one ``read`` (wit
 one ``upload`` every other layer, and per step one ``step`` and one ``output`` per stream.
 Targets (task brief): full read ≥ 1,000,000 events/s, and full read (decode + validate into
 typed events) ≥ 0.7x the speed of ``msgspec.json.decode`` of each line to dicts, measured here
-in the same run on the same file. Each timing is the best of ``--repeat`` runs.
+in the same run on the same file. Each timing is the best of ``--repeat`` runs; targets are
+judged on wall-clock time, and CPU time of this process is shown beside it because the
+machine may be shared with other work (the load average is printed).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -41,14 +44,13 @@ def tensor(name: str, ne: tuple[int, int, int, int], data: int, buffer: str) -> 
     return Tensor(name, "f16", ne, nb, data=data, buffer=buffer, runtime=1 if "k" in name else None)
 
 
-def write_trace(path: Path, n_events: int) -> tuple[int, float]:
+def write_trace(path: Path, n_events: int) -> int:
     header = make_header("synthetic", Device("bench", memory_bytes=24 << 30))
     q = tensor("q-0", (128, 1, 32, 4), 0x7F0000000000, "CUDA0")
     k = tensor("k-0", (128, 4096, 8, 1), 0x7F1000000000, "CUDA_KV_Stream_Host")
     v = tensor("v-0", (128, 4096, 8, 1), 0x7F2000000000, "CUDA_KV_Stream_Host")
     dst = tensor("dst-0", (128, 32, 1, 4), 0x7F3000000000, "CUDA0")
     ranges = (ReadRange(0, 12, "pool", 0, "exact"), ReadRange(12, 16, "host", 1, "stale", 1))
-    start = time.perf_counter()
     with TraceWriter.create(path, header) as w:
         step = 0
         while w.seq < n_events:
@@ -106,7 +108,7 @@ def write_trace(path: Path, n_events: int) -> tuple[int, float]:
             w.end_step()
             step += 1
         written = w.seq
-    return written + 1, time.perf_counter() - start  # + End
+    return written + 1  # + End
 
 
 def read_kvdiag(path: Path) -> int:
@@ -129,14 +131,19 @@ def read_bare(path: Path) -> int:
     return n
 
 
-def best(fn: object, repeat: int) -> tuple[float, object]:
-    times = []
-    result: object = None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()  # type: ignore[operator]
-        times.append(time.perf_counter() - t0)
-    return min(times), result
+class Timing:
+    """Best wall-clock and best CPU time (this process only) over repeated runs."""
+
+    def __init__(self) -> None:
+        self.wall = float("inf")
+        self.cpu = float("inf")
+
+    def run(self, fn: Callable[[], int]) -> int:
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = fn()
+        self.wall = min(self.wall, time.perf_counter() - w0)
+        self.cpu = min(self.cpu, time.process_time() - c0)
+        return result
 
 
 def main() -> int:
@@ -144,41 +151,50 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.kvtrace"
-        n, t_write = write_trace(path, args.events)
+        write = Timing()
+        n = write.run(lambda: write_trace(path, args.events))
         size = path.stat().st_size
         mix: collections.Counter[str] = collections.Counter()
         with TraceReader.open(path) as r:
             for ev in r:
                 mix[type(ev).__name__.lower()] += 1
-        t_read, n_read = best(lambda: read_kvdiag(path), args.repeat)
-        t_bare, n_bare = best(lambda: read_bare(path), args.repeat)
-    assert n_read == n == n_bare, (n_read, n, n_bare)
-    read_rate = n / t_read
-    bare_rate = n / t_bare
+        read, bare = Timing(), Timing()
+        # Alternate the two so that load from other processes hits both alike.
+        for _ in range(args.repeat):
+            n_read = read.run(lambda: read_kvdiag(path))
+            n_bare = bare.run(lambda: read_bare(path))
+            assert n_read == n == n_bare, (n_read, n, n_bare)
+    load_after = os.getloadavg()[0]
+    read_rate, bare_rate = n / read.wall, n / bare.wall
     ratio = read_rate / bare_rate
     print(f"date      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
     print(
-        f"machine   {platform.machine()} {os.cpu_count()} cores, {platform.processor() or '?'},"
-        f" Python {sys.version.split()[0]}, msgspec {msgspec.__version__}"
+        f"machine   {platform.machine()}, {os.cpu_count()} cores, no GPU used,"
+        f" Python {sys.version.split()[0]}, msgspec {msgspec.__version__};"
+        f" load average {load_before:.2f} before, {load_after:.2f} after"
     )
     print(f"events    {n:,} ({size / 1e6:.1f} MB, {size / n:.0f} B/event)")
     print("mix       " + ", ".join(f"{k} {v / n:.1%}" for k, v in mix.most_common()))
-    print(f"write     {n / t_write:>12,.0f} events/s  ({t_write:.2f} s, one run)")
+    print("          events/s by wall clock (events/s by this process's CPU time)")
     print(
-        f"read      {read_rate:>12,.0f} events/s  ({t_read:.2f} s, best of {args.repeat})"
-        "  kvdiag TraceReader: typed events + checks"
+        f"write     {n / write.wall:>12,.0f} ({n / write.cpu:>11,.0f})  one run, TraceWriter.emit"
     )
     print(
-        f"baseline  {bare_rate:>12,.0f} events/s  ({t_bare:.2f} s, best of {args.repeat})"
-        "  msgspec.json.decode per line to dicts"
+        f"read      {read_rate:>12,.0f} ({n / read.cpu:>11,.0f})  best of {args.repeat},"
+        " TraceReader: typed events + checks"
     )
-    print(f"ratio     {ratio:.2f}x  (kvdiag read / bare decode)")
+    print(
+        f"baseline  {bare_rate:>12,.0f} ({n / bare.cpu:>11,.0f})  best of {args.repeat},"
+        " msgspec.json.decode per line to dicts"
+    )
+    print(f"ratio     {ratio:.2f}x ({bare.cpu / read.cpu:.2f}x)  kvdiag read / bare decode")
     ok_read = read_rate >= READ_TARGET
     ok_ratio = ratio >= RATIO_TARGET
-    print(f"target    read >= {READ_TARGET:,} events/s: {'PASS' if ok_read else 'MISS'}")
-    print(f"target    ratio >= {RATIO_TARGET}: {'PASS' if ok_ratio else 'MISS'}")
+    print(f"target    read >= {READ_TARGET:,} events/s (wall): {'PASS' if ok_read else 'MISS'}")
+    print(f"target    ratio >= {RATIO_TARGET} (wall): {'PASS' if ok_ratio else 'MISS'}")
     return 0 if ok_read and ok_ratio else 1
 
 
