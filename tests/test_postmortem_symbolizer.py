@@ -184,3 +184,33 @@ def test_damaged_debug_info_ends_with_an_error_not_a_hang(built: tuple[Path, byt
         assert "\n" not in str(exc) and "scrambled" in str(exc)
     else:  # nothing usable: frames keep what the log said
         assert len(frames) >= 8
+
+
+def test_gdb_frames_without_source_get_the_load_bias_from_their_names(
+        built: tuple[Path, bytes], tmp_path: Path) -> None:
+    """A gdb stack of a PIE program prints absolute addresses and (from the symbol table) names
+    but no offsets: the page-aligned load bias follows from a named frame."""
+    binary, stderr = built
+    glibc = _scan(stderr, binary, tmp_path / "g")
+    mod = Module(str(binary), [], use_cache=False, budget_s=30)
+    lines = []
+    physical = [f for f in glibc if not f.inlined and f.module and f.module.endswith("crashprog")
+                and f.address is not None]
+    for n, fr in enumerate(physical, start=1):
+        assert fr.address is not None and fr.offset is not None
+        sym = mod.image.symbol_at(fr.offset - 1)
+        assert sym is not None
+        from kvdiag.postmortem.demangle import demangle
+
+        lines.append(f"#{n}  0x{fr.address:016x} in {demangle(sym[0])} ()")
+    mod.close()
+    log = ("/x/crashprog.cpp:31: GGML_ASSERT(row >= 0 && row < 4096) failed\n"
+           "#0  0x00007f0000001234 in __GI___wait4 () from /lib/x86_64-linux-gnu/libc.so.6\n"
+           + "\n".join(lines) + "\n").encode()
+    frames = _scan(log, binary, tmp_path / "d")
+    got = [(f.function, f.file, f.line, f.inlined) for f in frames
+           if f.function != "__GI___wait4"]
+    want = [(f.function, f.file, f.line, f.inlined) for f in glibc
+            if f.module and f.module.endswith("crashprog") and f.file is not None]
+    assert got[: len(want)] == want
+    assert any(f.inlined for f in frames)

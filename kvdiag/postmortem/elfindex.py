@@ -62,6 +62,7 @@ class ElfImage:
             raise
         self._symbols: list[tuple[int, int, str]] | None = None
         self._by_name: dict[str, int] | None = None
+        self._by_base: dict[str, list[tuple[int, int]]] | None = None
 
     def close(self) -> None:
         self._fh.close()
@@ -123,6 +124,18 @@ class ElfImage:
             for addr, _size, sym in self._load_symbols():
                 self._by_name.setdefault(sym, addr)
         return self._by_name.get(name)
+
+    def symbols_named(self, base: str) -> list[tuple[int, int]]:
+        """``(address, size)`` of the function symbols whose demangled name without parameters
+        is ``base`` (built on first use)."""
+        if self._by_base is None:
+            from kvdiag.postmortem.backtrace import base_name
+            from kvdiag.postmortem.demangle import demangle
+
+            self._by_base = {}
+            for addr, size, sym in self._load_symbols():
+                self._by_base.setdefault(base_name(demangle(sym)), []).append((addr, size))
+        return self._by_base.get(base, [])
 
     def symbol_at(self, vaddr: int) -> tuple[str, int] | None:
         """``(symbol, start)`` of the function symbol that covers ``vaddr``."""
