@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -42,6 +42,9 @@ _SEQ = operator.attrgetter("seq")
 
 class TraceReader:
     """Reads the header on construction; iterating yields events, once, in file order.
+
+    Construction raises :class:`InputError` for anything that is not a readable v1 trace;
+    damage after the header never raises, it is recorded in ``problems``.
 
     After (and during) iteration: ``problems``, ``truncated``, ``complete``, ``end``,
     ``lines_read`` (lines consumed, header included) and, for a file of a
@@ -80,7 +83,10 @@ class TraceReader:
 
     @classmethod
     def open(cls, path: str | Path, **options: Any) -> TraceReader:
-        """Open ``path``; every failure to open or to recognise it is an :class:`InputError`."""
+        """Open ``path``; every failure to open or to recognise it is an :class:`InputError`.
+
+        The file is closed when iteration reaches its end, or by ``close()`` / ``with``.
+        """
         p = Path(path)
         try:
             stream = p.open("rb")
@@ -162,7 +168,7 @@ class TraceReader:
             self.header_extras = extra_fields(header, raw)
         return header, version, newer_minor
 
-    def _read(self, call: Any) -> bytes:
+    def _read(self, call: Callable[[], object]) -> bytes:
         try:
             data = call()
         except OSError as exc:
