@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from postmortem_helpers import findings_of, scan_fixture
+from postmortem_helpers import FIXTURES, findings_of, scan_bytes, scan_fixture
 
 
 def test_kvstream_np2_gdb_boot_crash_and_timeline() -> None:
@@ -227,3 +227,21 @@ def test_uncaught_exception() -> None:
     (finding,) = findings_of(scan)
     assert finding.rule == "uncaught-exception"
     assert "llama_grammar_accept_token" in finding.title
+
+
+def test_aliasing_risk_is_lower_without_the_opt_in_line() -> None:
+    data = (FIXTURES / "aliasing_no_crash.log").read_bytes().split(b"\n", 1)[1]
+    (finding,) = findings_of(scan_bytes(data))
+    assert finding.rule == "kvstream-multislot-aliasing-risk"
+    assert finding.severity.label == "warning" and finding.details["optin"] is False
+    (with_optin,) = findings_of(scan_fixture("aliasing_no_crash.log"))
+    assert with_optin.severity.label == "error"
+
+
+def test_no_aliasing_finding_for_unified_kv_or_slot_zero() -> None:
+    data = (FIXTURES / "aliasing_no_crash.log").read_bytes()
+    unified = data.replace(b"kv_unified    = false", b"kv_unified    = true").replace(
+        b"2/2 seqs", b"2/1 seqs")
+    assert findings_of(scan_bytes(unified)) == []
+    slot0 = data.replace(b"id  1 |", b"id  0 |")
+    assert findings_of(scan_bytes(slot0)) == []

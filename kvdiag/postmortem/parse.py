@@ -254,6 +254,8 @@ class LogParser:
         elif isinstance(rec, SlotEvent):
             if rec.kind == "launch" and self._awaiting_launch and rec.slot is not None:
                 self._awaiting_launch = False
+                if len(self.first_requests) >= MAX_CRASHES:
+                    return
                 self.first_requests.append(FirstRequest(
                     where=rec.where, slot=rec.slot, task=rec.task,
                     boot_index=max(0, len(self.boot.boots) - 1)))
