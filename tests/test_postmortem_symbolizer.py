@@ -214,3 +214,30 @@ def test_gdb_frames_without_source_get_the_load_bias_from_their_names(
             if f.module and f.module.endswith("crashprog") and f.file is not None]
     assert got[: len(want)] == want
     assert any(f.inlined for f in frames)
+
+
+def test_cli_binary_option_symbolizes_json_frames(
+        built: tuple[Path, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from postmortem_helpers import run_json
+
+    from kvdiag.errors import UsageError
+
+    binary, stderr = built
+    log = tmp_path / "crash.log"
+    log.write_bytes(stderr)
+    monkeypatch.setenv("KVDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    code, data = run_json([str(log), "--binary", str(binary)], capsys)
+    assert code == 1
+    frames = data["crashes"][0]["frames"]
+    inl = [f for f in frames if f["function"] == "page_of"]
+    assert len(inl) == 1 and inl[0]["inlined"] and inl[0]["line"] == 31
+    assert inl[0]["file"].endswith("crashprog.cpp") and inl[0]["offset"].startswith("0x")
+    assert [f["index"] for f in frames] == list(range(len(frames)))
+    with pytest.raises(UsageError):
+        run_json([str(log), "--debug-dir", str(tmp_path)], capsys)
+    bad = tmp_path / "cut"
+    bad.write_bytes(binary.read_bytes()[:100])
+    with pytest.raises(InputError) as info:
+        run_json([str(log), "--binary", str(bad)], capsys)
+    assert info.value.exit_code == 2
