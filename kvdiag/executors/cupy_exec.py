@@ -133,6 +133,8 @@ class CupyExecutor:
         self._host_offsets: list[tuple[int, int]] = []
         self._pool: Any = None
         self._upload_rows: list[list[int]] = []
+        self._partial: dict[bool, Any] = {}
+        self._set_rows: dict[str, Any] = {}
         try:
             self._dev = self.cp.cuda.Device(device)
             with self._dev:
@@ -216,27 +218,41 @@ class CupyExecutor:
             self._copy = cp.cuda.Stream(non_blocking=True)
             self._counter = cp.zeros(1, cp.uint32)
             self._records = cp.zeros((self.ring_capacity, ck.RECORD_INTS), cp.int32)
-            self._compile()
+        self._partial = {}
+        self._set_rows = {}
 
-    def _compile(self) -> None:
-        assert self.geom is not None
+    def _compile_attention(self) -> None:
+        """NVRTC-compile the attention kernels for this geometry (on first use; CuPy caches
+        the binary on disk) and fix the launch shape from their register count."""
+        if self._partial:
+            return
         cp, lay = self.cp, self.layout
-        opts = ("-std=c++17", f"-DKVDIAG_INSTRUMENT={int(self.instrument)}")
         names = [lay.partial_name(True), lay.partial_name(False), lay.combine_name()]
-        fattn = cp.RawModule(code=ck.kernel_source("fattn_paged.cu"), options=opts,
-                             name_expressions=names)
-        self._partial = {True: fattn.get_function(names[0]), False: fattn.get_function(names[1])}
-        self._combine = fattn.get_function(names[2])
-        regs = max(int(k.num_regs) for k in self._partial.values())
-        self.warps, self.blocks_per_sm = ck.warps_per_block(lay, self.limits, regs)
-        self.block_smem = lay.block_smem(self.warps)
-        for k in self._partial.values():
-            k.max_dynamic_shared_size_bytes = self.block_smem
+        with self._cuda("compiling the attention kernels"):
+            fattn = cp.RawModule(code=ck.kernel_source("fattn_paged.cu"),
+                                 options=self._options(), name_expressions=names)
+            partial = {True: fattn.get_function(names[0]), False: fattn.get_function(names[1])}
+            self._combine = fattn.get_function(names[2])
+            regs = max(int(k.num_regs) for k in partial.values())
+            self.warps, self.blocks_per_sm = ck.warps_per_block(lay, self.limits, regs)
+            self.block_smem = lay.block_smem(self.warps)
+            for k in partial.values():
+                k.max_dynamic_shared_size_bytes = self.block_smem
+        self._partial = partial
+
+    def _compile_set_rows(self) -> None:
+        if self._set_rows:
+            return
+        assert self.geom is not None
         types = sorted({self.geom.type_k, self.geom.type_v})
-        rows_names = [f"kv_set_rows<{ck.TYPE_IDS[t]}>" for t in types]
-        rows = cp.RawModule(code=ck.kernel_source("set_rows.cu"), options=opts,
-                            name_expressions=rows_names)
-        self._set_rows = {t: rows.get_function(n) for t, n in zip(types, rows_names, strict=True)}
+        names = [f"kv_set_rows<{ck.TYPE_IDS[t]}>" for t in types]
+        with self._cuda("compiling set_rows"):
+            rows = self.cp.RawModule(code=ck.kernel_source("set_rows.cu"),
+                                     options=self._options(), name_expressions=names)
+            self._set_rows = {t: rows.get_function(n) for t, n in zip(types, names, strict=True)}
+
+    def _options(self) -> tuple[str, ...]:
+        return ("-std=c++17", f"-DKVDIAG_INSTRUMENT={int(self.instrument)}")
 
     def _g(self) -> StoreGeometry:
         if self.geom is None:
@@ -305,6 +321,7 @@ class CupyExecutor:
         n = int(cells.shape[0])
         if n == 0:
             return
+        self._compile_set_rows()
         with self._cuda("set_rows"), self._stream:
             for tensor, src, type_name, row_bytes, kid in (
                 ("k", k, g.type_k, self.row_k, ck.KERNEL_IDS["set_rows_k"]),
@@ -378,6 +395,7 @@ class CupyExecutor:
         for s in streams:
             self._check_layer_stream(layer, s)
         paged = bool((table != HOST).any())
+        self._compile_attention()
         gq = n_head // g.n_head_kv
         rows = tokens * gq
         plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, self.warps,

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: the GPU tests, then the kernel benchmark, logs into OUTDIR.
+#   benchmarks/run_gpu_suite.sh OUTDIR
+# Wheels of packages the machine lacks (msgspec, platformdirs, pyelftools) may sit in .whl/.
+set -u -o pipefail
+out=${1:-out}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 KVDIAG_GPU_REPORT=$out/gpu_report.txt
+: > "$out/gpu_report.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem \
+    --format=csv > "$out/nvidia_smi.txt" 2>&1
+{ python3 -m kvdiag devices; echo "exit $?"; } > "$out/devices.txt" 2>&1
+echo "== pytest -m gpu tests/test_gpu_executor.py tests/test_gpu_scenarios.py" | tee "$out/gpu_tests.txt"
+timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m gpu tests/test_gpu_executor.py \
+    tests/test_gpu_scenarios.py -q -rs -p no:cacheprovider --durations=8 2>&1 | tee -a "$out/gpu_tests.txt"
+echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
+timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py --json "$out/bench_kernels.json" \
+    2>&1 | tee -a "$out/bench_kernels.txt"

@@ -1,0 +1,96 @@
+"""Whole scenarios on the GPU: the CuPy and NumPy executors make the same decisions.
+
+GIVEN each scenario of the core issue captured once per executor, THEN the decision events
+(steps, learned layers, fits results and failed conditions, routes, writes and dirty keys,
+uploads, evictions, read classifications, warnings, aborts, the end) are identical, and each
+stream's output delta against the resident reference agrees within twice the executors'
+stated tolerance, with the same verdict against the runner's divergence threshold.
+Skipped without CuPy or a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvdiag.cli import main
+from kvdiag.errors import DeviceUnavailable
+from kvdiag.model import events as ev
+from kvdiag.trace.reader import TraceReader
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:::cupy")]
+
+STEPS = ("--steps", "4", "--prompt-tokens", "300")
+NOT_DECISIONS = (ev.Output, ev.Telemetry, ev.Kernel)
+
+COMBOS = [
+    (scenario, layout, dispatch)
+    for scenario in ("single-slot", "two-slot-concurrent", "slot1-first", "pool-pressure")
+    for layout, dispatch in (("shared", "membership"), ("shared", "fits"), ("per-stream", "fits"))
+]
+
+
+@pytest.fixture(scope="module")
+def gpu() -> None:
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    from kvdiag.executors.cupy_exec import load_cupy
+
+    try:
+        load_cupy()
+    except DeviceUnavailable as exc:
+        pytest.skip(f"no GPU: {exc}")
+
+
+def _events(path: Path) -> list[Any]:
+    with TraceReader.open(path) as r:
+        return list(r)
+
+
+def _decision(e: Any) -> Any:
+    """The event without its sequence number and time."""
+    d = msgspec.to_builtins(e)
+    d.pop("seq", None)
+    d.pop("t_ns", None)
+    return d
+
+
+@pytest.mark.parametrize(("scenario", "layout", "dispatch"), COMBOS)
+def test_cupy_and_numpy_make_the_same_decisions(
+    gpu: None, tmp_path: Path, scenario: str, layout: str, dispatch: str
+) -> None:
+    paths = {}
+    codes = {}
+    for executor in ("numpy", "cupy"):
+        paths[executor] = tmp_path / f"{executor}.kvtrace"
+        codes[executor] = main(["capture", "--scenario", scenario, "--layout", layout,
+                                "--dispatch", dispatch, "--executor", executor, "-q", "-o",
+                                str(paths[executor]), *STEPS])
+    assert codes["cupy"] == codes["numpy"]
+    evs = {k: _events(p) for k, p in paths.items()}
+    decisions = {k: [_decision(e) for e in v if not isinstance(e, NOT_DECISIONS)]
+                 for k, v in evs.items()}
+    assert len(decisions["cupy"]) == len(decisions["numpy"])
+    for a, b in zip(decisions["cupy"], decisions["numpy"], strict=True):
+        assert a == b
+    outs = {k: [e for e in v if isinstance(e, ev.Output)] for k, v in evs.items()}
+    assert [(o.step, o.stream) for o in outs["cupy"]] == [(o.step, o.stream) for o in outs["numpy"]]
+    from kvdiag.executors.cupy_exec import PARITY_ATOL
+
+    worst = 0.0
+    for c, n in zip(outs["cupy"], outs["numpy"], strict=True):
+        worst = max(worst, abs(c.max_abs_delta - n.max_abs_delta))
+        assert abs(c.max_abs_delta - n.max_abs_delta) <= 2 * PARITY_ATOL, (c, n)
+        assert (c.max_abs_delta > c.tolerance) == (n.max_abs_delta > n.tolerance)
+        if n.max_abs_delta == 0.0:  # exact reads: the GPU reads the host's bytes bit-for-bit
+            assert c.max_abs_delta == 0.0
+    report = os.environ.get("KVDIAG_GPU_REPORT")
+    if report:
+        diverged = sum(o.max_abs_delta > o.tolerance for o in outs["cupy"])
+        with open(report, "a", encoding="utf-8") as f:
+            f.write(f"scenario {scenario} {layout}/{dispatch}: exit {codes['cupy']}, "
+                    f"{len(decisions['cupy'])} decision events identical, {len(outs['cupy'])} "
+                    f"outputs ({diverged} diverged on both), max |Δdelta| = {worst:.2e}\n")
