@@ -17,26 +17,58 @@ _PageKey = tuple[int, int, int]
 
 
 class _Page:
-    """One page of quantized K and V rows plus a lazily dequantized copy."""
+    """One page of quantized K and V rows. ``serial`` names this object for the assembly
+    cache (pool copies are new objects); ``version`` counts writes into it."""
 
-    __slots__ = ("_deq", "k", "v", "version")
+    __slots__ = ("k", "serial", "v", "version")
+    _next_serial = 0
 
-    def __init__(self, k: np.ndarray, v: np.ndarray, version: int = 0) -> None:
+    def __init__(self, k: np.ndarray, v: np.ndarray) -> None:
         self.k = k
         self.v = v
-        self.version = version
-        self._deq: tuple[int, F32Array, F32Array] | None = None
+        self.version = 0
+        _Page._next_serial += 1
+        self.serial = _Page._next_serial
 
-    def dequantized(self, geom: StoreGeometry) -> tuple[F32Array, F32Array]:
-        if self._deq is None or self._deq[0] != self.version:
-            shape = (geom.page_tokens, geom.n_head_kv, geom.head_dim)
-            k = dequantize_rows(geom.type_k, self.k, geom.head_dim * geom.n_head_kv).reshape(shape)
-            v = dequantize_rows(geom.type_v, self.v, geom.head_dim * geom.n_head_kv).reshape(shape)
-            if geom.f16_mode:
+
+class _Assembly:
+    """Dequantized K and V of one (layer, stream) view laid out ``[hkv, cells, d]`` for the
+    matmuls. A page is dequantized again only when the object or version behind it changed:
+    a decode step rewrites one page, not the whole view."""
+
+    def __init__(self, geom: StoreGeometry) -> None:
+        self.geom = geom
+        self.k = np.zeros((geom.n_head_kv, 0, geom.head_dim), np.float32)
+        self.v = np.zeros_like(self.k)
+        self.sources: list[tuple[int, int] | None] = []
+
+    def update(self, pages: list[_Page]) -> tuple[F32Array, F32Array]:
+        g = self.geom
+        pt = g.page_tokens
+        n = len(pages) * pt
+        if self.k.shape[1] < n:
+            cap = max(n, 2 * self.k.shape[1])
+            for name in ("k", "v"):
+                grown = np.zeros((g.n_head_kv, cap, g.head_dim), np.float32)
+                old = getattr(self, name)
+                grown[:, : old.shape[1]] = old
+                setattr(self, name, grown)
+            self.sources += [None] * (cap // pt - len(self.sources))
+        width = g.head_dim * g.n_head_kv
+        shape = (pt, g.n_head_kv, g.head_dim)
+        for p, page in enumerate(pages):
+            tag = (page.serial, page.version)
+            if self.sources[p] == tag:
+                continue
+            k = dequantize_rows(g.type_k, page.k, width).reshape(shape)
+            v = dequantize_rows(g.type_v, page.v, width).reshape(shape)
+            if g.f16_mode:
                 k = k.astype(np.float16).astype(np.float32)
                 v = v.astype(np.float16).astype(np.float32)
-            self._deq = (self.version, k, v)
-        return self._deq[1], self._deq[2]
+            self.k[:, p * pt : (p + 1) * pt] = k.transpose(1, 0, 2)
+            self.v[:, p * pt : (p + 1) * pt] = v.transpose(1, 0, 2)
+            self.sources[p] = tag
+        return self.k[:, :n], self.v[:, :n]
 
 
 def _bmm(a: F32Array, b: F32Array) -> F32Array:
@@ -56,12 +88,14 @@ class NumpyExecutor:
         self.geom: StoreGeometry | None = None
         self._host: dict[_PageKey, _Page] = {}
         self._pool: dict[int, _Page] = {}
+        self._assembled: dict[tuple[int, int, bool], _Assembly] = {}
         self.bytes_uploaded = 0
 
     def setup(self, geom: StoreGeometry) -> None:
         self.geom = geom
         self._host.clear()
         self._pool.clear()
+        self._assembled.clear()
         self.bytes_uploaded = 0
 
     def _g(self) -> StoreGeometry:
@@ -100,11 +134,7 @@ class NumpyExecutor:
     def upload(self, layer: int, stream: int, page: int, n_pages: int, slot: int) -> None:
         for i in range(n_pages):
             src = self._host_page(layer, stream, page + i)
-            copy = _Page(src.k.copy(), src.v.copy())
-            if src._deq is not None and src._deq[0] == src.version:
-                # same bytes, so the same dequantized values: share them (read-only)
-                copy._deq = (0, src._deq[1], src._deq[2])
-            self._pool[slot + i] = copy
+            self._pool[slot + i] = _Page(src.k.copy(), src.v.copy())
             self.bytes_uploaded += src.k.nbytes + src.v.nbytes
 
     def reads_match_host(
@@ -127,16 +157,14 @@ class NumpyExecutor:
     def _gather(
         self, layer: int, stream: int, row: I64Array, n_pages: int
     ) -> tuple[F32Array, F32Array]:
-        g = self._g()
-        ks: list[F32Array] = []
-        vs: list[F32Array] = []
-        for p in range(n_pages):
-            src = int(row[p])
-            page = self._host_page(layer, stream, p) if src == HOST else self._pool_page(src)
-            k, v = page.dequantized(g)
-            ks.append(k)
-            vs.append(v)
-        return np.concatenate(ks), np.concatenate(vs)
+        """K and V ``[hkv, n_kv, d]`` of the view, each page from where ``row`` says."""
+        pages = [self._host_page(layer, stream, p) if int(row[p]) == HOST
+                 else self._pool_page(int(row[p])) for p in range(n_pages)]
+        key = (layer, stream, bool((row[:n_pages] == HOST).all()))
+        assembly = self._assembled.get(key)
+        if assembly is None:
+            assembly = self._assembled[key] = _Assembly(self._g())
+        return assembly.update(pages)
 
     def _pool_page(self, slot: int) -> _Page:
         page = self._pool.get(slot)
@@ -170,10 +198,8 @@ class NumpyExecutor:
         out = np.empty((ns, tokens, n_head, g.head_dim), np.float32)
         cells = np.arange(n_kv)
         for i, stream in enumerate(streams):
+            # [hkv, n_kv, d], contiguous per head, so matmul takes the BLAS path
             k, v = self._gather(layer, stream, page_table[i], n_pages)
-            # [n_kv, hkv, d] -> contiguous [hkv, n_kv, d] so matmul takes the BLAS path
-            k = np.ascontiguousarray(k.transpose(1, 0, 2))
-            v = np.ascontiguousarray(v.transpose(1, 0, 2))
             qg = q[i].reshape(tokens, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv, tokens * group, d)
             scores = _bmm(qg, k.transpose(0, 2, 1))
             scores *= scale
@@ -192,3 +218,4 @@ class NumpyExecutor:
     def close(self) -> None:
         self._host.clear()
         self._pool.clear()
+        self._assembled.clear()
