@@ -279,7 +279,7 @@ class TraceReader:
             map(operator.lt, seqs, itertools.islice(seqs, 1, None))
         ):
             return False
-        if End in map(type, events):
+        if End in set(map(type, events)):
             return False
         self._last_seq = seqs[-1]
         return True
