@@ -15,6 +15,9 @@ from kvdiag.kvstream.ggml_types import ggml_type
 
 _PageKey = tuple[int, int, int]
 
+QUERY_CHUNK = 256
+"""Query tokens per score matrix: bounds prefill memory to [hkv, 256 × group, n_kv] floats."""
+
 
 class _Page:
     """One page of quantized K and V rows. ``serial`` names this object for the assembly
@@ -191,8 +194,6 @@ class NumpyExecutor:
     ) -> F32Array:
         g = self._g()
         ns, tokens, n_head, d = q.shape
-        hkv = g.n_head_kv
-        group = n_head // hkv
         n_pages = n_kv // g.page_tokens
         scale = np.float32(1.0 / np.sqrt(d))
         out = np.empty((ns, tokens, n_head, g.head_dim), np.float32)
@@ -200,20 +201,32 @@ class NumpyExecutor:
         for i, stream in enumerate(streams):
             # [hkv, n_kv, d], contiguous per head, so matmul takes the BLAS path
             k, v = self._gather(layer, stream, page_table[i], n_pages)
-            qg = q[i].reshape(tokens, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv, tokens * group, d)
-            scores = _bmm(qg, k.transpose(0, 2, 1))
-            scores *= scale
-            scores = scores.reshape(hkv, tokens, group, n_kv)
-            bias = np.where(cells[None, :] > positions[i][:, None], -np.inf, 0.0)
-            scores += bias.astype(np.float32)[None, :, None, :]
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            o = _bmm(scores.reshape(hkv, tokens * group, n_kv), v)
-            out[i] = o.reshape(hkv, tokens, group, g.head_dim).transpose(1, 0, 2, 3).reshape(
-                tokens, n_head, g.head_dim
-            )
+            # query chunks bound the score matrix (prefill): [hkv, chunk × group, n_kv]
+            for t0 in range(0, tokens, QUERY_CHUNK):
+                t1 = min(tokens, t0 + QUERY_CHUNK)
+                out[i, t0:t1] = self._attend_chunk(q[i, t0:t1], positions[i, t0:t1], k, v,
+                                                   scale, cells)
         return out
+
+    def _attend_chunk(self, q: F32Array, positions: I64Array, k: F32Array, v: F32Array,
+                      scale: np.float32, cells: I64Array) -> F32Array:
+        tokens, n_head, d = q.shape
+        hkv, n_kv, dv = v.shape
+        group = n_head // hkv
+        qg = q.reshape(tokens, hkv, group, d).transpose(1, 0, 2, 3).reshape(
+            hkv, tokens * group, d)
+        scores = _bmm(qg, k.transpose(0, 2, 1))
+        scores *= scale
+        scores = scores.reshape(hkv, tokens, group, n_kv)
+        bias = np.where(cells[None, :] > positions[:, None], -np.inf, 0.0).astype(np.float32)
+        scores += bias[None, :, None, :]
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        o = _bmm(scores.reshape(hkv, tokens * group, n_kv), v)
+        result: F32Array = o.reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(
+            tokens, n_head, dv)
+        return result
 
     def close(self) -> None:
         self._host.clear()
