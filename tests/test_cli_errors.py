@@ -88,7 +88,8 @@ def test_sigkill_mid_capture_leaves_a_readable_trace(tmp_path: Path) -> None:
     validate = run_cli("trace", "validate", str(out))
     assert validate.returncode == 1
     assert "Traceback" not in validate.stderr
-    assert "end" in (validate.stdout + validate.stderr).lower()
+    said = validate.stdout + validate.stderr
+    assert "no End event" in said and ("incomplete" in said or "truncated" in said)
     check = run_cli("check", str(out), "--json")
     assert check.returncode in (0, 1), check.stderr
     doc = json.loads(check.stdout)
