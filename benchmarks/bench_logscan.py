@@ -191,7 +191,8 @@ def main() -> int:
     ratio = (mb / k_s) / (mb / g_s)
     print(f"date: {datetime.date.today().isoformat()}  machine: {platform.machine()}, "
           f"{os.cpu_count()} cpus, {platform.python_implementation()} "
-          f"{platform.python_version()}, {sys.platform}")
+          f"{platform.python_version()}, {sys.platform}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"log: {size / (1 << 20):.0f} MiB, {requests} requests, crash at the end "
           f"(written in {gen_s:.1f} s)")
     print(f"anchors (grep -c -E): {pattern}")

@@ -191,7 +191,8 @@ def main() -> int:
     ratio = warm_s / llvm_s
     print(f"date: {datetime.date.today().isoformat()}  machine: {platform.machine()}, "
           f"{os.cpu_count()} cpus, {platform.python_implementation()} "
-          f"{platform.python_version()}, {sys.platform}")
+          f"{platform.python_version()}, {sys.platform}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"library: {lib} ({args.units} units, .debug_info {info / 1e6:.1f} MB, "
           f".debug_line {section_size(lib, '.debug_line') / 1e6:.1f} MB, {len(funcs)} functions)")
     print(f"(a) {n} random code addresses")

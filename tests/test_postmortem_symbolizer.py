@@ -241,3 +241,25 @@ def test_cli_binary_option_symbolizes_json_frames(
     with pytest.raises(InputError) as info:
         run_json([str(log), "--binary", str(bad)], capsys)
     assert info.value.exit_code == 2
+
+
+def test_fast_die_scan_lists_the_same_functions_as_pyelftools(
+        built: tuple[Path, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvdiag.postmortem import dwarfindex
+    from kvdiag.postmortem.cache import CuIndex
+    from kvdiag.postmortem.diescan import Unsupported
+
+    binary, _ = built
+    idx = dwarfindex.DwarfIndex(str(binary), None, 60)
+    try:
+        offsets = sorted({u[2] for u in idx.units()})
+        fast = [idx._functions(off, CuIndex()) for off in offsets]
+
+        def refuse(*_a: object, **_k: object) -> object:
+            raise Unsupported("test")
+
+        monkeypatch.setattr(dwarfindex, "scan_functions", refuse)
+        slow = [idx._functions(off, CuIndex()) for off in offsets]
+    finally:
+        idx.close()
+    assert fast == slow and sum(len(f) for f in fast) >= 5

@@ -18,6 +18,7 @@ from typing import Any
 from kvdiag.errors import InputError
 from kvdiag.postmortem.cache import CuIndex, DiskCache, Node, UnitRanges
 from kvdiag.postmortem.demangle import demangle
+from kvdiag.postmortem.diescan import Unsupported, scan_functions
 from kvdiag.postmortem.elfindex import elf_errors
 from kvdiag.postmortem.lineprog import LineTable, decode
 
@@ -197,6 +198,24 @@ class DwarfIndex:
         cu = self._cu(offset)
         out: list[tuple[int, int, int]] = []
         with elf_errors(self.path):
+            try:
+                stream = self.dwarf.debug_info_sec.stream
+                stream.seek(cu.cu_offset)
+                found, slow = scan_functions(cu, stream.read(cu.size), self._deadline,
+                                             MAX_TOP_DIES)
+            except Unsupported:
+                pass
+            else:
+                top = cu.get_top_DIE()
+                base = top.attributes["DW_AT_low_pc"].value if (
+                    "DW_AT_low_pc" in top.attributes) else 0
+                for die_off in slow:
+                    die = cu.get_DIE_from_refaddr(die_off)
+                    found.extend((lo, hi, die_off) for lo, hi in self._ranges(die, cu, base))
+                found.sort()
+                idx.functions = found
+                self._dirty.add(offset)
+                return found
             top = cu.get_top_DIE()
             base = top.attributes["DW_AT_low_pc"].value if (
                 "DW_AT_low_pc" in top.attributes) else 0

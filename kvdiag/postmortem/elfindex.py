@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from kvdiag.errors import InputError
 
@@ -38,12 +39,17 @@ def elf_errors(path: str) -> Iterator[None]:
         raise InputError(f"{path}: not a readable ELF/DWARF file ({msg})") from None
 
 
+_SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
+_PT_LOAD, _PT_INTERP = 1, 3
+MAX_SECTIONS = 100_000
+
+
 class ElfImage:
-    """One opened ELF file. ``close()`` releases it."""
+    """One opened ELF file, read with ``struct`` from its headers (ELF gABI layouts): opening
+    a large library this way costs microseconds, where building every section object (hash
+    tables included) would cost tenths of a second. ``close()`` releases it."""
 
     def __init__(self, path: str) -> None:
-        from elftools.elf.elffile import ELFFile
-
         self.path = path
         try:
             self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
@@ -51,12 +57,12 @@ class ElfImage:
             raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
         try:
             with elf_errors(path):
-                self.elf: Any = ELFFile(self._fh)
-                self.is_exec = self.elf["e_type"] == "ET_EXEC"
-                self.base_vaddr = self._first_load_vaddr()
+                self._size = os.fstat(self._fh.fileno()).st_size
+                self._read_headers()
                 self.build_id = self._build_id()
                 self.debuglink = self._debuglink()
-                self.has_dwarf = self.elf.get_section_by_name(".debug_info") is not None
+                info = self.sections.get(".debug_info") or self.sections.get(".zdebug_info")
+                self.has_dwarf = info is not None and info[0] != _SHT_NOBITS
         except BaseException:
             self._fh.close()
             raise
@@ -67,26 +73,87 @@ class ElfImage:
     def close(self) -> None:
         self._fh.close()
 
-    def _first_load_vaddr(self) -> int:
-        loads = [s["p_vaddr"] & ~(max(s["p_align"], 1) - 1)
-                 for s in self.elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        return min(loads) if loads else 0
+    def _read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0 or offset + size > self._size:
+            raise InputError(f"{self.path}: truncated ELF file (needs bytes "
+                             f"{offset}..{offset + size}, has {self._size})")
+        self._fh.seek(offset)
+        return self._fh.read(size)
+
+    def _read_headers(self) -> None:
+        ident = self._read(0, 16)
+        if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise InputError(f"{self.path}: not an ELF file")
+        self.elfclass = 64 if ident[4] == 2 else 32
+        self.end = "<" if ident[5] == 1 else ">"
+        wide = self.elfclass == 64
+        hdr = self._read(16, 48 if wide else 36)
+        (e_type, _mach, _ver, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
+         shentsize, shnum, shstrndx) = struct.unpack(
+            self.end + ("HHIQQQIHHHHHH" if wide else "HHIIIIIHHHHHH"), hdr)
+        self.is_exec = e_type == 2
+        sh_fmt = self.end + ("IIQQQQIIQQ" if wide else "IIIIIIIIII")
+        ph_fmt = self.end + ("IIQQQQQQ" if wide else "IIIIIIII")
+        if shoff and shnum == 0:  # extended numbering: the count is in section 0's sh_size
+            shnum = struct.unpack(sh_fmt, self._read(shoff, struct.calcsize(sh_fmt)))[5]
+        if shnum > MAX_SECTIONS or (shnum and shentsize < struct.calcsize(sh_fmt)):
+            raise InputError(f"{self.path}: implausible section header table")
+        raw = [struct.unpack(sh_fmt, self._read(shoff + i * shentsize, struct.calcsize(sh_fmt)))
+               for i in range(shnum)] if shoff else []
+        names = b""
+        if 0 <= shstrndx < len(raw):
+            names = self._read(raw[shstrndx][4], raw[shstrndx][5])
+        #: name → (type, offset, size, link)
+        self.sections: dict[str, tuple[int, int, int, int]] = {}
+        self._by_index: list[tuple[int, int, int, int]] = []
+        for sh in raw:
+            name_off, sh_type, sh_offset, sh_size, sh_link = sh[0], sh[1], sh[4], sh[5], sh[6]
+            stop = names.find(b"\0", name_off)
+            name = names[name_off:stop if stop >= 0 else len(names)].decode("utf-8", "replace")
+            entry = (sh_type, sh_offset, sh_size, sh_link)
+            self._by_index.append(entry)
+            self.sections.setdefault(name, entry)
+        loads: list[int] = []
+        self.has_interp = False
+        if phoff and phentsize >= struct.calcsize(ph_fmt) and phnum <= MAX_SECTIONS:
+            for i in range(phnum):
+                ph = struct.unpack(ph_fmt, self._read(phoff + i * phentsize,
+                                                      struct.calcsize(ph_fmt)))
+                p_type = ph[0]
+                vaddr, align = (ph[3], ph[7]) if wide else (ph[2], ph[7])
+                if p_type == _PT_LOAD:
+                    loads.append(vaddr & ~(max(align, 1) - 1))
+                elif p_type == _PT_INTERP:
+                    self.has_interp = True
+        self.base_vaddr = min(loads) if loads else 0
+
+    def section_data(self, name: str) -> bytes | None:
+        sec = self.sections.get(name)
+        if sec is None or sec[0] == _SHT_NOBITS:
+            return None
+        return self._read(sec[1], sec[2])
 
     def _build_id(self) -> str | None:
-        for sec in self.elf.iter_sections():
-            if sec["sh_type"] != "SHT_NOTE":
+        for _name, (sh_type, offset, size, _link) in self.sections.items():
+            if sh_type != _SHT_NOTE:
                 continue
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    desc = note["n_desc"]
-                    return desc if isinstance(desc, str) else bytes(desc).hex()
+            data = self._read(offset, size)
+            pos = 0
+            while pos + 12 <= len(data):
+                namesz, descsz, n_type = struct.unpack_from(self.end + "III", data, pos)
+                pos += 12
+                name = data[pos:pos + namesz]
+                pos += (namesz + 3) & ~3
+                desc = data[pos:pos + descsz]
+                pos += (descsz + 3) & ~3
+                if n_type == 3 and name.rstrip(b"\0") == b"GNU" and desc:  # NT_GNU_BUILD_ID
+                    return desc.hex()
         return None
 
     def _debuglink(self) -> tuple[str, int] | None:
-        sec = self.elf.get_section_by_name(".gnu_debuglink")
-        if sec is None:
+        data = self.section_data(".gnu_debuglink")
+        if not data:
             return None
-        data = sec.data()
         end = data.find(b"\0")
         if end <= 0:
             return None
@@ -98,19 +165,36 @@ class ElfImage:
     # -- symbols ----------------------------------------------------------------------------
 
     def _load_symbols(self) -> list[tuple[int, int, str]]:
+        """Function symbols of ``.symtab`` (else ``.dynsym``), sorted by address."""
         if self._symbols is not None:
             return self._symbols
         out: list[tuple[int, int, str]] = []
+        wide = self.elfclass == 64
+        fmt = self.end + ("IBBHQQ" if wide else "IIIBBH")
+        size = struct.calcsize(fmt)
         with elf_errors(self.path):
-            for name in (".symtab", ".dynsym"):
-                sec = self.elf.get_section_by_name(name)
-                if sec is None or not hasattr(sec, "iter_symbols"):
+            for name, kind in ((".symtab", _SHT_SYMTAB), (".dynsym", _SHT_DYNSYM)):
+                sec = self.sections.get(name)
+                if sec is None or sec[0] != kind:
                     continue
-                for sym in sec.iter_symbols():
-                    if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]:
-                        out.append((sym["st_value"], sym["st_size"], sym.name))
-                        if len(out) > MAX_SYMBOLS:
-                            raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
+                data = self._read(sec[1], sec[2])
+                if not 0 <= sec[3] < len(self._by_index):
+                    continue
+                link = self._by_index[sec[3]]
+                strtab = self._read(link[1], link[2])
+                usable = len(data) - len(data) % size
+                if usable // size > MAX_SYMBOLS:
+                    raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
+                for fields in struct.iter_unpack(fmt, data[:usable]):
+                    if wide:
+                        st_name, info, _other, _shndx, value, sz = fields
+                    else:
+                        st_name, value, sz, info, _other, _shndx = fields
+                    if info & 0xF not in (2, 10) or not value:  # STT_FUNC, STT_GNU_IFUNC
+                        continue
+                    stop = strtab.find(b"\0", st_name)
+                    sym = strtab[st_name:stop if stop >= 0 else len(strtab)]
+                    out.append((value, sz, sym.decode("utf-8", "replace")))
                 if out:
                     break
         out.sort()

@@ -10,6 +10,7 @@ directory entry, and a relative directory under the unit's ``DW_AT_comp_dir``.
 
 from __future__ import annotations
 
+import array
 import bisect
 import posixpath
 from typing import Any
@@ -21,21 +22,34 @@ from kvdiag.errors import InputError
 MAX_ROWS = 4_000_000
 
 
-class LineTable(msgspec.Struct, array_like=True):
-    """Rows sorted by address; ``lines[i] == -1`` marks the end of a sequence."""
+class LineTable(msgspec.Struct, array_like=True, dict=True):
+    """Rows sorted by address, packed as machine arrays (``Q`` addresses, ``i`` lines and file
+    indices) so that a cached table loads as a few byte copies; ``line == -1`` marks the end of
+    a sequence."""
 
-    addrs: list[int]
-    lines: list[int]
-    files: list[int]
+    addrs: bytes
+    lines: bytes
+    files: bytes
     names: list[str]
 
+    def __post_init__(self) -> None:
+        self._a: array.array[int] | None = None
+
+    def _arrays(self) -> tuple[array.array[int], array.array[int], array.array[int]]:
+        if self._a is None:
+            self._a = array.array("Q", self.addrs)
+            self._l = array.array("i", self.lines)
+            self._f = array.array("i", self.files)
+        return self._a, self._l, self._f
+
     def lookup(self, pc: int) -> tuple[str | None, int] | None:
-        i = bisect.bisect_right(self.addrs, pc) - 1
-        if i < 0 or self.lines[i] < 0:
+        addrs, lines, files = self._arrays()
+        i = bisect.bisect_right(addrs, pc) - 1
+        if i < 0 or lines[i] < 0:
             return None
-        f = self.files[i]
+        f = files[i]
         name = self.names[f] if 0 <= f < len(self.names) else None
-        return name, self.lines[i]
+        return name, lines[i]
 
 
 def _text(v: Any) -> str:
@@ -79,15 +93,24 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
     stream = lineprog.stream
     stream.seek(lineprog.program_start_offset)
     data = stream.read(lineprog.program_end_offset - lineprog.program_start_offset)
-    rows: list[tuple[int, int, int, int]] = []
     n = len(data)
+    # Per sequence: parallel lists of address, line (-1 ends the sequence) and file. Rows of
+    # one sequence are in address order by definition (DWARF 5 §6.2.2), so sorting sequences
+    # by their first address sorts the table.
+    seqs: list[tuple[list[int], list[int], list[int]]] = []
+    addrs: list[int] = []
+    lines: list[int] = []
+    files: list[int] = []
+    addr, file, line = 0, 1, 1
+    step_addr = [0] * 256
+    step_line = [0] * 256
+    for op in range(opcode_base, 256):
+        adj = op - opcode_base
+        step_addr[op] = (adj // line_range) * min_inst
+        step_line[op] = line_base + adj % line_range
+    const_add = ((255 - opcode_base) // line_range) * min_inst
+    total = 0
     i = 0
-    seq = 0
-
-    def reset() -> tuple[int, int, int]:
-        return 0, 1, 1
-
-    addr, file, line = reset()
 
     def uleb(j: int) -> tuple[int, int]:
         result = shift = 0
@@ -120,24 +143,36 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
         op = data[i]
         i += 1
         if op >= opcode_base:
-            adj = op - opcode_base
-            addr += (adj // line_range) * min_inst
-            line += line_base + adj % line_range
-            rows.append((addr, line, file, seq))
-        elif op == 0:
+            addr += step_addr[op]
+            line += step_line[op]
+            addrs.append(addr)
+            lines.append(line)
+            files.append(file)
+            continue
+        if op == 0:
             length, i = uleb(i)
             if length == 0 or i + length > n:
                 raise InputError("line program: truncated extended opcode")
             sub = data[i]
             if sub == 1:  # DW_LNE_end_sequence
-                rows.append((addr, -1, file, seq))
-                seq += 1
-                addr, file, line = reset()
+                addrs.append(addr)
+                lines.append(-1)
+                files.append(file)
+                seqs.append((addrs, lines, files))
+                total += len(addrs)
+                if total > MAX_ROWS:
+                    raise InputError(f"line program: more than {MAX_ROWS} rows")
+                if time.monotonic() > deadline:
+                    raise InputError("line program: time budget exceeded")
+                addrs, lines, files = [], [], []
+                addr, file, line = 0, 1, 1
             elif sub == 2:  # DW_LNE_set_address
                 addr = int.from_bytes(data[i + 1:i + length], "little")
             i += length
         elif op == 1:  # DW_LNS_copy
-            rows.append((addr, line, file, seq))
+            addrs.append(addr)
+            lines.append(line)
+            files.append(file)
         elif op == 2:  # DW_LNS_advance_pc
             v, i = uleb(i)
             addr += v * min_inst
@@ -147,19 +182,43 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
         elif op == 4:  # DW_LNS_set_file
             file, i = uleb(i)
         elif op == 8:  # DW_LNS_const_add_pc
-            addr += ((255 - opcode_base) // line_range) * min_inst
+            addr += const_add
         elif op == 9:  # DW_LNS_fixed_advance_pc
             addr += int.from_bytes(data[i:i + 2], "little")
             i += 2
         else:  # opcodes with only ULEB operands: set_column, set_isa, vendor extensions
             for _ in range(std_lengths[op - 1] if op - 1 < len(std_lengths) else 0):
                 _v, i = uleb(i)
-        if len(rows) > MAX_ROWS:
+        if len(addrs) > MAX_ROWS:
             raise InputError(f"line program: more than {MAX_ROWS} rows")
-        if not (len(rows) & 0xFFFF) and time.monotonic() > deadline:
-            raise InputError("line program: time budget exceeded")
-    # sequence ends sort before rows that start at the same address
+    seqs.append((addrs, lines, files))  # rows after the last end_sequence, if any
+    seqs = [sq for sq in seqs if sq[0]]
+    seqs.sort(key=lambda sq: (sq[0][0], sq[0][-1]))
+    all_a: list[int] = []
+    all_l: list[int] = []
+    all_f: list[int] = []
+    for a, ln, f in seqs:
+        if all_a and a[0] < all_a[-1]:
+            return _sorted_table(seqs, hdr, version, comp_dir)  # overlapping sequences
+        all_a.extend(a)
+        all_l.extend(ln)
+        all_f.extend(f)
+    return _pack(all_a, all_l, all_f, _file_names(hdr, version, comp_dir))
+
+
+def _pack(addrs: list[int], lines: list[int], files: list[int], names: list[str]) -> LineTable:
+    return LineTable(
+        addrs=array.array("Q", [a & 0xFFFFFFFFFFFFFFFF for a in addrs]).tobytes(),
+        lines=array.array("i", [max(-1, min(x, 0x7FFFFFFF)) for x in lines]).tobytes(),
+        files=array.array("i", [max(0, min(x, 0x7FFFFFFF)) for x in files]).tobytes(),
+        names=names)
+
+
+def _sorted_table(seqs: list[tuple[list[int], list[int], list[int]]], hdr: Any, version: int,
+                  comp_dir: str) -> LineTable:
+    """Slow path for sequences that overlap (invalid, but seen): sort every row; an end row
+    sorts before a row that starts at the same address."""
+    rows = [(a, ln, f, k) for k, sq in enumerate(seqs) for a, ln, f in zip(*sq, strict=True)]
     rows.sort(key=lambda r: (r[0], r[1] >= 0, r[3]))
-    names = _file_names(hdr, version, comp_dir)
-    return LineTable(addrs=[r[0] for r in rows], lines=[r[1] for r in rows],
-                     files=[r[2] for r in rows], names=names)
+    return _pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                 _file_names(hdr, version, comp_dir))

@@ -64,8 +64,7 @@ class Resymbolizer:
             for path in binaries:
                 mod = Module(path, debug_dirs, use_cache, budget_s, cache_root)
                 self.modules[module_key(path)] = mod
-                if self.main is None and (mod.image.is_exec or mod.image.elf.get_section_by_name(
-                        ".interp") is not None):
+                if self.main is None and (mod.image.is_exec or mod.image.has_interp):
                     self.main = mod
         except BaseException:
             self.close()

@@ -60,14 +60,16 @@ class Module:
         linkage = True
         if self.dwarf is not None:
             frames, low, linkage = self.dwarf.lookup(pc)
-        sym = self.image.symbol_at(pc)
         if not frames or frames[0][0] is None:
+            sym = self.image.symbol_at(pc)
             if sym is None:
                 return frames
             file, line = (frames[0][1], frames[0][2]) if frames else (None, None)
             return [(demangle(sym[0]), file, line)]
-        if len(frames) == 1 and not linkage and sym is not None and sym[1] == low:
-            frames[0] = (demangle(sym[0]), frames[0][1], frames[0][2])
+        if len(frames) == 1 and not linkage:
+            sym = self.image.symbol_at(pc)
+            if sym is not None and sym[1] == low:
+                frames[0] = (demangle(sym[0]), frames[0][1], frames[0][2])
         return frames
 
 
