@@ -43,3 +43,21 @@ def test_interleavings_of_valid_lines_never_raise(
     out = postmortem_to_json(scan, findings_of(scan))
     assert len(out["crashes"]) == len(scan.crashes)
     assert all(c.fingerprint for c in scan.crashes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(_LINES), max_size=60), st.integers(1, 400))
+def test_results_do_not_depend_on_block_size(lines: list[bytes], block: int) -> None:
+    import msgspec
+
+    from kvdiag.postmortem import parse
+
+    data = b"\n".join(lines)
+    want = msgspec.to_builtins(scan_bytes(data))
+    saved = parse.BLOCK
+    parse.BLOCK = block
+    try:
+        got = msgspec.to_builtins(scan_bytes(data))
+    finally:
+        parse.BLOCK = saved
+    assert got == want

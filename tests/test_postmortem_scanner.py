@@ -53,3 +53,40 @@ def test_stack_before_a_late_signal_line_is_found_by_looking_back() -> None:
     assert bt is not None and bt.form == "coredump" and len(bt.frames) == 6
     assert bt.where.line == 8000 + 4
     assert crash.active_slots == (0,)
+
+
+def test_lines_of_other_threads_inside_a_backtrace_do_not_split_it() -> None:
+    data = (FIXTURES / "kvstream_np2_gdb.log").read_bytes()
+    lines = data.split(b"\n")
+    noisy: list[bytes] = []
+    for line in lines:
+        noisy.append(line)
+        if line.startswith(b"#"):
+            noisy.append(b"0.09.999.000 I slot update_slots: id  1 | task 0 | n_tokens = 5, "
+                         b"memory_seq_rm [5, end)")
+    (crash,) = scan_bytes(b"\n".join(noisy)).crashes
+    (plain,) = scan_bytes(data).crashes
+    assert crash.backtrace is not None and plain.backtrace is not None
+    assert [f.function for f in crash.backtrace.frames] == [
+        f.function for f in plain.backtrace.frames]
+    assert crash.fingerprint == plain.fingerprint
+
+
+def test_two_different_aborts_in_one_death_keep_their_own_stacks() -> None:
+    data = b"\n".join([
+        b"/s/ggml/src/ggml.c:100: GGML_ASSERT(a > 0) failed",
+        b"/s/lib/libggml-base.so(ggml_print_backtrace+0x10)[0x7f0000001010]",
+        b"/s/lib/libggml-base.so(ggml_abort+0x20)[0x7f0000002020]",
+        b"/s/lib/libllama.so(_ZN13llama_context6decodeERK11llama_batch+0x30)[0x7f0000003030]",
+        b"/s/ggml/src/ggml-cuda/ggml-cuda.cu:200: GGML_ASSERT(b != 0) failed",
+        b"/s/lib/libggml-base.so(ggml_print_backtrace+0x10)[0x7f0000001010]",
+        b"/s/lib/libggml-base.so(ggml_abort+0x20)[0x7f0000002020]",
+        b"/s/lib/libggml-cuda.so(ggml_backend_cuda_graph_compute+0x40)[0x7f0000004040]",
+        b""])
+    first, second = scan_bytes(data).crashes
+    assert first.abort is not None and second.abort is not None
+    assert (first.abort.line, second.abort.line) == (100, 200)
+    assert first.backtrace is not None and second.backtrace is not None
+    assert first.backtrace.frames[-1].function == "llama_context::decode(llama_batch const&)"
+    assert second.backtrace.frames[-1].function == "ggml_backend_cuda_graph_compute"
+    assert first.fingerprint != second.fingerprint
