@@ -33,13 +33,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+@pytest.fixture(scope="module", params=["-gdwarf-5", "-gdwarf-4"])
+def built(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> tuple[Path, bytes]:
+    """The test program built with -g -O2, once with DWARF 5 and once with DWARF 4 (line
+    programs, file numbering and range lists differ between the two)."""
     d = tmp_path_factory.mktemp("native")
     binary = d / "crashprog"
     assert GCC is not None
-    subprocess.run([GCC, "-g", "-O2", "-Wl,--build-id", "-o", str(binary), str(SRC)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run([GCC, "-g", request.param, "-O2", "-Wl,--build-id", "-o", str(binary),
+                    str(SRC)], check=True, capture_output=True, timeout=120)
     proc = subprocess.run([str(binary)], capture_output=True, timeout=30, check=False)
     assert proc.returncode == -signal.SIGABRT
     return binary, proc.stderr
