@@ -1,15 +1,62 @@
-"""(not implemented yet)"""
+"""Browse traces and server logs in a terminal UI: overview, timeline, fits, pages, backtraces.
+
+Each FILE is a kvtrace trace (kvdiag capture) or a llama-server log (plain or gzip); the kind
+is told from the content. ``--export-svg OUT`` draws one screen without a terminal and saves
+it as an SVG screenshot (for bug reports) instead of starting the interactive viewer.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from kvdiag.errors import KvdiagError
+from kvdiag.errors import UsageError
+
+SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="traces and/or logs")
+    parser.add_argument("--export-svg", metavar="OUT",
+                        help="save a screenshot of one screen to OUT (no interactive session)")
+    parser.add_argument("--screen", default="1", metavar="N",
+                        help="screen for --export-svg: 1-7 or a name (overview, timeline, fits, "
+                             "pages, backtrace, telemetry, findings); default 1")
+    parser.add_argument("--size", default="160x48", metavar="WxH",
+                        help="terminal size for --export-svg (default 160x48)")
+    parser.add_argument("--step", type=int, default=None,
+                        help="step to show on the Pages/Telemetry screens (--export-svg)")
+
+
+def screen_name(value: str) -> str:
+    v = value.strip().lower()
+    if v.isdigit() and 1 <= int(v) <= len(SCREEN_NAMES):
+        return SCREEN_NAMES[int(v) - 1]
+    if v in SCREEN_NAMES:
+        return v
+    raise UsageError(f"--screen: {value!r} is not 1-7 or one of {', '.join(SCREEN_NAMES)}")
+
+
+def parse_size(value: str) -> tuple[int, int]:
+    w, sep, h = value.lower().partition("x")
+    if not sep or not w.isdigit() or not h.isdigit() or not (20 <= int(w) <= 1000) or not (
+            5 <= int(h) <= 500):
+        raise UsageError(f"--size: {value!r} is not WIDTHxHEIGHT (e.g. 160x48)")
+    return int(w), int(h)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KvdiagError("tui: not implemented yet")
+    screen = screen_name(args.screen)
+    size = parse_size(args.size)
+    if args.export_svg:
+        from kvdiag.tui.export import export_svg
+
+        export_svg(list(args.files), args.export_svg, screen=screen, size=size, step=args.step)
+        return 0
+    import sys
+
+    if not sys.stdout.isatty():
+        raise UsageError("tui: standard output is not a terminal (use --export-svg OUT, or "
+                         "kvdiag check / kvdiag postmortem for text reports)")
+    from kvdiag.tui.app import run_tui
+
+    return run_tui(list(args.files))

@@ -1,0 +1,105 @@
+"""A line index of a server log for the viewer: byte offset and a kind per line.
+
+Kinds come from two places. Lines that the post-mortem scan kept a record of (boot
+configuration, kv-stream lines, instrumented fits lines, crashes, backtraces, problems) are
+marked from the ``LogScan``, which cites each by source and line number. Slot lines (llama-server
+``slot <fn>: id  N | task T | ...`` and ``id_slot=N``, domain brief §7.3) are too many for the
+scan to keep, so they are found by one regular-expression pass over the raw bytes, which also
+gives the server slot number the ``slot`` filter uses. Every other line is ``line``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvdiag.analysis.linesource import LineSource
+from kvdiag.model.logrecords import LogLine, LogScan
+
+LOG_KINDS: tuple[str, ...] = ("line", "boot", "slot", "stream", "fits", "crash", "backtrace",
+                              "problem")
+LOG_CODE = {k: i for i, k in enumerate(LOG_KINDS)}
+_SLOT_BYTES = re.compile(rb"(?:^|[\s|])id +(\d{1,4}) \| task|\bid_slot=(\d{1,4})\b", re.M)
+_BLOCK = 16 << 20
+
+
+@dataclass(eq=False)
+class LogIndex:
+    """Columns ``offset``, ``kind`` (codes into :data:`LOG_KINDS`) and ``slot`` (-1: none);
+    row ``i`` is line ``i + 1``."""
+
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.columns["offset"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def kind_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.columns["kind"], minlength=len(LOG_KINDS))
+        return {LOG_KINDS[i]: int(c) for i, c in enumerate(counts) if c}
+
+    def row_of_line(self, line: int) -> int | None:
+        return line - 1 if 1 <= line <= self.n else None
+
+
+def line_offsets(source: LineSource) -> np.ndarray:
+    """Start offset of every line (a final newline does not start an empty line)."""
+    data = source.data
+    size = len(data)
+    parts = [np.zeros(1, np.int64)] if size else [np.zeros(0, np.int64)]
+    pos = 0
+    while pos < size:
+        block = np.frombuffer(data[pos : pos + _BLOCK], np.uint8)
+        parts.append(np.flatnonzero(block == 10).astype(np.int64) + pos + 1)
+        pos += _BLOCK
+    offsets = np.concatenate(parts)
+    if offsets.size and offsets[-1] >= size:
+        offsets = offsets[:-1]
+    return offsets
+
+
+def build_log_index(source: LineSource, scan: LogScan, name: str | None = None) -> LogIndex:
+    """Index ``source``; records of ``scan`` whose source is ``name`` mark their lines."""
+    offsets = line_offsets(source)
+    n = len(offsets)
+    kind = np.zeros(n, np.int8)
+    slot = np.full(n, -1, np.int16)
+    data = source.data
+    for m in _SLOT_BYTES.finditer(data):
+        row = int(np.searchsorted(offsets, m.start(), side="right")) - 1
+        if 0 <= row < n:
+            kind[row] = LOG_CODE["slot"]
+            slot[row] = int(m.group(1) or m.group(2))
+    source_name = name if name is not None else source.name
+
+    def mark(where: LogLine | None, code: str) -> None:
+        if where is not None and where.source == source_name and 1 <= where.line <= n:
+            kind[where.line - 1] = LOG_CODE[code]
+
+    for boot in scan.boots:
+        for where in boot.evidence:
+            mark(where, "boot")
+    for se in (*scan.stream_events, *scan.config_failures):
+        mark(se.where, "stream")
+    for fl in scan.fits:
+        mark(fl.where, "fits")
+    for crash in scan.crashes:
+        for fl in crash.fits:
+            mark(fl.where, "fits")
+        if crash.backtrace is not None:
+            mark(crash.backtrace.where, "backtrace")
+        for part in (crash.abort, crash.error, crash.signal):
+            if part is not None:
+                mark(part.where, "crash")
+        mark(crash.where, "crash")
+    for p in scan.problems:
+        if p.line is not None and p.source == source_name and 1 <= p.line <= n:
+            kind[p.line - 1] = LOG_CODE["problem"]
+    for col in (offsets, kind, slot):
+        col.flags.writeable = False
+    return LogIndex({"offset": offsets, "kind": kind, "slot": slot})

@@ -1,0 +1,153 @@
+"""One full read of a trace for the viewer: findings, problems, per-step marks, telemetry.
+
+The index (:mod:`kvdiag.analysis.trace_index`) is for navigation; this pass is the analysis:
+:class:`kvdiag.trace.reader.TraceReader` (which reports damage line by line) feeding
+:class:`kvdiag.analysis.trace_rules.TraceAnalyzer` (the same findings as ``kvdiag check``),
+plus what the viewer marks on its step scrubber (steps with stale or foreign reads, diverged
+outputs, aborts), the telemetry samples and the abort events for the backtrace view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import numpy as np
+
+from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.model import events as ev
+from kvdiag.model.findings import Finding
+from kvdiag.trace.problems import Problem
+from kvdiag.trace.reader import TraceReader
+
+TELEMETRY_FIELDS: tuple[str, ...] = (
+    "mem_used", "mem_total", "gpu_util", "mem_util", "pcie_rx_kbps", "pcie_tx_kbps",
+    "sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_mw",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class TelemetrySeries:
+    """Samples in file order: ``step`` and ``t_ns`` per sample and one float array per field
+    (NaN where NVML gave nothing)."""
+
+    step: np.ndarray
+    t_ns: np.ndarray
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.step)
+
+    def present(self) -> list[str]:
+        """Fields with at least one sample."""
+        return [k for k in TELEMETRY_FIELDS if k in self.values
+                and bool(np.any(~np.isnan(self.values[k])))]
+
+    def sample_at_step(self, step: int) -> int | None:
+        """The last sample taken at or before ``step`` (the first one before any)."""
+        if self.n == 0:
+            return None
+        i = int(np.searchsorted(self.step, step, side="right")) - 1
+        return max(i, 0)
+
+
+def telemetry_series(samples: list[ev.Telemetry]) -> TelemetrySeries:
+    step = np.array([s.step for s in samples], dtype=np.int64)
+    t_ns = np.array([s.t_ns for s in samples], dtype=np.int64)
+    values = {
+        name: np.array([np.nan if getattr(s, name) is None else float(getattr(s, name))
+                        for s in samples], dtype=np.float64)
+        for name in TELEMETRY_FIELDS
+    }
+    return TelemetrySeries(step, t_ns, values)
+
+
+@dataclass(frozen=True, eq=False)
+class TraceDigest:
+    findings: tuple[Finding, ...]
+    summary: dict[str, Any]
+    problems: tuple[Problem, ...]
+    marks: dict[str, np.ndarray]
+    """Sorted unique steps per mark: ``stale``, ``foreign``, ``diverged``, ``abort``,
+    ``fallback``."""
+    telemetry: TelemetrySeries
+    aborts: tuple[ev.Abort, ...]
+    complete: bool
+    truncated: bool
+
+
+class _Counting:
+    """A binary stream wrapper that counts the bytes read (for progress)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.count += len(data)
+        return data
+
+    def readline(self, n: int = -1) -> bytes:
+        data = self.raw.readline(n)
+        self.count += len(data)
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def digest_trace(path: str | Path, progress: Callable[[float], None] | None = None,
+                 every: int = 1 << 16) -> TraceDigest:
+    """Read ``path`` once; ``progress(fraction)`` is called every ``every`` events."""
+    p = Path(path)
+    size = max(p.stat().st_size, 1)
+    stream = _Counting(p.open("rb"))
+    marks: dict[str, set[int]] = {k: set() for k in ("stale", "foreign", "diverged", "abort",
+                                                      "fallback")}
+    samples: list[ev.Telemetry] = []
+    aborts: list[ev.Abort] = []
+    analyzer = TraceAnalyzer()
+    feed = analyzer.feed
+    try:
+        reader = TraceReader(stream, str(p), close_stream=True)  # type: ignore[arg-type]
+        for n, event in enumerate(reader, 1):
+            feed(event)
+            t = type(event)
+            # type() is, not isinstance: this loop runs per event of traces of millions.
+            if t is ev.Read:
+                for r in cast(ev.Read, event).ranges:
+                    if r.cls != "exact":
+                        marks[r.cls].add(event.step)
+            elif t is ev.Output:
+                out = cast(ev.Output, event)
+                if out.max_abs_delta > out.tolerance:
+                    marks["diverged"].add(event.step)
+            elif t is ev.Fits:
+                if cast(ev.Fits, event).route == "fallback":
+                    marks["fallback"].add(event.step)
+            elif t is ev.Telemetry:
+                samples.append(cast(ev.Telemetry, event))
+            elif t is ev.Abort:
+                aborts.append(cast(ev.Abort, event))
+                marks["abort"].add(event.step)
+            if progress is not None and n % every == 0:
+                progress(min(stream.count / size, 1.0))
+    finally:
+        stream.close()
+    summary = analyzer.summary()
+    summary["problems"] = [{"line": pr.line, "kind": pr.kind, "message": pr.message}
+                           for pr in reader.problems]
+    return TraceDigest(
+        findings=tuple(analyzer.findings()),
+        summary=summary,
+        problems=tuple(reader.problems),
+        marks={k: np.array(sorted(v), dtype=np.int64) for k, v in marks.items()},
+        telemetry=telemetry_series(samples),
+        aborts=tuple(aborts),
+        complete=reader.complete,
+        truncated=reader.truncated,
+    )

@@ -1,0 +1,175 @@
+"""``kvdiag tui``: the Textual app that replays traces and post-mortem logs.
+
+The app is thin: it owns the list of document snapshots, the step shared by the Pages,
+Telemetry and Timeline screens, and the jump history. Files load in a thread worker that
+publishes snapshots by message (:mod:`kvdiag.tui.document`); each screen draws from the
+snapshot of the current document and refreshes when a newer one arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import ClassVar
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from kvdiag.tui.document import Document, ErrorDoc, load
+from kvdiag.tui.messages import DocumentUpdated
+from kvdiag.tui.navigation import SCREENS, TITLES, Target
+from kvdiag.tui.screens.backtrace import BacktraceScreen
+from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.screens.findings import FindingsScreen
+from kvdiag.tui.screens.fits import FitsScreen
+from kvdiag.tui.screens.help import HelpScreen
+from kvdiag.tui.screens.overview import OverviewScreen
+from kvdiag.tui.screens.pages import PagesScreen
+from kvdiag.tui.screens.telemetry import TelemetryScreen
+from kvdiag.tui.screens.timeline import TimelineScreen
+
+MAX_HISTORY = 100
+
+
+class KvdiagApp(App[int]):
+    TITLE = "kvdiag"
+    CSS_PATH = "app.tcss"
+    MODES: ClassVar[dict[str, type[KvScreen]]] = {  # type: ignore[assignment]
+        "overview": OverviewScreen, "timeline": TimelineScreen, "fits": FitsScreen,
+        "pages": PagesScreen, "backtrace": BacktraceScreen, "telemetry": TelemetryScreen,
+        "findings": FindingsScreen,
+    }
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i))
+          for i, name in enumerate(SCREENS, 1)),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("o", "next_file", "Other file", show=False),
+        Binding("backspace", "go_back", "Back", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    step: reactive[int] = reactive(0, init=False)
+    """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
+
+    def __init__(self, paths: list[str], *, start_screen: str = "overview") -> None:
+        super().__init__()
+        self.paths = list(paths)
+        self.docs: list[Document] = [ErrorDoc(p, "loading…", stage="opening", progress=0.0)
+                                     for p in self.paths]
+        self.current = 0
+        self.history: list[Target] = []
+        self.start_screen = start_screen
+        self.loaded = 0
+
+    # -- documents ----------------------------------------------------------------------
+
+    @property
+    def doc(self) -> Document:
+        return self.docs[self.current]
+
+    def on_mount(self) -> None:
+        self.switch_mode(self.start_screen)
+        for i, path in enumerate(self.paths):
+            self._load(i, path)
+
+    @work(thread=True, group="load")
+    def _load(self, i: int, path: str) -> None:
+        worker = get_current_worker()
+
+        def publish(doc: Document) -> None:
+            if not worker.is_cancelled:
+                self.post_message(DocumentUpdated(i, doc))
+
+        try:
+            load(path, publish, lambda: worker.is_cancelled)
+        except Exception as exc:  # a bug in a loader must not take the viewer down
+            publish(ErrorDoc(path, f"{path}: internal error while loading: "
+                                   f"{type(exc).__name__}: {exc}"))
+
+    def on_document_updated(self, message: DocumentUpdated) -> None:
+        old = self.docs[message.index]
+        doc = message.doc
+        self.docs[message.index] = doc
+        if isinstance(doc, ErrorDoc) and doc.stage == "ready" and not (
+                isinstance(old, ErrorDoc) and old.stage == "ready"):
+            self.notify(doc.message, title="cannot show this file", severity="error",
+                        timeout=8)
+        if doc.stage == "ready" and old.stage != "ready":
+            self.loaded += 1
+        if message.index == self.current:
+            self._sync_screen()
+
+    def _sync_screen(self) -> None:
+        if isinstance(self.screen, KvScreen):
+            self.screen.sync()
+
+    # -- navigation ---------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for i, name in enumerate(SCREENS, 1):
+            yield SystemCommand(f"Screen: {TITLES[name]}", f"show the {TITLES[name]} screen "
+                                f"(key {i})", partial(self.action_show, name))
+        for i, doc in enumerate(self.docs):
+            yield SystemCommand(f"File: {doc.name}", f"show {doc.path} ({doc.kind})",
+                                partial(self.select_doc, i))
+        yield SystemCommand("Back", "return to where the last jump came from (backspace)",
+                            self.action_go_back)
+        yield SystemCommand("Help", "keys of this screen (?)", self.action_help)
+
+    def action_show(self, name: str) -> None:
+        self.switch_mode(name)
+
+    def action_help(self) -> None:
+        mode = self.current_mode
+        self.push_screen(HelpScreen(mode))
+
+    def action_next_file(self) -> None:
+        if len(self.docs) > 1:
+            self.select_doc((self.current + 1) % len(self.docs))
+
+    def select_doc(self, index: int) -> None:
+        self.current = index
+        self.step = 0
+        self._sync_screen()
+        self.notify(f"file {index + 1} of {len(self.docs)}: {self.docs[index].name}", timeout=3)
+
+    def location(self) -> Target | None:
+        screen = self.screen
+        return screen.location() if isinstance(screen, KvScreen) else None
+
+    def jump(self, target: Target, *, remember: bool = True) -> None:
+        """Show ``target``; ``backspace`` comes back here."""
+        here = self.location()
+        if remember and here is not None:
+            self.history.append(here)
+            del self.history[:-MAX_HISTORY]
+        self.run_worker(self._jump(target), exclusive=True, group="jump")
+
+    async def _jump(self, target: Target) -> None:
+        if target.doc != self.current:
+            self.current = target.doc
+        if target.step is not None:
+            self.step = target.step
+        await self.switch_mode(target.screen)
+        screen = self.screen
+        if isinstance(screen, KvScreen):
+            screen.sync()
+            screen.go_to(target)
+
+    def action_go_back(self) -> None:
+        if not self.history:
+            self.notify("nothing to go back to", timeout=2)
+            return
+        self.jump(self.history.pop(), remember=False)
+
+
+def run_tui(paths: list[str]) -> int:
+    """Run the viewer on ``paths`` (traces and/or logs) until the user quits."""
+    app = KvdiagApp(paths)
+    result = app.run()
+    return result if isinstance(result, int) else 0

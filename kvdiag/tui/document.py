@@ -1,0 +1,208 @@
+"""What the viewer shows of one input file, as immutable snapshots, and how files are loaded.
+
+A file is a trace or a log, told apart by its content (a kvtrace header on line 1, else text).
+Loading publishes a new snapshot at each stage (and now and then while indexing), so the screens
+always draw from a consistent value and never from a half-built one. Nothing here imports
+textual: the loader runs in a worker thread and hands snapshots to the app by message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
+from kvdiag.analysis.log_index import LogIndex, build_log_index
+from kvdiag.analysis.pages_query import PagesQuery
+from kvdiag.analysis.replay import PagesGeometry, geometry_from_header
+from kvdiag.analysis.trace_digest import TraceDigest, digest_trace
+from kvdiag.analysis.trace_index import (
+    FITS,
+    READ,
+    UPLOAD,
+    WRITE,
+    IndexBuilder,
+    TraceIndex,
+    header_end,
+)
+from kvdiag.errors import InputError
+from kvdiag.model.events import Header
+from kvdiag.model.findings import Finding
+from kvdiag.model.logrecords import LogScan
+from kvdiag.trace.reader import TraceReader
+
+Stage = Literal["opening", "indexing", "analysing", "ready"]
+FileKind = Literal["trace", "log"]
+_TRACE_START = b'{"format":"kvtrace"'
+PUBLISH_EVERY_S = 0.2
+
+
+@dataclass(frozen=True, eq=False)
+class TraceDoc:
+    path: str
+    source: LineSource
+    header: Header
+    index: TraceIndex
+    stage: Stage = "indexing"
+    progress: float = 0.0
+    geometry: PagesGeometry | None = None
+    pages: PagesQuery | None = None
+    digest: TraceDigest | None = None
+    fits_rows: np.ndarray | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    kind: Literal["trace"] = "trace"
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.digest.findings if self.digest is not None else ()
+
+
+@dataclass(frozen=True, eq=False)
+class LogDoc:
+    path: str
+    source: LineSource
+    scan: LogScan
+    findings: tuple[Finding, ...]
+    index: LogIndex
+    stage: Stage = "ready"
+    progress: float = 1.0
+    kind: Literal["log"] = "log"
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+@dataclass(frozen=True, eq=False)
+class ErrorDoc:
+    path: str
+    message: str
+    stage: Stage = "ready"
+    progress: float = 1.0
+    kind: Literal["error"] = "error"
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+Document = TraceDoc | LogDoc | ErrorDoc
+Publish = Callable[[Document], None]
+
+
+def detect_kind(path: str | Path) -> FileKind:
+    """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data
+    and unreadable paths are an :class:`InputError`."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(4096)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
+    if head.startswith(GZIP_MAGIC):
+        return "log"
+    stripped = head.lstrip(b"\xef\xbb\xbf")
+    if stripped.startswith(_TRACE_START) or (stripped.startswith(b"{") and b'"kvtrace"' in
+                                             stripped.split(b"\n", 1)[0]):
+        return "trace"
+    if not head:
+        raise InputError(f"{p}: empty file")
+    if b"\x00" in head:
+        raise InputError(f"{p}: binary data, neither a kvtrace trace nor a text log")
+    return "log"
+
+
+def load(path: str, publish: Publish, cancelled: Callable[[], bool] = lambda: False) -> None:
+    """Load ``path``, publishing snapshots; failures are published as :class:`ErrorDoc`."""
+    try:
+        kind = detect_kind(path)
+        if kind == "trace":
+            load_trace(path, publish, cancelled)
+        else:
+            load_log(path, publish)
+    except InputError as exc:
+        publish(ErrorDoc(path, str(exc)))
+    except (OSError, MemoryError) as exc:
+        publish(ErrorDoc(path, f"{path}: {type(exc).__name__}: {exc}"))
+
+
+def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = lambda: False
+               ) -> None:
+    t0 = time.perf_counter()
+    with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
+        header = reader.header
+    source = LineSource.open(path)
+    builder = IndexBuilder(source, header_end(source))
+    doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
+    publish(doc)
+    last = time.perf_counter()
+    for pos in builder.run():
+        if cancelled():
+            return
+        now = time.perf_counter()
+        if now - last >= PUBLISH_EVERY_S:
+            last = now
+            doc = replace(doc, index=builder.snapshot(), progress=pos / max(source.size, 1))
+            publish(doc)
+    index = builder.snapshot()
+    t_index = time.perf_counter() - t0
+    c = index.columns
+    seen_layers = int(c["layer"].max()) + 1 if index.n else 0
+    streams = np.unique(c["stream"][np.isin(c["kind"], (READ, WRITE, UPLOAD))])
+    pages = int(index.columns["b"][c["kind"] == UPLOAD].max(initial=0))
+    geometry = geometry_from_header(header, layers=seen_layers,
+                                    streams=[int(s) for s in streams if s >= 0], pages=pages)
+    doc = replace(doc, index=index, geometry=geometry, stage="analysing", progress=0.0,
+                  fits_rows=np.flatnonzero(c["kind"] == FITS),
+                  timings={"indexed_s": t_index})
+    publish(doc)
+    pages_query = PagesQuery(index, source, geometry)
+    doc = replace(doc, pages=pages_query,
+                  timings={**doc.timings, "pages_s": time.perf_counter() - t0})
+    publish(doc)
+    if cancelled():
+        return
+    state = {"last": time.perf_counter()}
+
+    def progress(fraction: float) -> None:
+        now = time.perf_counter()
+        if now - state["last"] >= PUBLISH_EVERY_S:
+            state["last"] = now
+            publish(replace(doc, progress=fraction))
+
+    digest = digest_trace(path, progress)
+    publish(replace(doc, digest=digest, stage="ready", progress=1.0,
+                    timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
+
+
+def load_log(path: str, publish: Publish) -> None:
+    from kvdiag.analysis.signatures import evaluate
+    from kvdiag.postmortem.lines import open_log
+    from kvdiag.postmortem.parse import LogParser
+
+    parser = LogParser()
+    name, stream, closers = open_log(path)
+    try:
+        parser.feed(name, stream)
+    finally:
+        for c in closers:
+            c.close()
+    scan = parser.result()
+    findings = tuple(evaluate(scan))
+    source = LineSource.open(path)
+    index = build_log_index(source, scan, name)
+    publish(LogDoc(path, source, scan, findings, index))

@@ -1,0 +1,124 @@
+"""One-line descriptions of trace events for the timeline (plain text; no textual import).
+
+Each event becomes a summary string plus a *mark* naming why the row deserves attention
+(``abort``, ``warn``, ``foreign``, ``stale``, ``fits-false``, ``diverged``, ``corrupt``) or
+``""``; the widget turns marks into styles from the stylesheet.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvdiag.model import events as ev
+from kvdiag.model.geometry import Tensor
+
+
+def ptr(value: int | None) -> str:
+    return "-" if value is None else f"0x{value:x}"
+
+
+def ne(t: Tensor) -> str:
+    return "[" + ",".join(map(str, t.ne)) + "]"
+
+
+def nb(t: Tensor) -> str:
+    return "[" + ",".join(map(str, t.nb)) + "]"
+
+
+def kib(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n < (1 << 20) else f"{n / (1 << 20):.1f} MiB"
+
+
+def _key(key: tuple[int, int | None, int]) -> str:
+    layer, stream, page = key
+    return f"({layer},{'-' if stream is None else stream},{page})"
+
+
+def _ranges(ranges: tuple[ev.ReadRange, ...]) -> str:
+    parts = []
+    for r in ranges:
+        pages = f"{r.begin}" if r.end - r.begin == 1 else f"{r.begin}-{r.end - 1}"
+        text = f"{pages} {r.source}"
+        if r.cls != "exact":
+            text += f" {r.cls.upper()}"
+            text += f" (s{r.holder}'s)" if r.cls == "foreign" else f" -{r.version_lag}v"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def describe(event: object) -> tuple[str, str]:
+    """``(summary, mark)`` for one decoded event."""
+    match event:
+        case ev.Step():
+            slots = f" slots {','.join(map(str, event.slots))}" if event.slots else ""
+            return (f"{event.phase} streams {','.join(map(str, event.streams))} "
+                    f"tokens {event.tokens} n_kv {event.n_kv}{slots}", "")
+        case ev.Learn():
+            if event.relearn and event.layer < 0:
+                return "relearn: layer maps cleared", ""
+            return f"layer {event.layer} <- K {ptr(event.k_ptr)}", ""
+        case ev.Fits():
+            verdict = "true" if event.result else "FALSE"
+            text = f"{event.node} fits={verdict} route {event.route}"
+            if event.failed:
+                text += f" failed: {', '.join(event.failed)}"
+            mark = "abort" if event.route == "abort" else ("fits-false" if not event.result
+                                                          else "")
+            return text, mark
+        case ev.Write():
+            text = f"cells {event.cells[0]}-{event.cells[1]} rows {event.rows[0]}-{event.rows[1]}"
+            if event.dirty:
+                text += " dirty " + " ".join(_key(k) for k in event.dirty)
+            if event.versions:
+                text += " v " + " ".join(f"p{p}={v}" for p, v in event.versions)
+            return text, ""
+        case ev.Upload():
+            pages = event.pages
+            rng = f"{pages[0]}" if pages[1] - pages[0] == 1 else f"{pages[0]}-{pages[1] - 1}"
+            key = "" if event.target == "ring" else (
+                " key (layer,page)" if event.key_stream is None
+                else f" key stream {event.key_stream}")
+            return (f"{event.target} pages {rng} -> slot {event.slot} ({event.reason}) "
+                    f"{kib(event.bytes)}{key}", "")
+        case ev.Evict():
+            return (f"slot {event.slot} dropped L{event.layer} s{event.stream} p{event.page} "
+                    f"({event.reason})", "")
+        case ev.Read():
+            text = f"pool {event.pool} ring {event.ring} host {event.host}: {_ranges(event.ranges)}"
+            classes = {r.cls for r in event.ranges}
+            mark = "foreign" if "foreign" in classes else ("stale" if "stale" in classes else "")
+            return text, mark
+        case ev.Abort():
+            return event.message, "abort"
+        case ev.Warn():
+            code = f"[{event.code}] " if event.code else ""
+            return f"{code}{event.message}", "warn"
+        case ev.Output():
+            bad = event.max_abs_delta > event.tolerance
+            rel = ">" if bad else "<="
+            return (f"crc {event.checksum} ref {event.ref_checksum} max|d| "
+                    f"{event.max_abs_delta:.3g} {rel} {event.tolerance:g}"
+                    + (f" worst layer {event.worst_layer}" if event.worst_layer is not None
+                       else ""), "diverged" if bad else "")
+        case ev.Telemetry():
+            parts = []
+            if event.mem_used is not None:
+                total = f"/{event.mem_total / (1 << 30):.1f}" if event.mem_total else ""
+                parts.append(f"VRAM {event.mem_used / (1 << 30):.2f}{total} GiB")
+            if event.gpu_util is not None:
+                parts.append(f"util {event.gpu_util}%")
+            if event.pcie_rx_kbps is not None or event.pcie_tx_kbps is not None:
+                parts.append(f"PCIe rx {event.pcie_rx_kbps} tx {event.pcie_tx_kbps} KB/s")
+            if event.sm_clock_mhz is not None:
+                parts.append(f"SM {event.sm_clock_mhz} MHz")
+            return " ".join(parts) or "(no fields)", ""
+        case ev.End():
+            return f"{event.status}: {event.steps} steps, {event.events} events", (
+                "" if event.status == "completed" else "abort")
+        case ev.Unknown():
+            return f"{event.kind} {msgspec.json.encode(event.fields).decode()[:200]}", ""
+        case _:
+            fields = getattr(event, "__struct_fields__", ())
+            text = " ".join(f"{f}={getattr(event, f)!r}" for f in fields
+                            if f not in ("seq", "t_ns", "step"))
+            return text[:300], ""

@@ -1,0 +1,58 @@
+"""``kvdiag tui --export-svg``: draw one screen headlessly once loading finished; save SVG."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kvdiag.errors import InputError
+from kvdiag.tui.app import KvdiagApp
+from kvdiag.tui.document import ErrorDoc
+
+LOAD_TIMEOUT_S = 600.0
+
+
+async def wait_loaded(app: KvdiagApp, timeout: float = LOAD_TIMEOUT_S) -> None:
+    """Wait until every document reached its last stage (or failed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while any(d.stage != "ready" for d in app.docs):
+        if loop.time() > deadline:
+            raise InputError(f"loading did not finish within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+def export_svg(paths: list[str], out: str, *, screen: str = "overview",
+               size: tuple[int, int] = (160, 48), step: int | None = None) -> str:
+    """Write the SVG of ``screen`` to ``out``; returns the SVG text."""
+    app = KvdiagApp(paths)
+
+    async def pilot_script(pilot: object) -> None:
+        await wait_loaded(app)
+        if step is not None:
+            app.step = step
+        await app.switch_mode(screen)
+        await asyncio.sleep(0.1)
+        await app.workers.wait_for_complete()
+        screen_obj = app.screen
+        sync = getattr(screen_obj, "sync", None)
+        if sync is not None:
+            sync()
+        await asyncio.sleep(0.2)
+        app.exit(None)
+
+    svg_holder: dict[str, str] = {}
+
+    async def run() -> None:
+        async with app.run_test(size=size) as pilot:
+            await pilot_script(pilot)
+            await pilot.pause()
+            svg_holder["svg"] = app.export_screenshot(title=f"kvdiag tui — {screen}")
+
+    asyncio.run(run())
+    errors = [d for d in app.docs if isinstance(d, ErrorDoc)]
+    svg = svg_holder["svg"]
+    Path(out).write_text(svg, encoding="utf-8")
+    if errors and len(errors) == len(app.docs):
+        raise InputError("; ".join(d.message for d in errors))
+    return svg

@@ -1,0 +1,141 @@
+"""The Fits detail pane: a fits() decision's operands with the failing fields marked, and each
+failed condition explained in words (``kvdiag.kvstream.fits.EXPLAIN``). Pure rich, no textual:
+the screen passes the styles it reads from the stylesheet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from kvdiag.kvstream.fits import EXPLAIN
+from kvdiag.model import events as ev
+from kvdiag.model.geometry import Tensor
+from kvdiag.model.logrecords import FitsLine
+from kvdiag.tui.eventtext import ptr
+
+Cell = tuple[str, str, int]
+"""(tensor, field, dim): ``("K", "ne", 3)``; dim is -1 for fields without one."""
+
+_DIM = re.compile(r"\b(Q|K|V|mask)\.(ne|nb)\[(\d)\]")
+_FIELD = re.compile(r"\b(Q|K|V|mask)\.(type|runtime|contiguous)\b")
+
+
+@dataclass(frozen=True)
+class FitsStyles:
+    failed: Style = field(default_factory=lambda: Style(color="white", bgcolor="red", bold=True))
+    ok: Style = field(default_factory=lambda: Style(color="green"))
+    dim: Style = field(default_factory=lambda: Style(dim=True))
+    heading: Style = field(default_factory=lambda: Style(bold=True))
+
+
+def condition_cells(condition: str) -> set[Cell]:
+    """Operand fields a condition tests: ``K.ne[1]==V.ne[1]`` → K.ne[1] and V.ne[1]."""
+    cells: set[Cell] = {(m[1], m[2], int(m[3])) for m in _DIM.finditer(condition)}
+    cells |= {(m[1], m[2], -1) for m in _FIELD.finditer(condition)}
+    if condition.startswith("mode(K,V)"):
+        cells |= {("K", "type", -1), ("V", "type", -1)}
+    if "row_size" in condition or "type_size" in condition:
+        name = condition[0]
+        cells.add((name, "type", -1))
+    if condition.startswith("block_tokens"):
+        cells.add(("stage", "bytes", -1))
+    return cells
+
+
+def explain(condition: str) -> str:
+    return EXPLAIN.get(condition, "no explanation recorded for this condition")
+
+
+def _operand_rows(event: ev.Fits) -> list[tuple[str, Tensor]]:
+    rows = [("Q", event.q), ("K", event.k), ("V", event.v)]
+    if event.mask is not None:
+        rows.append(("mask", event.mask))
+    rows.append(("dst", event.dst))
+    return rows
+
+
+def operands_table(event: ev.Fits, styles: FitsStyles) -> Table:
+    marked: set[Cell] = set()
+    for cond in event.failed:
+        marked |= condition_cells(cond)
+    table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
+    for col in ("", "name", "type", "ne[0]", "ne[1]", "ne[2]", "ne[3]", "nb[0]", "nb[1]",
+                "nb[2]", "nb[3]", "data", "buffer", "runtime", "contig"):
+        table.add_column(col, justify="right" if col.startswith(("ne", "nb")) else "left",
+                         no_wrap=True)
+
+    def cell(op: str, field: str, dim: int, text: str) -> Text:
+        return Text(text, style=styles.failed if (op, field, dim) in marked else "")
+
+    for op, t in _operand_rows(event):
+        table.add_row(
+            Text(op, style=styles.heading), t.name[:28], cell(op, "type", -1, t.type),
+            *(cell(op, "ne", i, str(t.ne[i])) for i in range(4)),
+            *(cell(op, "nb", i, str(t.nb[i])) for i in range(4)),
+            ptr(t.data) if t.data else "-", t.buffer or "-",
+            cell(op, "runtime", -1, "-" if t.runtime is None else str(t.runtime)),
+            cell(op, "contiguous", -1, "yes" if t.contiguous else "no"),
+        )
+    return table
+
+
+def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableType:
+    """Header line, operands with failing fields marked, and the failed conditions explained."""
+    st = styles or FitsStyles()
+    head = Text()
+    head.append(f"#{event.seq} step {event.step} layer {event.layer} {event.node}: ",
+                style=st.heading)
+    head.append("fits() = ")
+    head.append("true" if event.result else "false", style=st.ok if event.result else st.failed)
+    head.append(f", route {event.route}")
+    if event.membership:
+        head.append(", K/V in a kv-stream buffer (membership)", style=st.dim)
+    stage = Text(f"stage_bytes {event.stage_bytes}",
+                 style=st.failed if any(c.startswith("block_tokens") for c in event.failed)
+                 else st.dim)
+    parts: list[RenderableType] = [head, stage, operands_table(event, st)]
+    if event.failed:
+        parts.append(Text(f"{len(event.failed)} failed condition(s):", style=st.heading))
+        for cond in event.failed:
+            line = Text("  ✗ ")
+            line.append(cond, style=st.failed)
+            line.append(f"  {explain(cond)}")
+            parts.append(line)
+        if event.route in ("streamed", "abort"):
+            parts.append(Text(
+                "the dispatcher still chose the streamed kernel: it routes on buffer membership, "
+                "and the kernel's GGML_ASSERT(fits) aborts", style=st.failed))
+        elif event.route == "fallback":
+            parts.append(Text("the dispatcher fell back to ordinary flash attention over the "
+                              "host-mapped buffer (zero-copy)", style=st.dim))
+    else:
+        parts.append(Text("every condition holds", style=st.ok))
+    return Group(*parts)
+
+
+def fitsline_detail(rec: FitsLine, styles: FitsStyles | None = None) -> RenderableType:
+    """A log's instrumented ``fits=false`` line: what it printed (the log has no conditions)."""
+    st = styles or FitsStyles()
+    head = Text(f"{rec.where.source}:{rec.where.line}: fits=false", style=st.heading)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style=st.heading)
+    table.add_column()
+    shape = "[" + ",".join(map(str, rec.ne)) + "]" if rec.ne else "-"
+    multi = len(rec.ne) == 4 and rec.ne[3] > 1
+    table.add_row("dst ne", Text(shape, style=st.failed if multi else ""))
+    for label, value in (("type", rec.type), ("dst", rec.dst), ("K data", rec.k),
+                         ("K buffer", rec.kbuf), ("V buffer", rec.vbuf), ("K runtime", rec.kr),
+                         ("V runtime", rec.vr)):
+        table.add_row(label, value or "-")
+    parts: list[RenderableType] = [head, table]
+    if multi:
+        parts.append(Text(f"  ✗ dst ne[3] = {rec.ne[3]}: {EXPLAIN['K.ne[3]==1']}",
+                          style=st.failed))
+    parts.append(Text(rec.where.text, style=st.dim))
+    return Group(*parts)

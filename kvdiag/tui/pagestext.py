@@ -1,0 +1,90 @@
+"""Words and labels for the Pages grid (plain text; no textual import)."""
+
+from __future__ import annotations
+
+from kvdiag.analysis.replay import PageCell, PagesSnapshot
+
+SOURCE_LETTER = {"pool": "P", "ring": "R", "host": "H"}
+CELL_WIDTH = 9
+
+
+def cell_label(cell: PageCell) -> str:
+    """``P0:3v2*``: served from the pool, slot holds stream 0 page 3 version 2, dirty.
+
+    ``·`` for a page not read yet; ring and host reads show only their letter, because their
+    bytes come straight from the host copy of the right page.
+    """
+    read = cell.read
+    letter = SOURCE_LETTER.get(read.source, "?") if read is not None else "·"
+    text = letter
+    pooled = read.source == "pool" if read is not None else cell.holder is not None
+    if pooled:
+        h = cell.holder
+        text += f"{h.stream}:{h.page}v{h.version}" if h is not None else " empty"
+    if cell.dirty:
+        text += "*"
+    return text
+
+
+def cell_mark(cell: PageCell, step: int) -> str:
+    """Style name of a cell: the class of its latest read (``foreign``, ``stale``, ``exact``),
+    ``ring``/``host`` for those sources, ``empty`` when never read."""
+    read = cell.read
+    if read is None:
+        return "empty"
+    if read.cls in ("foreign", "stale"):
+        return read.cls
+    if read.source in ("ring", "host"):
+        return read.source
+    return "exact"
+
+
+def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int) -> str:
+    """What one cell means, in a sentence or three."""
+    geo = snap.geometry
+    try:
+        cell = snap.cell(stream, layer, page)
+    except (ValueError, IndexError):
+        return ""
+    where = f"step {snap.step} · layer {layer} · stream {stream} · page {page}: "
+    parts: list[str] = []
+    if cell.resident:
+        key = geo.key(layer, stream, page)
+        key_text = f"({key[0]}, {'-' if key[1] is None else key[1]}, {key[2]})"
+        slot = f"pool slot {cell.slot}" if cell.slot is not None else "no pool slot yet"
+        parts.append(f"in the resident window, bookkeeping key {key_text} → {slot}.")
+    else:
+        parts.append(f"beyond the resident window ({geo.window()} pages/view): streams through "
+                     "the ring.")
+    parts.append(f"Host copy at version {cell.version}.")
+    if cell.holder is not None:
+        h = cell.holder
+        parts.append(f"The slot holds layer {h.layer} stream {h.stream} page {h.page} "
+                     f"v{h.version}.")
+    read = cell.read
+    if read is None:
+        parts.append("Not read yet.")
+    else:
+        when = "at this step" if read.step == snap.step else f"last at step {read.step}"
+        text = f"Read {when} from {read.source}"
+        if read.cls == "foreign":
+            text += (f": FOREIGN, stream {stream} read stream {read.holder}'s bytes"
+                     if read.holder >= 0 else ": FOREIGN, a slot that was never uploaded")
+        elif read.cls == "stale":
+            text += f": STALE, {read.lag} version(s) behind the host copy"
+        else:
+            text += ": exact (the right stream's current data)"
+        parts.append(text + ".")
+    if cell.dirty:
+        parts.append("Its key was marked dirty by this step's writes.")
+    return where + " ".join(parts)
+
+
+def window_words(snap: PagesSnapshot) -> str:
+    geo = snap.geometry
+    keyed = "(layer, page): no stream axis" if geo.layout == "shared" else "(layer, stream, page)"
+    text = (f"layout {geo.layout}: bookkeeping keyed {keyed} · {geo.window()} resident "
+            f"page(s) per view of {geo.pages} · ring {geo.ring_slots} slots")
+    if snap.relearn_step is not None:
+        text += f" · layer map relearned at step {snap.relearn_step} ({len(snap.learned)} layers)"
+    return text

@@ -1,0 +1,248 @@
+"""5 Backtrace: crashes grouped by fingerprint; frames with in-app ones marked; source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from kvdiag.tui.crashes import CrashView, from_abort, from_crash, group, resolve_source, snippet
+from kvdiag.tui.document import Document, LogDoc, TraceDoc
+from kvdiag.tui.messages import RowHighlighted
+from kvdiag.tui.navigation import Target
+from kvdiag.tui.rowsource import Cells, Column
+from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.widgets.virtual_table import VirtualTable
+
+SOURCE_WIDTH = 36
+FRAME_COLUMNS = (Column("#", 3, "right"), Column("function", 0), Column("source", SOURCE_WIDTH),
+                 Column("module / address", 34))
+
+
+class FrameRows:
+    def __init__(self, view: CrashView) -> None:
+        self.view = view
+
+    def __len__(self) -> int:
+        return len(self.view.frames)
+
+    def row(self, i: int) -> tuple[Cells, str]:
+        fr = self.view.frames[i]
+        name = fr.function or "??"
+        if fr.inlined:
+            name = f"(inlined) {name}"
+        src = f"{fr.file}:{fr.line}" if fr.file else ""
+        if len(src) > SOURCE_WIDTH:
+            src = "…" + src[-(SOURCE_WIDTH - 1):]
+        where = fr.module or ""
+        if fr.offset is not None:
+            where += f"+0x{fr.offset:x}"
+        elif fr.address is not None:
+            where = f"{where} 0x{fr.address:x}".strip()
+        return [str(fr.index), name, src, where], "inapp" if fr.in_app else "system"
+
+
+class SourcePane(Static):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"source-pane--hit", "source-pane--number",
+                                             "source-pane--missing"}
+
+    def show(self, file: str | None, line: int | None, bases: list[Path]) -> None:
+        if not file or not line:
+            self.update(Text("no source location for this frame", style=self._st("missing")))
+            return
+        path = resolve_source(file, bases)
+        if path is None:
+            self.update(Text(f"{file}:{line} — not found on this machine (the snippet shows "
+                             "when the file exists at that path, or a tail of it exists under "
+                             "the current directory, e.g. run from a llama.cpp checkout)",
+                             style=self._st("missing")))
+            return
+        lines = snippet(path, line)
+        parts: list[RenderableType] = [Text(f"{path}:{line}", style="bold")]
+        for n, text in lines:
+            row = Text(f"{n:>6} ", style=self._st("number"))
+            row.append(text.expandtabs(4), style=self._st("hit") if n == line else "")
+            parts.append(row)
+        self.update(Group(*parts))
+
+    def _st(self, name: str) -> Style:
+        return self.get_component_rich_style(f"source-pane--{name}", default=Style())
+
+
+class BacktraceScreen(KvScreen):
+    MODE = "backtrace"
+    AUTO_FOCUS = "#frames"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "group(1)", "Next crash"),
+        Binding("C", "group(-1)", "Prev crash", key_display="C", show=False),
+        Binding("t", "occurrence(1)", "Next thread"),
+        Binding("l", "timeline", "In Timeline", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[list[CrashView]] = []
+        self.group_i = 0
+        self.occ_i = 0
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="bt-main"):
+            yield OptionList(id="crash-groups")
+            with Vertical(id="bt-right"):
+                yield Static(id="crash-head")
+                yield VirtualTable(FRAME_COLUMNS, id="frames", min_fill=24)
+                with VerticalScroll(id="source-scroll"):
+                    yield SourcePane(id="source")
+
+    @property
+    def frames_table(self) -> VirtualTable:
+        return self.query_one("#frames", VirtualTable)
+
+    def show_doc(self, doc: Document, old: Document | None) -> None:
+        if isinstance(doc, LogDoc):
+            views = [from_crash(i, c) for i, c in enumerate(doc.scan.crashes)]
+        elif isinstance(doc, TraceDoc) and doc.digest is not None:
+            views = [from_abort(i, a) for i, a in enumerate(doc.digest.aborts)]
+        else:
+            views = []
+        self.groups = group(views)
+        options = self.query_one("#crash-groups", OptionList)
+        options.clear_options()
+        for g in self.groups:
+            head = g[0]
+            label = Text(f"{head.kind}", style="bold red")
+            label.append(f" ×{len(g)}" if len(g) > 1 else "")
+            label.append(f"\n{head.title[:60]}\n")
+            label.append(f"{head.fingerprint}", style="dim")
+            options.add_option(Option(label))
+        if not self.groups:
+            self._empty(doc)
+            return
+        self.group_i = min(self.group_i, len(self.groups) - 1) if old is not None else 0
+        self.occ_i = 0
+        options.highlighted = self.group_i
+        self._show()
+
+    def _empty(self, doc: Document) -> None:
+        if isinstance(doc, TraceDoc) and doc.digest is None:
+            text = "analysing… aborts appear when the analysis finishes"
+        elif isinstance(doc, TraceDoc):
+            text = "no abort in this trace: the capture did not crash"
+        elif isinstance(doc, LogDoc):
+            text = "no crash in this log"
+        else:
+            text = "nothing to show: the file could not be read (1: Overview)"
+        self.query_one("#crash-head", Static).update(text)
+        self.frames_table.set_source(FrameRows(CrashView(0, "", "", (), (), "", "", None)))
+        self.query_one("#source", SourcePane).update("")
+
+    @property
+    def view(self) -> CrashView | None:
+        if not self.groups:
+            return None
+        g = self.groups[self.group_i]
+        return g[min(self.occ_i, len(g) - 1)]
+
+    def _show(self) -> None:
+        view = self.view
+        if view is None:
+            return
+        g = self.groups[self.group_i]
+        head = Text()
+        head.append(f"crash group {self.group_i + 1} of {len(self.groups)}: {view.kind}",
+                    style="bold red")
+        head.append(f"  fingerprint {view.fingerprint}", style="dim")
+        lines: list[RenderableType] = [head]
+        for d in view.details:
+            lines.append(Text(f"  {d}", style="red"))
+        occ = f"occurrence {min(self.occ_i, len(g) - 1) + 1} of {len(g)}"
+        if view.thread:
+            occ += f", thread {view.thread}"
+        lines.append(Text(f"  at {view.where} · {occ}" + (" (t: next)" if len(g) > 1 else ""),
+                          style="dim"))
+        n_app = sum(1 for f in view.frames if f.in_app)
+        lines.append(Text(f"  {len(view.frames)} frame(s), {n_app} in-app (highlighted)"
+                          if view.frames else "  no backtrace was printed", style="dim"))
+        self.query_one("#crash-head", Static).update(Group(*lines))
+        rows = FrameRows(view)
+        first_app = next((i for i, f in enumerate(view.frames) if f.in_app and f.function), 0)
+        self.frames_table.set_source(rows, cursor=first_app)
+        self._source()
+
+    def _bases(self) -> list[Path]:
+        doc = self.doc
+        bases = [Path.cwd()]
+        if doc is not None:
+            bases.append(Path(doc.path).resolve().parent)
+        return bases
+
+    def _source(self) -> None:
+        view = self.view
+        pane = self.query_one("#source", SourcePane)
+        if view is None:
+            return
+        frames = view.frames
+        i = self.frames_table.cursor
+        if frames and 0 <= i < len(frames) and frames[i].file:
+            pane.show(frames[i].file, frames[i].line, self._bases())
+        else:
+            pane.show(view.file, view.file_line, self._bases())
+
+    @on(RowHighlighted, "#frames")
+    def frame_highlighted(self, message: RowHighlighted) -> None:
+        self._source()
+
+    @on(OptionList.OptionHighlighted, "#crash-groups")
+    def group_highlighted(self, message: OptionList.OptionHighlighted) -> None:
+        if message.option_index != self.group_i:
+            self.group_i = message.option_index
+            self.occ_i = 0
+            self._show()
+
+    def action_group(self, delta: int) -> None:
+        if self.groups:
+            self.group_i = (self.group_i + delta) % len(self.groups)
+            self.occ_i = 0
+            self.query_one("#crash-groups", OptionList).highlighted = self.group_i
+            self._show()
+
+    def action_occurrence(self, delta: int) -> None:
+        if self.groups:
+            self.occ_i = (self.occ_i + delta) % len(self.groups[self.group_i])
+            self._show()
+
+    def action_timeline(self) -> None:
+        view = self.view
+        if view is not None and view.line is not None:
+            self.kv.jump(Target("timeline", self.doc_index, row=view.line - 1))
+
+    def go_to(self, target: Target) -> None:
+        crash = target.crash
+        doc = self.doc
+        if crash is None and isinstance(doc, TraceDoc) and doc.digest and target.row is not None:
+            seq = int(doc.index.columns["seq"][target.row])
+            crash = next((i for i, a in enumerate(doc.digest.aborts) if a.seq == seq), None)
+        if crash is None:
+            return
+        for gi, g in enumerate(self.groups):
+            for oi, v in enumerate(g):
+                if v.index == crash:
+                    self.group_i, self.occ_i = gi, oi
+                    self.query_one("#crash-groups", OptionList).highlighted = gi
+                    self._show()
+                    self.frames_table.focus()
+                    return
+
+    def location(self) -> Target:
+        view = self.view
+        return Target(self.MODE, max(self.doc_index, 0),
+                      crash=view.index if view is not None else None)

@@ -1,0 +1,68 @@
+"""The base of every viewer screen: a status line, the body, the footer; and the contract with
+the app (``sync`` pulls the current document snapshot, ``go_to`` shows a jump target,
+``location`` says where the user is so that a jump can come back)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from kvdiag.tui.document import Document
+from kvdiag.tui.navigation import TITLES, Target
+from kvdiag.tui.summaries import status_text
+
+if TYPE_CHECKING:
+    from kvdiag.tui.app import KvdiagApp
+
+
+class KvScreen(Screen[None]):
+    MODE = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.doc: Document | None = None
+        self.doc_index = -1
+
+    @property
+    def kv(self) -> KvdiagApp:
+        return cast("KvdiagApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status", classes="status")
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.sync()
+
+    def on_screen_resume(self) -> None:
+        self.sync()
+
+    def sync(self) -> None:
+        """Draw from the app's current document if it changed since the last draw."""
+        if not self.is_mounted:
+            return
+        app = self.kv
+        doc, index = app.doc, app.current
+        self.query_one("#status", Static).update(
+            f"{TITLES[self.MODE]}  ·  {status_text(doc, index, len(app.docs))}")
+        if doc is self.doc and index == self.doc_index:
+            return
+        old = self.doc if index == self.doc_index else None
+        self.doc, self.doc_index = doc, index
+        self.show_doc(doc, old)
+
+    def show_doc(self, doc: Document, old: Document | None) -> None:
+        """Redraw for ``doc``; ``old`` is the previous snapshot of the same file, if any."""
+
+    def go_to(self, target: Target) -> None:
+        """Select what ``target`` names (the document is already current)."""
+
+    def location(self) -> Target:
+        return Target(self.MODE, max(self.doc_index, 0))

@@ -1,0 +1,134 @@
+"""3 Fits: every fits() decision in a table; the selected one explained below."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from rich.style import Style
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from kvdiag.analysis.trace_index import F_FITS_FALSE, ROUTES
+from kvdiag.tui.document import Document, LogDoc, TraceDoc
+from kvdiag.tui.fitsdetail import FitsStyles, fits_detail, fitsline_detail
+from kvdiag.tui.messages import RowHighlighted
+from kvdiag.tui.navigation import Target
+from kvdiag.tui.rows import FITS_COLUMNS, LOG_FITS_COLUMNS, FitsRows, LogFitsRows, log_fits_records
+from kvdiag.tui.rowsource import EmptySource
+from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.widgets.virtual_table import VirtualTable
+
+
+class FitsDetail(Static):
+    """The explanation pane; its colours come from the stylesheet."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "fits-detail--failed", "fits-detail--ok", "fits-detail--dim", "fits-detail--heading",
+    }
+
+    def styles_for_detail(self) -> FitsStyles:
+        def get(name: str) -> Style:
+            return self.get_component_rich_style(f"fits-detail--{name}", default=Style())
+
+        return FitsStyles(failed=get("failed"), ok=get("ok"), dim=get("dim"),
+                          heading=get("heading"))
+
+
+class FitsScreen(KvScreen):
+    MODE = "fits"
+    AUTO_FOCUS = "#fits-table"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("t", "timeline", "In Timeline"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: FitsRows | LogFitsRows | None = None
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="fits-info")
+        yield VirtualTable(FITS_COLUMNS, id="fits-table")
+        with VerticalScroll(id="fits-detail-scroll"):
+            yield FitsDetail(id="fits-detail")
+
+    @property
+    def table(self) -> VirtualTable:
+        return self.query_one("#fits-table", VirtualTable)
+
+    def show_doc(self, doc: Document, old: Document | None) -> None:
+        info = self.query_one("#fits-info", Static)
+        table = self.table
+        keep = table.cursor if old is not None else 0
+        if isinstance(doc, TraceDoc) and doc.fits_rows is not None:
+            self.rows = FitsRows(doc, doc.fits_rows)
+            table.columns = FITS_COLUMNS
+            table.set_source(self.rows, cursor=keep)
+            info.update(self._trace_info(doc, doc.fits_rows))
+        elif isinstance(doc, LogDoc):
+            records = log_fits_records(doc)
+            self.rows = LogFitsRows(records)
+            table.columns = LOG_FITS_COLUMNS
+            table.set_source(self.rows, cursor=keep)
+            info.update(f"{len(records)} instrumented fits=false line(s) in the log" if records
+                        else "this log has no instrumented fits=false lines (the runtime prints "
+                             "them only when built with the fits diagnostics)")
+        else:
+            self.rows = None
+            table.set_source(EmptySource())
+            info.update("indexing… the fits() decisions appear when the index is complete"
+                        if isinstance(doc, TraceDoc) else "no fits decisions: the file could "
+                        "not be read (1: Overview)")
+        self._detail()
+
+    @staticmethod
+    def _trace_info(doc: TraceDoc, rows: np.ndarray) -> str:
+        c = doc.index.columns
+        routes: list[int] = (np.bincount(c["a"][rows].clip(0), minlength=len(ROUTES)).tolist()
+                             if rows.size else [])
+        false = int(np.count_nonzero(c["flags"][rows] & F_FITS_FALSE)) if rows.size else 0
+        parts = ", ".join(f"{r} {int(n)}" for r, n in zip(ROUTES, routes, strict=False) if n)
+        return (f"{rows.size:,} fits() decision(s), {false:,} false · routes: {parts or '-'}"
+                " · the pane below explains the selected row")
+
+    @on(RowHighlighted, "#fits-table")
+    def highlighted(self, message: RowHighlighted) -> None:
+        self._detail()
+        if isinstance(self.rows, FitsRows) and isinstance(self.doc, TraceDoc):
+            row = self.rows.source_row(self.table.cursor)
+            self.kv.step = int(self.doc.index.columns["step"][row])
+
+    def _detail(self) -> None:
+        pane = self.query_one("#fits-detail", FitsDetail)
+        rows = self.rows
+        if rows is None or not len(rows):
+            pane.update("")
+            return
+        i = self.table.cursor
+        if isinstance(rows, FitsRows):
+            event = rows.event(i)
+            pane.update(fits_detail(event, pane.styles_for_detail()) if event is not None
+                        else "(this line is not a valid fits event)")
+        else:
+            pane.update(fitsline_detail(rows.records[i], pane.styles_for_detail()))
+
+    def go_to(self, target: Target) -> None:
+        if target.row is None or not isinstance(self.rows, FitsRows):
+            return
+        pos = self.rows.position_of(target.row)
+        if pos is not None:
+            self.table.go_to(pos)
+            self.table.focus()
+
+    def location(self) -> Target:
+        row = (self.rows.source_row(self.table.cursor)
+               if isinstance(self.rows, FitsRows) and len(self.rows) else None)
+        return Target(self.MODE, max(self.doc_index, 0), row=row)
+
+    def action_timeline(self) -> None:
+        if isinstance(self.rows, FitsRows) and len(self.rows):
+            self.kv.jump(Target("timeline", self.doc_index,
+                                row=self.rows.source_row(self.table.cursor)))

@@ -1,0 +1,90 @@
+"""``?``: the keys of the screen it was opened from, and the ones that work everywhere."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+GLOBAL = """\
+| key | everywhere |
+|---|---|
+| `1`…`7` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings |
+| `o` | next file given on the command line |
+| `backspace` | back to where the last jump came from |
+| `ctrl+p` | command palette (screens, files, back, help) |
+| `?` | this help · `q` quit |
+"""
+
+SCREEN_KEYS = {
+    "overview": "The capture's configuration (or the log's boot configuration), findings by "
+                "severity, events by kind and the verdict line.",
+    "timeline": """\
+| key | Timeline |
+|---|---|
+| `f` | filter: `kind:read,upload layer:0-3 stream:1 slot:10 step:5-9` (a bare kind name works too; `slot` is the pool slot of uploads/evictions, or the server slot in a log) |
+| `/` | incremental search in the raw lines; `n` / `N` next / previous match |
+| `c` | clear filter and search |
+| `enter` | open the event in its screen (fits → Fits, read/write/upload → Pages, abort → Backtrace) |
+| `↑↓ pgup pgdn home end`, mouse | move |
+""",
+    "fits": """\
+| key | Fits |
+|---|---|
+| `↑↓`, mouse | choose a fits() decision; the pane below explains every failed condition |
+| `t` | show the decision in the Timeline |
+""",
+    "pages": """\
+| key | Pages |
+|---|---|
+| `←` `→` | previous / next step · `shift+←/→` ten steps |
+| `space` | play / pause · `home` / `end` first / last step |
+| `n` / `N` | next / previous step with a stale or foreign read |
+| `↑↓` layer · `[` `]` page · `tab` stream panel | move the cell cursor (or click a cell) |
+
+Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as
+`stream:page v version`; `*` the key was marked dirty this step. Red: foreign read (another
+stream's bytes); yellow: stale read (an older version); bold: read at this step.
+""",
+    "backtrace": """\
+| key | Backtrace |
+|---|---|
+| `↑↓`, mouse | frames; the source around the selected frame shows when the file exists here |
+| `c` / `C` | next / previous crash group (crashes with one fingerprint are grouped) |
+| `t` | next thread (occurrence) of the group |
+""",
+    "telemetry": """\
+| key | Telemetry |
+|---|---|
+| `←` `→` | move the step cursor (shared with Pages) · `home` / `end` |
+""",
+    "findings": """\
+| key | Findings |
+|---|---|
+| `↑↓`, mouse | choose a finding, then its evidence below |
+| `enter` | jump to the evidence (Timeline / Fits / Pages / Backtrace); `backspace` returns |
+| `tab` | move between the findings and the evidence list |
+""",
+}
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "Close"),
+    ]
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Markdown(f"# kvdiag viewer — help\n\n{SCREEN_KEYS.get(self.mode, '')}\n\n"
+                           f"{GLOBAL}")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,250 @@
+"""4 Pages: the resident window at the selected step, one grid per stream, and a scrubber."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.timer import Timer
+from textual.widgets import Static
+
+from kvdiag.analysis.replay import PagesSnapshot
+from kvdiag.tui.document import Document, TraceDoc
+from kvdiag.tui.messages import CellSelected, SeekStep
+from kvdiag.tui.navigation import Target
+from kvdiag.tui.pagestext import cell_words, window_words
+from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.widgets.pages_grid import PagesGrid
+from kvdiag.tui.widgets.scrubber import Scrubber
+
+PLAY_INTERVAL_S = 0.3
+LEGEND = ("P pool · R ring · H host · · not in the latest read · s:pVv = the slot holds stream s "
+          "page p version v · * dirty this step · [red]foreign[/] · [yellow]stale[/] · bold: "
+          "read at this step")
+
+
+class PagesScreen(KvScreen):
+    MODE = "pages"
+    AUTO_FOCUS = None
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left", "step(-1)", "Step back", key_display="←"),
+        Binding("right", "step(1)", "Step", key_display="→"),
+        Binding("shift+left", "step(-10)", "-10", show=False),
+        Binding("shift+right", "step(10)", "+10", show=False),
+        Binding("space", "play", "Play/pause"),
+        Binding("home", "edge(0)", "First", show=False),
+        Binding("end", "edge(1)", "Last", show=False),
+        Binding("n", "flagged(1)", "Next bad read"),
+        Binding("N", "flagged(-1)", "Prev bad read", key_display="N", show=False),
+        Binding("up", "cell(-1, 0)", "Layer up", show=False),
+        Binding("down", "cell(1, 0)", "Layer down", show=False),
+        Binding("left_square_bracket", "cell(0, -1)", "Page left", show=False),
+        Binding("right_square_bracket", "cell(0, 1)", "Page right", show=False),
+        Binding("tab", "stream(1)", "Next stream", show=False),
+        Binding("shift+tab", "stream(-1)", "Prev stream", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshot: PagesSnapshot | None = None
+        self.shown_step = -1
+        self.cursor = (0, 0, 0)  # (stream position, layer, page)
+        self.timer: Timer | None = None
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="pages-info")
+        yield Scrubber(id="pages-scrubber")
+        yield Horizontal(id="pages-grids")
+        yield Static(id="pages-cell")
+        yield Static(LEGEND, id="pages-legend")
+
+    # -- drawing ------------------------------------------------------------------------
+
+    def show_doc(self, doc: Document, old: Document | None) -> None:
+        grids = self.query_one("#pages-grids", Horizontal)
+        if not isinstance(doc, TraceDoc) or doc.pages is None or doc.geometry is None:
+            grids.remove_children()
+            self.snapshot = None
+            self.shown_step = -1
+            self.query_one("#pages-info", Static).update(
+                "indexing… the page grid appears when the index is complete"
+                if isinstance(doc, TraceDoc) else
+                "no page bookkeeping in this file (Pages replays traces; a log has none)")
+            self.query_one("#pages-cell", Static).update("")
+            return
+        streams = doc.geometry.streams
+        existing = [g.stream for g in self.query(PagesGrid)]
+        if existing != list(streams) or old is None:
+            grids.remove_children()
+            grids.mount_all(PagesGrid(s, id=f"pages-grid-{s}") for s in streams)
+            self.cursor = (min(self.cursor[0], len(streams) - 1), 0, 0)
+        self.shown_step = -1
+        self.call_after_refresh(self.render_step)
+
+    @property
+    def last_step(self) -> int:
+        doc = self.doc
+        return doc.index.last_step if isinstance(doc, TraceDoc) else 0
+
+    def marks(self) -> dict[str, np.ndarray]:
+        doc = self.doc
+        if isinstance(doc, TraceDoc) and doc.digest is not None:
+            return doc.digest.marks
+        return {}
+
+    def render_step(self) -> None:
+        """Compute the snapshot at the app's step and show it."""
+        doc = self.doc
+        if not isinstance(doc, TraceDoc) or doc.pages is None:
+            return
+        step = max(0, min(self.kv.step, self.last_step))
+        if step != self.kv.step:
+            self.kv.step = step
+        if step != self.shown_step or self.snapshot is None:
+            self.snapshot = doc.pages.snapshot(step)
+            self.shown_step = step
+        snap = self.snapshot
+        for grid in self.query(PagesGrid):
+            grid.show(snap)
+        self.query_one("#pages-scrubber", Scrubber).show(self.last_step + 1, step, self.marks())
+        playing = " ▶ playing" if self.timer is not None else ""
+        flagged = snap.flagged()
+        now = [f for f in flagged if f[2].read is not None and f[2].read.step == step]
+        bad = (f" · [red]{len(now)} stale/foreign page read(s) at this step[/]" if now else
+               (f" · {len(flagged)} page(s) last read stale/foreign" if flagged else ""))
+        self.query_one("#pages-info", Static).update(
+            f"step {step} of {self.last_step}{playing}{bad}\n{window_words(snap)}")
+        self._show_cursor()
+
+    def _show_cursor(self) -> None:
+        snap = self.snapshot
+        if snap is None:
+            return
+        si, layer, page = self.cursor
+        streams = snap.geometry.streams
+        for grid in self.query(PagesGrid):
+            grid.cursor = (layer, page) if grid.stream == streams[si] else None
+        self.query_one("#pages-cell", Static).update(cell_words(snap, streams[si], layer, page))
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def set_step(self, step: int) -> None:
+        self.kv.step = max(0, min(step, self.last_step))
+        self.render_step()
+
+    def action_step(self, delta: int) -> None:
+        self.set_step(self.kv.step + delta)
+
+    def action_edge(self, end: int) -> None:
+        self.set_step(self.last_step if end else 0)
+
+    def action_play(self) -> None:
+        if self.timer is not None:
+            self.timer.stop()
+            self.timer = None
+            self.render_step()
+            return
+        if self.kv.step >= self.last_step:
+            self.kv.step = 0
+        self.timer = self.set_interval(PLAY_INTERVAL_S, self._tick)
+        self.render_step()
+
+    def _tick(self) -> None:
+        if self.kv.step >= self.last_step:
+            if self.timer is not None:
+                self.timer.stop()
+            self.timer = None
+            self.render_step()
+            return
+        self.set_step(self.kv.step + 1)
+
+    def on_screen_suspend(self) -> None:
+        if self.timer is not None:
+            self.timer.stop()
+            self.timer = None
+
+    def action_flagged(self, direction: int) -> None:
+        marks = self.marks()
+        if not marks:
+            self.notify("the analysis is still running; try again in a moment", timeout=2)
+            return
+        steps = np.union1d(marks.get("foreign", np.zeros(0, np.int64)),
+                           marks.get("stale", np.zeros(0, np.int64)))
+        here = self.kv.step
+        after = steps[steps > here] if direction > 0 else steps[steps < here]
+        if after.size == 0:
+            self.notify("no further step with a stale or foreign read", timeout=2)
+            return
+        self.set_step(int(after[0] if direction > 0 else after[-1]))
+        self._cursor_to_flagged()
+
+    def _cursor_to_flagged(self) -> None:
+        """Put the cell cursor on the first page read stale/foreign at this step."""
+        snap = self.snapshot
+        if snap is None:
+            return
+        for stream, layer, cell in snap.flagged():
+            if cell.read is not None and cell.read.step == snap.step:
+                self.cursor = (snap.geometry.streams.index(stream), layer, cell.page)
+                self._show_cursor()
+                return
+
+    def action_cell(self, dlayer: int, dpage: int) -> None:
+        snap = self.snapshot
+        if snap is None:
+            return
+        si, layer, page = self.cursor
+        self.cursor = (si, max(0, min(layer + dlayer, snap.geometry.layers - 1)),
+                       max(0, min(page + dpage, snap.geometry.pages - 1)))
+        self._show_cursor()
+
+    def action_stream(self, delta: int) -> None:
+        snap = self.snapshot
+        if snap is None:
+            return
+        si, layer, page = self.cursor
+        self.cursor = ((si + delta) % len(snap.geometry.streams), layer, page)
+        self._show_cursor()
+
+    @on(CellSelected)
+    def cell_clicked(self, message: CellSelected) -> None:
+        snap = self.snapshot
+        if snap is not None and message.stream in snap.geometry.streams:
+            self.cursor = (snap.geometry.streams.index(message.stream), message.layer,
+                           message.page)
+            self._show_cursor()
+
+    @on(SeekStep)
+    def seek(self, message: SeekStep) -> None:
+        self.set_step(message.step)
+
+    # -- navigation ---------------------------------------------------------------------
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        if self.snapshot is not None and self.kv.step != self.shown_step:
+            self.render_step()
+
+    def go_to(self, target: Target) -> None:
+        if target.step is not None:
+            self.kv.step = target.step
+        doc = self.doc
+        if isinstance(doc, TraceDoc) and doc.geometry is not None:
+            streams = doc.geometry.streams
+            si = streams.index(target.stream) if target.stream in streams else self.cursor[0]
+            self.cursor = (si, target.layer if target.layer is not None else 0,
+                           target.page if target.page is not None else 0)
+        self.shown_step = -1
+        self.call_after_refresh(self.render_step)
+
+    def location(self) -> Target:
+        snap = self.snapshot
+        if snap is None:
+            return Target(self.MODE, max(self.doc_index, 0), step=self.kv.step)
+        si, layer, page = self.cursor
+        return Target(self.MODE, max(self.doc_index, 0), step=self.kv.step, layer=layer,
+                      stream=snap.geometry.streams[si], page=page)

@@ -1,0 +1,158 @@
+"""The Overview's content and every screen's status line (rich only; no textual import).
+
+Reuses the renderables of ``kvdiag check`` and ``kvdiag postmortem`` (kvdiag/report/) so the
+viewer and the headless reports say the same things in the same words.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.check import header_table, residency_table, verdict
+from kvdiag.report.findings import SEVERITY_STYLE
+from kvdiag.report.postmortem import boot_for, config_table
+from kvdiag.tui.document import Document, ErrorDoc, LogDoc, TraceDoc
+
+
+def status_text(doc: Document, index: int, total: int) -> str:
+    files = f" ({index + 1}/{total}, o: other file)" if total > 1 else ""
+    head = f"{doc.name}{files}"
+    if isinstance(doc, ErrorDoc):
+        return f"{head} · {'opening…' if doc.stage == 'opening' else 'error'}"
+    if isinstance(doc, LogDoc):
+        return (f"{head} · log · {doc.index.n:,} lines · {len(doc.scan.crashes)} crash(es) · "
+                f"{len(doc.findings)} finding(s)")
+    n = doc.index.n
+    if doc.stage == "indexing":
+        return f"{head} · trace · indexing {doc.progress:.0%} ({n:,} events so far)"
+    steps = doc.index.last_step + 1
+    if doc.stage == "analysing":
+        return f"{head} · trace · {n:,} events, {steps:,} steps · analysing {doc.progress:.0%}"
+    return (f"{head} · trace · {n:,} events, {steps:,} steps · "
+            f"{len(doc.findings)} finding(s)")
+
+
+def severity_counts(findings: Sequence[Finding]) -> Text:
+    counts = Counter(f.severity for f in findings)
+    text = Text()
+    for sev in sorted(Severity, reverse=True):
+        if text:
+            text.append("  ·  ")
+        text.append(f"{sev.label} {counts.get(sev, 0)}",
+                    style=SEVERITY_STYLE[sev] if counts.get(sev) else "dim")
+    return text
+
+
+def findings_list(findings: Sequence[Finding], limit: int = 12) -> Table:
+    table = Table(box=None, show_header=False, pad_edge=False, expand=True)
+    table.add_column("severity", no_wrap=True, width=9)
+    table.add_column("rule", no_wrap=True, width=32)
+    table.add_column("title", ratio=1)
+    for f in sorted(findings, key=lambda f: -int(f.severity))[:limit]:
+        table.add_row(Text(f.severity.label, style=SEVERITY_STYLE[f.severity]), f.rule, f.title)
+    if len(findings) > limit:
+        table.add_row("", "", Text(f"… and {len(findings) - limit} more (7: Findings)",
+                                   style="dim"))
+    return table
+
+
+def _counts_line(counts: dict[str, int]) -> Text:
+    return Text("  ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
+
+
+def _section(title: str) -> Text:
+    return Text(f"\n{title}", style="bold underline")
+
+
+def overview(doc: Document) -> RenderableType:
+    if isinstance(doc, ErrorDoc):
+        if doc.stage == "opening":
+            return Text(f"opening {doc.path} …", style="dim")
+        return Group(Text("This file cannot be shown", style="bold red"),
+                     Text(doc.message, style="red"),
+                     Text("\nkvdiag tui reads kvtrace files (kvdiag capture) and llama-server "
+                          "logs (plain or gzip). Other files given on the command line are "
+                          "still available: press o.", style="dim"))
+    if isinstance(doc, LogDoc):
+        return _log_overview(doc)
+    return _trace_overview(doc)
+
+
+def _trace_overview(doc: TraceDoc) -> RenderableType:
+    parts: list[RenderableType] = []
+    if doc.digest is not None:
+        parts.append(verdict(list(doc.findings)))
+    elif doc.stage == "indexing":
+        parts.append(Text(f"indexing {doc.progress:.0%} … (findings follow the index)",
+                          style="yellow"))
+    else:
+        parts.append(Text(f"analysing {doc.progress:.0%} … (the other screens work already)",
+                          style="yellow"))
+    parts.append(header_table(doc.path, doc.header))
+    dev = doc.header.device
+    extras = [x for x in (f"{dev.memory_bytes / (1 << 30):.0f} GiB" if dev.memory_bytes else None,
+                          dev.driver and f"driver {dev.driver}", dev.pcie,
+                          dev.compute_capability and f"sm {dev.compute_capability}") if x]
+    parts.append(Text(f"device: {dev.name}" + (f" ({', '.join(extras)})" if extras else "") +
+                      f" · created {doc.header.created} · kvdiag {doc.header.kvdiag_version}",
+                      style="dim"))
+    parts.append(_section("Events by kind"))
+    parts.append(_counts_line(doc.index.kind_counts()))
+    if doc.digest is not None:
+        d = doc.digest
+        parts.append(_section("Findings"))
+        parts.append(severity_counts(d.findings))
+        parts.append(findings_list(d.findings))
+        parts.append(residency_table(d.summary))
+        status = d.summary.get("status", "?")
+        parts.append(Text(f"capture status: {status}", style="dim" if status == "completed"
+                          else "yellow"))
+        if d.problems:
+            parts.append(_section("Problems in the file"))
+            for p in d.problems[:20]:
+                parts.append(Text(f"line {p.line}: {p.kind}: {p.message}", style="yellow"))
+            if len(d.problems) > 20:
+                parts.append(Text(f"… and {len(d.problems) - 20} more", style="yellow"))
+    if doc.timings:
+        parts.append(Text("loaded: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s"
+                                                 for k, v in doc.timings.items()), style="dim"))
+    return Group(*parts)
+
+
+def _log_overview(doc: LogDoc) -> RenderableType:
+    scan = doc.scan
+    parts: list[RenderableType] = [verdict(list(doc.findings))]
+    groups = {c.fingerprint for c in scan.crashes}
+    parts.append(Text(f"{doc.path}: server log, {scan.lines:,} lines, {len(scan.crashes)} "
+                      f"crash(es) in {len(groups)} group(s), {len(scan.boots)} boot(s)",
+                      style="bold"))
+    last = scan.crashes[-1] if scan.crashes else None
+    boot = boot_for(scan, last)
+    if boot is not None:
+        parts.append(config_table(boot))
+    else:
+        parts.append(Text("no boot configuration lines in this log", style="dim"))
+    if scan.crashes:
+        parts.append(_section("Crashes (5: Backtrace)"))
+        for c in scan.crashes[:10]:
+            what = (c.abort.condition or c.abort.message) if c.abort else (
+                c.error.message if c.error else (c.signal.signal if c.signal else ""))
+            parts.append(Text(f"line {c.where.line}: {c.kind}: {what}  [{c.fingerprint}]",
+                              style="red"))
+    parts.append(_section("Findings"))
+    parts.append(severity_counts(doc.findings))
+    parts.append(findings_list(doc.findings))
+    parts.append(_section("Lines by kind"))
+    parts.append(_counts_line(doc.index.kind_counts()))
+    if scan.problems:
+        parts.append(_section("Problems in the input"))
+        for p in scan.problems[:20]:
+            loc = f"{p.source}:{p.line}" if p.line is not None else p.source
+            parts.append(Text(f"{loc}: {p.message}", style="yellow"))
+    return Group(*parts)
