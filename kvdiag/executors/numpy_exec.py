@@ -50,7 +50,7 @@ class _Assembly:
         pt = g.page_tokens
         n = len(pages) * pt
         if self.k.shape[1] < n:
-            cap = max(n, 2 * self.k.shape[1])
+            cap = n  # grows a page at a time: the buffers are the executor's largest memory
             for name in ("k", "v"):
                 grown = np.zeros((g.n_head_kv, cap, g.head_dim), np.float32)
                 old = getattr(self, name)
