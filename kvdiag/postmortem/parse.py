@@ -40,14 +40,15 @@ from kvdiag.postmortem.crashblock import CrashBlock
 from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
 from kvdiag.postmortem.slots import active_slots
 
-#: Substrings that mark a line worth parsing. Each names what it catches.
+#: Substrings that mark a line worth parsing. Each names what it catches. The instrumented
+#: ``fits=false`` lines (domain brief §4.5) are read when looking back from a crash instead:
+#: they matter only next to the abort they explain.
 ANCHORS: tuple[bytes, ...] = (
     b"_ASSERT",  # GGML_ASSERT(...) failed; legacy "GGML_ASSERT: file:line: cond"
     b"ssertion",  # MSVC "Assertion failed: ..."; glibc "Assertion `x' failed."
     b" error",  # CUDA/ROCm/SYCL error lines, "…cu:102: CUDA error" aborts
     b"llama_",  # boot configuration (llama_context:, llama_kv_cache:, llama_model_loader:)
     b"kv_stream",  # kv_stream_adapt, ring latency, kv-stream allocation failures
-    b"fits=false",  # instrumented fits=false line
     b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
     b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
@@ -298,7 +299,9 @@ class LogParser:
             return
         self._crash = None
         timeline, active = self._crash_meta
-        fits = tuple(f for f in self.fits if f.where.source == self._name)
+        first = block.start.line - LOOKBACK_LINES
+        fits = tuple(f for f in self.fits if f.where.source == self._name
+                     and f.where.line >= first)
         for crash in block.crashes():
             if len(self.crashes) >= MAX_CRASHES:
                 self._problem(f"more than {MAX_CRASHES} crashes; later ones not kept", None)
@@ -324,6 +327,7 @@ class LogParser:
         if raws and raws[-1] == b"":
             raws.pop()
         events: list[SlotEvent] = []
+        fits: list[FitsLine] = []
         stack: list[tuple[LogLine, str]] = []
         stack_open = True
         misses = 0
@@ -343,7 +347,12 @@ class LogParser:
                         stack_open = False
             elif stack_open:
                 stack_open = False
-            if b"slot" in raw or b"idle" in raw or b"id_slot" in raw:
+            if b"fits=false" in raw and len(fits) < KEEP_FITS:
+                text, _ = clean(raw)
+                fl = grammar.parse_fits(LogLine(self._name, n, text), text)
+                if fl is not None:
+                    fits.append(fl)
+            elif b"slot" in raw or b"idle" in raw or b"id_slot" in raw:
                 text, _ = clean(raw)
                 ev: SlotEvent | None = None
                 if text.startswith("slot ") or "id_slot=" in text:
@@ -356,6 +365,8 @@ class LogParser:
             n -= 1
         events.reverse()
         stack.reverse()
+        known = {(f.where.source, f.where.line) for f in self.fits}
+        self.fits.extend(f for f in reversed(fits) if (f.where.source, f.where.line) not in known)
         return (tuple(events[-TIMELINE:]), active_slots(events)), stack
 
     # -- problems ---------------------------------------------------------------------------
