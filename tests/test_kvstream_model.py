@@ -7,9 +7,10 @@ import pytest
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.dispatch import route
 from kvdiag.kvstream.fits import block_tokens, fits
-from kvdiag.kvstream.resident import Holder, LayerIdentityError, ResidentCache, classify
+from kvdiag.kvstream.resident import LayerIdentityError, ResidentCache, classify
 from kvdiag.kvstream.scenarios import Request, Scheduler
 from kvdiag.kvstream.views import AddressMap, attention_node
+from kvdiag.model.pages import Holder
 
 CFG = RuntimeConfig(layers=2, ctx=4096, np=2, stage_mib=12)
 

@@ -110,14 +110,16 @@ class NumpyExecutor:
         key = (layer, stream, page)
         p = self._host.get(key)
         if p is None:
-            g = self._g()
-            width = g.head_dim * g.n_head_kv
-            p = _Page(
-                np.zeros((g.page_tokens, ggml_type(g.type_k).row_bytes(width)), np.uint8),
-                np.zeros((g.page_tokens, ggml_type(g.type_v).row_bytes(width)), np.uint8),
-            )
-            self._host[key] = p
+            p = self._host[key] = self._zero_page()
         return p
+
+    def _zero_page(self) -> _Page:
+        g = self._g()
+        width = g.head_dim * g.n_head_kv
+        return _Page(
+            np.zeros((g.page_tokens, ggml_type(g.type_k).row_bytes(width)), np.uint8),
+            np.zeros((g.page_tokens, ggml_type(g.type_v).row_bytes(width)), np.uint8),
+        )
 
     def write_rows(
         self, layer: int, stream: int, cells: I64Array, k: F32Array, v: F32Array
@@ -172,15 +174,9 @@ class NumpyExecutor:
     def _pool_page(self, slot: int) -> _Page:
         page = self._pool.get(slot)
         if page is None:
-            g = self._g()
-            width = g.head_dim * g.n_head_kv
-            # cudaMalloc'd pool memory that was never uploaded: reads as whatever is there;
-            # model it as zeros so the read is deterministic.
-            page = _Page(
-                np.zeros((g.page_tokens, ggml_type(g.type_k).row_bytes(width)), np.uint8),
-                np.zeros((g.page_tokens, ggml_type(g.type_v).row_bytes(width)), np.uint8),
-            )
-            self._pool[slot] = page
+            # cudaMalloc'd pool memory never uploaded to reads as whatever is there; zeros
+            # keep the read deterministic
+            page = self._pool[slot] = self._zero_page()
         return page
 
     def attend(

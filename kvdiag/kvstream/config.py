@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvdiag.kvstream.ggml_types import KV_TYPES, ggml_type
-from kvdiag.kvstream.pages import PAGE_TOKENS, pad_ctx
+from kvdiag.kvstream.pages import pad_ctx
+from kvdiag.model.pages import PAGE_TOKENS
 
 Layout = Literal["shared", "per-stream"]
 Dispatch = Literal["membership", "fits"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvdiag.kvstream.ggml_types import AttentionMode, attention_mode, ggml_type
-from kvdiag.kvstream.pages import PAGE_TOKENS, round_up
+from kvdiag.kvstream.pages import round_up
 from kvdiag.kvstream.views import AttentionNode
 from kvdiag.model.geometry import Tensor
+from kvdiag.model.pages import PAGE_TOKENS
 
 KV_STREAM_HEAD_DIM = 256
 FATTN_KQ_STRIDE = 256

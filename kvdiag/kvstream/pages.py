@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvdiag.kvstream.ggml_types import ggml_type
-
-PAGE_TOKENS = 256
-"""Fixed page size in tokens; the resident cache refuses any other value."""
+from kvdiag.model.pages import PAGE_TOKENS
 
 V_ALIGN = 128
 """The V plane of a page starts at the K bytes rounded up to this many bytes."""

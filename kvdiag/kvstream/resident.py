@@ -20,20 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvdiag.kvstream.config import Layout
-from kvdiag.kvstream.pages import PAGE_TOKENS
-
-Key = tuple[int, int | None, int]
-"""(layer, stream or None in the shared layout, page)."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """What a slot's bytes are: a copy of host page (layer, stream, page) at ``version``."""
-
-    layer: int
-    stream: int
-    page: int
-    version: int
+from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 
 class LayerIdentityError(RuntimeError):

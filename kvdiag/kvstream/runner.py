@@ -26,12 +26,12 @@ from kvdiag.kvstream.dispatch import (
 )
 from kvdiag.kvstream.fits import fits
 from kvdiag.kvstream.ggml_types import AttentionMode
-from kvdiag.kvstream.pages import PAGE_TOKENS
 from kvdiag.kvstream.plan import Plan, make_plan
-from kvdiag.kvstream.resident import Holder, LayerIdentityError, ResidentCache, classify
+from kvdiag.kvstream.resident import LayerIdentityError, ResidentCache, classify
 from kvdiag.kvstream.scenarios import Scenario, Scheduler, Ubatch
 from kvdiag.kvstream.views import AddressMap, attention_node
 from kvdiag.model import events as ev
+from kvdiag.model.pages import PAGE_TOKENS, Holder
 
 COPY_BATCH_PAGES = 32
 """KV_STREAM_COPY_BATCH_PAGES: consecutive pages batched into one upload."""

@@ -1,0 +1,21 @@
+"""Page identity shared by the runtime model and the analyses that replay it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAGE_TOKENS = 256
+"""Tokens per page; the G1 resident cache refuses any other value (brief §1.3)."""
+
+Key = tuple[int, int | None, int]
+"""A bookkeeping key: (layer, stream or None in the shared layout, page)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a pool slot's bytes are: a copy of host page (layer, stream, page) at ``version``."""
+
+    layer: int
+    stream: int
+    page: int
+    version: int
