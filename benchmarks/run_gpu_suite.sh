@@ -20,3 +20,7 @@ timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m gpu tests/test_gpu_executor.
 echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
 timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py --json "$out/bench_kernels.json" \
     2>&1 | tee -a "$out/bench_kernels.txt"
+if [ -n "${PROBE:-}" ]; then
+    echo "== benchmarks/probe_layouts.py" | tee "$out/probe_layouts.txt"
+    timeout "${PROBE_TIMEOUT:-200}" python3 benchmarks/probe_layouts.py 2>&1 | tee -a "$out/probe_layouts.txt"
+fi

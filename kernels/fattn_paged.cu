@@ -33,6 +33,7 @@ struct FattnParams {
     kv_i64 ns, T, n_head, n_head_kv, G, rows, n_kv, n_rowtiles;
     kv_i64 tiles_per_block, n_splits;
     kv_i64 layer, ring_slots, kernel_id, warp_smem;
+    kv_i64 grid_order, interleave;  // see kv_fattn_partial
     double scale_log2;
 };
 
@@ -171,21 +172,43 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
     const kv_u8* vb = va + G::SV;
     const kv_u8* vc = vr + (2 * t + 8) * G::SV;
     const kv_u8* vd = vc + G::SV;
+    if constexpr (D % 64 == 0) {
+        // Rows g and g+8 of O^T tile 4q+j are head dims 64q + 8g + 2j and the dim after it:
+        // the lane reads elements 8(g%4)..+7 of block 2q + g/4 for each of its four cells.
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c) {
-        kv_u32 xa[2], xb[2], xc[2], xd[2];  // cells 2t, 2t+1, 2t+8, 2t+9: elements 4g..4g+3
-        kv_load_h2<TV, 4>(va + c * BV, 4 * g, xa);
-        kv_load_h2<TV, 4>(vb + c * BV, 4 * g, xb);
-        kv_load_h2<TV, 4>(vc + c * BV, 4 * g, xc);
-        kv_load_h2<TV, 4>(vd + c * BV, 4 * g, xd);
+        for (int q = 0; q < D / 64; ++q) {
+            const int off = (2 * q + (g >> 2)) * BV;
+            kv_u32 xa[4], xb[4], xc[4], xd[4];  // cells 2t, 2t+1, 2t+8, 2t+9
+            kv_load_h2<TV, 8>(va + off, 8 * (g & 3), xa);
+            kv_load_h2<TV, 8>(vb + off, 8 * (g & 3), xb);
+            kv_load_h2<TV, 8>(vc + off, 8 * (g & 3), xc);
+            kv_load_h2<TV, 8>(vd + off, 8 * (g & 3), xd);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            // Row g of O^T tile 2c+j is head dim 32c + 4g + 2j, row g+8 is the dim after it.
-            const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
-                                 kv_byte_perm(xa[j], xb[j], 0x7632u),
-                                 kv_byte_perm(xc[j], xd[j], 0x5410u),
-                                 kv_byte_perm(xc[j], xd[j], 0x7632u)};
-            kv_mma_16816(o[2 * c + j], a, pb);
+            for (int j = 0; j < 4; ++j) {
+                const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
+                                     kv_byte_perm(xa[j], xb[j], 0x7632u),
+                                     kv_byte_perm(xc[j], xd[j], 0x5410u),
+                                     kv_byte_perm(xc[j], xd[j], 0x7632u)};
+                kv_mma_16816(o[4 * q + j], a, pb);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+            kv_u32 xa[2], xb[2], xc[2], xd[2];  // cells 2t, 2t+1, 2t+8, 2t+9: elements 4g..4g+3
+            kv_load_h2<TV, 4>(va + c * BV, 4 * g, xa);
+            kv_load_h2<TV, 4>(vb + c * BV, 4 * g, xb);
+            kv_load_h2<TV, 4>(vc + c * BV, 4 * g, xc);
+            kv_load_h2<TV, 4>(vd + c * BV, 4 * g, xd);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                // Row g of O^T tile 2c+j is head dim 32c + 4g + 2j, row g+8 the dim after it.
+                const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
+                                     kv_byte_perm(xa[j], xb[j], 0x7632u),
+                                     kv_byte_perm(xc[j], xd[j], 0x5410u),
+                                     kv_byte_perm(xc[j], xd[j], 0x7632u)};
+                kv_mma_16816(o[2 * c + j], a, pb);
+            }
         }
     }
 }
@@ -200,9 +223,12 @@ __global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __res
     const int nwarps = blockDim.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int split = blockIdx.x;
+    // grid_order 0: blockIdx = (split, row tile, stream x KV head); 1: the KV heads of one split
+    // are consecutive blocks (x = stream x KV head, z = split), so they run side by side and
+    // read the same token rows at about the same time.
+    const int split = p.grid_order ? blockIdx.z : blockIdx.x;
     const int rt = blockIdx.y;
-    const int ih = blockIdx.z;
+    const int ih = p.grid_order ? blockIdx.x : blockIdx.z;
     const int nhk = (int)p.n_head_kv;
     const int i = ih / nhk;
     const int hk = ih - i * nhk;
@@ -253,17 +279,31 @@ __global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __res
     for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
     float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
 
+    // interleave 0: the split owns tiles [tb, te); 1: it owns tiles split, split + n_splits, ...
+    // so that all blocks together sweep the cells front to back. Warps take the block's tiles
+    // in turn either way.
     const int n_tiles = (lim_max + 15) / 16;
-    const int tb = split * (int)p.tiles_per_block;
-    const int te = tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block : n_tiles;
+    const int nsp = (int)p.n_splits;
+    const bool inter = p.interleave != 0;
+    const int tb = inter ? split : split * (int)p.tiles_per_block;
+    const int te = inter ? n_tiles
+                         : (tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block
+                                                                  : n_tiles);
+    const int step = inter ? nsp : 1;  // tile j of the block is tb + j * step
 
 #if KVDIAG_INSTRUMENT
+    // One record per page this block read; interleaved, a page goes to the block that owns its
+    // first tile (every page read is still recorded once per KV head, with its source).
     if (warp == 0 && tb < te) {
         const KvRing ring{(kv_u32*)p.ring_counter, (kv_i32*)p.ring_records,
                           (kv_u32)p.ring_capacity};
         const int pt = (int)p.page_tokens;
-        const int block = split + (int)p.n_splits * (rt + (int)p.n_rowtiles * ih);
-        for (int page = tb * 16 / pt + lane; page <= (te * 16 - 1) / pt; page += 32) {
+        const int tpp = pt / 16;
+        const int block = split + nsp * (rt + (int)p.n_rowtiles * ih);
+        const int p0 = inter ? 0 : tb / tpp;
+        const int p1 = (te - 1) / tpp;
+        for (int page = p0 + lane; page <= p1; page += 32) {
+            if (inter && (page * tpp) % nsp != split) continue;
             int slot = -1;
             if (PAGED && page < p.n_pages_tab) {
                 slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
@@ -275,12 +315,12 @@ __global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __res
 #endif
 
     kv_u8* wbuf = kv_smem() + warp * G::WARP;
-    int tile = tb + warp;
+    int tile = tb + warp * step;
     int stage = 0;
     if (tile < te) kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
     kv_copy_commit();
-    for (; tile < te; tile += nwarps) {
-        const int next = tile + nwarps;
+    for (; tile < te; tile += nwarps * step) {
+        const int next = tile + nwarps * step;
         if (next < te) {
             kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, lim_max,
                                                 wbuf + (stage ^ 1) * G::STAGE, lane);
@@ -311,13 +351,28 @@ __global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __res
         cm[(warp * 8 + 2 * t + 1) * 2] = m1;
         cm[(warp * 8 + 2 * t + 1) * 2 + 1] = l1;
     }
+    if constexpr (D % 64 == 0) {
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c) {
-        float* r0 = co + (warp * 8 + 2 * t) * D + 32 * c + 4 * g;
-        *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]), kv_f2u(o[2 * c + 1][0]),
-                            kv_f2u(o[2 * c + 1][2])};
-        *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
-                                  kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
+        for (int q = 0; q < D / 64; ++q) {
+            float* r0 = co + (warp * 8 + 2 * t) * D + 64 * q + 8 * g;
+            const float(&a)[4] = o[4 * q];
+            const float(&b)[4] = o[4 * q + 1];
+            const float(&c)[4] = o[4 * q + 2];
+            const float(&e)[4] = o[4 * q + 3];
+            *(kv_v4*)r0 = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
+            *(kv_v4*)(r0 + 4) = kv_v4{kv_f2u(c[0]), kv_f2u(c[2]), kv_f2u(e[0]), kv_f2u(e[2])};
+            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
+            *(kv_v4*)(r0 + D + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+            float* r0 = co + (warp * 8 + 2 * t) * D + 32 * c + 4 * g;
+            *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]),
+                                kv_f2u(o[2 * c + 1][0]), kv_f2u(o[2 * c + 1][2])};
+            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
+                                      kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
+        }
     }
     kv_syncthreads();
     const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;

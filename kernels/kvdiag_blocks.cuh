@@ -31,10 +31,19 @@ template <> struct KvBlock<KV_Q5_1> { static constexpr int bytes = 24; };
 // Two integers 0..255 held in bytes 0 and 1 of x -> f16x2 of (1024 + n0, 1024 + n1).
 KV_DEV kv_u32 kv_bytes_to_h2_biased(kv_u32 x) { return kv_byte_perm(x, 0x64646464u, 0x5140u); }
 
-// Bits e and e+1 of qh moved to bit 4 of byte 0 and byte 1.
-KV_DEV kv_u32 kv_q5_high_pair(kv_u32 qh, int e) {
-    return (((qh >> e) & 1u) << 4) | (((qh >> (e + 1)) & 1u) << 12);
-}
+// Bytes 2 and 3 of x (0..255 each) -> f16x2 of (1024 + n2, 1024 + n3).
+KV_DEV kv_u32 kv_bytes23_to_h2_biased(kv_u32 x) { return kv_byte_perm(x, 0x64646464u, 0x7362u); }
+
+// Bits 0..3 of h4 moved to bit 4 of bytes 0..3: h4 * 0x00204081 places bit k at 8k (the four
+// shifted copies do not overlap, so nothing carries), then each lands on bit 4 of its byte.
+KV_DEV kv_u32 kv_q5_high_word(kv_u32 h4) { return ((h4 * 0x00204081u) & 0x01010101u) << 4; }
+
+// Byte offsets of qs and qh (-1: none) inside the block, and whether the block has a min m.
+template <int T> struct KvNibble;
+template <> struct KvNibble<KV_Q4_0> { static constexpr int qs = 2, qh = -1; static constexpr bool min = false; };
+template <> struct KvNibble<KV_Q4_1> { static constexpr int qs = 4, qh = -1; static constexpr bool min = true; };
+template <> struct KvNibble<KV_Q5_0> { static constexpr int qs = 6, qh = 2; static constexpr bool min = false; };
+template <> struct KvNibble<KV_Q5_1> { static constexpr int qs = 8, qh = 4; static constexpr bool min = true; };
 
 // w[k] = f16x2 of elements e0+2k, e0+2k+1 of the 32-element block at `blk` (2-byte aligned;
 // 16-byte aligned for f16/bf16 with N == 8, 8-byte aligned with N == 4). N is 4 or 8 and e0 is
@@ -67,38 +76,39 @@ KV_DEV void kv_load_h2(const kv_u8* blk, int e0, kv_u32* w) {
             const kv_u32 x = (kv_u32)h[1 + e0 / 2 + k] ^ 0x8080u;  // int8 -> q + 128
             w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64806480u), d2);
         }
-    } else if constexpr (T == KV_Q4_0 || T == KV_Q4_1) {
-        constexpr int qs = T == KV_Q4_0 ? 1 : 2;  // first qs u16
-        const kv_u32 d = h[0];
-        const kv_u32 d2 = d | (d << 16);
-        const int shift = e0 >= 16 ? 4 : 0;
-#pragma unroll
-        for (int k = 0; k < N / 2; ++k) {
-            const kv_u32 x = ((kv_u32)h[qs + (e0 & 15) / 2 + k] >> shift) & 0x0f0fu;
-            if constexpr (T == KV_Q4_0) {
-                w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64086408u), d2);
-            } else {
-                const kv_u32 m = h[1];
-                w[k] = kv_hfma2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64006400u), d2, m | (m << 16));
-            }
+    } else {  // q4_0, q4_1, q5_0, q5_1: four elements per 32-bit word of nibbles
+        using NB = KvNibble<T>;
+        constexpr bool aligned = KvBlock<T>::bytes % 4 == 0 && NB::qs % 4 == 0;
+        kv_u32 d2, m2 = 0u;
+        if constexpr (NB::min) {  // d and m are adjacent halves of one aligned word
+            const kv_u32 dm = *(const kv_u32*)blk;
+            d2 = kv_byte_perm(dm, 0u, 0x1010u);
+            m2 = kv_byte_perm(dm, 0u, 0x3232u);
+        } else {
+            d2 = (kv_u32)h[0] | ((kv_u32)h[0] << 16);
         }
-    } else {  // q5_0, q5_1
-        constexpr int qh0 = T == KV_Q5_0 ? 1 : 2;
-        constexpr int qs = qh0 + 2;
-        const kv_u32 d = h[0];
-        const kv_u32 d2 = d | (d << 16);
-        const kv_u32 qh = (kv_u32)h[qh0] | ((kv_u32)h[qh0 + 1] << 16);
+        kv_u32 qh = 0u;
+        if constexpr (NB::qh >= 0) {
+            qh = aligned ? *(const kv_u32*)(blk + NB::qh)
+                         : (kv_u32)h[NB::qh / 2] | ((kv_u32)h[NB::qh / 2 + 1] << 16);
+        }
+        constexpr kv_u32 bias = T == KV_Q4_0 ? 0x64086408u : (T == KV_Q5_0 ? 0x64106410u : 0x64006400u);
         const int shift = e0 >= 16 ? 4 : 0;
 #pragma unroll
-        for (int k = 0; k < N / 2; ++k) {
-            const int e = e0 + 2 * k;
-            const kv_u32 x =
-                (((kv_u32)h[qs + (e0 & 15) / 2 + k] >> shift) & 0x0f0fu) | kv_q5_high_pair(qh, e);
-            if constexpr (T == KV_Q5_0) {
-                w[k] = kv_hmul2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64106410u), d2);
+        for (int k4 = 0; k4 < N / 4; ++k4) {
+            const int off = NB::qs + (e0 & 15) + 4 * k4;
+            const kv_u32 raw = aligned ? *(const kv_u32*)(blk + off)
+                                       : (kv_u32)h[off / 2] | ((kv_u32)h[off / 2 + 1] << 16);
+            kv_u32 x = (raw >> shift) & 0x0f0f0f0fu;
+            if constexpr (NB::qh >= 0) x |= kv_q5_high_word((qh >> (e0 + 4 * k4)) & 0xfu);
+            const kv_u32 lo = kv_hsub2(kv_bytes_to_h2_biased(x), bias);
+            const kv_u32 hi = kv_hsub2(kv_bytes23_to_h2_biased(x), bias);
+            if constexpr (NB::min) {
+                w[2 * k4] = kv_hfma2(lo, d2, m2);
+                w[2 * k4 + 1] = kv_hfma2(hi, d2, m2);
             } else {
-                const kv_u32 m = h[1];
-                w[k] = kv_hfma2(kv_hsub2(kv_bytes_to_h2_biased(x), 0x64006400u), d2, m | (m << 16));
+                w[2 * k4] = kv_hmul2(lo, d2);
+                w[2 * k4 + 1] = kv_hmul2(hi, d2);
             }
         }
     }

@@ -300,7 +300,7 @@ bad = ck.pack(ck.FATTN_FIELDS, dict(zip(ck.FATTN_FIELDS, ex.cp.asnumpy(launch.pa
 bad[ck.FATTN_FIELDS.index("pool")] = 1 << 47
 launch.params = ex.cp.asarray(bad)
 try:
-    with ex._cuda("attention"):
+    with ex._cuda("attention"), ex._stream:
         launch.run()
         ex.synchronize()
 except CudaFailure as exc:

@@ -22,7 +22,7 @@ import pytest
 
 from kvdiag.executors import cuda_kernels as ck
 from kvdiag.executors.numpy_exec import NumpyExecutor
-from kvdiag.executors.quant import quantize_rows
+from kvdiag.executors.quant import dequantize_rows, quantize_rows
 from kvdiag.kvstream.backend import HOST, StoreGeometry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,8 @@ class _EmuStore:
 
     def attend(self, emu: ctypes.CDLL, layer: int, streams: tuple[int, ...], q: np.ndarray,
                positions: np.ndarray, n_kv: int, table: np.ndarray, sm_count: int = 3,
-               regs: int = 168) -> tuple[np.ndarray, np.ndarray]:
+               regs: int = 168, grid_order: int = 0,
+               interleave: int = 0) -> tuple[np.ndarray, np.ndarray]:
         g = self.g
         ns, tokens, n_head, d = q.shape
         lay = ck.fattn_layout(g.type_k, g.type_v, d, g.n_head_kv, g.page_bytes, g.v_offset)
@@ -172,13 +173,15 @@ class _EmuStore:
             "tiles_per_block": plan.tiles_per_block, "n_splits": plan.n_splits, "layer": layer,
             "ring_slots": 1, "kernel_id": ck.KERNEL_IDS["fattn_streamed" if paged else
                                                          "fattn_ordinary"],
-            "warp_smem": lay.warp_bytes, "scale_log2": np.log2(np.e) / np.sqrt(d),
+            "warp_smem": lay.warp_bytes, "grid_order": grid_order, "interleave": interleave,
+            "scale_log2": np.log2(np.e) / np.sqrt(d),
         }, ck.FATTN_FLOAT_FIELDS)
         assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d) == \
             lay.warp_bytes
+        grid = ((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if grid_order
+                else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv))
         rc = emu.emu_fattn(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d, lay.vec, int(paged),
-                           _ptr(params), plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv,
-                           32 * warps, lay.block_smem(warps))
+                           _ptr(params), *grid, 32 * warps, lay.block_smem(warps))
         assert rc == 0, f"combination {g.type_k}/{g.type_v}/{d}/vec {lay.vec} not in the harness"
         return out, records[: int(counter[0])]
 
@@ -275,8 +278,9 @@ def test_prefill_with_causal_mask_and_gqa_rows_matches_numpy(emu: ctypes.CDLL) -
     got, _ = store.attend(emu, 0, (0,), q, positions, 512, table)
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
     # token 0 sees only cell 0: its output is V[0] of its KV head exactly up to f16 rounding
-    v0 = ref._host_page(0, 0, 0).dequantized(geom)[1][0]
+    v0 = dequantize_rows(geom.type_v, store.v[0][0], 256 * 2).reshape(2, 256)
     np.testing.assert_allclose(got[0, 0, :3], np.broadcast_to(v0[0], (3, 256)), atol=2e-3)
+    np.testing.assert_allclose(got[0, 0, 3:], np.broadcast_to(v0[1], (3, 256)), atol=2e-3)
 
 
 def test_ordinary_fallback_reads_only_the_host_store(emu: ctypes.CDLL) -> None:
@@ -295,3 +299,37 @@ def test_ordinary_fallback_reads_only_the_host_store(emu: ctypes.CDLL) -> None:
     assert {ck.SOURCE_NAMES[int(r[5])] for r in recs} == {"host"}
     # stream 1 stops at cell 128: only page 0 is read for it
     assert {int(r[4]) for r in recs if r[3] == 1} == {0}
+
+
+@pytest.mark.parametrize(("grid_order", "interleave"), [(1, 0), (0, 1), (1, 1)])
+def test_launch_layouts_compute_the_same_and_record_each_page_once(
+    emu: ctypes.CDLL, grid_order: int, interleave: int
+) -> None:
+    geom = _geometry("q4_1", "q5_1", 128, 8, 2, kv_size=1024, n_stream=1, pool_pages=4)
+    store, ref = _EmuStore(geom), NumpyExecutor()
+    ref.setup(geom)
+    _fill(geom, store, ref, 0, 1000, seed=12)
+    store.upload(0, 0, 1, 2, 1)
+    ref.upload(0, 0, 1, 2, 1)
+    table = np.array([[HOST, 1, 2, HOST]], np.int64)
+    q = np.random.default_rng(8).standard_normal((1, 1, 8, 128), dtype=np.float32)
+    positions = np.array([[999]], np.int64)
+    want = ref.attend(0, (0,), q, positions, 1024, table)
+    base, base_recs = store.attend(emu, 0, (0,), q, positions, 1024, table, sm_count=8)
+    got, recs = store.attend(emu, 0, (0,), q, positions, 1024, table, sm_count=8,
+                             grid_order=grid_order, interleave=interleave)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    # only the order of the online-softmax merges moves (and with it the f16 rounding of P)
+    np.testing.assert_allclose(got, base, rtol=0, atol=1e-4)
+
+    def pages(rs: np.ndarray) -> set[tuple[int, int, int, int]]:
+        return {(int(r[7]), int(r[4]), int(r[5]), int(r[6])) for r in rs}
+
+    # every page read is recorded for every KV head, with its source and slot; interleaved
+    # splits record each page exactly once per head (contiguous splits: once per block that
+    # touched it)
+    assert pages(recs) == pages(base_recs)
+    assert {(p, s) for _h, p, _src, s in pages(recs)} == {(0, -1), (1, 1), (2, 2), (3, -1)}
+    assert {h for h, *_ in pages(recs)} == {0, 1}
+    if interleave:
+        assert len(recs) == 2 * 4

@@ -73,6 +73,7 @@ FATTN_FIELDS: tuple[str, ...] = (
     "ns", "T", "n_head", "n_head_kv", "G", "rows", "n_kv", "n_rowtiles",
     "tiles_per_block", "n_splits",
     "layer", "ring_slots", "kernel_id", "warp_smem",
+    "grid_order", "interleave",
     "scale_log2",
 )  # fmt: skip
 FATTN_FLOAT_FIELDS = frozenset({"scale_log2"})

@@ -135,6 +135,10 @@ class CupyExecutor:
         self._upload_rows: list[list[int]] = []
         self._partial: dict[bool, Any] = {}
         self._set_rows: dict[str, Any] = {}
+        # Launch layout (fattn_paged.cu): 1 = the KV heads of a split are consecutive blocks;
+        # interleave 1 = splits take tiles round-robin instead of one contiguous range each.
+        self.grid_order = 0
+        self.interleave = 0
         try:
             self._dev = self.cp.cuda.Device(device)
             with self._dev:
@@ -424,11 +428,14 @@ class CupyExecutor:
                 "n_rowtiles": plan.n_rowtiles, "tiles_per_block": plan.tiles_per_block,
                 "n_splits": plan.n_splits, "layer": layer, "ring_slots": self.ring_slots,
                 "kernel_id": kid, "warp_smem": self.layout.warp_bytes,
+                "grid_order": self.grid_order, "interleave": self.interleave,
                 "scale_log2": math.log2(math.e) / math.sqrt(d), **self._ring_fields(),
             }, ck.FATTN_FLOAT_FIELDS))
         return AttendLaunch(
             partial=self._partial[paged], combine=self._combine,
-            grid=(plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv), block=32 * self.warps,
+            grid=((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if self.grid_order
+                  else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv)),
+            block=32 * self.warps,
             smem=self.block_smem, combine_grid=(rows, ns * g.n_head_kv, d // 32),
             params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml), out=out)
 

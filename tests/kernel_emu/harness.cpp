@@ -26,7 +26,8 @@ static void run_fattn(const FattnParams* p, int gx, int gy, int gz, int threads,
     X(KV_Q8_0, KV_Q5_1, 256, 16)   \
     X(KV_F16, KV_F16, 256, 16)     \
     X(KV_Q8_0, KV_Q4_1, 128, 8)    \
-    X(KV_Q5_0, KV_Q8_0, 96, 2)
+    X(KV_Q5_0, KV_Q8_0, 96, 2)     \
+    X(KV_Q4_1, KV_Q5_1, 128, 16)
 
 extern "C" int emu_fattn(int tk, int tv, int d, int vec, int paged, const void* params, int gx,
                          int gy, int gz, int threads, int smem) {
