@@ -4,6 +4,7 @@ and a stack printed before a late crash line is found by looking back."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -90,3 +91,38 @@ def test_two_different_aborts_in_one_death_keep_their_own_stacks() -> None:
     assert first.backtrace.frames[-1].function == "llama_context::decode(llama_batch const&)"
     assert second.backtrace.frames[-1].function == "ggml_backend_cuda_graph_compute"
     assert first.fingerprint != second.fingerprint
+
+
+def test_helper_process_gives_the_same_results(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a helper process searching half of the anchors (as on large files), every record,
+    line number and crash is the same as when one process does it all."""
+    data = b"".join((FIXTURES / n).read_bytes() + b"\n"
+                    for n in sorted(p.name for p in FIXTURES.glob("*.log")))
+    path = tmp_path / "all.log"
+    path.write_bytes(data * 3)
+
+    def run() -> dict[str, object]:
+        parser = LogParser()
+        with open(path, "rb") as fh:
+            parser.feed(str(path), fh)
+        out: dict[str, object] = msgspec.to_builtins(parser.result())
+        return out
+
+    monkeypatch.setattr(parse, "BLOCK", 512)
+    want = run()
+    monkeypatch.setattr(parse, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parse, "_spare_core", lambda: True)
+    started: list[object] = []
+    real = parse.ScanHelper
+
+    def spy(*args: object) -> object:
+        helper = real(*args)  # type: ignore[arg-type]
+        started.append(helper)
+        return helper
+
+    monkeypatch.setattr(parse, "ScanHelper", spy)
+    got = run()
+    assert started, "the helper process was not used"
+    assert got == want
+    assert len(got["crashes"]) >= 30  # type: ignore[arg-type]

@@ -13,9 +13,10 @@ Memory stays bounded: one block, the tail of the previous block, and capped list
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 from kvdiag.model.logrecords import (
@@ -38,6 +39,7 @@ from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
 from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.slots import active_slots
 
 #: Substrings that mark a line worth parsing. Each names what it catches. The instrumented
@@ -53,6 +55,12 @@ ANCHORS: tuple[bytes, ...] = (
     b"fault",  # "Segmentation fault"
     b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
 )
+#: With a helper process (``scanhelper``), the main process searches these and the helper the
+#: rest, plus the newline count; the split balances the measured search costs.
+MAIN_ANCHORS = ANCHORS[:4]
+HELPER_ANCHORS = ANCHORS[4:]
+#: Files smaller than this are not worth starting a helper process for.
+PARALLEL_MIN_BYTES = 64 << 20
 #: Extra anchors while a boot still waits for its first request.
 LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=")
 
@@ -103,17 +111,31 @@ class LogParser:
         self._long_reported = False
         self._prev_tail = b""
         self._region_start = 0
+        self._helper: ScanHelper | None = None
 
     def feed(self, name: str, stream: BinaryIO) -> None:
         """Read ``stream`` to its end (or to where it breaks, which is reported)."""
         self.sources.append(name)
         self._reset_source(name)
-        carry = b""
-        skipping = False
         # read1 hands over what one underlying read produced, so a stream that breaks
         # (a cut gzip member) still delivers everything decoded before the break
         read = getattr(stream, "read1", None) or stream.read
+        self._helper = _start_helper(name, stream)
+        consumed = 0
+        try:
+            self._feed_blocks(read, consumed)
+        finally:
+            if self._helper is not None:
+                self._helper.close()
+                self._helper = None
+        self._close_crash()
+        self.lines += self._lineno
+
+    def _feed_blocks(self, read: Callable[[int], bytes], consumed: int) -> None:
+        carry = b""
+        skipping = False
         while True:
+            at = consumed
             try:
                 data = read(BLOCK)
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
@@ -121,6 +143,7 @@ class LogParser:
                 break
             if not data:
                 break
+            consumed += len(data)
             self.bytes += len(data)
             first_nl = data.find(b"\n")
             if first_nl < 0:
@@ -143,7 +166,7 @@ class LogParser:
                 start = 0
             last_nl = data.rfind(b"\n") + 1
             if start < last_nl:
-                self._region(data, start, last_nl)
+                self._region(data, start, last_nl, at)
                 self._remember(data, start, last_nl)
             tail = data[last_nl:]
             if len(tail) > MAX_RAW_LINE:
@@ -154,8 +177,6 @@ class LogParser:
         if carry:
             self._problem("last line has no line end (truncated log?)", self._lineno + 1)
             self._region(carry + b"\n", 0, len(carry) + 1)
-        self._close_crash()
-        self.lines += self._lineno
 
     def _remember(self, data: bytes, start: int, end: int) -> None:
         """Keep the last ``LOOKBACK_BYTES`` of complete lines for looking back from a crash."""
@@ -166,24 +187,58 @@ class LogParser:
 
     # -- scanning ---------------------------------------------------------------------------
 
-    def _anchors(self) -> tuple[bytes, ...]:
-        return ANCHORS + LAUNCH_ANCHORS if self._awaiting_launch else ANCHORS
+    def _anchors(self, helped: bool) -> tuple[bytes, ...]:
+        own = MAIN_ANCHORS if helped else ANCHORS
+        return own + LAUNCH_ANCHORS if self._awaiting_launch else own
 
-    def _region(self, data: bytes, start: int, end: int) -> None:
-        """Lines ``data[start:end]`` (``end`` just after a newline)."""
+    def _helper_hits(self, data: bytes, start: int, end: int) -> tuple[list[int], int | None]:
+        """The helper's matches in ``data[start:end]`` (absolute positions in ``data``) and the
+        region's newline count; searched here instead if the helper is gone."""
+        helper = self._helper
+        if helper is not None:
+            try:
+                hits, newlines, size = helper.answer()
+                if size == end - start:
+                    return [start + h for h in hits], newlines
+            except (EOFError, OSError, ValueError):
+                pass
+            self._helper = None
+            helper.close()
+        local = sorted({p for a in HELPER_ANCHORS for p in _all(data, a, start, end)})
+        return local, None
+
+    def _region(self, data: bytes, start: int, end: int, at: int | None = None) -> None:
+        """Lines ``data[start:end]`` (``end`` just after a newline); ``at`` is the file offset
+        of ``data[0]`` when a helper process may search part of it."""
         self._region_start = start
+        helped = self._helper is not None and at is not None
+        if helped:
+            assert self._helper is not None and at is not None
+            try:
+                self._helper.ask(at + start, at + end)
+            except (OSError, ValueError):
+                self._helper.close()
+                self._helper = None
+                helped = False
         pos = start
-        anchors = self._anchors()
+        anchors = self._anchors(helped)
         nxt = [data.find(a, pos, end) for a in anchors]
+        extra: list[int] = []
+        total_nl: int | None = None
+        if helped:
+            extra, total_nl = self._helper_hits(data, start, end)
+        ei = 0
+        counted = 0
         while pos < end:
             if self._crash is not None or self._boot_lines > 0:
                 nl = data.find(b"\n", pos, end)
                 self._lineno += 1
+                counted += 1
                 self._window_line(data[pos:nl], data, pos)
                 pos = nl + 1
                 continue
-            if self._anchors() is not anchors:
-                anchors = self._anchors()
+            if self._anchors(helped) is not anchors:
+                anchors = self._anchors(helped)
                 nxt = [data.find(a, pos, end) for a in anchors]
             hit = -1
             for i, p in enumerate(nxt):
@@ -191,11 +246,20 @@ class LogParser:
                     p = nxt[i] = data.find(anchors[i], pos, end)
                 if p >= 0 and (hit < 0 or p < hit):
                     hit = p
+            while ei < len(extra) and extra[ei] < pos:
+                ei += 1
+            if ei < len(extra) and (hit < 0 or extra[ei] < hit):
+                hit = extra[ei]
             if hit < 0:
-                self._lineno += data.count(b"\n", pos, end)
+                if total_nl is not None:
+                    self._lineno += total_nl - counted
+                else:
+                    self._lineno += data.count(b"\n", pos, end)
                 return
             ls = max(pos, data.rfind(b"\n", pos, hit) + 1)
-            self._lineno += data.count(b"\n", pos, ls) + 1
+            skipped = data.count(b"\n", pos, ls)
+            self._lineno += skipped + 1
+            counted += skipped + 1
             nl = data.find(b"\n", hit, end)
             self._fast_line(data[ls:nl], data, ls)
             pos = nl + 1
@@ -391,6 +455,38 @@ class LogParser:
             slot_events_tail=self.crashes[-1].timeline if self.crashes else (),
             problems=tuple(self.problems), lines=self.lines, bytes=self.bytes,
         )
+
+
+def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
+    p = data.find(needle, start, end)
+    while p >= 0:
+        yield p
+        p = data.find(needle, p + 1, end)
+
+
+def _spare_core() -> bool:
+    """Whether a core is idle enough for a helper: on a busy machine two processes contending
+    for the cores scan slower than one."""
+    cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return cpus >= 2
+    return cpus >= 2 and load <= cpus - 1.5
+
+
+def _start_helper(name: str, stream: BinaryIO) -> ScanHelper | None:
+    """A helper process for a large regular file read from its start, when a core is free."""
+    if isinstance(stream, gzip.GzipFile) or not _spare_core():
+        return None
+    try:
+        if stream.tell() != 0 or not os.path.isfile(name):
+            return None
+        if os.fstat(stream.fileno()).st_size < PARALLEL_MIN_BYTES:
+            return None
+        return ScanHelper(name, HELPER_ANCHORS)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def scan(sources: Iterable[tuple[str, BinaryIO]]) -> LogScan:
