@@ -151,7 +151,7 @@ def _short_path(path: str, keep: int = 2) -> str:
 def backtrace_table(frames: Sequence[Frame]) -> Table:
     table = Table(title="Backtrace (in-app frames bold)", expand=True)
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("function", ratio=3, overflow="fold")
+    table.add_column("function", ratio=4, overflow="fold")
     table.add_column("source", ratio=2, overflow="fold")
     table.add_column("module / address", ratio=2, overflow="fold")
     for fr in frames:
@@ -159,7 +159,7 @@ def backtrace_table(frames: Sequence[Frame]) -> Table:
         name = fr.function or "??"
         if fr.inlined:
             name = f"(inlined) {name}"
-        src = f"{_short_path(fr.file)}:{fr.line}" if fr.file else ""
+        src = f"{_short_path(fr.file, 1)}:{fr.line}" if fr.file else ""
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
