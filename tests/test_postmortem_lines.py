@@ -19,6 +19,8 @@ from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, open_log
          "E"),
         ("7月 08 11:11:34 dar ollama[5991]: #0  0x1 in f ()".encode(), "#0  0x1 in f ()", None),
         (b"2024-01-06T20:15:25.882123456Z slot a", "slot a", None),
+        (b"2024-01-06T20:15:25.882123456Z stderr F 0.01.000.000 E CUDA error: x",
+         "CUDA error: x", "E"),
         (b"2025-03-01T10:00:00.000000+00:00 node7 llama-server[3011]: llama_context: n_ctx = 1",
          "llama_context: n_ctx = 1", None),
         (b"genai-stack-llm-gpu-1  | GGML_ASSERT: a.c:1: x", "GGML_ASSERT: a.c:1: x", None),

@@ -1,7 +1,7 @@
 """Opening logs and turning one raw line into clean text.
 
 A line as it reaches a user may carry, outside in: a journald (``Jan 10 16:31:55 host
-prog[pid]: ``), ISO-timestamp (``docker logs -t``) or docker-compose (``svc-1  | ``) prefix,
+prog[pid]: ``), ISO-timestamp (``docker logs -t``, Kubernetes CRI ``<ts> stderr F``) or docker-compose (``svc-1  | ``) prefix,
 llama-server router's ``[port] `` prefix (port right-aligned in 5 columns), ANSI colour codes
 (gdb runs with ``set style enabled on``) and llama.cpp's own ``<min>.<ss>.<ms>.<us> <L> `` prefix
 (common/log.cpp; domain brief §6.3, §7.1). ``clean`` removes all of them and reports the level
@@ -27,7 +27,7 @@ _JOURNALD = re.compile(
 )
 _ISO = re.compile(
     r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?: \S+ [^\s:\[]+(?:\[\d+\])?:)? "
+    r"(?: (?:stdout|stderr) [FP]| \S+ [^\s:\[]+(?:\[\d+\])?:)? "
 )
 _COMPOSE = re.compile(r"^[A-Za-z0-9][\w.-]*-\d+ +\| ?")
 _ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
