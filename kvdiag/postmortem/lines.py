@@ -1,8 +1,8 @@
 """Opening logs and turning one raw line into clean text.
 
 A line as it reaches a user may carry, outside in: a journald (``Jan 10 16:31:55 host
-prog[pid]: ``), ISO-timestamp (``docker logs -t``, Kubernetes CRI ``<ts> stderr F``) or docker-compose (``svc-1  | ``) prefix,
-llama-server router's ``[port] `` prefix (port right-aligned in 5 columns), ANSI colour codes
+prog[pid]: ``), ISO-timestamp (``docker logs -t``, Kubernetes CRI ``<ts> stderr F``) or
+docker-compose (``svc-1  | ``) prefix, llama-server router's ``[port] `` prefix (port right-aligned in 5 columns), ANSI colour codes
 (gdb runs with ``set style enabled on``) and llama.cpp's own ``<min>.<ss>.<ms>.<us> <L> `` prefix
 (common/log.cpp; domain brief §6.3, §7.1). ``clean`` removes all of them and reports the level
 letter when there was one.
