@@ -1,5 +1,6 @@
 """Inspect and validate .kvtrace files.
 
+trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto.
 trace info FILE [--json] shows the header, event counts per kind, step and time spans,
 problems and whether the capture ended. trace validate FILE prints one line per problem and
 exits 0 when the file is valid (no problems, has an End event), 1 when it has problems, and 2
@@ -34,11 +35,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "validate", help="exit 0 if the trace is complete and undamaged, 1 if not"
     )
     validate.add_argument("file", metavar="FILE", help="a .kvtrace file")
+    export = sub.add_parser(
+        "export", help="write the trace as Chrome trace-event JSON (chrome://tracing, Perfetto)"
+    )
+    export.add_argument("file", metavar="FILE", help="a .kvtrace file")
+    export.add_argument("-o", "--output", required=True, help="JSON file to write")
+    export.add_argument("--format", default="chrome", choices=("chrome",),
+                        help="output format (default chrome)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.trace_command == "validate":
         return _validate(args.file)
+    if args.trace_command == "export":
+        return _export(args.file, args.output)
     return _info(args.file, as_json=args.json)
 
 
@@ -58,6 +68,25 @@ def _validate(path: str) -> int:
         ended = f"ended {end.status} after {_plural(end.steps, 'step')}" if end else "ended"
         print(f"{path}: valid: format {reader.version_text}, {events} events, {ended}")
         return EXIT_OK
+
+
+def _export(path: str, output: str) -> int:
+    from pathlib import Path
+
+    from kvdiag.errors import InputError
+    from kvdiag.trace.export_chrome import ChromeExporter
+    from kvdiag.trace.reader import TraceReader
+
+    target = Path(output)
+    if target.is_dir() or not target.parent.exists():
+        raise InputError(f"cannot write {output}: not a file in an existing directory")
+    with TraceReader.open(path) as reader, target.open("wb") as out:
+        title = f"kvdiag {reader.header.scenario.get('name', path)}"
+        n = ChromeExporter().write(reader, out, title=title)
+        problems = len(reader.problems)
+    note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
+    print(f"{output}: {n} trace events{note}")
+    return EXIT_OK
 
 
 def _info(path: str, *, as_json: bool) -> int:
