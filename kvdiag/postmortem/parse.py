@@ -472,7 +472,7 @@ def _spare_core() -> bool:
         load = os.getloadavg()[0]
     except OSError:
         return cpus >= 2
-    return cpus >= 2 and load <= cpus - 1.5
+    return cpus >= 2 and load < cpus - 0.5
 
 
 def _start_helper(name: str, stream: BinaryIO) -> ScanHelper | None:
