@@ -245,3 +245,17 @@ def test_no_aliasing_finding_for_unified_kv_or_slot_zero() -> None:
     assert findings_of(scan_bytes(unified)) == []
     slot0 = data.replace(b"id  1 |", b"id  0 |")
     assert findings_of(scan_bytes(slot0)) == []
+
+
+def test_sycl_error_with_native_api_message() -> None:
+    scan = scan_fixture("sycl_windows_router.log")
+    (crash,) = scan.crashes
+    err = crash.error
+    assert crash.kind == "cuda_error" and err is not None
+    assert (err.backend, err.message) == ("SYCL", "-5 (PI_ERROR_OUT_OF_RESOURCES)")
+    assert err.statement == "CHECK_TRY_ERROR(stream->memcpy(dst_ptr, src_ptr, size).wait())"
+    assert err.function == "ggml_sycl_cpy_tensor_2d"
+    assert err.location == r"C:\b\llama.cpp\ggml\src\ggml-sycl\ggml-sycl.cpp:2411"
+    assert crash.abort is not None and crash.abort.line == 118
+    (finding,) = findings_of(scan)
+    assert finding.rule == "cuda-error" and "ggml_sycl_cpy_tensor_2d" in finding.title

@@ -42,6 +42,7 @@ class CrashBlock:
         self._bt = BacktraceBuilder()
         self._want_statement = False
         self._failed_op: str | None = None
+        self._native: str | None = None
 
     def feed(self, where: LogLine, text: str) -> bool:
         """One line of the block; True when it was crash-related (keeps the block open)."""
@@ -67,6 +68,16 @@ class CrashBlock:
         if op is not None:
             self._failed_op = op
             return True
+        infn = grammar.parse_in_function(text)
+        if infn is not None and self.errors:
+            self._attach_detail(where, None, *infn)
+            return True
+        native = grammar.parse_native_api(text)
+        if native is not None:
+            self._native = native[:300]
+            return True
+        if text.startswith("Exception caught at file:"):
+            return True
         exc = grammar.parse_terminate(text)
         if exc is not None:
             self.exceptions.append((where, exc, None))
@@ -83,6 +94,9 @@ class CrashBlock:
             elif isinstance(rec, GpuError) and len(self.errors) < MAX_ITEMS:
                 if self._failed_op is not None:
                     rec = msgspec.structs.replace(rec, failed_op=self._failed_op)
+                if self._native is not None and rec.backend == "SYCL":
+                    # the generic "Meet error in this line code!" says less than the runtime
+                    rec = msgspec.structs.replace(rec, message=self._native)
                 self.errors.append(rec)
                 hit = True
             elif isinstance(rec, SignalLine) and len(self.signals) < MAX_ITEMS:
@@ -94,7 +108,8 @@ class CrashBlock:
             return True
         return is_noise(text) and self._bt.active
 
-    def _attach_detail(self, where: LogLine, device: int, function: str, location: str) -> None:
+    def _attach_detail(self, where: LogLine, device: int | None, function: str,
+                       location: str) -> None:
         for i in range(len(self.errors) - 1, -1, -1):
             if self.errors[i].function is None:
                 self.errors[i] = msgspec.structs.replace(

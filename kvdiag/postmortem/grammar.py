@@ -43,6 +43,12 @@ _GPU_ERROR = re.compile(r"\b(CUDA|ROCm|HIP|SYCL|MUSA|CANN|cuBLAS|CUBLAS) error: 
 _GPU_ERROR_OLD = re.compile(r"\b(CUDA|ROCm|HIP) error (\d+) at (\S+:\d+): (.*)$")
 _CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S+:\d+)")
 _FAILED_OP = re.compile(r"^ggml_cuda_compute_forward: (\w+) failed")
+# SYCL (ggml-sycl SYCL_CHECK): "SYCL error: CHECK_TRY_ERROR(<stmt>): <msg>", then
+# "  in function <f> at <file:line>"; before them "Native API failed. Native API returns: <m>"
+# and "Exception caught at file:<f>, line:<n>, func:<f>".
+_IN_FUNCTION = re.compile(r"^\s+in function (\S+) at (\S.*:\d+)\s*$")
+_NATIVE_API = re.compile(r"Native API (?:failed\. Native API )?returns: (.*)$")
+_CHECK_TRY = re.compile(r"^CHECK_TRY_ERROR\((.*)\): (.*)$")
 
 _SIGNAL = re.compile(
     r"\b(SIGSEGV|SIGBUS|SIGILL|SIGFPE|SIGABRT|SIGTRAP)\b|(Segmentation fault|Bus error|"
@@ -353,8 +359,13 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
 def parse_gpu_error(where: LogLine, text: str) -> GpuError | None:
     m = _GPU_ERROR.search(text)
     if m is not None:
+        message = m.group(2).strip()
+        statement = None
+        ct = _CHECK_TRY.match(message)
+        if ct is not None:
+            statement, message = f"CHECK_TRY_ERROR({ct.group(1)})", ct.group(2).strip()
         return GpuError(where=where, backend=m.group(1).replace("HIP", "ROCm"),
-                        message=m.group(2).strip())
+                        message=message, statement=statement)
     m = _GPU_ERROR_OLD.search(text)
     if m is not None:
         return GpuError(where=where, backend=m.group(1), message=m.group(4).strip(),
@@ -368,6 +379,18 @@ def parse_current_device(text: str) -> tuple[int, str, str] | None:
     if m is None:
         return None
     return int(m.group(1)), m.group(2), m.group(3)
+
+
+def parse_in_function(text: str) -> tuple[str, str] | None:
+    """SYCL's ``  in function <f> at <file:line>`` detail line."""
+    m = _IN_FUNCTION.match(text)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def parse_native_api(text: str) -> str | None:
+    """SYCL's ``Native API failed. Native API returns: <code (name)>`` line."""
+    m = _NATIVE_API.search(text)
+    return m.group(1).strip() if m else None
 
 
 def parse_failed_op(text: str) -> str | None:

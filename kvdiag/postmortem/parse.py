@@ -403,7 +403,9 @@ class LogParser:
                 text, _ = clean(raw)
                 if (parse_frame(text) is not None or is_thread_header(text)
                         or grammar.parse_terminate(text) is not None
-                        or text.lstrip().startswith("what():")):
+                        or text.lstrip().startswith("what():")
+                        or grammar.parse_native_api(text) is not None
+                        or text.startswith("Exception caught at file:")):
                     stack.append((LogLine(self._name, n, text), text))
                 elif not is_noise(text):
                     misses += 1
