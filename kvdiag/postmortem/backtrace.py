@@ -81,7 +81,7 @@ _RUNTIME_MODULE = re.compile(
     r"python\d|libsystem_\w+\.dylib|libdyld\.dylib|dyld|libobjc|libunwind|ntdll\.dll|"
     r"kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|msvcp\d+\.dll|vcruntime\d+\.dll|"
     r"libcuda\.so|libcudart|libcublas|libamdhip64|libhsa-runtime|linux-vdso|libgomp|libomp|"
-    r"libiomp)",
+    r"libiomp|libsycl|libze_|libur_|libOpenCL|libmkl_|libnvidia-|librocblas|libhipblas)",
     re.IGNORECASE,
 )
 _CLONE_SUFFIX = re.compile(r"(?: \[clone [^\]]+\])+$|\.(?:cold|part\.\d+|isra\.\d+|"
