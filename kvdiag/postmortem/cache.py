@@ -17,7 +17,7 @@ import msgspec
 
 from kvdiag.postmortem.lineprog import LineTable
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 #: One inline-tree node: ranges, depth (0 = the function itself), name, call file, call line.
 Node = tuple[list[tuple[int, int]], int, str, str | None, int]
