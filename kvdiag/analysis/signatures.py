@@ -12,7 +12,7 @@ lands in slot ≥ 1.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvdiag.model.findings import Evidence, Finding, Severity
@@ -339,6 +339,3 @@ def config_rejected(scan: LogScan) -> Iterable[Finding]:
                       title=f"context creation failed: {msg[:200]}",
                       evidence=(_ev(ev.where),), fix=fix)
 
-
-def rule_ids() -> Sequence[str]:
-    return tuple(REGISTRY)
