@@ -132,16 +132,35 @@ def test_scheduler_splits_two_slots_equally() -> None:
     ubs = list(s.ubatches())
     assert [(u.streams, u.tokens) for u in ubs] == [
         ((0, 1), 256), ((0, 1), 256), ((0, 1), 88), ((0, 1), 1), ((0, 1), 1)]
-    assert ubs[3].cell_begin == (600, 600)
+    assert [(lane.cells, lane.positions) for lane in ubs[3].lanes] == [((600,), (600,))] * 2
 
 
 def test_scheduler_runs_dependent_requests_in_order_and_resets_cells() -> None:
     s = Scheduler((Request(1, 300, 1), Request(0, 300, 1, after=0), Request(1, 100, 0, after=1)),
                   n_stream=2, n_ubatch=512, kv_size=2048)
     ubs = list(s.ubatches())
-    assert [(u.streams, u.tokens, u.cell_begin) for u in ubs] == [
-        ((1,), 300, (0,)), ((1,), 1, (300,)), ((0,), 300, (0,)), ((0,), 1, (300,)),
-        ((1,), 100, (0,))]
+    assert [(u.streams, u.tokens, u.lanes[0].cells[0]) for u in ubs] == [
+        ((1,), 300, 0), ((1,), 1, 300), ((0,), 300, 0), ((0,), 1, 300), ((1,), 100, 0)]
+
+
+def test_unified_cache_interleaves_sequences_in_one_stream() -> None:
+    s = Scheduler((Request(0, 3, 2), Request(1, 2, 1)), n_stream=1, n_ubatch=512, kv_size=256)
+    ubs = list(s.ubatches())
+    first = ubs[0].lanes[0]
+    assert ubs[0].streams == (0,) and ubs[0].tokens == 5
+    assert first.requests == (0, 0, 0, 1, 1) and first.cells == (0, 1, 2, 3, 4)
+    assert first.positions == (0, 1, 2, 0, 1)
+    decode = ubs[1].lanes[0]
+    assert decode.requests == (0, 1) and decode.cells == (5, 6) and decode.positions == (3, 2)
+    assert ubs[2].lanes[0].cells == (7,) and ubs[2].lanes[0].positions == (4,)
+
+
+def test_a_new_request_frees_its_slots_cells_in_a_unified_cache() -> None:
+    s = Scheduler((Request(0, 4, 0), Request(1, 2, 0), Request(0, 6, 0, after=0)),
+                  n_stream=1, n_ubatch=512, kv_size=256)
+    ubs = list(s.ubatches())
+    # request 2 reuses request 0's cells 0..3 first, then the lowest free ones after slot 1's
+    assert ubs[-1].lanes[0].cells == (0, 1, 2, 3, 6, 7)
 
 
 def test_scheduler_refuses_overflowing_requests() -> None:

@@ -149,3 +149,21 @@ def test_pool_pressure_streams_through_the_ring(captured: Capture) -> None:
     ring_uploads = [e for e in events_of(path) if isinstance(e, ev.Upload) and e.target == "ring"]
     assert ring_uploads and all(e.pages[1] - e.pages[0] <= 32 for e in ring_uploads)
     assert a.findings() == []
+
+
+def test_kv_unified_keeps_two_slots_on_the_streamed_path(
+    captured: Capture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-kvu puts both slots in one stream: the views stay 3-D, fits() holds, and the shared
+    (layer, page) bookkeeping is exact because global rows are the stream's own cells."""
+    path, code = captured("two-slot-concurrent", "shared", "membership", *STEPS, "--kv-unified")
+    assert code == 0
+    code, doc = check_json(capsys, path, "--fail-on", "info")
+    assert code == 0 and doc["findings"] == []
+    evs = events_of(path)
+    fits = [e for e in evs if isinstance(e, ev.Fits)]
+    assert {f.route for f in fits} == {"streamed"} and all(f.k.ne[3] == 1 for f in fits)
+    steps = [e for e in evs if isinstance(e, ev.Step)]
+    assert steps[-1].streams == (0,) and steps[-1].tokens == 2  # one decode token per slot
+    outputs = [e for e in evs if isinstance(e, ev.Output)]
+    assert all(o.checksum == o.ref_checksum for o in outputs)

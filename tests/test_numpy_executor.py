@@ -103,3 +103,28 @@ def test_f16_mode_rounds_kv_to_half() -> None:
     q = np.ones((1, 1, 6, 64), np.float32)
     out = ex16.attend(0, (0,), q, np.array([[0]]), 256, np.array([[HOST]]))
     assert np.all(out == np.float32(np.float16(x)))
+
+
+def test_masked_attention_separates_sequences_sharing_a_stream() -> None:
+    """Two sequences interleaved in one stream's cells (unified cache) see only their own
+    cells: the same result as each alone in a stream of its own."""
+    rng = np.random.default_rng(11)
+    ex = NumpyExecutor()
+    ex.setup(geometry())
+    k = rng.standard_normal((40, 128), dtype=np.float32)
+    v = rng.standard_normal((40, 128), dtype=np.float32)
+    owner = np.arange(40) % 2  # cells alternate between sequence 0 and 1
+    pos = np.arange(40) // 2
+    ex.write_rows(0, 0, np.arange(40), k, v)
+    for seq in (0, 1):  # the same rows again, each sequence alone in its own 256-cell range
+        ex.write_rows(0, 1, np.arange(20) + 256 * seq, k[owner == seq], v[owner == seq])
+    q = rng.standard_normal((1, 2, 6, 64), dtype=np.float32)
+    tok_seq, tok_pos = np.array([0, 1]), np.array([19, 12])
+    mask = (owner[None, :] == tok_seq[:, None]) & (pos[None, :] <= tok_pos[:, None])
+    mask = np.pad(mask, ((0, 0), (0, 256 - 40)))[None]
+    shared = ex.attend_masked(0, (0,), q, mask, 256, np.full((1, 1), HOST))
+    for t, seq in enumerate(tok_seq):
+        alone = np.zeros((1, 1, 512), bool)
+        alone[0, 0, 256 * seq : 256 * seq + tok_pos[t] + 1] = True
+        ref = ex.attend_masked(0, (1,), q[:, t : t + 1], alone, 512, np.full((1, 2), HOST))
+        np.testing.assert_allclose(shared[0, t], ref[0, 0], rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ bytes changes the numbers exactly as it would on the GPU.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from kvdiag.executors.quant import dequantize_rows, quantize_rows
 from kvdiag.kvstream.backend import HOST, F32Array, I64Array, StoreGeometry
@@ -188,24 +189,37 @@ class NumpyExecutor:
         n_kv: int,
         page_table: I64Array,
     ) -> F32Array:
+        cells = np.arange(n_kv)
+        visible = cells[None, None, :] <= positions[:, :, None]
+        return self.attend_masked(layer, streams, q, visible, n_kv, page_table)
+
+    def attend_masked(
+        self,
+        layer: int,
+        streams: tuple[int, ...],
+        q: F32Array,
+        kv_mask: npt.NDArray[np.bool_],
+        n_kv: int,
+        page_table: I64Array,
+    ) -> F32Array:
+        """Attention with an explicit KQ mask ``[ns, tokens, n_kv]`` (True = visible), for a
+        unified cache whose stream holds several sequences."""
         g = self._g()
         ns, tokens, n_head, d = q.shape
         n_pages = n_kv // g.page_tokens
         scale = np.float32(1.0 / np.sqrt(d))
         out = np.empty((ns, tokens, n_head, g.head_dim), np.float32)
-        cells = np.arange(n_kv)
         for i, stream in enumerate(streams):
             # [hkv, n_kv, d], contiguous per head, so matmul takes the BLAS path
             k, v = self._gather(layer, stream, page_table[i], n_pages)
             # query chunks bound the score matrix (prefill): [hkv, chunk × group, n_kv]
             for t0 in range(0, tokens, QUERY_CHUNK):
                 t1 = min(tokens, t0 + QUERY_CHUNK)
-                out[i, t0:t1] = self._attend_chunk(q[i, t0:t1], positions[i, t0:t1], k, v,
-                                                   scale, cells)
+                out[i, t0:t1] = self._attend_chunk(q[i, t0:t1], kv_mask[i, t0:t1], k, v, scale)
         return out
 
-    def _attend_chunk(self, q: F32Array, positions: I64Array, k: F32Array, v: F32Array,
-                      scale: np.float32, cells: I64Array) -> F32Array:
+    def _attend_chunk(self, q: F32Array, visible: npt.NDArray[np.bool_], k: F32Array,
+                      v: F32Array, scale: np.float32) -> F32Array:
         tokens, n_head, d = q.shape
         hkv, n_kv, dv = v.shape
         group = n_head // hkv
@@ -214,7 +228,7 @@ class NumpyExecutor:
         scores = _bmm(qg, k.transpose(0, 2, 1))
         scores *= scale
         scores = scores.reshape(hkv, tokens, group, n_kv)
-        bias = np.where(cells[None, :] > positions[:, None], -np.inf, 0.0).astype(np.float32)
+        bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))
         scores += bias[None, :, None, :]
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)

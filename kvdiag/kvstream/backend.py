@@ -9,6 +9,11 @@ Memory layout (what both executors allocate):
 * device pool of ``pool_pages`` slots of ``page_bytes``: ring slots first
   (``0 .. ring_slots-1``), then resident slots. A slot holds 256 K rows, then (at
   ``v_offset`` = K bytes rounded up to 128) 256 V rows.
+
+An executor may also offer ``attend_masked(layer, streams, q, kv_mask, n_kv, page_table)``
+with an explicit KQ mask ``[ns, tokens, n_kv]`` (True = visible): a unified cache puts several
+sequences in one stream, where the causal rule ``cell <= position`` is not the mask. Without
+it the runner refuses such captures.
 """
 
 from __future__ import annotations

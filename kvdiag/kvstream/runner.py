@@ -28,7 +28,7 @@ from kvdiag.kvstream.fits import fits
 from kvdiag.kvstream.ggml_types import AttentionMode
 from kvdiag.kvstream.plan import Plan, make_plan
 from kvdiag.kvstream.resident import LayerIdentityError, ResidentCache, classify
-from kvdiag.kvstream.scenarios import Scenario, Scheduler, Ubatch
+from kvdiag.kvstream.scenarios import Lane, Scenario, Scheduler, Ubatch
 from kvdiag.kvstream.views import AddressMap, attention_node
 from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS, Holder
@@ -97,6 +97,18 @@ def _ranges(items: list[tuple[int, tuple[Any, ...]]]) -> list[tuple[int, int, tu
     return runs
 
 
+def _write_runs(lane: Lane) -> list[tuple[int, np.ndarray]]:
+    """(request, cells) for each run of consecutive cells of one request in a lane: one
+    SET_ROWS range each."""
+    runs: list[tuple[int, list[int]]] = []
+    for req, cell in zip(lane.requests, lane.cells, strict=True):
+        if runs and runs[-1][0] == req and runs[-1][1][-1] + 1 == cell:
+            runs[-1][1].append(cell)
+        else:
+            runs.append((req, [cell]))
+    return [(req, np.asarray(cells, np.int64)) for req, cells in runs]
+
+
 def _batches(pages: list[tuple[int, int]], limit: int) -> list[tuple[int, int, int]]:
     """Group (page, slot) pairs with consecutive pages and slots: (page, slot, count)."""
     out: list[tuple[int, int, int]] = []
@@ -121,11 +133,6 @@ class Runner:
         tolerance: float = DEFAULT_TOLERANCE,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        if cfg.kv_unified and cfg.np > 1:
-            raise ConfigError(
-                "--kv-unified with -np > 1 puts several sequences in one stream; "
-                "capture does not model that mask yet (plan does)"
-            )
         self.cfg = cfg
         self.scenario = scenario
         self.executor = executor
@@ -150,7 +157,9 @@ class Runner:
         self.scheduler = Scheduler(scenario.requests, cfg.n_stream, cfg.n_ubatch, cfg.kv_size)
         self.ring_cursor = 0
         self.max_delta = 0.0
-        self.request_epoch: dict[int, int] = {}
+        self.req_last_cell: dict[int, int] = {}
+        self.cell_req = [np.full(cfg.kv_size, -1, np.int64) for _ in range(cfg.n_stream)]
+        self.cell_pos = [np.full(cfg.kv_size, -1, np.int64) for _ in range(cfg.n_stream)]
 
     # -- data --------------------------------------------------------------------------
 
@@ -187,21 +196,23 @@ class Runner:
 
     def _step(self, ub: Ubatch) -> ev.Abort | None:
         cfg, step = self.cfg, ub.index
-        last_cell = max(c + ub.tokens for c in ub.cell_begin)
+        for lane in ub.lanes:
+            for req, cell in zip(lane.requests, lane.cells, strict=True):
+                self.req_last_cell[req] = max(self.req_last_cell.get(req, -1), cell)
+        last_cell = max(self.req_last_cell[r] for r in ub.requests) + 1
         n_kv = min(cfg.kv_size, max(PAGE_TOKENS, -(-last_cell // PAGE_TOKENS) * PAGE_TOKENS))
         self.sink.emit(ev.Step, step, phase=ub.phase, streams=ub.streams, tokens=ub.tokens,
                        n_kv=n_kv, slots=ub.slots)
         # set_input_k_idxs: global rows = stream × kv_size + cell, handed to mark_dirty_rows
-        cells = {s: np.arange(c, c + ub.tokens, dtype=np.int64)
-                 for s, c in zip(ub.streams, ub.cell_begin, strict=True)}
-        rows = [int(r) for s in ub.streams for r in s * cfg.kv_size + cells[s]]
+        rows = [lane.stream * cfg.kv_size + c for lane in ub.lanes for c in lane.cells]
         dirty = self.cache.mark_dirty_rows(rows)
+        for lane in ub.lanes:
+            idx = np.asarray(lane.cells, np.int64)
+            self.cell_req[lane.stream][idx] = lane.requests
+            self.cell_pos[lane.stream][idx] = lane.positions
         s0, s1 = min(ub.streams), max(ub.streams)
         view_streams = tuple(range(s0, s1 + 1))
-        positions = np.zeros((len(view_streams), ub.tokens), np.int64)
-        for i, s in enumerate(view_streams):
-            # a stream inside s0..s1 with no token in this ubatch attends cell 0; ignored
-            positions[i] = cells.get(s, 0)
+        positions, kv_mask = self._visibility(ub, view_streams, n_kv)
         # running CRC-32 of each stream's outputs (and references) over the layers
         crc: dict[int, int] = dict.fromkeys(ub.streams, 0)
         ref_crc: dict[int, int] = dict.fromkeys(ub.streams, 0)
@@ -209,8 +220,9 @@ class Runner:
         first_streamed_fa = True
         for layer in range(cfg.layers):
             streamed_layer = layer < cfg.n_streamed
-            for s, req in zip(ub.streams, ub.requests, strict=True):
-                self._write(step, layer, s, req, cells[s], dirty, streamed_layer)
+            for lane in ub.lanes:
+                for req, run in _write_runs(lane):
+                    self._write(step, layer, lane.stream, req, run, dirty, streamed_layer)
             node = attention_node(cfg, layer, view_streams, ub.tokens, n_kv, self.addresses)
             result = fits(node, self.plan.page_bytes, cfg.native_quants)
             taken = route(cfg.dispatch, result)
@@ -243,13 +255,13 @@ class Runner:
                                    host=n_pages, ranges=(ev.ReadRange(0, n_pages, "host", s, "exact"),))
             q = self._rng(1, layer, step).standard_normal(
                 (len(view_streams), ub.tokens, cfg.n_head, cfg.head_dim), dtype=np.float32)
-            out = self.executor.attend(layer, view_streams, q, positions, n_kv, table)
+            out = self._attend(layer, view_streams, q, positions, n_kv, table, kv_mask)
             if (table == HOST).all() or self._reads_match_host(layer, view_streams, table):
                 # the kernel read byte-for-byte the host's pages: same inputs, same function
                 ref = out
             else:
-                ref = self.executor.attend(layer, view_streams, q, positions, n_kv,
-                                           np.full_like(table, HOST))
+                ref = self._attend(layer, view_streams, q, positions, n_kv,
+                                   np.full_like(table, HOST), kv_mask)
             for i, s in enumerate(view_streams):
                 if s in crc:
                     crc[s] = zlib.crc32(out[i], crc[s])
@@ -269,6 +281,46 @@ class Runner:
                 max_abs_delta=delta, tolerance=self.tolerance, worst_layer=worst,
             )
         return None
+
+    def _visibility(
+        self, ub: Ubatch, view_streams: tuple[int, ...], n_kv: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Which cells each query token sees. With one sequence per stream whose cells are
+        its positions (non-unified), the causal rule ``cell <= position`` is the whole mask;
+        otherwise (a unified cache shared by several sequences) the KQ mask is built per cell
+        from its owner and position, as llama_kv_cache::set_input_kq_mask does."""
+        lanes = {lane.stream: lane for lane in ub.lanes}
+        positions = np.zeros((len(view_streams), ub.tokens), np.int64)
+        causal = True
+        for i, s in enumerate(view_streams):
+            lane = lanes.get(s)
+            if lane is None:
+                continue  # a stream inside s0..s1 without tokens: output ignored
+            positions[i] = lane.positions
+            if len(set(lane.requests)) > 1 or lane.cells != lane.positions:
+                causal = False
+        if causal:
+            return positions, None
+        mask = np.zeros((len(view_streams), ub.tokens, n_kv), bool)
+        for i, s in enumerate(view_streams):
+            lane = lanes.get(s)
+            if lane is None:
+                continue
+            req = np.asarray(lane.requests)[:, None]
+            pos = np.asarray(lane.positions)[:, None]
+            mask[i] = (self.cell_req[s][None, :n_kv] == req) & (self.cell_pos[s][None, :n_kv] <= pos)
+        return positions, mask
+
+    def _attend(self, layer: int, streams: tuple[int, ...], q: np.ndarray, positions: np.ndarray,
+                n_kv: int, table: np.ndarray, kv_mask: np.ndarray | None) -> np.ndarray:
+        if kv_mask is None:
+            return self.executor.attend(layer, streams, q, positions, n_kv, table)
+        attend_masked = getattr(self.executor, "attend_masked", None)
+        if attend_masked is None:
+            raise ConfigError(f"the {self.executor.name} executor cannot apply a multi-sequence "
+                              "KQ mask (unified KV cache with several slots)")
+        result: np.ndarray = attend_masked(layer, streams, q, kv_mask, n_kv, table)
+        return result
 
     def _reads_match_host(self, layer: int, streams: tuple[int, ...], table: np.ndarray) -> bool:
         check = getattr(self.executor, "reads_match_host", None)

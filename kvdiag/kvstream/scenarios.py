@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Request:
@@ -34,6 +36,17 @@ class Scenario:
 
 
 @dataclass(frozen=True)
+class Lane:
+    """The tokens of one KV stream in a ubatch: which request each belongs to, the cell it is
+    written to and its position in its sequence."""
+
+    stream: int
+    requests: tuple[int, ...]
+    cells: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Ubatch:
     """One graph evaluation: ``tokens`` tokens for each stream in ``streams``."""
 
@@ -42,8 +55,7 @@ class Ubatch:
     slots: tuple[int, ...]
     requests: tuple[int, ...]
     tokens: int
-    cell_begin: tuple[int, ...]
-    """First cell written per stream (cells are positions: one sequence per stream)."""
+    lanes: tuple[Lane, ...]
 
     @property
     def phase(self) -> str:
@@ -96,11 +108,32 @@ class _Live:
     stream: int
     prompt_left: int
     decode_left: int
-    cells: int = 0
+    position: int = 0
 
     @property
     def done(self) -> bool:
         return self.prompt_left == 0 and self.decode_left == 0
+
+
+class _Cells:
+    """Cell ownership of one stream: requests take the lowest free cells (find_slot); a
+    slot's cells are freed when its next request starts (memory_seq_rm)."""
+
+    def __init__(self, kv_size: int) -> None:
+        self.owner = np.full(kv_size, -1, np.int64)
+
+    def free(self, requests: set[int]) -> None:
+        if requests:
+            self.owner[np.isin(self.owner, list(requests))] = -1
+
+    def take(self, request: int, n: int, slot: int) -> list[int]:
+        cells = np.flatnonzero(self.owner == -1)[:n]
+        if len(cells) < n:
+            raise ValueError(
+                f"request {request} on slot {slot} needs more than the {len(self.owner)} "
+                "cells of its stream (raise --ctx)")
+        self.owner[cells] = request
+        return [int(c) for c in cells]
 
 
 @dataclass
@@ -116,6 +149,8 @@ class Scheduler:
 
     def ubatches(self) -> Iterator[Ubatch]:
         live: dict[int, _Live] = {}
+        cells = {s: _Cells(self.kv_size) for s in range(self.n_stream)}
+        previous: dict[int, int] = {}  # slot -> request that last used it
         index = 0
         while len(self._finished) < len(self.requests):
             for i, r in enumerate(self.requests):
@@ -123,34 +158,24 @@ class Scheduler:
                 if i not in live and i not in self._finished and arrived:
                     if any(x.request.slot == r.slot for x in live.values()):
                         continue  # the slot is busy: the request waits
-                    live[i] = _Live(i, r, self.stream_of(r.slot), r.prompt, r.decode)
+                    stream = self.stream_of(r.slot)
+                    if r.slot in previous:
+                        cells[stream].free({previous[r.slot]})
+                    previous[r.slot] = i
+                    live[i] = _Live(i, r, stream, r.prompt, r.decode)
             if not live:
                 raise ValueError("scenario requests wait on each other forever")
             # one server iteration: prompt remainder or one decode token per slot
             want = {i: (x.prompt_left if x.prompt_left else 1) for i, x in live.items()}
             while want:
-                order = sorted(want, key=lambda i: live[i].stream)
-                cap = max(1, self.n_ubatch // len(order))
-                k = min(min(want.values()), cap)
-                for i in order:
+                take = self._split(want, live)
+                lanes: dict[int, list[tuple[int, int, int]]] = {}
+                for i, k in take.items():
                     x = live[i]
-                    if x.cells + k > self.kv_size:
-                        raise ValueError(
-                            f"request {i} on slot {x.request.slot} needs more than the "
-                            f"{self.kv_size} cells of its stream (raise --ctx)"
-                        )
-                yield Ubatch(
-                    index=index,
-                    streams=tuple(live[i].stream for i in order),
-                    slots=tuple(live[i].request.slot for i in order),
-                    requests=tuple(order),
-                    tokens=k,
-                    cell_begin=tuple(live[i].cells for i in order),
-                )
-                index += 1
-                for i in order:
-                    x = live[i]
-                    x.cells += k
+                    got = cells[x.stream].take(i, k, x.request.slot)
+                    lanes.setdefault(x.stream, []).extend(
+                        (i, c, x.position + j) for j, c in enumerate(got))
+                    x.position += k
                     if x.prompt_left:
                         x.prompt_left -= k
                     else:
@@ -158,6 +183,37 @@ class Scheduler:
                     want[i] -= k
                     if want[i] == 0:
                         del want[i]
+                streams = tuple(sorted(lanes))
+                yield Ubatch(
+                    index=index,
+                    streams=streams,
+                    slots=tuple(live[i].request.slot for i in take),
+                    requests=tuple(take),
+                    tokens=len(lanes[streams[0]]),
+                    lanes=tuple(Lane(s, tuple(t[0] for t in lanes[s]),
+                                     tuple(t[1] for t in lanes[s]),
+                                     tuple(t[2] for t in lanes[s])) for s in streams),
+                )
+                index += 1
             for i in [i for i, x in live.items() if x.done]:
                 del live[i]
                 self._finished.add(i)
+
+    def _split(self, want: dict[int, int], live: dict[int, _Live]) -> dict[int, int]:
+        """Tokens each request puts in the next ubatch.
+
+        Several streams: split_equal, the same count from every stream (one sequence per
+        stream). One stream: split_simple, requests in order until n_ubatch tokens.
+        """
+        order = sorted(want, key=lambda i: (live[i].stream, i))
+        if self.n_stream > 1:
+            k = min(min(want.values()), max(1, self.n_ubatch // len(order)))
+            return dict.fromkeys(order, k)
+        out: dict[int, int] = {}
+        room = self.n_ubatch
+        for i in order:
+            if room == 0:
+                break
+            out[i] = min(want[i], room)
+            room -= out[i]
+        return out
