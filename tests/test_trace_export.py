@@ -49,3 +49,37 @@ def test_export_to_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> No
     code = main(["trace", "export", str(TRACES / "single-slot.kvtrace"), "-o",
                  str(tmp_path / "nope" / "x.json")])
     assert code == 2
+
+
+def _postmortem_json(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
+    log = tmp_path / f"{name}.log"
+    assert main(["trace", "export", str(TRACES / f"{name}.kvtrace"), "--format", "llama-log",
+                 "-o", str(log)]) == 0
+    capsys.readouterr()
+    code = main(["postmortem", str(log), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_the_modelled_abort_log_is_diagnosed_by_postmortem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = _postmortem_json(tmp_path, "two-slot-upstream", capsys)
+    assert code == 1
+    crash = doc["crashes"][0]
+    assert crash["assert"] == {"file": "/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu",
+                               "line": 1898, "condition": "ggml_cuda_kv_stream_fattn_fits(dst)"}
+    assert [f["function"] for f in crash["frames"]][1:3] == ["ggml_print_backtrace", "ggml_abort"]
+    rules = [f["rule"] for f in doc["findings"]]
+    assert rules[0] == "kvstream-fits-dispatch-abort"
+    assert doc["config"]["n_stream"] == 2 and doc["config"]["kv_stream"] is True
+
+
+def test_the_modelled_slot1_log_raises_the_aliasing_risk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = _postmortem_json(tmp_path, "slot1-first-shared", capsys)
+    assert code == 0 and doc["crashes"] == []
+    risk = [f for f in doc["findings"] if f["rule"] == "kvstream-multislot-aliasing-risk"]
+    assert risk and risk[0]["details"]["slot"] == 1 and risk[0]["details"]["n_stream"] == 2
+    assert "K (q8_0):   17.00 MiB, V (q5_1):   12.00 MiB" in " ".join(
+        e["text"] for e in risk[0]["evidence"])

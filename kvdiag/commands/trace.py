@@ -39,16 +39,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "export", help="write the trace as Chrome trace-event JSON (chrome://tracing, Perfetto)"
     )
     export.add_argument("file", metavar="FILE", help="a .kvtrace file")
-    export.add_argument("-o", "--output", required=True, help="JSON file to write")
-    export.add_argument("--format", default="chrome", choices=("chrome",),
-                        help="output format (default chrome)")
+    export.add_argument("-o", "--output", required=True, help="file to write")
+    export.add_argument("--format", default="chrome", choices=("chrome", "llama-log"),
+                        help="chrome: trace-event JSON (default); llama-log: the llama-server "
+                             "log the modelled run would print (for kvdiag postmortem)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.trace_command == "validate":
         return _validate(args.file)
     if args.trace_command == "export":
-        return _export(args.file, args.output)
+        return _export(args.file, args.output, args.format)
     return _info(args.file, as_json=args.json)
 
 
@@ -70,22 +71,33 @@ def _validate(path: str) -> int:
         return EXIT_OK
 
 
-def _export(path: str, output: str) -> int:
+def _export(path: str, output: str, fmt: str) -> int:
     from pathlib import Path
 
     from kvdiag.errors import InputError
-    from kvdiag.trace.export_chrome import ChromeExporter
     from kvdiag.trace.reader import TraceReader
 
     target = Path(output)
     if target.is_dir() or not target.parent.exists():
         raise InputError(f"cannot write {output}: not a file in an existing directory")
     with TraceReader.open(path) as reader, target.open("wb") as out:
-        title = f"kvdiag {reader.header.scenario.get('name', path)}"
-        n = ChromeExporter().write(reader, out, title=title)
+        if fmt == "llama-log":
+            from kvdiag.trace.export_log import LogExporter
+
+            n = 0
+            for line in LogExporter(reader.header).lines(reader):
+                out.write(line.encode() + b"\n")
+                n += 1
+            what = "log lines"
+        else:
+            from kvdiag.trace.export_chrome import ChromeExporter
+
+            title = f"kvdiag {reader.header.scenario.get('name', path)}"
+            n = ChromeExporter().write(reader, out, title=title)
+            what = "trace events"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
-    print(f"{output}: {n} trace events{note}")
+    print(f"{output}: {n} {what}{note}")
     return EXIT_OK
 
 

@@ -21,6 +21,8 @@ class Plan:
     v_offset: int
     minimum_stage_bytes: int
     host_kv_bytes: int
+    host_k_bytes: int
+    """The K part of the host buffer (the size line's ``K (<type>): <MiB> MiB``)."""
     n_ctx: int
     kv_size: int
     n_stream: int
@@ -53,6 +55,7 @@ class Plan:
         return {
             "host_kv_buffer_mib": round(self.host_kv_buffer_mib, 2),
             "host_kv_bytes": self.host_kv_bytes,
+            "host_k_bytes": self.host_k_bytes,
             "page_bytes": self.page_bytes,
             "v_offset": self.v_offset,
             "minimum_stage_bytes": self.minimum_stage_bytes,
@@ -118,6 +121,7 @@ def make_plan(cfg: RuntimeConfig, allow_multiseq: bool = False) -> Plan:
         v_offset=geom.v_offset,
         minimum_stage_bytes=geom.minimum_stage_bytes,
         host_kv_bytes=host_kv_bytes(geom, cfg.kv_size, cfg.n_stream, cfg.n_streamed),
+        host_k_bytes=cfg.kv_size * cfg.n_stream * cfg.n_streamed * geom.row_k * cfg.n_head_kv,
         n_ctx=cfg.n_ctx,
         kv_size=cfg.kv_size,
         n_stream=cfg.n_stream,

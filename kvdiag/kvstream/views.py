@@ -34,6 +34,8 @@ class AddressMap:
     host_base: int = 0x7F3A_0000_0000
     device_base: int = 0x7E10_0000_0000
     pool_base: int = 0x7E00_0000_0000
+    compute_base: int = 0x7F31_C400_0000
+    """Where the compute buffer holds Q and the FA results (one 1 MiB region per layer)."""
     alignment: int = 256
 
     def tensor_bytes(self, cfg: RuntimeConfig, type_name: str) -> int:
@@ -115,6 +117,7 @@ def attention_node(
         nb=(4, 4 * d * cfg.n_head, 4 * d, 4 * d * cfg.n_head * tokens),
         contiguous=False,
         buffer=DEVICE_BUFFER,
+        data=addresses.compute_base + (2 * layer) * (1 << 20),
     )
     mask_rows = round_up(tokens, KQ_MASK_PAD)
     mask = Tensor(
@@ -130,5 +133,6 @@ def attention_node(
         ne=(d, cfg.n_head, tokens, ns),
         nb=(4, 4 * d, 4 * d * cfg.n_head, 4 * d * cfg.n_head * tokens),
         buffer=DEVICE_BUFFER,
+        data=addresses.compute_base + (2 * layer + 1) * (1 << 20),
     )
     return AttentionNode(layer=layer, q=q, k=k, v=v, mask=mask, dst=dst, s0=s0, ns=ns)

@@ -1,0 +1,182 @@
+"""Export a capture as the llama-server log the modelled run would have printed.
+
+A model of the log, not a recording: the boot lines of llama_context/llama_kv_cache with
+streaming on (domain brief §5.1, §7.2), slot activity in the server's ``slot <func>: id | task
+|`` shape (§7.3), the arm117 port's instrumented ``fits=false`` line for every FA node that
+failed fits() while sitting in a kv-stream buffer (§4.5), the fallback warning, and for a
+modelled abort the ``<file>:<line>: GGML_ASSERT(...) failed`` line followed by a gdb-style
+stack of the frames the abort event names. ``kvdiag postmortem`` reads it like a real log, so
+a capture and its log can be checked against each other. Timestamps come from ``t_ns`` in
+llama.cpp's ``<min>.<ss>.<ms>.<us> <L>`` prefix (§7.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kvdiag.model import events as ev
+
+MIB = 1 << 20
+_RUNTIME_PTR = 0x55D1_E7A3_0000
+"""Stand-in address of the kv-stream runtime object (``kr``/``vr`` in the fits line)."""
+_LIB_BASE = {"libggml-base.so": 0x7F32_09A0_0000, "libggml-cuda.so": 0x7F32_0840_0000,
+             "libllama.so": 0x7F32_09C0_0000, "llama-server": 0x55D1_E6E0_0000}
+
+
+def _stamp(t_ns: int, level: str) -> str:
+    us = t_ns // 1000
+    minutes, rest = divmod(us, 60_000_000)
+    seconds, rest = divmod(rest, 1_000_000)
+    ms, us_part = divmod(rest, 1000)
+    return f"{minutes}.{seconds:02d}.{ms:03d}.{us_part:03d} {level} "
+
+
+def _module_of(function: str) -> str:
+    if function.startswith(("ggml_print_backtrace", "ggml_abort", "ggml_backend_sched")):
+        return "libggml-base.so"
+    if function.startswith("ggml_"):
+        return "libggml-cuda.so"
+    if function.startswith("llama_"):
+        return "libllama.so"
+    return "llama-server"
+
+
+class LogExporter:
+    def __init__(self, header: ev.Header) -> None:
+        self.header = header
+        sc = header.scenario
+        self.cfg: dict[str, Any] = sc.get("config", {})
+        self.requests: list[dict[str, Any]] = list(sc.get("requests", []))
+        self.plan = header.plan
+        self.t = 0
+        self.next_request = 0
+        self.active: dict[int, dict[str, Any]] = {}  # slot -> request state
+        self.task = 0
+
+    def boot(self) -> list[str]:
+        cfg, plan = self.cfg, self.plan
+        np_ = int(cfg.get("np", 1))
+        unified = bool(cfg.get("kv_unified", False))
+        n_stream = int(plan.get("n_stream", 1 if unified else np_))
+        n_ctx = int(plan.get("n_ctx", cfg.get("ctx", 0)))
+        kv_size = int(plan.get("kv_size", n_ctx))
+        lines = [
+            "I main: loading model",
+            f"I srv    load_model: loading model 'kvdiag-{self.header.scenario.get('name', 'capture')}.gguf'",
+            "I llama_context: constructing llama_context",
+        ]
+        for key, value in (("n_seq_max", np_), ("n_ctx", n_ctx), ("n_ctx_seq", kv_size),
+                           ("n_batch", 2048), ("n_ubatch", cfg.get("n_ubatch", 512)),
+                           ("causal_attn", 1), ("flash_attn", "enabled"),
+                           ("kv_unified", "true" if unified else "false")):
+            lines.append(f"I llama_context: {key:<13} = {value}")
+        host = int(plan.get("host_kv_bytes", 0))
+        k_part = int(plan.get("host_k_bytes", 0))
+        layers = int(plan.get("streamed_layers", cfg.get("layers", 0)))
+        lines += [
+            f"I llama_context: experimental block KV streaming enabled, pool = "
+            f"{cfg.get('stage_mib', 0)} MiB",
+            f"I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {host / MIB:8.2f} MiB",
+            f"I llama_kv_cache: size = {host / MIB:7.2f} MiB ({kv_size:6d} cells, {layers:3d} "
+            f"layers, {np_}/{n_stream} seqs), K ({cfg.get('type_k')}): {k_part / MIB:7.2f} MiB, "
+            f"V ({cfg.get('type_v')}): {(host - k_part) / MIB:7.2f} MiB",
+            "I srv  llama_server: model loaded",
+            "I srv  update_slots: all slots are idle",
+        ]
+        return lines
+
+    def _slot(self, slot: int, func: str, message: str, task: int | None = None) -> str:
+        return f"I slot {func[:12]:>12}: id {slot:2d} | task {-1 if task is None else task} | {message}"
+
+    def _start(self, slot: int) -> list[str]:
+        index = next((i for i in range(self.next_request, len(self.requests))
+                      if self.requests[i]["slot"] == slot), None)
+        req = self.requests[index] if index is not None else {"prompt": 0, "decode": 0}
+        if index is not None:
+            self.next_request = index + 1
+        state = {"task": self.task, "prompt": int(req["prompt"]), "decode": int(req["decode"]),
+                 "done_prompt": False, "decoded": 0}
+        self.task += 1
+        self.active[slot] = state
+        t = state["task"]
+        return [
+            self._slot(slot, "get_availabl", "selected slot by LRU, t_last = -1"),
+            self._slot(slot, "launch_slot_", "processing task, is_child = 0", t),
+            self._slot(slot, "update_slots", f"new prompt, n_ctx_slot = "
+                       f"{self.plan.get('kv_size', 0)}, n_keep = 0, task.n_tokens = "
+                       f"{state['prompt']}", t),
+            self._slot(slot, "update_slots", "n_tokens = 0, memory_seq_rm [0, end)", t),
+        ]
+
+    def step(self, e: ev.Step) -> list[str]:
+        out: list[str] = []
+        for slot in e.slots:
+            state = self.active.get(slot)
+            if state is None:
+                out += self._start(slot)
+                state = self.active[slot]
+            if e.phase == "decode" and not state["done_prompt"]:
+                state["done_prompt"] = True
+                out.append(self._slot(slot, "update_slots", f"prompt done, n_tokens = "
+                                      f"{state['prompt']}, batch.n_tokens = {e.tokens}",
+                                      state["task"]))
+            if e.phase == "decode":
+                state["decoded"] += 1
+        return out
+
+    def after_step(self) -> list[str]:
+        out: list[str] = []
+        for slot, state in sorted(self.active.items()):
+            if state["done_prompt"] and state["decoded"] >= state["decode"]:
+                out.append(self._slot(slot, "     release", f"stop processing: n_tokens = "
+                                      f"{state['prompt'] + state['decoded']}, truncated = 0",
+                                      state["task"]))
+                del self.active[slot]
+        if out and not self.active:
+            out.append("I srv  update_slots: all slots are idle")
+        return out
+
+    def fits(self, e: ev.Fits) -> list[str]:
+        if e.result or not e.membership:
+            return []
+        kr = f"{_RUNTIME_PTR + e.k.runtime:#x}" if e.k.runtime is not None else "(nil)"
+        vr = f"{_RUNTIME_PTR + e.v.runtime:#x}" if e.v.runtime is not None else "(nil)"
+        ne = ",".join(map(str, e.dst.ne))
+        return [f'E arm117 fits=false: dst={e.dst.data:#x} ne=[{ne}] type={e.dst.type} '
+                f'k={e.k.data:#x} kbuf="{e.k.buffer}" | v="{e.v.buffer}" | kr={kr} vr={vr}']
+
+    def abort(self, e: ev.Abort) -> list[str]:
+        lines = [e.message, "[Thread debugging using libthread_db enabled]"]
+        frames = [f for f in e.backtrace if not f.endswith("(inlined)")]
+        for i, function in enumerate(["__GI___wait4", *frames]):
+            module = "libc.so.6" if i == 0 else _module_of(function)
+            addr = _LIB_BASE.get(module, 0x7F32_0800_0000) + 0x1000 * (i + 1) + 0x2A7
+            lines.append(f"#{i}  {addr:#018x} in {function} () from /usr/lib/{module}")
+        return lines
+
+    def lines(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[str]:
+        """Yield log lines; those of the runtime carry the timestamp prefix, the abort text
+        and the gdb stack do not (ggml_abort writes them straight to stderr)."""
+        for text in self.boot():
+            yield _stamp(0, text[0]) + text[2:]
+        for e in events:
+            self.t = e.t_ns
+            match e:
+                case ev.Step():
+                    batch = self.after_step() + self.step(e)
+                case ev.Fits():
+                    batch = self.fits(e)
+                case ev.Warn():
+                    func = "llama_context" if e.code == "multiseq-opt-in" else (
+                        "ggml_cuda_kv_stream_fattn")
+                    batch = [f"W {func}: {e.message}"]
+                case ev.Abort():
+                    yield from self.abort(e)
+                    return
+                case ev.End():
+                    batch = self.after_step()
+                case _:
+                    continue
+            for text in batch:
+                yield _stamp(self.t, text[0]) + text[2:]
