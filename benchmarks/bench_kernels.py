@@ -43,7 +43,7 @@ from kvdiag.kvstream.backend import HOST, StoreGeometry
 
 HEAD_DIM, N_HEAD, N_HEAD_KV, PAGE = 256, 24, 4, 256
 PAIRS = (("q8_0", "q5_1"), ("f16", "f16"))
-PER_GRAPH, GRAPHS, WARMUP_GRAPHS = 20, 10, 2
+PER_GRAPH, GRAPHS, WARMUP_GRAPHS, ROUNDS = 20, 10, 2, 3
 TARGETS = {"resident": 0.80, "host": 0.90, "instr": 0.03, "torch": 1.0}
 
 
@@ -58,8 +58,9 @@ def geometry(tk: str, tv: str, ctx: int, layers: int) -> StoreGeometry:
                          pool_pages=layers * (ctx // PAGE))
 
 
-def time_graph(cp: Any, stream: Any, body: Callable[[int], None]) -> tuple[float, str]:
-    """Median µs of one ``body(i)`` from graphs of PER_GRAPH calls; falls back to a plain
+def time_graph(cp: Any, stream: Any, body: Callable[[int], None], per_graph: int = PER_GRAPH,
+               graphs: int = GRAPHS) -> tuple[float, str]:
+    """Median µs of one ``body(i)`` from graphs of ``per_graph`` calls; falls back to a plain
     loop between events if stream capture fails."""
     with stream:
         for i in range(3):
@@ -67,7 +68,7 @@ def time_graph(cp: Any, stream: Any, body: Callable[[int], None]) -> tuple[float
         stream.synchronize()
         try:
             stream.begin_capture()
-            for i in range(PER_GRAPH):
+            for i in range(per_graph):
                 body(i)
             graph = stream.end_capture()
             method = "graph"
@@ -78,16 +79,16 @@ def time_graph(cp: Any, stream: Any, body: Callable[[int], None]) -> tuple[float
             method = "loop"
 
             def run() -> None:
-                for i in range(PER_GRAPH):
+                for i in range(per_graph):
                     body(i)
         times = []
-        for _ in range(WARMUP_GRAPHS + GRAPHS):
+        for _ in range(WARMUP_GRAPHS + graphs):
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(stream)
             run()
             b.record(stream)
             b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / PER_GRAPH)
+            times.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / per_graph)
     return statistics.median(times[WARMUP_GRAPHS:]), method
 
 
@@ -198,26 +199,47 @@ def bench_pair(cp: Any, tk: str, tv: str, ctx: int, l2: int, limits: dict[str, f
     outs: dict[tuple[str, bool], Any] = {}
     times: dict[tuple[str, bool], float] = {}
     info: dict[str, Any] = {}
-    for instrument in (True, False):
-        ex = CupyExecutor(instrument=instrument)
-        try:
+    # Both builds live side by side and their timings alternate (median of ROUNDS each), so a
+    # drift of clocks or of the PCIe link does not pass for the ring's cost.
+    exs = {instr: CupyExecutor(instrument=instr) for instr in (True, False)}
+    try:
+        for ex in exs.values():
             ex.setup(geom)
             fill(cp, ex, geom, seed=7)
-            for mode in ("resident", "host"):
-                launches = []
+        for mode in ("resident", "host"):
+            launches: dict[bool, list[Any]] = {}
+            for instr, ex in exs.items():
+                launches[instr] = []
                 for layer in range(layers):
                     table = (np.arange(pages, dtype=np.int64)[None, :] + layer * pages
                              if mode == "resident" else np.full((1, pages), HOST, np.int64))
-                    launches.append(ex.prepare_attend(layer, (0,), q, pos, ctx, table))
-                us, method = time_graph(cp, ex._stream,
-                                        lambda i, ls=launches: ls[i % len(ls)].run())
-                times[(mode, instrument)] = us
-                outs[(mode, instrument)] = cp.asnumpy(launches[0].out)
-                info = {"method": method, "warps": ex.warps, "blocks_per_sm": ex.blocks_per_sm,
-                        "splits": launches[0].grid[0], "regs": int(ex._partial[True].num_regs),
-                        "smem": ex.block_smem, "layers": layers}
+                    launches[instr].append(ex.prepare_attend(layer, (0,), q, pos, ctx, table))
+            samples: dict[bool, list[float]] = {True: [], False: []}
+            per_graph, graphs = (PER_GRAPH, GRAPHS) if mode == "resident" else (4, 6)
+            method = ""
+            for rnd in range(ROUNDS):
+                for instr in ((True, False) if rnd % 2 == 0 else (False, True)):
+                    ls = launches[instr]
+                    us, method = time_graph(cp, exs[instr]._stream,
+                                            lambda i, ls=ls: ls[i % len(ls)].run(),
+                                            per_graph, graphs)
+                    samples[instr].append(us)
+            for instr in (True, False):
+                times[(mode, instr)] = statistics.median(samples[instr])
+                outs[(mode, instr)] = cp.asnumpy(launches[instr][0].out)
+            ex = exs[False]
+            paged = mode == "resident"
+            info = {"method": method, "warps": ex.launch_shape[True][0],
+                    "blocks_per_sm": ex.launch_shape[True][1],
+                    "warps_host": ex.launch_shape[False][0],
+                    "blocks_per_sm_host": ex.launch_shape[False][1],
+                    "splits": launches[False][0].grid[0] if paged else info.get("splits"),
+                    "regs": int(ex._partial[True].num_regs),
+                    "regs_host": int(ex._partial[False].num_regs), "layers": layers}
+        for ex in exs.values():
             ex.drain_records()
-        finally:
+    finally:
+        for ex in exs.values():
             ex.close()
     # the same bytes through the pool or the host must give the same numbers bit for bit
     same = all(np.array_equal(outs[("resident", i)], outs[("host", i)]) for i in (True, False))
@@ -304,9 +326,12 @@ def render(meta: dict[str, Any], limits: dict[str, float], rows: list[dict[str, 
                          f"{r['torch_max_abs_diff']:.2e} ({r['torch_method']} timing)")
     info = rows[0] if rows else {}
     if info:
-        lines.append(f"launch: {info.get('warps')} warps/block, {info.get('blocks_per_sm')} "
-                     f"blocks/SM, {info.get('regs')} registers, "
-                     f"timing by CUDA {info.get('method')}")
+        lines.append(f"launch: streamed kernel {info.get('warps')} warps/block x "
+                     f"{info.get('blocks_per_sm')} blocks/SM, {info.get('regs')} registers; "
+                     f"ordinary (host) kernel {info.get('warps_host')} x "
+                     f"{info.get('blocks_per_sm_host')}, {info.get('regs_host')} registers; "
+                     f"timing by CUDA {info.get('method')}, instrumentation on/off alternated, "
+                     f"median of {ROUNDS} rounds")
     return "\n".join(lines)
 
 

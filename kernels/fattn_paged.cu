@@ -43,7 +43,7 @@ __host__ __device__ constexpr int kv_smem_stride(int bytes, int residue) {
     return s;
 }
 
-template <int TK, int TV, int D>
+template <int TK, int TV, int D, bool PAGED = true>
 struct FattnGeom {
     static constexpr int HK = D / 32 * KvBlock<TK>::bytes;  // bytes of one head row of K
     static constexpr int HV = D / 32 * KvBlock<TV>::bytes;
@@ -53,7 +53,11 @@ struct FattnGeom {
     static constexpr int SK = kv_smem_stride(HK, 64);
     static constexpr int SV = kv_smem_stride(HV, 16);
     static constexpr int STAGE = 16 * (SK + SV);
-    static constexpr int WARP = 2 * STAGE;  // double buffered
+    // The streamed kernel double-buffers its tiles (cp.async from the pool overlaps compute);
+    // the ordinary kernel reads only the host store, where PCIe time dwarfs compute, so one
+    // buffer and twice the warps per SM serve it better.
+    static constexpr int STAGES = PAGED ? 2 : 1;
+    static constexpr int WARP = STAGES * STAGE;
 };
 
 template <int VEC>
@@ -64,12 +68,42 @@ KV_DEV void kv_zero_smem(kv_u8* dst) {
     else *(kv_u16*)dst = 0;
 }
 
+// Rows of a host-store tile through registers: 16-byte loads, BATCH of them in flight per
+// lane, then shared-memory stores. Zero-copy reads of head slices that start off a 32-byte
+// boundary (q8_0: 272 of every 1088 bytes) ran at half speed through cp.async on an H200
+// (benchmarks/results/probe_layouts.txt) and at full speed through plain loads.
+template <int UPR, int SDST>
+KV_DEV void kv_copy_rows_via_registers(kv_u8* dst, const kv_u8* src, kv_i64 pitch, int nvalid,
+                                       int lane) {
+    constexpr int UNITS = 16 * UPR;
+    constexpr int BATCH = 4;
+#pragma unroll
+    for (int u0 = 0; u0 < UNITS; u0 += 32 * BATCH) {
+        kv_v4 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int u = u0 + lane + 32 * b;
+            const int r = u / UPR;
+            v[b] = kv_v4{0u, 0u, 0u, 0u};
+            if (u < UNITS && r < nvalid) {
+                v[b] = *(const kv_v4*)(src + (kv_i64)r * pitch + (u - r * UPR) * 16);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int u = u0 + lane + 32 * b;
+            const int r = u / UPR;
+            if (u < UNITS) *(kv_v4*)(dst + r * SDST + (u - r * UPR) * 16) = v[b];
+        }
+    }
+}
+
 // Start copying the raw K and V rows of 16-cell tile `tile` into `buf`; cells at or past
 // lim_max are zero-filled (their V must be finite: 0 * NaN would poison the product).
 template <int TK, int TV, int D, int VEC, bool PAGED>
 KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int tile, int lim_max,
                          kv_u8* buf, int lane) {
-    using G = FattnGeom<TK, TV, D>;
+    using G = FattnGeom<TK, TV, D, PAGED>;
     static_assert(G::HK % VEC == 0 && G::HV % VEC == 0, "copy unit must divide a head row");
     const int c0 = tile * 16;
     const int pt = (int)p.page_tokens;
@@ -90,6 +124,14 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
         vb = (const kv_u8*)p.host_v + row * p.row_v + hk * G::HV;
     }
     const int nvalid = lim_max - c0 < 16 ? lim_max - c0 : 16;
+    if constexpr (VEC == 16) {
+        if (slot < 0) {
+            kv_copy_rows_via_registers<G::HK / 16, G::SK>(buf, kb, p.row_k, nvalid, lane);
+            kv_copy_rows_via_registers<G::HV / 16, G::SV>(buf + 16 * G::SK, vb, p.row_v, nvalid,
+                                                          lane);
+            return;
+        }
+    }
     constexpr int UK = G::HK / VEC;
     constexpr int UV = G::HV / VEC;
     for (int u = lane; u < 16 * UK; u += 32) {
@@ -214,8 +256,8 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
 }
 
 template <int TK, int TV, int D, int VEC, bool PAGED>
-__global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __restrict__ pp) {
-    using G = FattnGeom<TK, TV, D>;
+__global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __restrict__ pp) {
+    using G = FattnGeom<TK, TV, D, PAGED>;
     const FattnParams& p = *pp;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
     const int lane = threadIdx.x & 31;
@@ -316,22 +358,36 @@ __global__ void __launch_bounds__(128) kv_fattn_partial(const FattnParams* __res
 
     kv_u8* wbuf = kv_smem() + warp * G::WARP;
     int tile = tb + warp * step;
-    int stage = 0;
-    if (tile < te) kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
-    kv_copy_commit();
-    for (; tile < te; tile += nwarps * step) {
-        const int next = tile + nwarps * step;
-        if (next < te) {
-            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, lim_max,
-                                                wbuf + (stage ^ 1) * G::STAGE, lane);
+    if constexpr (G::STAGES == 2) {
+        int stage = 0;
+        if (tile < te) {
+            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
         }
         kv_copy_commit();
-        kv_copy_wait<1>();
-        kv_syncwarp();
-        kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf, o, m0,
-                                   m1, l0, l1, g, t);
-        kv_syncwarp();
-        stage ^= 1;
+        for (; tile < te; tile += nwarps * step) {
+            const int next = tile + nwarps * step;
+            if (next < te) {
+                kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, lim_max,
+                                                    wbuf + (stage ^ 1) * G::STAGE, lane);
+            }
+            kv_copy_commit();
+            kv_copy_wait<1>();
+            kv_syncwarp();
+            kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf,
+                                       o, m0, m1, l0, l1, g, t);
+            kv_syncwarp();
+            stage ^= 1;
+        }
+    } else {
+        for (; tile < te; tile += nwarps * step) {
+            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
+            kv_copy_commit();
+            kv_copy_wait<0>();
+            kv_syncwarp();
+            kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, sl, qf, o, m0, m1, l0, l1, g,
+                                       t);
+            kv_syncwarp();
+        }
     }
     kv_copy_wait<0>();
 

@@ -77,6 +77,7 @@ def test_layout_strides_and_copy_unit() -> None:
     assert (lay.head_k, lay.head_v) == (272, 192)
     assert (lay.stride_k % 128, lay.stride_v % 128) == (64, 16)
     assert lay.vec == 16 and lay.warp_bytes == 2 * 16 * (lay.stride_k + lay.stride_v)
+    assert lay.warp_bytes_for(False) == 16 * (lay.stride_k + lay.stride_v)  # one stage
     # 102-byte q8_0 heads (head dim 96) only allow 2-byte copies
     assert ck.fattn_layout("q8_0", "q8_0", 96, 1).vec == 2
     assert ck.fattn_layout("q8_0", "q8_0", 128, 2).vec == 8
@@ -89,6 +90,8 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
     assert (warps, blocks) == (4, 3)  # registers allow 3 blocks of 4 warps; smem 3 x 76 KB
     f16 = ck.fattn_layout("f16", "f16", 256, 4)
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (2, 3)  # shared memory bound
+    # the ordinary (host-only) kernel has one tile buffer: twice the warps per SM
+    assert ck.warps_per_block(f16, ck.DeviceLimits(), 168, paged=False) == (4, 3)
     # decode at 64K cells, 4 KV heads, 24 query heads: one row tile of 6 rows per KV head
     plan = ck.split_plan(1, 4, 6, 65536, warps, 132 * blocks)
     assert plan.n_rowtiles == 1

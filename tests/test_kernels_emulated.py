@@ -41,7 +41,10 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
     sources = [EMU / "emu.hpp", EMU / "harness.cpp", *sorted(KERNELS.glob("*.cu*"))]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     lib = tmp_path_factory.mktemp("kvemu") / f"libkvemu-{digest}.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-I", str(KERNELS),
+    # -U_FORTIFY_SOURCE: the fibers switch stacks with _longjmp, which the fortified
+    # __longjmp_chk of some distributions' default flags would refuse.
+    cmd = [cxx, "-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-pthread",
+           "-I", str(KERNELS),
            str(EMU / "harness.cpp"), "-o", str(lib)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -51,7 +54,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
     dll = ctypes.CDLL(str(lib))
     i, vp = ctypes.c_int, ctypes.c_void_p
     dll.emu_fattn.argtypes = [i, i, i, i, i, vp, i, i, i, i, i]
-    dll.emu_fattn_warp_bytes.argtypes = [i, i, i]
+    dll.emu_fattn_warp_bytes.argtypes = [i, i, i, i]
     dll.emu_set_rows.argtypes = [i, vp, i, i, i]
     yield dll
 
@@ -145,11 +148,11 @@ class _EmuStore:
         g = self.g
         ns, tokens, n_head, d = q.shape
         lay = ck.fattn_layout(g.type_k, g.type_v, d, g.n_head_kv, g.page_bytes, g.v_offset)
-        warps, blocks = ck.warps_per_block(lay, ck.DeviceLimits(sm_count=sm_count), regs)
+        paged = not bool((table == HOST).all())
+        warps, blocks = ck.warps_per_block(lay, ck.DeviceLimits(sm_count=sm_count), regs, paged)
         gq = n_head // g.n_head_kv
         rows = tokens * gq
         plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, warps, sm_count * blocks)
-        paged = not bool((table == HOST).all())
         q32 = np.ascontiguousarray(q, np.float32)
         pos = np.ascontiguousarray(positions, np.int32)
         tab = np.ascontiguousarray(table, np.int32)
@@ -173,15 +176,15 @@ class _EmuStore:
             "tiles_per_block": plan.tiles_per_block, "n_splits": plan.n_splits, "layer": layer,
             "ring_slots": 1, "kernel_id": ck.KERNEL_IDS["fattn_streamed" if paged else
                                                          "fattn_ordinary"],
-            "warp_smem": lay.warp_bytes, "grid_order": grid_order, "interleave": interleave,
+            "warp_smem": lay.warp_bytes_for(paged), "grid_order": grid_order, "interleave": interleave,
             "scale_log2": np.log2(np.e) / np.sqrt(d),
         }, ck.FATTN_FLOAT_FIELDS)
-        assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d) == \
-            lay.warp_bytes
+        assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d,
+                                        int(paged)) == lay.warp_bytes_for(paged)
         grid = ((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if grid_order
                 else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv))
         rc = emu.emu_fattn(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d, lay.vec, int(paged),
-                           _ptr(params), *grid, 32 * warps, lay.block_smem(warps))
+                           _ptr(params), *grid, 32 * warps, lay.block_smem(warps, paged))
         assert rc == 0, f"combination {g.type_k}/{g.type_v}/{d}/vec {lay.vec} not in the harness"
         return out, records[: int(counter[0])]
 

@@ -178,12 +178,21 @@ class FattnLayout:
     head_v: int
     stride_k: int
     stride_v: int
-    warp_bytes: int
+    stage_bytes: int
     vec: int
 
-    def block_smem(self, warps: int) -> int:
+    @property
+    def warp_bytes(self) -> int:
+        """Per-warp tile buffers of the streamed kernel (double buffered)."""
+        return self.warp_bytes_for(True)
+
+    def warp_bytes_for(self, paged: bool) -> int:
+        """``FattnGeom<..., PAGED>::WARP``: two stages when paged, one for the ordinary kernel."""
+        return (2 if paged else 1) * self.stage_bytes
+
+    def block_smem(self, warps: int, paged: bool = True) -> int:
         """Dynamic shared memory of a block: the tile buffers, or the warp merge if larger."""
-        return max(warps * self.warp_bytes, 256 + warps * ROW_TILE * self.head_dim * 4)
+        return max(warps * self.warp_bytes_for(paged), 256 + warps * ROW_TILE * self.head_dim * 4)
 
     def partial_name(self, paged: bool) -> str:
         return (
@@ -223,7 +232,7 @@ def fattn_layout(type_k: str, type_v: str, head_dim: int, n_head_kv: int,
     offsets = [hk, hv, hk * n_head_kv, hv * n_head_kv]
     offsets += [x for x in (page_bytes, v_offset) if x]
     vec = next(v for v in (16, 8, 4, 2) if all(o % v == 0 for o in offsets))
-    return FattnLayout(type_k, type_v, head_dim, hk, hv, sk, sv, 2 * CELL_TILE * (sk + sv), vec)
+    return FattnLayout(type_k, type_v, head_dim, hk, hv, sk, sv, CELL_TILE * (sk + sv), vec)
 
 
 @dataclass(frozen=True)
@@ -237,13 +246,13 @@ class DeviceLimits:
     max_warps_per_sm: int = 64
 
 
-def warps_per_block(layout: FattnLayout, limits: DeviceLimits,
-                    regs_per_thread: int) -> tuple[int, int]:
+def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: int,
+                    paged: bool = True) -> tuple[int, int]:
     """(warps a block, blocks an SM) that keep the most warps resident; ties go to wider blocks
     (fewer partial results to merge)."""
     best = (0, 0, 0)
     for w in (4, 2, 1):
-        smem = layout.block_smem(w)
+        smem = layout.block_smem(w, paged)
         if smem > limits.smem_per_block:
             continue
         by_smem = limits.smem_per_sm // (smem + 1024)

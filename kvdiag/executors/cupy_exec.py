@@ -139,6 +139,8 @@ class CupyExecutor:
         # interleave 1 = splits take tiles round-robin instead of one contiguous range each.
         self.grid_order = 0
         self.interleave = 0
+        self.launch_shape: dict[bool, tuple[int, int, int]] = {}
+        self.warps = self.blocks_per_sm = self.block_smem = 0
         try:
             self._dev = self.cp.cuda.Device(device)
             with self._dev:
@@ -237,11 +239,14 @@ class CupyExecutor:
                                  options=self._options(), name_expressions=names)
             partial = {True: fattn.get_function(names[0]), False: fattn.get_function(names[1])}
             self._combine = fattn.get_function(names[2])
-            regs = max(int(k.num_regs) for k in partial.values())
-            self.warps, self.blocks_per_sm = ck.warps_per_block(lay, self.limits, regs)
-            self.block_smem = lay.block_smem(self.warps)
-            for k in partial.values():
-                k.max_dynamic_shared_size_bytes = self.block_smem
+            shapes: dict[bool, tuple[int, int, int]] = {}
+            for paged, k in partial.items():
+                warps, blocks = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged)
+                shapes[paged] = (warps, blocks, lay.block_smem(warps, paged))
+                k.max_dynamic_shared_size_bytes = shapes[paged][2]
+        self.launch_shape = shapes
+        # the streamed kernel's shape, for reports
+        self.warps, self.blocks_per_sm, self.block_smem = shapes[True]
         self._partial = partial
 
     def _compile_set_rows(self) -> None:
@@ -402,8 +407,9 @@ class CupyExecutor:
         self._compile_attention()
         gq = n_head // g.n_head_kv
         rows = tokens * gq
-        plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, self.warps,
-                             self.limits.sm_count * self.blocks_per_sm)
+        warps, blocks_per_sm, smem = self.launch_shape[paged]
+        plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, warps,
+                             self.limits.sm_count * blocks_per_sm)
         items = ns * g.n_head_kv * plan.n_rowtiles * plan.n_splits
         with self._cuda("attention setup"), self._stream:
             q_dev = cp.ascontiguousarray(cp.asarray(q, cp.float32))
@@ -427,7 +433,7 @@ class CupyExecutor:
                 "n_head_kv": g.n_head_kv, "G": gq, "rows": rows, "n_kv": n_kv,
                 "n_rowtiles": plan.n_rowtiles, "tiles_per_block": plan.tiles_per_block,
                 "n_splits": plan.n_splits, "layer": layer, "ring_slots": self.ring_slots,
-                "kernel_id": kid, "warp_smem": self.layout.warp_bytes,
+                "kernel_id": kid, "warp_smem": self.layout.warp_bytes_for(paged),
                 "grid_order": self.grid_order, "interleave": self.interleave,
                 "scale_log2": math.log2(math.e) / math.sqrt(d), **self._ring_fields(),
             }, ck.FATTN_FLOAT_FIELDS))
@@ -435,8 +441,8 @@ class CupyExecutor:
             partial=self._partial[paged], combine=self._combine,
             grid=((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if self.grid_order
                   else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv)),
-            block=32 * self.warps,
-            smem=self.block_smem, combine_grid=(rows, ns * g.n_head_kv, d // 32),
+            block=32 * warps,
+            smem=smem, combine_grid=(rows, ns * g.n_head_kv, d // 32),
             params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml), out=out)
 
     def attend(self, layer: int, streams: tuple[int, ...], q: F32Array, positions: I64Array,

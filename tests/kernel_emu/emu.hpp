@@ -1,7 +1,8 @@
 // A small CUDA warp emulator for the kvdiag kernels (tests only).
 //
-// Every CUDA thread of a block is a cooperative fiber (ucontext) and the block's fibers run on
-// one OS thread, switching at barriers; blocks are spread over worker threads. Warp-level
+// Every CUDA thread of a block is a cooperative fiber and the block's fibers run on one OS
+// thread, switching at barriers (ucontext starts a fiber; _setjmp/_longjmp switch, which saves
+// the signal-mask system call of swapcontext); blocks are spread over worker threads. Warp-level
 // primitives exchange values through a per-warp table between two barrier phases, so the
 // fragment layouts of mma.m16n8k16 and movmatrix (PTX ISA, "Matrix fragments for
 // mma.m16n8k16", "movmatrix") are reproduced lane by lane. Shared memory starts filled with
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <csetjmp>
 #include <thread>
 #include <ucontext.h>
 #include <vector>
@@ -68,6 +70,8 @@ struct EmuBlock {
 
 struct EmuFiber {
     ucontext_t ctx;
+    jmp_buf jb;
+    bool started = false;
     std::vector<char> stack;
     dim3 tid;
     EmuWarp* warp;
@@ -80,9 +84,12 @@ inline thread_local EmuWarp* emu_warp = nullptr;
 inline thread_local EmuBlock* emu_block = nullptr;
 inline thread_local int emu_lane = 0;
 inline thread_local ucontext_t emu_sched_ctx;
+inline thread_local jmp_buf emu_sched_jb;
 inline thread_local EmuFiber* emu_current = nullptr;
 
-inline void emu_yield() { swapcontext(&emu_current->ctx, &emu_sched_ctx); }
+inline void emu_yield() {
+    if (!_setjmp(emu_current->jb)) _longjmp(emu_sched_jb, 1);
+}
 
 inline void __trap() { std::abort(); }
 inline float __int_as_float(int i) {
@@ -257,6 +264,7 @@ inline void emu_fiber_entry(unsigned lo, unsigned hi) {
     EmuFiber* f = (EmuFiber*)(((uintptr_t)hi << 32) | (uintptr_t)lo);
     (*f->body)();
     f->done = true;
+    _longjmp(emu_sched_jb, 1);
 }
 
 // One block: its fibers run round-robin until all are done.
@@ -297,7 +305,14 @@ inline void emu_run_block(dim3 grid, dim3 bid, unsigned threads, size_t smem_byt
             emu_warp = f->warp;
             emu_lane = f->lane;
             emu_current = f.get();
-            swapcontext(&emu_sched_ctx, &f->ctx);
+            if (!_setjmp(emu_sched_jb)) {
+                if (!f->started) {
+                    f->started = true;
+                    swapcontext(&emu_sched_ctx, &f->ctx);
+                } else {
+                    _longjmp(f->jb, 1);
+                }
+            }
         }
     }
 }

@@ -42,9 +42,10 @@ extern "C" int emu_fattn(int tk, int tv, int d, int vec, int paged, const void* 
     return -1;
 }
 
-extern "C" int emu_fattn_warp_bytes(int tk, int tv, int d) {
-#define KV_EMU_GEOM(TK, TV, D, VEC) \
-    if (tk == TK && tv == TV && d == D) return FattnGeom<TK, TV, D>::WARP;
+extern "C" int emu_fattn_warp_bytes(int tk, int tv, int d, int paged) {
+#define KV_EMU_GEOM(TK, TV, D, VEC)                                                   \
+    if (tk == TK && tv == TV && d == D)                                               \
+        return paged ? FattnGeom<TK, TV, D, true>::WARP : FattnGeom<TK, TV, D, false>::WARP;
     KVDIAG_EMU_CASES(KV_EMU_GEOM)
     return -1;
 }
