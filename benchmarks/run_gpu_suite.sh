@@ -24,3 +24,12 @@ if [ -n "${PROBE:-}" ]; then
     echo "== benchmarks/probe_layouts.py" | tee "$out/probe_layouts.txt"
     timeout "${PROBE_TIMEOUT:-200}" python3 benchmarks/probe_layouts.py 2>&1 | tee -a "$out/probe_layouts.txt"
 fi
+if [ -n "${NCU:-}" ]; then
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    echo "== $ncu_bin on benchmarks/profile_attention.py" | tee "$out/ncu.txt"
+    timeout "${NCU_TIMEOUT:-150}" "$ncu_bin" --clock-control none --kernel-name regex:kv_fattn_partial \
+        --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+        --section InstructionStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/profile_attention.py >> "$out/ncu.txt" 2>&1
+    tail -5 "$out/ncu.txt"
+fi
