@@ -200,12 +200,16 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
     l1 = l1 * al1 + (kv_hi_f(h01) + kv_hi_f(h23));
     m0 = mn0;
     m1 = mn1;
+    // Once the running maxima settle, most tiles leave every row's max unchanged: skip the
+    // D/4 multiplies then (the vote keeps the branch uniform across the warp).
+    if (kv_ballot(al0 != 1.f || al1 != 1.f)) {
 #pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-        o[mt][0] *= al0;
-        o[mt][1] *= al1;
-        o[mt][2] *= al0;
-        o[mt][3] *= al1;
+        for (int mt = 0; mt < D / 16; ++mt) {
+            o[mt][0] *= al0;
+            o[mt][1] *= al1;
+            o[mt][2] *= al0;
+            o[mt][3] *= al1;
+        }
     }
     // h01 holds P^T[cell g][rows 2t, 2t+1]; its transpose is the B fragment P^T[cells 2t..][row g].
     const kv_u32 pb[2] = {kv_movmatrix_trans(h01), kv_movmatrix_trans(h23)};

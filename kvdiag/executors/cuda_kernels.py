@@ -25,7 +25,9 @@ import numpy.typing as npt
 
 from kvdiag.errors import DeviceUnavailable, UsageError
 
-KERNEL_FILES: tuple[str, ...] = ("fattn_paged.cu", "set_rows.cu", "membench.cu")
+KERNEL_FILES: tuple[str, ...] = (
+    "fattn_paged.cu", "set_rows.cu", "compare_pages.cu", "membench.cu"
+)
 
 #: ggml type -> KvType enum value (kvdiag_blocks.cuh).
 TYPE_IDS: dict[str, int] = {

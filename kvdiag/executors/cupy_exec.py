@@ -135,6 +135,7 @@ class CupyExecutor:
         self._upload_rows: list[list[int]] = []
         self._partial: dict[bool, Any] = {}
         self._set_rows: dict[str, Any] = {}
+        self._compare: Any = None
         # Launch layout (fattn_paged.cu): 1 = the KV heads of a split are consecutive blocks;
         # interleave 1 = splits take tiles round-robin instead of one contiguous range each.
         self.grid_order = 0
@@ -453,6 +454,33 @@ class CupyExecutor:
             out: F32Array = self.cp.asnumpy(launch.out, stream=self._stream)
             self._stream.synchronize()
         return out
+
+    def reads_match_host(self, layer: int, streams: tuple[int, ...],
+                         page_table: I64Array) -> bool:
+        """True when every pool slot in ``page_table`` holds exactly the bytes of the host
+        page it stands for (compared on the GPU), so the streamed read equals the resident
+        reference; the runner then reuses the output instead of recomputing it."""
+        g = self._g()
+        table = np.asarray(page_table)
+        triples = [(int(slot), s, p) for i, s in enumerate(streams)
+                   for p, slot in enumerate(table[i]) if slot != HOST]
+        if not triples:
+            return True
+        cp = self.cp
+        with self._cuda("comparing pool slots with the host store"), self._stream:
+            if self._compare is None:
+                mod = cp.RawModule(code=ck.kernel_source("compare_pages.cu"),
+                                   options=("-std=c++17",))
+                self._compare = mod.get_function("kv_pages_differ")
+            trip = cp.asarray(np.asarray(triples, np.int32))
+            differ = cp.zeros(1, cp.uint32)
+            self._compare((len(triples),), (256,), (
+                np.uint64(self._pool.ptr), np.uint64(self._host_dev_ptr(layer, "k")),
+                np.uint64(self._host_dev_ptr(layer, "v")), trip, np.int64(self.row_k),
+                np.int64(self.row_v), np.int64(g.kv_size), np.int64(g.page_tokens),
+                np.int64(g.page_bytes), np.int64(g.v_offset), differ))
+            result = int(cp.asnumpy(differ)[0]) == 0
+        return result
 
     # -- records -------------------------------------------------------------------------
 
