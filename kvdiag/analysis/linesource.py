@@ -24,10 +24,12 @@ GZIP_MAGIC = b"\x1f\x8b"
 class LineSource:
     """The bytes of one file. ``data`` is never written; views of it may be shared by threads."""
 
-    def __init__(self, data: bytes | mmap.mmap, name: str, *, compressed: bool = False) -> None:
+    def __init__(self, data: bytes | mmap.mmap, name: str, *, compressed: bool = False,
+                 fd: int | None = None) -> None:
         self.data = data
         self.name = name
         self.compressed = compressed
+        self._fd = fd
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> LineSource:
@@ -55,11 +57,20 @@ class LineSource:
                 # Pipes and some special files cannot be mapped; read them whole instead.
                 fh.seek(0)
                 return cls(fh.read(), str(p))
-        return cls(mapped, str(p))
+            fd = os.dup(fh.fileno())
+        return cls(mapped, str(p), fd=fd)
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes from ``offset`` (fewer at the end). A whole-file pass reads this way
+        rather than through the map, so the pages it touches are not mapped into this process
+        (they would count in its resident memory)."""
+        if self._fd is not None:
+            return os.pread(self._fd, size, offset)
+        return bytes(self.data[offset : offset + size])
 
     def line(self, offset: int) -> bytes:
         """The line starting at ``offset``, without its newline (or carriage return)."""
@@ -78,6 +89,9 @@ class LineSource:
         return self.data.rfind(needle, start, end)
 
     def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if isinstance(self.data, mmap.mmap):
             # A numpy view made while indexing may still point into the map; the OS frees it at
             # exit then.

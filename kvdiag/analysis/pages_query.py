@@ -75,30 +75,37 @@ class PagesQuery:
         self.source = source
         self.geometry = geometry
         c = index.columns
-        kind, layer, stream = c["kind"], c["layer"].astype(np.int64), c["stream"].astype(np.int64)
-        a, b = c["a"].astype(np.int64), c["b"].astype(np.int64)
+        kind = c["kind"]
+
+        def col(name: str, rows: np.ndarray) -> np.ndarray:
+            # Gather first, widen after: widening whole columns of millions of rows first
+            # would cost hundreds of MiB at the peak.
+            out: np.ndarray = c[name][rows].astype(np.int64)
+            return out
 
         r = np.flatnonzero(kind == READ)
-        self._reads = _group([layer[r], stream[r]], r)
+        self._reads = _group([col("layer", r), col("stream", r)], r)
 
         w = np.flatnonzero(kind == WRITE)
-        valid = (a[w] >= 0) & (b[w] > a[w])
-        w = w[valid]
-        p0 = a[w] // PAGE_TOKENS
-        p1 = (b[w] - 1) // PAGE_TOKENS + 1
+        wa, wb = col("a", w), col("b", w)
+        valid = (wa >= 0) & (wb > wa)
+        w, wa, wb = w[valid], wa[valid], wb[valid]
+        p0 = wa // PAGE_TOKENS
+        p1 = (wb - 1) // PAGE_TOKENS + 1
         wrow, wpage, _ = _expand(w, p0, p1 - p0)
-        self._writes = _group([layer[wrow], stream[wrow], wpage], wrow)
+        self._writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
+        del w, wa, wb, p0, p1, wpage
 
         u = np.flatnonzero((kind == UPLOAD) & ((c["flags"] & F_RING) == 0))
-        urow, upage, within = _expand(u, a[u], b[u] - a[u])
-        uslot = c["slot"].astype(np.int64)[urow] + within
-        ulayer, ustream = layer[urow], stream[urow]
-        ukey = c["key"].astype(np.int64)[urow]
+        ua = col("a", u)
+        urow, upage, within = _expand(u, ua, col("b", u) - ua)
+        uslot = col("slot", urow) + within
+        ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
         self._slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
         self._key_uploads = _group([ulayer, ukey, upage], urow, uslot)
 
         e = np.flatnonzero(kind == EVICT)
-        self._evicts = _group([c["slot"].astype(np.int64)[e]], e)
+        self._evicts = _group([col("slot", e)], e)
 
         self._learns = np.flatnonzero(kind == LEARN)
         self._relearns = self._learns[(c["flags"][self._learns] & F_RELEARN) != 0]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvdiag.model import events as ev
 
@@ -36,8 +36,7 @@ Key = tuple[int, int | None, int]
 """Bookkeeping key (layer, stream or None in the shared layout, page)."""
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """What a pool slot's bytes are: host page (layer, stream, page) at ``version``."""
 
     layer: int
@@ -46,8 +45,7 @@ class Holder:
     version: int
 
 
-@dataclass(frozen=True)
-class LastRead:
+class LastRead(NamedTuple):
     """The latest read of one page: the step, source, holder stream, class and version lag."""
 
     step: int
@@ -57,9 +55,9 @@ class LastRead:
     lag: int
 
 
-@dataclass(frozen=True)
-class PageCell:
-    """One (layer, stream, page) at a step."""
+class PageCell(NamedTuple):
+    """One (layer, stream, page) at a step. (Named tuples: a grid has thousands of cells, and a
+    tuple is built several times faster than a frozen dataclass.)"""
 
     page: int
     resident: bool
@@ -71,6 +69,7 @@ class PageCell:
     holder: Holder | None
     """What that slot holds now."""
     read: LastRead | None
+    """The latest read of this (layer, stream), where it covered this page."""
     dirty: bool
     """Its bookkeeping key was marked dirty by this step's writes."""
 
@@ -103,25 +102,91 @@ class PagesGeometry:
         return (layer, None, page) if self.layout == "shared" else (layer, stream, page)
 
 
-@dataclass(frozen=True)
+ReadOf = Callable[[int, int], "tuple[int, tuple[ev.ReadRange, ...]] | None"]
+
+
+@dataclass(frozen=True, eq=False)
 class PagesSnapshot:
+    """The state at the end of ``step``. Cells are computed when first asked for and then
+    kept: a grid of a long context has tens of thousands of cells and a screen shows a few
+    hundred. The value never changes once made (the lookups it was built from are fixed)."""
+
     step: int
     geometry: PagesGeometry
-    cells: tuple[tuple[tuple[PageCell, ...], ...], ...]
-    """``cells[i][layer][page]`` for stream ``geometry.streams[i]``."""
+    read_of: ReadOf
+    slot_of: Callable[[Key], int | None]
+    holder_of: Callable[[int], Holder | None]
+    version_of: Callable[[int, int, int], int]
+    dirty: frozenset[Key]
     learned: tuple[tuple[int, int], ...] = ()
     """(layer, K pointer) pairs the resident cache has learned (shared layout)."""
     relearn_step: int | None = None
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+
+    def reads(self, stream: int, layer: int) -> tuple[LastRead | None, ...]:
+        """Per page, the latest read of (layer, stream) if it covered that page."""
+        key = ("r", stream, layer)
+        got = self._memo.get(key)
+        if got is None:
+            pages: list[LastRead | None] = [None] * self.geometry.pages
+            last = self.read_of(layer, stream)
+            if last is not None:
+                read_step, ranges = last
+                for r in ranges:
+                    info = LastRead(read_step, r.source, r.holder, r.cls, r.version_lag)
+                    for page in range(max(r.begin, 0), min(r.end, self.geometry.pages)):
+                        pages[page] = info
+            got = self._memo[key] = tuple(pages)
+        return got  # type: ignore[return-value]
+
+    def _slot(self, key: Key) -> int | None:
+        k = ("s", *key)
+        if k in self._memo:
+            return self._memo[k]  # type: ignore[return-value]
+        slot = self._memo[k] = self.slot_of(key)
+        return slot
+
+    def _holder(self, slot: int) -> Holder | None:
+        k = ("h", slot)
+        if k in self._memo:
+            return self._memo[k]  # type: ignore[return-value]
+        holder = self._memo[k] = self.holder_of(slot)
+        return holder
 
     def cell(self, stream: int, layer: int, page: int) -> PageCell:
-        return self.cells[self.geometry.streams.index(stream)][layer][page]
+        k = ("c", stream, layer, page)
+        got = self._memo.get(k)
+        if got is None:
+            if stream not in self.geometry.streams or not (
+                    0 <= layer < self.geometry.layers and 0 <= page < self.geometry.pages):
+                raise IndexError(f"no cell stream {stream} layer {layer} page {page}")
+            key = self.geometry.key(layer, stream, page)
+            slot = self._slot(key)
+            got = self._memo[k] = PageCell(
+                page, page < self.geometry.window(), self.version_of(layer, stream, page), slot,
+                self._holder(slot) if slot is not None else None,
+                self.reads(stream, layer)[page], key in self.dirty)
+        return got  # type: ignore[return-value]
 
-    def flagged(self) -> list[tuple[int, int, PageCell]]:
-        """(stream, layer, cell) of every page whose latest read was stale or foreign."""
-        out: list[tuple[int, int, PageCell]] = []
-        for i, stream in enumerate(self.geometry.streams):
-            for layer, row in enumerate(self.cells[i]):
-                out.extend((stream, layer, c) for c in row if c.flagged)
+    def row(self, stream: int, layer: int, first: int = 0, stop: int | None = None
+            ) -> tuple[PageCell, ...]:
+        end = self.geometry.pages if stop is None else min(stop, self.geometry.pages)
+        return tuple(self.cell(stream, layer, p) for p in range(max(first, 0), end))
+
+    def cells(self) -> tuple[tuple[tuple[PageCell, ...], ...], ...]:
+        """Every cell: ``cells()[i][layer][page]`` for stream ``geometry.streams[i]``."""
+        return tuple(tuple(self.row(s, layer) for layer in range(self.geometry.layers))
+                     for s in self.geometry.streams)
+
+    def flagged(self) -> list[tuple[int, int, int, LastRead]]:
+        """(stream, layer, page, read) of every page whose latest read was stale or foreign
+        (from the reads alone: no cell is built)."""
+        out: list[tuple[int, int, int, LastRead]] = []
+        for stream in self.geometry.streams:
+            for layer in range(self.geometry.layers):
+                for page, read in enumerate(self.reads(stream, layer)):
+                    if read is not None and read.cls != "exact":
+                        out.append((stream, layer, page, read))
         return out
 
 
@@ -152,41 +217,14 @@ def geometry_from_header(header: ev.Header, *, layers: int = 0, streams: Iterabl
     )
 
 
-ReadOf = Callable[[int, int], "tuple[int, tuple[ev.ReadRange, ...]] | None"]
-
-
 def assemble(geometry: PagesGeometry, step: int, *, read_of: ReadOf,
              slot_of: Callable[[Key], int | None], holder_of: Callable[[int], Holder | None],
              version_of: Callable[[int, int, int], int], dirty: frozenset[Key],
              learned: tuple[tuple[int, int], ...] = (),
              relearn_step: int | None = None) -> PagesSnapshot:
-    """Build the snapshot from lookups of the state at the end of ``step``."""
-    window = geometry.window()
-    cells: list[tuple[tuple[PageCell, ...], ...]] = []
-    for stream in geometry.streams:
-        layers: list[tuple[PageCell, ...]] = []
-        for layer in range(geometry.layers):
-            reads: list[LastRead | None] = [None] * geometry.pages
-            last = read_of(layer, stream)
-            if last is not None:
-                read_step, ranges = last
-                for r in ranges:
-                    for page in range(max(r.begin, 0), min(r.end, geometry.pages)):
-                        reads[page] = LastRead(read_step, r.source, r.holder, r.cls,
-                                               r.version_lag)
-            row: list[PageCell] = []
-            for page in range(geometry.pages):
-                key = geometry.key(layer, stream, page)
-                slot = slot_of(key)
-                row.append(PageCell(
-                    page=page, resident=page < window,
-                    version=version_of(layer, stream, page), slot=slot,
-                    holder=holder_of(slot) if slot is not None else None,
-                    read=reads[page], dirty=key in dirty,
-                ))
-            layers.append(tuple(row))
-        cells.append(tuple(layers))
-    return PagesSnapshot(step, geometry, tuple(cells), learned, relearn_step)
+    """The snapshot at the end of ``step`` from lookups of the state then."""
+    return PagesSnapshot(step, geometry, read_of, slot_of, holder_of, version_of, dirty,
+                         learned, relearn_step)
 
 
 def write_pages(cells: tuple[int, int]) -> range:
@@ -243,13 +281,16 @@ class PagesReplay:
                 pass
 
     def snapshot(self, step: int) -> PagesSnapshot:
+        """The state now, as a value: later events do not change it (the maps are copied)."""
         dirty = frozenset(self.dirty) if self.dirty_step == step else frozenset()
+        reads, key_slot, holders = dict(self.reads), dict(self.key_slot), dict(self.holders)
+        versions = dict(self.versions)
         return assemble(
             self.geometry, step,
-            read_of=lambda layer, stream: self.reads.get((layer, stream)),
-            slot_of=self.key_slot.get,
-            holder_of=self.holders.get,
-            version_of=lambda layer, stream, page: self.versions.get((layer, stream, page), 0),
+            read_of=lambda layer, stream: reads.get((layer, stream)),
+            slot_of=key_slot.get,
+            holder_of=holders.get,
+            version_of=lambda layer, stream, page: versions.get((layer, stream, page), 0),
             dirty=dirty, learned=tuple(sorted(self.learned.items())),
             relearn_step=self.relearn_step,
         )

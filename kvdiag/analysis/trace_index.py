@@ -63,7 +63,7 @@ COLUMNS: dict[str, npt.DTypeLike] = {
     "flags": np.uint8,
 }
 BYTES_PER_ROW = sum(np.dtype(t).itemsize for t in COLUMNS.values())
-CHUNK = 256 << 10
+CHUNK = 1 << 20
 
 
 class _Row(msgspec.Struct, gc=False):
@@ -151,15 +151,21 @@ class TraceIndex:
     def last_step(self) -> int:
         return int(self.step_high[-1]) if self.n else -1
 
+    def _step_key(self, step: int) -> np.ndarray:
+        # A key of the array's own dtype: with a Python int, searchsorted converts the whole
+        # int32 array first (milliseconds at millions of rows).
+        info = np.iinfo(np.int32)
+        return np.asarray(min(max(step, info.min), info.max), dtype=np.int32)
+
     def cutoff(self, step: int) -> int:
         """Number of rows that belong to steps ``<= step`` (the prefix to replay)."""
-        return int(np.searchsorted(self.step_high, step, side="right"))
+        return int(np.searchsorted(self.step_high, self._step_key(step), side="right"))
 
     def step_rows(self, step: int) -> tuple[int, int]:
         """Row range ``[lo, hi)`` of ``step`` (exact for a trace whose steps never go back)."""
-        high = self.step_high
-        return (int(np.searchsorted(high, step, side="left")),
-                int(np.searchsorted(high, step, side="right")))
+        high, key = self.step_high, self._step_key(step)
+        return (int(np.searchsorted(high, key, side="left")),
+                int(np.searchsorted(high, key, side="right")))
 
     def row_of_seq(self, seq: int) -> int | None:
         seqs = self.columns["seq"]
@@ -197,17 +203,21 @@ class IndexBuilder:
 
     def run(self, chunk: int = CHUNK) -> Iterator[int]:
         """Index chunk by chunk; yields the byte position reached after each chunk."""
-        data = self.source.data
-        size = len(data)
-        while self.pos < size:
-            end = data.rfind(b"\n", self.pos, min(size, self.pos + chunk))
-            if end < 0:
-                # A line longer than the chunk, or the last line without a newline.
-                nl = data.find(b"\n", self.pos)
-                end = size - 1 if nl < 0 else nl
-            block = bytes(data[self.pos : end + 1])
+        source = self.source
+        size = source.size
+        carry = b""  # a line longer than the chunk, still incomplete
+        while self.pos + len(carry) < size:
+            data = carry + source.read(self.pos + len(carry), chunk)
+            if not data:
+                break
+            cut = data.rfind(b"\n")
+            if cut < 0 and self.pos + len(data) < size:
+                carry = data
+                continue
+            block = data if cut < 0 else data[: cut + 1]
+            carry = b""
             self._block(block, self.pos)
-            self.pos = end + 1
+            self.pos += len(block)
             yield self.pos
         self.done = True
 

@@ -8,6 +8,7 @@ snapshot of the current document and refreshes when a newer one arrives.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from functools import partial
 from typing import ClassVar
@@ -15,7 +16,7 @@ from typing import ClassVar
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
@@ -33,6 +34,7 @@ from kvdiag.tui.screens.telemetry import TelemetryScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 
 MAX_HISTORY = 100
+FIRST_PAINT_WAIT_S = 0.5
 
 
 class KvdiagApp(App[int]):
@@ -52,7 +54,7 @@ class KvdiagApp(App[int]):
         Binding("q", "quit", "Quit"),
     ]
 
-    step: reactive[int] = reactive(0, init=False)
+    step: var[int] = var(0, init=False)
     """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
 
     def __init__(self, paths: list[str], *, start_screen: str = "overview") -> None:
@@ -64,6 +66,7 @@ class KvdiagApp(App[int]):
         self.history: list[Target] = []
         self.start_screen = start_screen
         self.loaded = 0
+        self._painted = threading.Event()
 
     # -- documents ----------------------------------------------------------------------
 
@@ -85,7 +88,8 @@ class KvdiagApp(App[int]):
                 self.post_message(DocumentUpdated(i, doc))
 
         try:
-            load(path, publish, lambda: worker.is_cancelled)
+            load(path, publish, lambda: worker.is_cancelled,
+                 lambda: self._painted.wait(FIRST_PAINT_WAIT_S))
         except Exception as exc:  # a bug in a loader must not take the viewer down
             publish(ErrorDoc(path, f"{path}: internal error while loading: "
                                    f"{type(exc).__name__}: {exc}"))
@@ -102,6 +106,8 @@ class KvdiagApp(App[int]):
             self.loaded += 1
         if message.index == self.current:
             self._sync_screen()
+        if not self._painted.is_set():
+            self.call_after_refresh(self._painted.set)
 
     def _sync_screen(self) -> None:
         if isinstance(self.screen, KvScreen):

@@ -40,6 +40,7 @@ Stage = Literal["opening", "indexing", "analysing", "ready"]
 FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 PUBLISH_EVERY_S = 0.2
+YIELD_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,12 +127,25 @@ def detect_kind(path: str | Path) -> FileKind:
     return "log"
 
 
-def load(path: str, publish: Publish, cancelled: Callable[[], bool] = lambda: False) -> None:
-    """Load ``path``, publishing snapshots; failures are published as :class:`ErrorDoc`."""
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
+def load(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
+         painted: Callable[[], object] = _nothing) -> None:
+    """Load ``path``, publishing snapshots; failures are published as :class:`ErrorDoc`.
+
+    ``painted`` is called after the first snapshot and should return once the viewer has drawn
+    it (or soon anyway): the first frame then does not compete with the indexing pass.
+    """
     try:
         kind = detect_kind(path)
         if kind == "trace":
-            load_trace(path, publish, cancelled)
+            load_trace(path, publish, cancelled, painted)
         else:
             load_log(path, publish)
     except InputError as exc:
@@ -140,8 +154,8 @@ def load(path: str, publish: Publish, cancelled: Callable[[], bool] = lambda: Fa
         publish(ErrorDoc(path, f"{path}: {type(exc).__name__}: {exc}"))
 
 
-def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = lambda: False
-               ) -> None:
+def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
+               painted: Callable[[], object] = _nothing) -> None:
     t0 = time.perf_counter()
     with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
         header = reader.header
@@ -149,10 +163,14 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = lamb
     builder = IndexBuilder(source, header_end(source))
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
     publish(doc)
+    painted()
     last = time.perf_counter()
-    for pos in builder.run():
+    for pos in builder.run(YIELD_CHUNK):
         if cancelled():
             return
+        # Hand the GIL over between chunks: the UI thread waits for it after every select()
+        # and would otherwise wait out the interpreter's 5 ms switch interval each time.
+        time.sleep(0)
         now = time.perf_counter()
         if now - last >= PUBLISH_EVERY_S:
             last = now
@@ -179,12 +197,13 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = lamb
     state = {"last": time.perf_counter()}
 
     def progress(fraction: float) -> None:
+        time.sleep(0)  # as above: let the UI thread in
         now = time.perf_counter()
         if now - state["last"] >= PUBLISH_EVERY_S:
             state["last"] = now
             publish(replace(doc, progress=fraction))
 
-    digest = digest_trace(path, progress)
+    digest = digest_trace(path, progress, every=256)
     publish(replace(doc, digest=digest, stage="ready", progress=1.0,
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 

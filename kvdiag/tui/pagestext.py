@@ -44,7 +44,7 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int) -> str:
     geo = snap.geometry
     try:
         cell = snap.cell(stream, layer, page)
-    except (ValueError, IndexError):
+    except IndexError:
         return ""
     where = f"step {snap.step} · layer {layer} · stream {stream} · page {page}: "
     parts: list[str] = []

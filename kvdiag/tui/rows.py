@@ -28,7 +28,7 @@ LOG_COLUMNS = (Column("line", 7, "right"), Column("kind", 9), Column("slot", 4, 
                Column("text", 0))
 FITS_COLUMNS = (Column("seq", 7, "right"), Column("step", 5, "right"), Column("L", 3, "right"),
                 Column("node", 12), Column("route", 9), Column("fits", 5),
-                Column("failed conditions", 30), Column("Q ne", 17), Column("K ne", 17), Column("V ne", 17),
+                Column("failed conditions", 36), Column("Q ne", 17), Column("K ne", 17), Column("V ne", 17),
                 Column("dst ne", 17), Column("K nb", 26), Column("K/V buffer", 41),
                 Column("rt K/V", 7), Column("dst", 15), Column("K data", 15),
                 Column("V data", 0))

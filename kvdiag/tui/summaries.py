@@ -119,9 +119,6 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
                 parts.append(Text(f"line {p.line}: {p.kind}: {p.message}", style="yellow"))
             if len(d.problems) > 20:
                 parts.append(Text(f"… and {len(d.problems) - 20} more", style="yellow"))
-    if doc.timings:
-        parts.append(Text("loaded: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s"
-                                                 for k, v in doc.timings.items()), style="dim"))
     return Group(*parts)
 
 

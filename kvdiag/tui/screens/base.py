@@ -51,7 +51,7 @@ class KvScreen(Screen[None]):
         app = self.kv
         doc, index = app.doc, app.current
         self.query_one("#status", Static).update(
-            f"{TITLES[self.MODE]}  ·  {status_text(doc, index, len(app.docs))}")
+            f"{TITLES[self.MODE]}  ·  {status_text(doc, index, len(app.docs))}", layout=False)
         if doc is self.doc and index == self.doc_index:
             return
         old = self.doc if index == self.doc_index else None

@@ -113,11 +113,11 @@ class PagesScreen(KvScreen):
         self.query_one("#pages-scrubber", Scrubber).show(self.last_step + 1, step, self.marks())
         playing = " ▶ playing" if self.timer is not None else ""
         flagged = snap.flagged()
-        now = [f for f in flagged if f[2].read is not None and f[2].read.step == step]
+        now = [f for f in flagged if f[3].step == step]
         bad = (f" · [red]{len(now)} stale/foreign page read(s) at this step[/]" if now else
                (f" · {len(flagged)} page(s) last read stale/foreign" if flagged else ""))
         self.query_one("#pages-info", Static).update(
-            f"step {step} of {self.last_step}{playing}{bad}\n{window_words(snap)}")
+            f"step {step} of {self.last_step}{playing}{bad}\n{window_words(snap)}", layout=False)
         self._show_cursor()
 
     def _show_cursor(self) -> None:
@@ -128,7 +128,8 @@ class PagesScreen(KvScreen):
         streams = snap.geometry.streams
         for grid in self.query(PagesGrid):
             grid.cursor = (layer, page) if grid.stream == streams[si] else None
-        self.query_one("#pages-cell", Static).update(cell_words(snap, streams[si], layer, page))
+        self.query_one("#pages-cell", Static).update(cell_words(snap, streams[si], layer, page),
+                                                     layout=False)
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -187,9 +188,9 @@ class PagesScreen(KvScreen):
         snap = self.snapshot
         if snap is None:
             return
-        for stream, layer, cell in snap.flagged():
-            if cell.read is not None and cell.read.step == snap.step:
-                self.cursor = (snap.geometry.streams.index(stream), layer, cell.page)
+        for stream, layer, page, read in snap.flagged():
+            if read.step == snap.step:
+                self.cursor = (snap.geometry.streams.index(stream), layer, page)
                 self._show_cursor()
                 return
 

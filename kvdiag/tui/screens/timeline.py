@@ -102,7 +102,8 @@ class TimelineScreen(KvScreen):
                 text += f" · search {self.needle!r}"
         else:
             text = "no events: this file could not be read (see 1: Overview)"
-        self.query_one("#timeline-info", Static).update(text + (f" · {extra}" if extra else ""))
+        self.query_one("#timeline-info", Static).update(text + (f" · {extra}" if extra else ""),
+                                                        layout=False)
 
     def current_row(self) -> int | None:
         """The source row under the cursor (index row / log line - 1)."""

@@ -36,11 +36,14 @@ class PagesGrid(ScrollView, can_focus=False):
         self.stream = stream
         self.snapshot: PagesSnapshot | None = None
         self.border_title = f"stream {stream}"
+        self._styles: dict[tuple[str, ...], Style] = {}
 
     def show(self, snapshot: PagesSnapshot) -> None:
         self.snapshot = snapshot
         geo = snapshot.geometry
-        self.virtual_size = Size(LABEL_WIDTH + geo.pages * CELL_WIDTH, geo.layers + 1)
+        size = Size(LABEL_WIDTH + geo.pages * CELL_WIDTH, geo.layers + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
         self.refresh()
 
     def watch_cursor(self, old: tuple[int, int] | None, new: tuple[int, int] | None) -> None:
@@ -55,8 +58,21 @@ class PagesGrid(ScrollView, can_focus=False):
                 self.scroll_to(y=layer, animate=False, immediate=True)
         self.refresh()
 
-    def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"pages-grid--{name}", default=Style())
+    def _style(self, *names: str) -> Style:
+        """The combined style of a cell with these marks (combinations are few; cache them)."""
+        style = self._styles.get(names)
+        if style is None:
+            style = self.rich_style
+            for name in names:
+                # partial: only what the rule sets, so "foreign" + "now" keeps the red
+                style += self.get_component_rich_style(f"pages-grid--{name}", partial=True,
+                                                       default=Style())
+            self._styles[names] = style
+        return style
+
+    def notify_style_update(self) -> None:
+        self._styles.clear()
+        super().notify_style_update()
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
@@ -66,38 +82,41 @@ class PagesGrid(ScrollView, can_focus=False):
         if snap is None:
             return Strip.blank(width, base)
         geo = snap.geometry
+        # Only the columns on screen are built (a long context has hundreds of pages).
+        first = max(0, scroll_x // CELL_WIDTH)
+        stop = min(geo.pages, (scroll_x + width) // CELL_WIDTH + 2)
+        shift = scroll_x - first * CELL_WIDTH
         if y == 0:
             head = self._style("header")
-            segments = [Segment("page".ljust(LABEL_WIDTH), base + head)]
-            segments += [Segment(str(p).center(CELL_WIDTH), base + head)
-                         for p in range(geo.pages)]
-            return self._crop(segments, scroll_x, width, base, frozen=1)
+            segments = [Segment("page".ljust(LABEL_WIDTH), head)]
+            segments += [Segment(str(p).center(CELL_WIDTH), head) for p in range(first, stop)]
+            return self._crop(segments, shift, width, base)
         layer = scroll_y + y - 1
         if layer >= geo.layers or self.stream not in geo.streams:
             return Strip.blank(width, base)
-        row = snap.cells[geo.streams.index(self.stream)][layer]
-        segments = [Segment(f"L{layer}".ljust(LABEL_WIDTH), base + self._style("label"))]
+        segments = [Segment(f"L{layer}".ljust(LABEL_WIDTH), self._style("label"))]
         cursor = self.cursor
-        for cell in row:
-            style = base + self._style(cell_mark(cell, snap.step))
+        step = snap.step
+        for cell in snap.row(self.stream, layer, first, stop):
+            marks = [cell_mark(cell, step)]
             if not cell.resident:
-                style += self._style("outside")
-            if cell.read is not None and cell.read.step == snap.step:
-                style += self._style("now")
+                marks.append("outside")
+            if cell.read is not None and cell.read.step == step:
+                marks.append("now")
             if cursor == (layer, cell.page):
-                style += self._style("cursor")
+                marks.append("cursor")
             label = cell_label(cell)[: CELL_WIDTH - 1]
-            segments.append(Segment(label.ljust(CELL_WIDTH - 1), style))
+            segments.append(Segment(label.ljust(CELL_WIDTH - 1), self._style(*marks)))
             segments.append(Segment(" ", base))
-        return self._crop(segments, scroll_x, width, base, frozen=1)
+        return self._crop(segments, shift, width, base)
 
     @staticmethod
-    def _crop(segments: list[Segment], scroll_x: int, width: int, base: Style, frozen: int
-              ) -> Strip:
-        """Keep the first ``frozen`` segments (the row label) in place; scroll the rest."""
-        label = Strip(segments[:frozen])
-        rest = Strip(segments[frozen:])
-        body = rest.crop_extend(scroll_x, scroll_x + max(0, width - label.cell_length), base)
+    def _crop(segments: list[Segment], shift: int, width: int, base: Style) -> Strip:
+        """Keep the row label (first segment) in place; the cells after it start ``shift``
+        cells into the first visible column."""
+        label = Strip(segments[:1])
+        rest = Strip(segments[1:])
+        body = rest.crop_extend(shift, shift + max(0, width - label.cell_length), base)
         return Strip.join([label, body]).crop_extend(0, width, base)
 
     def on_click(self, event: events.Click) -> None:

@@ -1,0 +1,354 @@
+"""Headless benchmark of ``kvdiag tui`` on a synthetic trace of 5,000,000 events.
+
+Run: ``.venv/bin/python benchmarks/bench_tui.py [--events N] [--presses N]``.
+
+A child process writes the trace (TraceWriter, one decode step of a 32-layer, 2-stream model per
+~200 events: per layer a write per stream with its dirty key and page version, a fits decision,
+a read per stream with pool/ring page ranges some of them stale or foreign, a ring upload; every
+8th step a resident re-upload of each layer with evictions; outputs; telemetry every 10th step).
+This process then runs the viewer headlessly (``App.run_test``, 160x48) and measures:
+
+- first paint: from before ``import kvdiag.tui.app`` until the Overview shows the trace header
+  (target < 1 s), and that indexing was still running then;
+- fully indexed / pages ready / analysed: when the loader published each stage;
+- memory: peak RSS of this process (the viewer only; the trace is written by the child);
+- Pages scrub: one ``right``/``left`` key press until the screen has processed it and repainted
+  (targets: median < 50 ms, p95 < 150 ms);
+- Timeline filter: setting the filter input to a new expression until the table repainted
+  (same targets).
+
+Baselines measured in the same run: indexing vs. a full typed read with ``TraceReader`` (what
+``kvdiag check`` does), and a scrub step vs. rebuilding that step's state by replaying the trace
+from the start (``PagesReplay``), which is what random access over the index avoids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LAYERS = 32
+STREAMS = 2
+PAGES = 64
+WINDOW = 8
+RING = 16
+PROMPT = 4096
+KV_SIZE = PAGES * 256
+FILTERS = ("kind:read", "layer:3", "stream:1 step:1000-2000", "slot:40", "kind:fits layer:0-7",
+           "kind:upload,evict", "read stream:0 layer:31", "step:20000-20100", "kind:telemetry",
+           "")
+
+
+# -- the synthetic trace -------------------------------------------------------------------
+
+def write_trace(path: Path, n_events: int) -> int:
+    from kvdiag.model.events import (
+        Device,
+        Evict,
+        Fits,
+        Output,
+        Read,
+        ReadRange,
+        Step,
+        Telemetry,
+        Upload,
+        Write,
+    )
+    from kvdiag.model.geometry import Tensor
+    from kvdiag.trace.writer import TraceWriter, make_header
+
+    def tensor(name: str, ne: tuple[int, int, int, int], data: int, buffer: str,
+               runtime: int | None = None, type_: str = "f16") -> Tensor:
+        nb0 = 2 if type_ == "f16" else 4
+        nb = (nb0, nb0 * ne[0], nb0 * ne[0] * ne[1], nb0 * ne[0] * ne[1] * ne[2])
+        return Tensor(name, type_, ne, nb, data=data, buffer=buffer, runtime=runtime)
+
+    header = make_header(
+        "synthetic", Device("bench GPU", memory_bytes=24 << 30, driver="560.35", pcie="Gen4 x16"),
+        scenario={"name": "bench", "description": "synthetic decode, 32 layers, 2 streams",
+                  "config": {"layers": LAYERS, "np": STREAMS, "layout": "shared",
+                             "dispatch": "membership", "ctx": KV_SIZE * STREAMS}},
+        plan={"pages_per_stream": PAGES, "resident_pages_per_layer": WINDOW,
+              "ring_slots": RING, "pool_pages": LAYERS * WINDOW + RING, "n_stream": STREAMS,
+              "page_bytes": 1 << 20},
+    )
+    q = tensor("Qcur", (256, 1, 32, 1), 0, "CUDA0", type_="f32")
+    ks = [tensor(f"cache_k_l{i}", (256, KV_SIZE, 8, 1), 0x7F3A00000000 + i * (1 << 28),
+                 "CUDA_KV_Stream_Host", 1) for i in range(LAYERS)]
+    vs = [tensor(f"cache_v_l{i}", (256, KV_SIZE, 8, 1), 0x7F3A08000000 + i * (1 << 28),
+                 "CUDA_KV_Stream_Host", 1) for i in range(LAYERS)]
+    dst = tensor("kqv_out", (256, 32, 1, 1), 0, "CUDA0", type_="f32")
+    versions: dict[tuple[int, int, int], int] = {}
+    with TraceWriter.create(path, header) as w:
+        step = 0
+        while w.seq < n_events - 1:
+            cell = PROMPT + step % (KV_SIZE - PROMPT)
+            page = cell // 256
+            n_pages = page + 1
+            w.emit(Step, step, phase="decode", streams=(0, 1), tokens=1, n_kv=n_pages * 256,
+                   slots=(0, 1))
+            for layer in range(LAYERS):
+                for s in range(STREAMS):
+                    key = (layer, s, page)
+                    versions[key] = versions.get(key, 0) + 1
+                    w.emit(Write, step, layer=layer, stream=s, cells=(cell, cell + 1),
+                           rows=(s * KV_SIZE + cell, s * KV_SIZE + cell + 1),
+                           dirty=((layer, None, page),) if page < WINDOW else (),
+                           versions=((page, versions[key]),))
+                w.emit(Fits, step, node=f"__fattn__-{layer}", layer=layer, q=q, k=ks[layer],
+                       v=vs[layer], dst=dst, stage_bytes=12 << 20, result=True,
+                       route="streamed", membership=True)
+                base = RING + layer * WINDOW
+                if step % 8 == 0:
+                    if step % 64 == 0 and step:
+                        for p in range(WINDOW):
+                            w.emit(Evict, step, slot=base + p, layer=layer, page=p,
+                                   stream=(step // 64) % 2, bytes=1 << 20, reason="replaced")
+                    w.emit(Upload, step, layer=layer, stream=step // 8 % 2, pages=(0, WINDOW),
+                           slot=base, target="resident", bytes=WINDOW << 20, reason="dirty")
+                for s in range(STREAMS):
+                    holder = step // 8 % 2
+                    cls = "exact" if holder == s else "foreign"
+                    ranges = [ReadRange(0, WINDOW, "pool", holder, cls)]
+                    if step % 8:
+                        ranges = [ReadRange(0, WINDOW - 1, "pool", holder, cls),
+                                  ReadRange(WINDOW - 1, WINDOW, "pool", holder, "stale",
+                                            step % 8)]
+                    if n_pages > WINDOW:
+                        ranges.append(ReadRange(WINDOW, n_pages, "ring", s, "exact"))
+                    w.emit(Read, step, layer=layer, stream=s, pool=WINDOW,
+                           ring=max(0, n_pages - WINDOW), host=0, ranges=tuple(ranges))
+                w.emit(Upload, step, layer=layer, stream=layer % 2,
+                       pages=(WINDOW, min(n_pages, WINDOW + 8)), slot=layer % RING,
+                       target="ring", bytes=8 << 20, reason="ring")
+            for s in range(STREAMS):
+                w.emit(Output, step, stream=s, checksum="1a2b3c4d", ref_checksum="1a2b3c4d",
+                       max_abs_delta=0.0, tolerance=1e-3, worst_layer=0)
+            if step % 10 == 0:
+                w.emit(Telemetry, step, mem_used=(20 << 30) + (step % 97) * (1 << 24),
+                       mem_total=24 << 30, gpu_util=60 + step % 40, mem_util=30 + step % 20,
+                       pcie_rx_kbps=12_000_000 + (step % 13) * 100_000,
+                       pcie_tx_kbps=400_000 + (step % 7) * 10_000, sm_clock_mhz=2520,
+                       mem_clock_mhz=10501)
+            w.end_step()
+            step += 1
+        return w.seq + 1
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def rss_mib() -> dict[str, float]:
+    """VmRSS and its parts: RssAnon (the process's own memory) and RssFile (mapped file pages,
+    reclaimable: the trace's pages the viewer has looked at)."""
+    out: dict[str, float] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(line.split()[1]) / 1024
+    return out
+
+
+async def settle(pilot: Any, done: Any, timeout: float = 30.0) -> None:
+    """Let queued messages run until ``done()``, then render the pending update now.
+
+    Pilot's ``press``/``pause`` wait for the process to look idle (20 ms sleeps, repeated),
+    which would be counted as latency; this waits only for the work itself.
+    """
+    deadline = time.perf_counter() + timeout
+    while not done():
+        await pilot._wait_for_screen()
+        if done():
+            break
+        await asyncio.sleep(0)
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the viewer did not react")
+    pilot.app.screen._on_timer_update()
+
+
+async def measure(path: Path, presses: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from textual import events
+
+    from kvdiag.tui.app import KvdiagApp  # counted: the user waits for this import too
+    from kvdiag.tui.document import TraceDoc
+    from kvdiag.tui.screens.overview import OverviewScreen
+    from kvdiag.tui.screens.pages import PagesScreen
+    from kvdiag.tui.screens.timeline import TimelineScreen
+
+    t_import = time.perf_counter() - t0
+    app = KvdiagApp([str(path)])
+    out: dict[str, Any] = {"import_s": t_import}
+    painted: list[float] = []
+    display = app._display
+
+    def spy(screen: Any, renderable: Any) -> None:
+        # The first frame written while the Overview shows the trace: the first paint.
+        if not painted and renderable is not None and isinstance(screen, OverviewScreen) and \
+                isinstance(screen.doc, TraceDoc):
+            painted.append(time.perf_counter() - t0)
+            stage = app.docs[0].stage
+            out["indexing_at_first_paint"] = stage == "indexing"
+        display(screen, renderable)
+
+    app._display = spy  # type: ignore[method-assign]
+    async with app.run_test(size=(160, 48)) as pilot:
+        while not painted:
+            await asyncio.sleep(0.001)
+        out["first_paint_s"] = painted[0]
+        marks = {"indexed_s": lambda d: d.geometry is not None,
+                 "pages_ready_s": lambda d: d.pages is not None,
+                 "analysed_s": lambda d: d.stage == "ready"}
+        for key, done in marks.items():
+            while not done(app.docs[0]):
+                await asyncio.sleep(0.005)
+            out[key] = time.perf_counter() - t0
+        doc = app.docs[0]
+        assert isinstance(doc, TraceDoc)
+        out["events"] = doc.index.n
+        out["steps"] = doc.index.last_step + 1
+        out["file_mb"] = path.stat().st_size / 1e6
+        out["rss_loaded_mib"] = rss_mib()
+        await pilot.pause()
+
+        def key(name: str) -> None:
+            app._driver.send_message(events.Key(name, None))  # type: ignore[union-attr]
+
+        # Pages: scrub from the middle, right then left.
+        await pilot.press("4")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, PagesScreen)
+        screen.set_step(out["steps"] // 2)
+        await pilot.pause()
+        scrub: list[float] = []
+        for name in ["right"] * (presses // 2) + ["left"] * (presses - presses // 2):
+            target = app.step + (1 if name == "right" else -1)
+            t = time.perf_counter()
+            key(name)
+            await settle(pilot, lambda t=target: screen.shown_step == t)  # type: ignore[misc]
+            scrub.append(time.perf_counter() - t)
+        out["scrub_ms"] = scrub
+        t = time.perf_counter()
+        key("end")
+        await settle(pilot, lambda: screen.shown_step == out["steps"] - 1)
+        out["scrub_end_ms"] = [(time.perf_counter() - t)]
+
+        # Timeline: filter changes through the filter input.
+        await pilot.press("2")
+        await pilot.pause()
+        tl = app.screen
+        assert isinstance(tl, TimelineScreen)
+        filt = tl.query_one("#filter")
+        flt: list[float] = []
+        shown: dict[str, int] = {}
+        for _ in range(max(1, presses // (2 * len(FILTERS)))):
+            for text in FILTERS:
+                before = tl.rows
+                t = time.perf_counter()
+                filt.value = text  # type: ignore[attr-defined]
+                await settle(pilot, lambda b=before: tl.rows is not b)  # type: ignore[misc]
+                flt.append(time.perf_counter() - t)
+                shown[text] = len(tl.rows) if tl.rows is not None else -1
+        out["filter_ms"] = flt
+        out["filter_rows"] = shown
+        out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        app.exit(None)
+    return out
+
+
+def baselines(path: Path, step: int) -> dict[str, float]:
+    from kvdiag.analysis.replay import PagesReplay, geometry_from_header
+    from kvdiag.trace.reader import TraceReader
+
+    t = time.perf_counter()
+    with TraceReader.open(path) as r:
+        n = sum(1 for _ in r)
+    read_s = time.perf_counter() - t
+    t = time.perf_counter()
+    with TraceReader.open(path) as r:
+        replay = PagesReplay(geometry_from_header(r.header))
+        for e in r:
+            if e.step > step:
+                break
+            replay.apply(e)
+        replay.snapshot(step)
+    replay_s = time.perf_counter() - t
+    return {"read_s": read_s, "read_events": n, "replay_to_middle_s": replay_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=5_000_000)
+    ap.add_argument("--presses", type=int, default=200)
+    ap.add_argument("--write-only", metavar="PATH", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.write_only:
+        print(write_trace(Path(args.write_only), args.events))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.kvtrace"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--events", str(args.events), "--write-only",
+                        str(path)], check=True, stdout=subprocess.DEVNULL)
+        t_write = time.perf_counter() - t
+        res = asyncio.run(measure(path, args.presses))
+        base = baselines(path, res["steps"] // 2)
+    scrub = [x * 1000 for x in res["scrub_ms"]]
+    flt = [x * 1000 for x in res["filter_ms"]]
+    ok = {
+        "first paint < 1 s": res["first_paint_s"] < 1.0,
+        "scrub median < 50 ms": statistics.median(scrub) < 50,
+        "scrub p95 < 150 ms": pct(scrub, 0.95) < 150,
+        "filter median < 50 ms": statistics.median(flt) < 50,
+        "filter p95 < 150 ms": pct(flt, 0.95) < 150,
+    }
+    print(f"date      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+    print(f"machine   {platform.machine()} {os.cpu_count()} cores, Python "
+          f"{sys.version.split()[0]}, {platform.system()}, load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine)")
+    print(f"trace     {res['events']:,} events, {res['steps']:,} steps, {res['file_mb']:.0f} MB "
+          f"(written in {t_write:.1f} s by a child process)")
+    print(f"import    {res['import_s']:.2f} s  (kvdiag.tui.app and textual)")
+    print(f"paint     {res['first_paint_s']:.2f} s  first paint of the Overview with the trace "
+          f"header (indexing still running: {res['indexing_at_first_paint']})")
+    print(f"indexed   {res['indexed_s']:.2f} s  ({res['events'] / res['indexed_s']:,.0f} events/s)"
+          f"; baseline TraceReader full typed read {base['read_s']:.2f} s -> "
+          f"{base['read_s'] / res['indexed_s']:.2f}x")
+    print(f"pages     {res['pages_ready_s']:.2f} s  page-replay groups built")
+    print(f"analysed  {res['analysed_s']:.2f} s  findings, marks, telemetry (second pass)")
+    mem = res["rss_loaded_mib"]
+    print(f"memory    peak RSS {res['rss_peak_mib']:.0f} MiB; after loading RSS {mem['VmRSS']:.0f}"
+          f" MiB = {mem['RssAnon']:.0f} MiB own + {mem['RssFile']:.0f} MiB mapped file pages"
+          f" (the {res['file_mb']:.0f} MB trace is mapped, not read into memory)")
+    print(f"scrub     median {statistics.median(scrub):.1f} ms, p95 {pct(scrub, 0.95):.1f} ms, "
+          f"max {max(scrub):.1f} ms over {len(scrub)} presses; end key {res['scrub_end_ms'][0] * 1000:.1f} ms"
+          f"; baseline replay to the middle step {base['replay_to_middle_s']:.2f} s -> "
+          f"{base['replay_to_middle_s'] * 1000 / statistics.median(scrub):,.0f}x")
+    print(f"filter    median {statistics.median(flt):.1f} ms, p95 {pct(flt, 0.95):.1f} ms, "
+          f"max {max(flt):.1f} ms over {len(flt)} changes")
+    print("          rows shown: " + ", ".join(f"{k or '(none)'}={v:,}"
+                                             for k, v in res["filter_rows"].items()))
+    for name, good in ok.items():
+        print(f"target    {name}: {'PASS' if good else 'MISS'}")
+    return 0 if all(ok.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

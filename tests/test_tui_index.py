@@ -1,0 +1,184 @@
+"""The viewer's non-UI layer: trace index, row filters, text search, log index (no textual)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvdiag.analysis.linesource import LineSource
+from kvdiag.analysis.log_index import LOG_KINDS, build_log_index, line_offsets
+from kvdiag.analysis.rowfilter import FilterError, RowFilter, apply_filter, parse_filter
+from kvdiag.analysis.textsearch import find_row
+from kvdiag.analysis.trace_index import (
+    F_FITS_FALSE,
+    F_RING,
+    KINDS,
+    ROUTES,
+    IndexBuilder,
+    TraceIndex,
+    decode_event,
+    header_end,
+)
+from kvdiag.model import events as ev
+from kvdiag.postmortem.lines import open_log
+from kvdiag.postmortem.parse import LogParser
+from kvdiag.trace.reader import TraceReader
+from tests.tui_samples import write_abort, write_aliasing
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def index_of(path: Path, chunk: int = 1 << 20) -> tuple[TraceIndex, LineSource]:
+    source = LineSource.open(path)
+    builder = IndexBuilder(source, header_end(source))
+    for _ in builder.run(chunk):
+        pass
+    return builder.snapshot(), source
+
+
+@pytest.fixture(scope="module")
+def aliasing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    mp = pytest.MonkeyPatch()
+    try:
+        return write_aliasing(tmp_path_factory.mktemp("idx") / "aliasing.kvtrace", mp)
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("chunk", [97, 4096, 1 << 20])
+def test_index_columns_match_the_reader(aliasing: Path, chunk: int) -> None:
+    """GIVEN a trace WHEN indexed in chunks of any size THEN each row holds its event's fields."""
+    index, source = index_of(aliasing, chunk)
+    events = list(TraceReader.open(aliasing))
+    assert index.complete and index.n == len(events) == 60
+    c = index.columns
+    for row, e in enumerate(events):
+        assert int(c["seq"][row]) == e.seq and int(c["step"][row]) == e.step
+        assert KINDS[int(c["kind"][row])] == type(e).__name__.lower()
+        assert decode_event(source.line(int(c["offset"][row]))) == e
+        if isinstance(e, ev.Upload):
+            assert (int(c["a"][row]), int(c["b"][row]), int(c["slot"][row])) == (
+                e.pages[0], e.pages[1], e.slot)
+            assert int(c["key"][row]) == -1 and not int(c["flags"][row]) & F_RING
+        elif isinstance(e, ev.Write):
+            assert (int(c["a"][row]), int(c["b"][row]), int(c["stream"][row])) == (
+                e.cells[0], e.cells[1], e.stream)
+        elif isinstance(e, ev.Evict):
+            assert (int(c["slot"][row]), int(c["a"][row])) == (e.slot, e.page)
+        elif isinstance(e, ev.Fits):
+            assert ROUTES[int(c["a"][row])] == e.route
+    assert index.kind_counts() == {"step": 5, "learn": 6, "fits": 10, "write": 10, "upload": 4,
+                                   "evict": 4, "read": 10, "output": 5, "telemetry": 5,
+                                   "end": 1}
+    assert index.last_step == 4
+    lo, hi = index.step_rows(2)
+    assert {int(s) for s in c["step"][lo:hi]} == {2} and index.cutoff(1) == lo
+    assert index.row_of_seq(int(c["seq"][7])) == 7 and index.row_of_seq(10_000) is None
+
+
+def test_index_marks_fits_false_and_keeps_damage(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN an aborting trace with a corrupt line, an unknown kind and a cut last line
+    THEN the index keeps a row for each, marked corrupt or unknown, and the fits row is false."""
+    path = write_abort(tmp_path / "abort.kvtrace", monkeypatch)
+    lines = path.read_bytes().split(b"\n")
+    damaged = [*lines[:3], b"{not json", b'{"kind":"gpu_clock","seq":90,"t_ns":1,"step":0,"mhz":7}',
+               *lines[3:-2], lines[-2][:20]]
+    path.write_bytes(b"\n".join(damaged))
+    index, source = index_of(path)
+    kinds = [KINDS[k] for k in index.columns["kind"]]
+    assert kinds == ["step", "write", "corrupt", "unknown", "write", "fits", "abort", "corrupt"]
+    fits_row = kinds.index("fits")
+    assert int(index.columns["flags"][fits_row]) & F_FITS_FALSE
+    assert ROUTES[int(index.columns["a"][fits_row])] == "abort"
+    unknown = decode_event(source.line(int(index.columns["offset"][3])))
+    assert isinstance(unknown, ev.Unknown) and unknown.fields == {"mhz": 7}
+    assert not index.seq_sorted  # seq 90 then 3
+
+
+def test_filters_parse_and_select(aliasing: Path) -> None:
+    index, _ = index_of(aliasing)
+    c = index.columns
+    flt = parse_filter("read layer:1 stream:1 step:3-4", KINDS)
+    assert flt == RowFilter(kinds=frozenset({"read"}), layer=((1, 1),), stream=((1, 1),),
+                            step=((3, 4),))
+    rows = apply_filter(flt, c, KINDS)
+    assert rows is not None and [int(c["step"][r]) for r in rows] == [3, 4]
+    # slot 3 is the second slot of layer 0's page run [2, 4): uploads cover it, evictions hit it
+    rows = apply_filter(parse_filter("slot:3", KINDS), c, KINDS, index.slot_span)
+    assert rows is not None
+    assert [KINDS[int(c["kind"][r])] for r in rows] == ["upload", "evict", "upload"]
+    assert apply_filter(parse_filter("", KINDS), c, KINDS) is None
+    assert parse_filter("k:read,write l:0,1 t:2..3", KINDS).describe() == (
+        "kind:read,write layer:0,1 step:2-3")
+    for bad, why in (("layer:x", "not a number"), ("kind:reed", "unknown kind"),
+                     ("colour:red", "unknown key"), ("step:5-2", "backwards"),
+                     ("hello", "not a kind")):
+        with pytest.raises(FilterError, match=why):
+            parse_filter(bad, KINDS)
+
+
+def test_text_search_wraps_and_respects_the_selection(aliasing: Path) -> None:
+    index, source = index_of(aliasing)
+    offsets = index.columns["offset"]
+    foreign = [r for r in range(index.n) if b"foreign" in source.line(int(offsets[r]))]
+    assert len(foreign) == 6
+    assert find_row(source, offsets, b"foreign", 0) == foreign[0]
+    assert find_row(source, offsets, b"foreign", foreign[0] + 1) == foreign[1]
+    assert find_row(source, offsets, b"foreign", foreign[-1] + 1) == foreign[0]  # wrapped
+    assert find_row(source, offsets, b"foreign", foreign[1], forward=False) == foreign[0]
+    only_layer1 = np.flatnonzero(index.columns["layer"] == 1)
+    assert find_row(source, offsets, b"foreign", 0, selection=only_layer1) == foreign[1]
+    assert find_row(source, offsets, b"no such text", 0) is None
+
+
+def test_log_index_marks_records_and_slot_lines() -> None:
+    path = LOGS / "kvstream_np2_gdb.log"
+    parser = LogParser()
+    name, stream, closers = open_log(str(path))
+    parser.feed(name, stream)
+    for c in closers:
+        c.close()
+    scan = parser.result()
+    source = LineSource.open(path)
+    index = build_log_index(source, scan, name)
+    text = path.read_bytes()
+    assert index.n == text.count(b"\n") == len(line_offsets(source))
+    kinds = [LOG_KINDS[k] for k in index.columns["kind"]]
+    crash = scan.crashes[0]
+    assert kinds[crash.where.line - 1] == "crash"
+    assert kinds[scan.fits[0].where.line - 1] == "fits"
+    slot_rows = [i for i, k in enumerate(kinds) if k == "slot"]
+    lines = text.split(b"\n")
+    assert slot_rows and all(b"id " in lines[i] or b"id_slot=" in lines[i] for i in slot_rows)
+    # "slot launch_slot_: id  1 | task 0 | processing task" names server slot 1
+    launch = next(i for i, line in enumerate(lines) if b"launch_slot_: id  1" in line)
+    assert int(index.columns["slot"][launch]) == 1
+    assert index.kind_counts()["boot"] >= 5
+
+
+def test_gzip_log_is_decompressed_for_random_access(tmp_path: Path) -> None:
+    import gzip
+
+    raw = (LOGS / "segfault_lldb.log").read_bytes()
+    gz = tmp_path / "x.log.gz"
+    gz.write_bytes(gzip.compress(raw))
+    source = LineSource.open(gz)
+    assert source.compressed and source.data == raw
+    offsets = line_offsets(source)
+    assert source.line(int(offsets[2])) == raw.split(b"\n")[2].rstrip(b"\r")
+
+
+def test_non_ui_modules_do_not_import_textual() -> None:
+    """The index, replay and report layers run without textual (kvdiag check needs none)."""
+    code = ("import sys; import kvdiag.analysis.trace_index, kvdiag.analysis.pages_query, "
+            "kvdiag.analysis.trace_digest, kvdiag.analysis.log_index, kvdiag.tui.document, "
+            "kvdiag.tui.rows, kvdiag.tui.summaries, kvdiag.tui.fitsdetail, kvdiag.tui.crashes, "
+            "kvdiag.tui.pagestext, kvdiag.tui.sparkline; print('textual' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,119 @@
+"""Pages state at a step: the event-by-event replay, and the random-access query that must agree
+with it at every step of real captures (no textual)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvdiag.analysis.linesource import LineSource
+from kvdiag.analysis.pages_query import PagesQuery
+from kvdiag.analysis.replay import (
+    Holder,
+    LastRead,
+    PagesGeometry,
+    geometry_from_header,
+    replay_steps,
+    write_pages,
+)
+from kvdiag.analysis.trace_index import IndexBuilder, header_end
+from kvdiag.trace.reader import TraceReader
+from tests.conftest import Capture
+from tests.tui_samples import write_aliasing
+
+
+def query_for(path: Path) -> tuple[PagesQuery, dict[int, object], PagesGeometry]:
+    with TraceReader.open(path) as reader:
+        header = reader.header
+        events = list(reader)
+    geometry = geometry_from_header(header)
+    source = LineSource.open(path)
+    builder = IndexBuilder(source, header_end(source))
+    for _ in builder.run():
+        pass
+    return PagesQuery(builder.snapshot(), source, geometry), replay_steps(geometry, events), \
+        geometry
+
+
+@pytest.fixture(scope="module")
+def aliasing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    mp = pytest.MonkeyPatch()
+    try:
+        return write_aliasing(tmp_path_factory.mktemp("replay") / "aliasing.kvtrace", mp)
+    finally:
+        mp.undo()
+
+
+def test_geometry_comes_from_the_header(aliasing: Path) -> None:
+    _, _, geo = query_for(aliasing)
+    assert geo == PagesGeometry(layers=2, streams=(0, 1), pages=4, resident_per_layer=2,
+                                layout="shared", ring_slots=2, pool_pages=6)
+    assert geo.window() == 2 and geo.key(1, 1, 3) == (1, None, 3)
+    per_stream = PagesGeometry(2, (0, 1), 4, 4, "per-stream")
+    assert per_stream.window() == 2 and per_stream.key(1, 1, 3) == (1, 1, 3)
+
+
+def test_aliasing_trace_step_by_step(aliasing: Path) -> None:
+    """GIVEN slot 1 prefills, slot 0 re-uploads the shared keys, slot 1 decodes
+    THEN the pages show slot 1's pages held by slot 0's bytes: a foreign read."""
+    query, ref, _ = query_for(aliasing)
+    s0 = query.snapshot(0)
+    cell = s0.cell(1, 0, 0)
+    assert cell.slot == 2 and cell.holder == Holder(0, 1, 0, 1)
+    assert cell.read == LastRead(0, "pool", 1, "exact", 0) and cell.resident
+    assert s0.cell(0, 0, 0).holder == Holder(0, 1, 0, 1)  # shared key: stream 0 sees it too
+    assert s0.cell(1, 0, 2).slot is None and not s0.cell(1, 0, 2).resident
+    s1 = query.snapshot(1)
+    assert s1.cell(1, 1, 1).holder == Holder(1, 0, 1, 1)  # slot 0's upload replaced it
+    assert s1.cell(0, 1, 0).dirty and s1.cell(1, 1, 0).dirty  # (layer, page) keys: both
+    assert s1.flagged() == []
+    s2 = query.snapshot(2)
+    assert not s2.cell(0, 1, 0).dirty  # dirty marks belong to the step that made them
+    foreign = s2.cell(1, 0, 0)
+    assert foreign.read == LastRead(2, "pool", 0, "foreign", 0) and foreign.flagged
+    assert s2.cell(1, 0, 1).version == 2 and s2.cell(1, 0, 1).holder == Holder(0, 0, 1, 1)
+    assert [(s, layer, p) for s, layer, p, _ in s2.flagged()] == [
+        (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert s2.relearn_step == 1 and s2.learned == ((0, 0x7F3A00000000), (1, 0x7F3A00100000))
+    for step, snap in ref.items():
+        got = query.snapshot(step)
+        assert got.cells() == snap.cells(), step  # type: ignore[attr-defined]
+        assert got.flagged() == snap.flagged()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scenario, layout", [
+    ("slot1-first", "shared"), ("slot1-first", "per-stream"), ("pool-pressure", "shared"),
+])
+def test_query_equals_replay_on_captures(captured: Capture, scenario: str, layout: str) -> None:
+    """GIVEN a capture of a core scenario THEN at every step the random-access query gives
+    exactly the cells and flagged reads of the event-by-event replay."""
+    path, _ = captured(scenario, layout, "membership")
+    query, ref, geo = query_for(path)
+    assert len(ref) > 10
+    for step, snap in ref.items():
+        got = query.snapshot(step)
+        assert got.cells() == snap.cells(), f"step {step}"  # type: ignore[attr-defined]
+        assert got.flagged() == snap.flagged()  # type: ignore[attr-defined]
+        assert (got.learned, got.relearn_step) == (snap.learned, snap.relearn_step)  # type: ignore[attr-defined]
+    last = query.snapshot(max(ref))
+    flagged = last.flagged()
+    if scenario == "slot1-first" and layout == "shared":
+        # slot 1's third request reads slot 0's resident bytes
+        assert flagged and {s for s, *_ in flagged} == {1}
+        assert {r.cls for *_, r in flagged} == {"foreign"}
+        assert all(r.holder == 0 for *_, r in flagged)
+        assert all(last.cell(s, layer, p).holder.stream == 0  # type: ignore[union-attr]
+                   for s, layer, p, _ in flagged)
+    else:
+        assert flagged == []
+    if layout == "per-stream":
+        assert geo.layout == "per-stream" and geo.window() == geo.resident_per_layer // 2
+        assert last.learned == ()  # the fixed layout does not learn layers from pointers
+
+
+def test_write_pages() -> None:
+    assert write_pages((0, 256)) == range(0, 1)
+    assert write_pages((255, 257)) == range(0, 2)
+    assert write_pages((600, 601)) == range(2, 3)
+    assert write_pages((5, 5)) == range(0)

@@ -1,0 +1,153 @@
+"""What the viewer says: event lines, fits explanations, page cells, sparklines, crash views,
+source snippets, status lines (pure functions; no textual)."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console, RenderableType
+
+from kvdiag.analysis.replay import Holder, LastRead, PageCell, PagesGeometry, assemble
+from kvdiag.model import events as ev
+from kvdiag.model.frames import Frame
+from kvdiag.tui.crashes import from_abort, group, resolve_source, snippet
+from kvdiag.tui.eventtext import describe
+from kvdiag.tui.fitsdetail import condition_cells, explain, fits_detail
+from kvdiag.tui.pagestext import cell_label, cell_mark, cell_words
+from kvdiag.tui.sparkline import BLOCKS, column_of, resample, sparkline
+from tests.tui_samples import fits_fields
+
+
+def render(renderable: RenderableType, width: int = 160) -> str:
+    out = StringIO()
+    Console(file=out, width=width, color_system=None, record=False).print(renderable)
+    return out.getvalue()
+
+
+def test_describe_events() -> None:
+    read = ev.Read(seq=9, t_ns=0, step=3, layer=1, stream=1, pool=2, ring=1, host=0,
+                   ranges=(ev.ReadRange(0, 2, "pool", 0, "foreign"),
+                           ev.ReadRange(2, 3, "ring", 1, "exact")))
+    assert describe(read) == ("pool 2 ring 1 host 0: 0-1 pool FOREIGN (s0's); 2 ring", "foreign")
+    stale = ev.Read(seq=9, t_ns=0, step=3, layer=1, stream=1, pool=1, ring=0, host=0,
+                    ranges=(ev.ReadRange(2, 3, "pool", 1, "stale", 4),))
+    assert describe(stale) == ("pool 1 ring 0 host 0: 2 pool STALE -4v", "stale")
+    up = ev.Upload(seq=1, t_ns=0, step=0, layer=0, stream=1, pages=(0, 2), slot=10,
+                   target="resident", bytes=950272, reason="miss")
+    assert describe(up) == ("resident pages 0-1 -> slot 10 (miss) 928 KiB key (layer,page)", "")
+    write = ev.Write(seq=2, t_ns=0, step=1, layer=0, stream=0, cells=(0, 300), rows=(0, 300),
+                     dirty=((0, None, 0), (0, None, 1)), versions=((0, 1), (1, 1)))
+    assert describe(write) == ("cells 0-300 rows 0-300 dirty (0,-,0) (0,-,1) v p0=1 p1=1", "")
+    out = ev.Output(seq=3, t_ns=0, step=2, stream=1, checksum="a", ref_checksum="b",
+                    max_abs_delta=0.5, tolerance=1e-3, worst_layer=1)
+    assert describe(out) == ("crc a ref b max|d| 0.5 > 0.001 worst layer 1", "diverged")
+    fits = ev.Fits(seq=4, t_ns=0, step=0, **fits_fields(0, 512, 1, 2))
+    text, mark = describe(fits)
+    assert mark == "abort"
+    assert text == "__fattn__-0 fits=FALSE route abort failed: Q.ne[3]==1, K.ne[3]==1, V.ne[3]==1"
+    unknown = ev.Unknown("gpu_clock", 5, 0, 0, {"mhz": 7})
+    assert describe(unknown) == ('gpu_clock {"mhz":7}', "")
+
+
+def test_condition_cells_and_explanations() -> None:
+    assert condition_cells("K.ne[3]==1") == {("K", "ne", 3)}
+    assert condition_cells("K.ne[1]==V.ne[1]") == {("K", "ne", 1), ("V", "ne", 1)}
+    assert condition_cells("K.runtime==V.runtime") == {("K", "runtime", -1),
+                                                       ("V", "runtime", -1)}
+    assert condition_cells("mode(K,V)!=UNSUPPORTED") == {("K", "type", -1), ("V", "type", -1)}
+    assert condition_cells("V.nb[1]==row_size*V.ne[2]") == {("V", "nb", 1), ("V", "ne", 2),
+                                                           ("V", "type", -1)}
+    assert "several KV streams" in explain("K.ne[3]==1")
+    assert explain("made-up") == "no explanation recorded for this condition"
+
+
+def test_fits_detail_names_and_explains_each_failed_condition() -> None:
+    fits = ev.Fits(seq=4, t_ns=0, step=0, **fits_fields(0, 512, 1, 2))
+    text = render(fits_detail(fits))
+    assert "fits() = false, route abort" in text
+    assert "3 failed condition(s):" in text
+    for name in ("Q.ne[3]==1", "K.ne[3]==1", "V.ne[3]==1"):
+        assert f"✗ {name}  " in text
+    assert "the streamed kernel handles one" in text
+    assert "routes on buffer membership" in text
+    ok = ev.Fits(seq=4, t_ns=0, step=0, **fits_fields(0, 512, 1, 1))
+    assert "every condition holds" in render(fits_detail(ok))
+
+
+def _snapshot() -> object:
+    geo = PagesGeometry(layers=1, streams=(0, 1), pages=3, resident_per_layer=2,
+                        layout="shared")
+    reads = {(0, 1): (5, (ev.ReadRange(0, 1, "pool", 0, "foreign"),
+                          ev.ReadRange(1, 2, "pool", 1, "stale", 2),
+                          ev.ReadRange(2, 3, "ring", 1, "exact")))}
+    slots = {(0, None, 0): 4, (0, None, 1): 5}
+    holders = {4: Holder(0, 0, 0, 3), 5: Holder(0, 1, 1, 1)}
+    return assemble(geo, 5, read_of=lambda layer, s: reads.get((layer, s)),
+                    slot_of=slots.get, holder_of=holders.get,
+                    version_of=lambda layer, s, p: 3, dirty=frozenset({(0, None, 1)}))
+
+
+def test_page_cells_in_labels_and_words() -> None:
+    snap = _snapshot()
+    foreign, stale, ring = (snap.cell(1, 0, p) for p in range(3))  # type: ignore[attr-defined]
+    assert foreign == PageCell(0, True, 3, 4, Holder(0, 0, 0, 3),
+                               LastRead(5, "pool", 0, "foreign", 0), False)
+    assert (cell_label(foreign), cell_mark(foreign, 5)) == ("P0:0v3", "foreign")
+    assert (cell_label(stale), cell_mark(stale, 5)) == ("P1:1v1*", "stale")
+    assert (cell_label(ring), cell_mark(ring, 5)) == ("R", "ring")
+    assert cell_label(snap.cell(0, 0, 2)) == "·"  # type: ignore[attr-defined]
+    assert cell_mark(snap.cell(0, 0, 2), 5) == "empty"  # type: ignore[attr-defined]
+    words = cell_words(snap, 1, 0, 0)  # type: ignore[arg-type]
+    assert words.startswith("step 5 · layer 0 · stream 1 · page 0: in the resident window, "
+                            "bookkeeping key (0, -, 0) → pool slot 4.")
+    assert "FOREIGN, stream 1 read stream 0's bytes" in words
+    assert "STALE, 2 version(s) behind" in cell_words(snap, 1, 0, 1)  # type: ignore[arg-type]
+    assert "beyond the resident window" in cell_words(snap, 1, 0, 2)  # type: ignore[arg-type]
+    assert [(s, layer, p) for s, layer, p, _ in snap.flagged()] == [  # type: ignore[attr-defined]
+        (1, 0, 0), (1, 0, 1)]
+
+
+def test_sparkline_scales_and_marks_the_cursor() -> None:
+    values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    line = sparkline(values, 8, cursor=3)
+    assert line.plain == BLOCKS
+    cursor_spans = [s for s in line.spans if s.style == "reverse"]
+    assert [(s.start, s.end) for s in cursor_spans] == [(3, 4)]
+    assert resample(np.arange(10.0), 5).tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
+    assert column_of(9, 10, 5) == 4 and column_of(0, 10, 5) == 0
+    with_gap = sparkline(np.array([1.0, np.nan, 3.0]), 3, lo=0.0)
+    assert with_gap.plain[1] == " "
+    assert sparkline(np.array([np.nan]), 4).plain == "no samples"
+
+
+def test_crash_views_from_trace_aborts(tmp_path: Path) -> None:
+    abort = ev.Abort(seq=5, t_ns=0, step=0, message="x.cu:12: GGML_ASSERT(fits) failed",
+                     file="/src/ggml/x.cu", line=12, condition="fits",
+                     backtrace=("ggml_print_backtrace", "ggml_abort", "kernel (inlined)", "main"))
+    view = from_abort(0, abort)
+    assert view.title == "fits" and view.fingerprint == "x.cu:12"
+    assert [(f.function, f.inlined, f.in_app) for f in view.frames] == [
+        ("ggml_print_backtrace", False, False), ("ggml_abort", False, False),
+        ("kernel", True, True), ("main", False, True)]
+    twice = group([view, from_abort(1, abort), from_abort(2, ev.Abort(
+        seq=9, t_ns=0, step=1, message="other", file="y.cu", line=1))])
+    assert [len(g) for g in twice] == [2, 1]
+    assert Frame(index=0).in_app
+
+
+def test_source_snippets_resolve_build_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    src = tmp_path / "ggml" / "src" / "x.cu"
+    src.parent.mkdir(parents=True)
+    src.write_text("\n".join(f"line {i}" for i in range(1, 21)) + "\n")
+    assert resolve_source(str(src), []) == src
+    # a path from the build machine resolves by its tail under a local checkout
+    assert resolve_source("/home/ci/llama.cpp/ggml/src/x.cu", [tmp_path]) == src
+    assert resolve_source("x.cu", [tmp_path / "ggml" / "src"]) is None  # a bare name never
+    assert resolve_source("/nowhere/a/b.c", [tmp_path]) is None
+    assert snippet(src, 12, 2) == [(10, "line 10"), (11, "line 11"), (12, "line 12"),
+                                   (13, "line 13"), (14, "line 14")]
+    assert snippet(src, 1, 1) == [(1, "line 1"), (2, "line 2")]
