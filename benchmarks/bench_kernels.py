@@ -150,6 +150,7 @@ def torch_sdpa(ctx: int, layers: int) -> tuple[float | None, str, Any]:
     ks = [torch.randn(1, N_HEAD_KV, ctx, HEAD_DIM, dtype=torch.float16, device="cuda",
                       generator=gen) for _ in range(layers)]
     vs = [torch.randn_like(k) for k in ks]
+    torch.cuda.synchronize()
 
     def call(i: int) -> Any:
         return F.scaled_dot_product_attention(q, ks[i % layers], vs[i % layers], enable_gqa=True)
@@ -262,6 +263,7 @@ def bench_pair(cp: Any, tk: str, tv: str, ctx: int, l2: int, limits: dict[str, f
 
 
 def _vs_torch(cp: Any, ref: Any, ctx: int) -> float:
+    import torch
     import torch.nn.functional as F
 
     from kvdiag.executors.cupy_exec import CupyExecutor
@@ -274,6 +276,8 @@ def _vs_torch(cp: Any, ref: Any, ctx: int) -> float:
         ex.setup(geom)
         rows_k = k[0].transpose(0, 1).reshape(ctx, -1).float()  # [ctx, 4*256]
         rows_v = v[0].transpose(0, 1).reshape(ctx, -1).float()
+        # torch wrote these on its own stream: finish before CuPy's stream reads them
+        torch.cuda.synchronize()
         ex.write_rows_device(0, 0, cp.arange(ctx, dtype=cp.int32), cp.asarray(rows_k),
                              cp.asarray(rows_v))
         got = ex.attend(0, (0,), q.float().permute(0, 2, 1, 3).cpu().numpy(),

@@ -323,3 +323,59 @@ except CudaFailure as exc:
     assert "illegal memory access" in line or "cudaErrorIllegalAddress" in line
     assert line.endswith("| exit 3")
     _report(f"fault injection: {line}")
+
+
+@pytest.mark.parametrize(("type_k", "type_v"), [("f16", "f16"), ("q8_0", "q5_1")])
+def test_long_context_decode_matches_a_float64_reference(cupy_exec: Any, type_k: str,
+                                                          type_v: str) -> None:
+    """128K cells, 24/4 heads, D=256: the split-K path at full length against float64 math on
+    the dequantized rows (and, for f16, torch's SDPA against the same reference)."""
+    from kvdiag.executors.quant import dequantize_rows
+
+    ctx, width = 131072, 1024
+    geom = geometry(type_k, type_v, kv_size=ctx, n_stream=1, pool_pages=ctx // 256, n_layers=1)
+    ex = cupy_exec.CupyExecutor()
+    ex.setup(geom)
+    try:
+        rng = np.random.default_rng(21)
+        k = rng.standard_normal((ctx, width), dtype=np.float32)
+        v = rng.standard_normal((ctx, width), dtype=np.float32)
+        ex.write_rows(0, 0, np.arange(ctx, dtype=np.int64), k, v)
+        for p in range(0, ctx // 256, 32):
+            ex.upload(0, 0, p, 32, p)
+        q = rng.standard_normal((1, 1, 24, 256), dtype=np.float32)
+        pos = np.array([[ctx - 1]], np.int64)
+        pool = ex.attend(0, (0,), q, pos, ctx, np.arange(ctx // 256, dtype=np.int64)[None, :])
+        host = ex.attend(0, (0,), q, pos, ctx, np.full((1, ctx // 256), HOST, np.int64))
+        kd = dequantize_rows(type_k, quantize_rows(type_k, k), width).reshape(ctx, 4, 256)
+        vd = dequantize_rows(type_v, quantize_rows(type_v, v), width).reshape(ctx, 4, 256)
+        want = np.empty((24, 256))
+        for h in range(24):
+            s = kd[:, h // 6, :].astype(np.float64) @ q[0, 0, h].astype(np.float64) / 16.0
+            w = np.exp(s - s.max())
+            want[h] = (w @ vd[:, h // 6, :].astype(np.float64)) / w.sum()
+        err_pool = float(np.abs(pool[0, 0] - want).max())
+        err_host = float(np.abs(host[0, 0] - want).max())
+        line = (f"long context {type_k}/{type_v} 128K: max |cupy-float64| pool {err_pool:.2e}, "
+                f"host {err_host:.2e} (outputs up to {np.abs(want).max():.2e})")
+        if type_k == "f16":
+            try:
+                import torch
+                import torch.nn.functional as F
+
+                tq = torch.tensor(q[0, 0][None, :, None, :], device="cuda")
+                tk = torch.tensor(k.reshape(ctx, 4, 256).transpose(1, 0, 2)[None],
+                                  device="cuda").half()
+                tv = torch.tensor(v.reshape(ctx, 4, 256).transpose(1, 0, 2)[None],
+                                  device="cuda").half()
+                for name, args in (("f16", (tq.half(), tk, tv)),
+                                   ("f32", (tq, tk.float(), tv.float()))):
+                    t_out = F.scaled_dot_product_attention(*args, enable_gqa=True)
+                    t_err = float(np.abs(t_out[0, :, 0].float().cpu().numpy() - want).max())
+                    line += f"; torch SDPA {name} {t_err:.2e}"
+            except Exception as exc:  # torch is optional here: only the report line
+                line += f"; torch unavailable ({type(exc).__name__})"
+        _report(line)
+        assert err_pool <= cupy_exec.PARITY_ATOL and err_host <= cupy_exec.PARITY_ATOL
+    finally:
+        ex.close()
