@@ -29,3 +29,30 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Capture:
         return cache[key]
 
     return run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--snapshot-update`` unless the textual and pytest-textual-snapshot versions
+    pinned in pyproject's dev extra are installed: SVG snapshots drawn by other versions
+    differ in ways unrelated to kvdiag and would be committed by mistake."""
+    if not config.getoption("--snapshot-update", default=False):
+        return
+    import re
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    dev = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["dev"]
+    pins = dict(m.groups() for d in dev if (m := re.fullmatch(
+        r"(textual|pytest-textual-snapshot)==([\w.]+)", d)))
+    wrong = []
+    for name, pinned in sorted(pins.items()):
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            installed = "not installed"
+        if installed != pinned:
+            wrong.append(f"{name} {installed} (pinned {pinned})")
+    if len(pins) != 2 or wrong:
+        raise pytest.UsageError("refusing --snapshot-update: " + (
+            ", ".join(wrong) or "textual/pytest-textual-snapshot pins missing in pyproject"))
