@@ -354,7 +354,8 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
             if (PAGED && page < p.n_pages_tab) {
                 slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
             }
-            const int src = slot < 0 ? KV_SRC_HOST : (slot < p.ring_slots ? KV_SRC_RING : KV_SRC_POOL);
+            const int src = slot < 0 ? KV_SRC_HOST
+                                     : (slot < p.ring_slots ? KV_SRC_RING : KV_SRC_POOL);
             kv_ring_put(ring, (int)p.kernel_id, block, (int)p.layer, stream, page, src, slot, hk);
         }
     }

@@ -2,7 +2,8 @@
 //
 // Layouts (ggml-common.h, little endian, packed, 32 elements a block):
 //   block_q8_0 { half d; int8 qs[32]; }                     34 bytes
-//   block_q4_0 { half d; uint8 qs[16]; }                    18 bytes, byte j = elem j | elem j+16 << 4
+//   block_q4_0 { half d; uint8 qs[16]; }                    18 bytes,
+//                                                           byte j = elem j | elem j+16 << 4
 //   block_q4_1 { half d; half m; uint8 qs[16]; }            20 bytes, value = q*d + m
 //   block_q5_0 { half d; uint8 qh[4]; uint8 qs[16]; }       22 bytes, bit e of qh = bit 4 of elem e
 //   block_q5_1 { half d; half m; uint8 qh[4]; uint8 qs[16]; } 24 bytes
@@ -16,7 +17,9 @@
 #pragma once
 #include "kvdiag_platform.cuh"
 
-enum KvType { KV_F16 = 0, KV_BF16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3, KV_Q4_1 = 4, KV_Q5_0 = 5, KV_Q5_1 = 6 };
+enum KvType {
+    KV_F16 = 0, KV_BF16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3, KV_Q4_1 = 4, KV_Q5_0 = 5, KV_Q5_1 = 6
+};
 
 template <int T>
 struct KvBlock;
@@ -40,10 +43,16 @@ KV_DEV kv_u32 kv_q5_high_word(kv_u32 h4) { return ((h4 * 0x00204081u) & 0x010101
 
 // Byte offsets of qs and qh (-1: none) inside the block, and whether the block has a min m.
 template <int T> struct KvNibble;
-template <> struct KvNibble<KV_Q4_0> { static constexpr int qs = 2, qh = -1; static constexpr bool min = false; };
-template <> struct KvNibble<KV_Q4_1> { static constexpr int qs = 4, qh = -1; static constexpr bool min = true; };
-template <> struct KvNibble<KV_Q5_0> { static constexpr int qs = 6, qh = 2; static constexpr bool min = false; };
-template <> struct KvNibble<KV_Q5_1> { static constexpr int qs = 8, qh = 4; static constexpr bool min = true; };
+#define KV_NIBBLE(T, QS, QH, MIN)             \
+    template <> struct KvNibble<T> {            \
+        static constexpr int qs = QS, qh = QH;  \
+        static constexpr bool min = MIN;        \
+    };
+KV_NIBBLE(KV_Q4_0, 2, -1, false)
+KV_NIBBLE(KV_Q4_1, 4, -1, true)
+KV_NIBBLE(KV_Q5_0, 6, 2, false)
+KV_NIBBLE(KV_Q5_1, 8, 4, true)
+#undef KV_NIBBLE
 
 // w[k] = f16x2 of elements e0+2k, e0+2k+1 of the 32-element block at `blk` (2-byte aligned;
 // 16-byte aligned for f16/bf16 with N == 8, 8-byte aligned with N == 4). N is 4 or 8 and e0 is
@@ -92,7 +101,8 @@ KV_DEV void kv_load_h2(const kv_u8* blk, int e0, kv_u32* w) {
             qh = aligned ? *(const kv_u32*)(blk + NB::qh)
                          : (kv_u32)h[NB::qh / 2] | ((kv_u32)h[NB::qh / 2 + 1] << 16);
         }
-        constexpr kv_u32 bias = T == KV_Q4_0 ? 0x64086408u : (T == KV_Q5_0 ? 0x64106410u : 0x64006400u);
+        constexpr kv_u32 bias =
+            T == KV_Q4_0 ? 0x64086408u : (T == KV_Q5_0 ? 0x64106410u : 0x64006400u);
         const int shift = e0 >= 16 ? 4 : 0;
 #pragma unroll
         for (int k4 = 0; k4 < N / 4; ++k4) {

@@ -1,5 +1,5 @@
 // Device-side event ring: kernels append fixed 32-byte records that the host drains after
-// each step (kvdiag/executors/cupy_records.py decodes them). With -D KVDIAG_INSTRUMENT=0 every
+// each step (kvdiag/executors/device_records.py decodes them). With -D KVDIAG_INSTRUMENT=0 every
 // append compiles to nothing, which is how the benchmark measures the ring's cost.
 //
 // Record (8 x int32): kernel, block, layer, stream, page, source, slot, aux.

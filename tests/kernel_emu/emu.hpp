@@ -229,7 +229,8 @@ inline void kv_mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
             const int ra = (row >= 8 ? 1 : 0) + (kk >= 8 ? 2 : 0);
             const int lb = col * 4 + (kk & 7) / 2;
             const int rb = kk >= 8 ? 1 : 0;
-            acc += (double)emu_half(w.x[la][ra], kk & 1) * (double)emu_half(w.x[lb][4 + rb], kk & 1);
+            acc += (double)emu_half(w.x[la][ra], kk & 1) *
+                   (double)emu_half(w.x[lb][4 + rb], kk & 1);
         }
         out[e] = (float)((double)d[e] + acc);
     }
