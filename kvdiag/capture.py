@@ -15,7 +15,7 @@ from typing import Any
 from kvdiag.errors import DeviceUnavailable, InputError, UsageError
 from kvdiag.kvstream.backend import Executor
 from kvdiag.kvstream.config import RuntimeConfig
-from kvdiag.kvstream.runner import ConfigError, Runner, RunResult
+from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
 from kvdiag.kvstream.scenarios import Scenario
 from kvdiag.model.events import Device
 from kvdiag.trace.writer import TraceWriter, make_header
@@ -67,9 +67,11 @@ def capture(
     if not out.parent.exists():
         raise InputError(f"directory {out.parent} does not exist")
     executor, device = make_executor(executor_name)
+    sampler = _telemetry(executor.name)
     try:
         try:
-            runner = Runner(cfg, scenario, executor, seed=seed, progress=progress)
+            runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
+                            on_step_end=_emit_telemetry(sampler) if sampler else None)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         header = make_header(
@@ -84,7 +86,30 @@ def capture(
             writer.close(result.status, steps=result.steps)
             return CaptureResult(out, result, writer.seq, executor.name)
     finally:
+        if sampler is not None:
+            sampler.stop()
         executor.close()
+
+
+def _telemetry(executor_name: str) -> Any:
+    """An NVML sampler for GPU captures (None, after one warning, where NVML is missing);
+    CPU captures have nothing to sample."""
+    if executor_name == "numpy":
+        return None
+    from kvdiag.telemetry.sampler import open_sampler
+
+    return open_sampler()
+
+
+def _emit_telemetry(sampler: Any) -> Callable[[int, EventSink], None]:
+    from kvdiag.model.events import Telemetry
+
+    def emit(step: int, sink: EventSink) -> None:
+        for sample in sampler.drain():
+            if not sample.empty:
+                sink.emit(Telemetry, step, **sample.event_fields())
+
+    return emit
 
 
 def scenario_from_args(args: Any) -> Scenario:

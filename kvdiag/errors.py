@@ -29,3 +29,14 @@ class InputError(KvdiagError):
 
 class DeviceUnavailable(KvdiagError):
     """The requested executor or device is not present on this machine."""
+
+
+class DeviceFault(KvdiagError):
+    """A device call or kernel failed mid-run; ``cuda_error`` is the driver's own text. The
+    capture records it as an abort and ends, as the server would."""
+
+    exit_code = EXIT_ABORTED
+
+    def __init__(self, message: str, cuda_error: str) -> None:
+        super().__init__(message)
+        self.cuda_error = cuda_error

@@ -84,10 +84,9 @@ def _export(path: str, output: str, fmt: str) -> int:
         if fmt == "llama-log":
             from kvdiag.trace.export_log import LogExporter
 
-            n = 0
-            for line in LogExporter(reader.header).lines(reader):
-                out.write(line.encode() + b"\n")
-                n += 1
+            lines = [line.encode() + b"\n" for line in LogExporter(reader.header).lines(reader)]
+            out.writelines(lines)
+            n = len(lines)
             what = "log lines"
         else:
             from kvdiag.trace.export_chrome import ChromeExporter

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvdiag.errors import EXIT_ABORTED, DeviceUnavailable, KvdiagError, UsageError
+from kvdiag.errors import DeviceFault, DeviceUnavailable, UsageError
 from kvdiag.executors import cuda_kernels as ck
-from kvdiag.executors.device_records import DeviceRecords
+from kvdiag.executors.device_records import DeviceRecords, kernel_events
 from kvdiag.kvstream.backend import HOST, F32Array, I64Array, StoreGeometry
 from kvdiag.kvstream.views import AddressMap
 from kvdiag.model.events import Device
@@ -43,14 +43,8 @@ _H2D = 1  # cudaMemcpyHostToDevice
 _MIN_CC = (8, 0)  # cp.async and mma.m16n8k16 f16 need sm_80; movmatrix sm_75
 
 
-class CudaFailure(KvdiagError):
+class CudaFailure(DeviceFault):
     """A CUDA call or kernel failed; ``cuda_error`` is CUDA's (or NVRTC's) own text."""
-
-    exit_code = EXIT_ABORTED
-
-    def __init__(self, message: str, cuda_error: str) -> None:
-        super().__init__(message)
-        self.cuda_error = cuda_error
 
 
 def load_cupy() -> Any:
@@ -501,6 +495,11 @@ class CupyExecutor:
         self._upload_rows = []
         rows: npt.NDArray[np.int32] = np.concatenate([dev_rows.astype(np.int32), host_rows])
         return DeviceRecords(rows, count - kept)
+
+    def drain_kernel_events(self) -> list[dict[str, Any]]:
+        """Fields of the ``Kernel`` trace events for what the kernels recorded since the last
+        drain (the runner emits them after every step)."""
+        return kernel_events(self.drain_records())
 
     def synchronize(self) -> None:
         with self._cuda("synchronize"):

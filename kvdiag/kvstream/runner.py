@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from kvdiag.errors import DeviceFault
 from kvdiag.kvstream.backend import HOST, Executor, StoreGeometry
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.dispatch import (
@@ -132,6 +133,7 @@ class Runner:
         addresses: AddressMap | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
         progress: Callable[[int, int], None] | None = None,
+        on_step_end: Callable[[int, EventSink], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.scenario = scenario
@@ -139,8 +141,10 @@ class Runner:
         self.sink: EventSink = _NoSink()
         self.seed = seed
         self.addresses = addresses or AddressMap()
+        self._addresses_given = addresses is not None
         self.tolerance = tolerance
         self.progress = progress
+        self.on_step_end = on_step_end
         self.plan = make_plan(cfg, allow_multiseq=True)
         if self.plan.pool is None:
             raise ConfigError(f"the runtime would refuse this pool: {self.plan.pool_error}")
@@ -175,6 +179,10 @@ class Runner:
     def run(self, sink: EventSink) -> RunResult:
         self.sink = sink
         self.executor.setup(store_geometry(self.cfg, self.plan))
+        address_map = getattr(self.executor, "address_map", None)
+        if address_map is not None and not self._addresses_given:
+            # log the executor's real pinned-store and pool addresses, as the port did
+            self.addresses = address_map(self.cfg.n_streamed)
         total = self.total_steps()
         if self.cfg.n_stream > 1:
             # the G1 validator refuses -np > 1 without a unified cache; the arm117 port's
@@ -185,7 +193,15 @@ class Runner:
         steps = 0
         abort: ev.Abort | None = None
         for ub in self.scheduler.ubatches():
-            abort = self._step(ub)
+            try:
+                abort = self._step(ub)
+                self._drain_device_records(ub.index)
+            except DeviceFault as exc:
+                # a CUDA error ends the run as ggml_cuda_error ends the server
+                abort = self.sink.emit(ev.Abort, ub.index, message=str(exc),
+                                       condition="CUDA error", cuda_error=exc.cuda_error)
+            if self.on_step_end is not None:
+                self.on_step_end(ub.index, self.sink)
             self.sink.end_step()
             steps += 1
             if self.progress is not None:
@@ -193,6 +209,14 @@ class Runner:
             if abort is not None:
                 break
         return RunResult("aborted" if abort else "completed", steps, abort, self.max_delta)
+
+    def _drain_device_records(self, step: int) -> None:
+        """Kernel events from an executor that instruments its kernels (the GPU's event ring)."""
+        drain = getattr(self.executor, "drain_kernel_events", None)
+        if drain is None:
+            return
+        for fields in drain():
+            self.sink.emit(ev.Kernel, step, **fields)
 
     def _step(self, ub: Ubatch) -> ev.Abort | None:
         cfg, step = self.cfg, ub.index
