@@ -65,6 +65,8 @@ def _decision(e: Any) -> Any:
     d = msgspec.to_builtins(e)
     d.pop("seq", None)
     d.pop("t_ns", None)
+    if d.get("kind") == "end":
+        d.pop("events", None)  # counts the GPU-only kernel and telemetry events too
     return _strip_pointers(d)
 
 
