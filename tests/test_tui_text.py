@@ -17,7 +17,7 @@ from kvdiag.tui.crashes import from_abort, group, resolve_source, snippet
 from kvdiag.tui.eventtext import describe
 from kvdiag.tui.fitsdetail import condition_cells, explain, fits_detail
 from kvdiag.tui.pagestext import cell_label, cell_mark, cell_words
-from kvdiag.tui.sparkline import BLOCKS, column_of, resample, sparkline
+from kvdiag.tui.sparkline import BLOCKS, cursor_columns, resample, sparkline
 from tests.tui_samples import fits_fields
 
 
@@ -116,8 +116,14 @@ def test_sparkline_scales_and_marks_the_cursor() -> None:
     assert line.plain == BLOCKS
     cursor_spans = [s for s in line.spans if s.style == "reverse"]
     assert [(s.start, s.end) for s in cursor_spans] == [(3, 4)]
-    assert resample(np.arange(10.0), 5).tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
-    assert column_of(9, 10, 5) == 4 and column_of(0, 10, 5) == 0
+    assert resample(np.arange(10.0), 5).tolist() == [0.5, 2.5, 4.5, 6.5, 8.5]
+    assert resample(np.array([1.0, np.nan, np.nan, 3.0]), 2).tolist() == [1.0, 3.0]
+    assert cursor_columns(9, 10, 5) == range(4, 5) and cursor_columns(0, 10, 5) == range(0, 1)
+    # fewer samples than columns: each sample is drawn wide, the cursor too
+    wide = sparkline(np.array([0.0, 7.0]), 6, cursor=1)
+    assert wide.plain == "▁▁▁███"
+    assert [(sp.start, sp.end) for sp in wide.spans if sp.style == "reverse"] == [
+        (3, 4), (4, 5), (5, 6)]
     with_gap = sparkline(np.array([1.0, np.nan, 3.0]), 3, lo=0.0)
     assert with_gap.plain[1] == " "
     assert sparkline(np.array([np.nan]), 4).plain == "no samples"

@@ -127,6 +127,10 @@ def detect_kind(path: str | Path) -> FileKind:
     return "log"
 
 
+class _Cancelled(Exception):
+    """The viewer is closing: stop reading."""
+
+
 def _never() -> bool:
     return False
 
@@ -197,13 +201,18 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     state = {"last": time.perf_counter()}
 
     def progress(fraction: float) -> None:
+        if cancelled():
+            raise _Cancelled
         time.sleep(0)  # as above: let the UI thread in
         now = time.perf_counter()
         if now - state["last"] >= PUBLISH_EVERY_S:
             state["last"] = now
             publish(replace(doc, progress=fraction))
 
-    digest = digest_trace(path, progress, every=256)
+    try:
+        digest = digest_trace(path, progress, every=256)
+    except _Cancelled:
+        return
     publish(replace(doc, digest=digest, stage="ready", progress=1.0,
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 

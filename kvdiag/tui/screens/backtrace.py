@@ -43,7 +43,8 @@ class FrameRows:
         src = f"{fr.file}:{fr.line}" if fr.file else ""
         if len(src) > SOURCE_WIDTH:
             src = "…" + src[-(SOURCE_WIDTH - 1):]
-        where = fr.module or ""
+        # the library's name says which one; its build path only eats the column
+        where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
         elif fr.address is not None:

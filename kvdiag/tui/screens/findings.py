@@ -118,7 +118,8 @@ class FindingsScreen(KvScreen):
             parts.append(Text(f"fix: {f.fix}"))
         for k, v in f.details.items():
             if k not in ("backtrace",) and v not in (None, "", [], {}):
-                parts.append(Text(f"{k}: {v}", style="dim"))
+                shown = ", ".join(map(str, v)) if isinstance(v, list | tuple) else v
+                parts.append(Text(f"{k}: {shown}", style="dim"))
         self.query_one("#finding-detail", Static).update(Group(*parts))
         targets = [self.target_for(e) for e in f.evidence]
         self.evidence_rows = EvidenceRows(f.evidence, targets)

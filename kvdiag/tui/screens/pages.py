@@ -22,9 +22,8 @@ from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.scrubber import Scrubber
 
 PLAY_INTERVAL_S = 0.3
-LEGEND = ("P pool · R ring · H host · · not in the latest read · s:pVv = the slot holds stream s "
-          "page p version v · * dirty this step · [red]foreign[/] · [yellow]stale[/] · bold: "
-          "read at this step")
+LEGEND = ("P pool · R ring · H host · · not in the latest read · s:pVv slot holds stream s page p "
+          "version v · * dirty · [red]foreign[/] · [yellow]stale[/] · bold: read now · ? help")
 
 
 class PagesScreen(KvScreen):

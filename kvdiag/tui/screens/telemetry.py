@@ -20,17 +20,17 @@ from kvdiag.tui.navigation import Target
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.sparkline import sparkline
 
-# (field, label, scale to the unit shown, unit, fixed lower bound)
-PLOTS: tuple[tuple[str, str, float, str, float | None], ...] = (
-    ("mem_used", "VRAM used", 1 / (1 << 30), "GiB", 0.0),
-    ("pcie_rx_kbps", "PCIe rx", 1 / 1000, "MB/s", 0.0),
-    ("pcie_tx_kbps", "PCIe tx", 1 / 1000, "MB/s", 0.0),
-    ("gpu_util", "GPU util", 1.0, "%", 0.0),
-    ("mem_util", "mem util", 1.0, "%", 0.0),
+# (field, label, scale to the unit shown, unit, fixed scale or None for the samples' range)
+PLOTS: tuple[tuple[str, str, float, str, tuple[float, float] | None], ...] = (
+    ("mem_used", "VRAM used", 1 / (1 << 30), "GiB", None),
+    ("pcie_rx_kbps", "PCIe rx", 1 / 1000, "MB/s", None),
+    ("pcie_tx_kbps", "PCIe tx", 1 / 1000, "MB/s", None),
+    ("gpu_util", "GPU util", 1.0, "%", (0.0, 100.0)),
+    ("mem_util", "mem util", 1.0, "%", (0.0, 100.0)),
     ("sm_clock_mhz", "SM clock", 1.0, "MHz", None),
     ("mem_clock_mhz", "mem clock", 1.0, "MHz", None),
     ("temperature_c", "temp", 1.0, "°C", None),
-    ("power_mw", "power", 1 / 1000, "W", 0.0),
+    ("power_mw", "power", 1 / 1000, "W", None),
 )
 NO_TELEMETRY = ("no telemetry in this trace: samples come from NVML during a GPU capture "
                 "(the NumPy executor, or a machine without NVML, records none)")
@@ -54,11 +54,12 @@ def telemetry_table(series: TelemetrySeries, step: int, width: int,
     table.add_column(f"over the capture ({series.n} samples)", width=spark_w, no_wrap=True)
     table.add_column("at step", width=12, justify="right", no_wrap=True)
     table.add_column("min – max", width=14, justify="right", no_wrap=True)
-    for name, label, scale, unit, lo in PLOTS:
+    for name, label, scale, unit, fixed in PLOTS:
         if name not in present:
             continue
         vals = series.values[name] * scale
-        line = sparkline(vals, spark_w, sample, cursor_style=cursor_style, lo=lo)
+        lo, hi = fixed if fixed is not None else (None, None)
+        line = sparkline(vals, spark_w, sample, cursor_style=cursor_style, lo=lo, hi=hi)
         now = vals[sample] if sample is not None else np.nan
         finite = vals[~np.isnan(vals)]
         table.add_row(label, line, f"{_fmt(float(now))} {unit}",
