@@ -61,13 +61,14 @@ def capture(
     executor_name: str = "auto",
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    telemetry_ms: int = 100,
 ) -> CaptureResult:
     if out.is_dir():
         raise InputError(f"{out} is a directory")
     if not out.parent.exists():
         raise InputError(f"directory {out.parent} does not exist")
     executor, device = make_executor(executor_name)
-    sampler = _telemetry(executor.name)
+    sampler = _telemetry(executor.name, telemetry_ms)
     try:
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
@@ -91,14 +92,14 @@ def capture(
         executor.close()
 
 
-def _telemetry(executor_name: str) -> Any:
+def _telemetry(executor_name: str, interval_ms: int) -> Any:
     """An NVML sampler for GPU captures (None, after one warning, where NVML is missing);
-    CPU captures have nothing to sample."""
-    if executor_name == "numpy":
+    CPU captures and ``--telemetry-ms 0`` have nothing to sample."""
+    if executor_name == "numpy" or interval_ms <= 0:
         return None
     from kvdiag.telemetry.sampler import open_sampler
 
-    return open_sampler()
+    return open_sampler(interval_s=interval_ms / 1000)
 
 
 def _emit_telemetry(sampler: Any) -> Callable[[int, EventSink], None]:
@@ -138,12 +139,15 @@ def capture_from_args(args: Any) -> int:
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_ABORTED, EXIT_OK
 
+    if args.telemetry_ms < 0:
+        raise UsageError(f"--telemetry-ms must be 0 (off) or positive, got {args.telemetry_ms}")
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
     console = Console(stderr=True)
     out = Path(args.output)
     if args.quiet or not console.is_terminal:
-        result = capture(cfg, scenario, out, args.executor, args.seed)
+        result = capture(cfg, scenario, out, args.executor, args.seed,
+                         telemetry_ms=args.telemetry_ms)
     else:
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -151,7 +155,8 @@ def capture_from_args(args: Any) -> int:
             task = bar.add_task(f"capturing {scenario.name}", total=None)
             result = capture(cfg, scenario, out, args.executor, args.seed,
                              progress=lambda done, total: bar.update(task, completed=done,
-                                                                     total=total))
+                                                                     total=total),
+                             telemetry_ms=args.telemetry_ms)
     r = result.result
     line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
             f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")

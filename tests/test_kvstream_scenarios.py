@@ -167,3 +167,43 @@ def test_kv_unified_keeps_two_slots_on_the_streamed_path(
     assert steps[-1].streams == (0,) and steps[-1].tokens == 2  # one decode token per slot
     outputs = [e for e in evs if isinstance(e, ev.Output)]
     assert all(o.checksum == o.ref_checksum for o in outputs)
+
+
+def test_a_device_fault_mid_run_ends_in_an_abort_event_and_a_valid_trace(tmp_path: Path) -> None:
+    """A CUDA error in the executor becomes an abort carrying the driver's text; the trace
+    closes cleanly (status aborted) and check reports it."""
+    from kvdiag.capture import capture
+    from kvdiag.errors import DeviceFault
+    from kvdiag.executors.numpy_exec import NumpyExecutor
+    from kvdiag.kvstream.config import PRESETS, RuntimeConfig
+    from kvdiag.kvstream.scenarios import SCENARIOS
+    from kvdiag.model.events import Device
+
+    class Faulty(NumpyExecutor):
+        calls = 0
+
+        def attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            Faulty.calls += 1
+            if Faulty.calls == 7:
+                raise DeviceFault("CUDA error during attention",
+                                  "cudaErrorIllegalAddress: an illegal memory access was "
+                                  "encountered")
+            return super().attend(*args, **kwargs)
+
+    import kvdiag.capture as cap
+
+    original = cap.make_executor
+    cap.make_executor = lambda name: (Faulty(), Device(name="faulty"))  # type: ignore[assignment]
+    try:
+        sc = SCENARIOS["single-slot"]
+        cfg = RuntimeConfig(**{**PRESETS["small"], **sc.sizing, **sc.config})
+        result = capture(cfg, sc, tmp_path / "f.kvtrace", "numpy")
+    finally:
+        cap.make_executor = original
+    assert result.result.status == "aborted"
+    evs = events_of(tmp_path / "f.kvtrace")
+    abort = [e for e in evs if isinstance(e, ev.Abort)]
+    assert len(abort) == 1 and abort[0].cuda_error is not None
+    assert abort[0].cuda_error.startswith("cudaErrorIllegalAddress")
+    assert isinstance(evs[-1], ev.End) and evs[-1].status == "aborted"
+    assert main(["trace", "validate", str(tmp_path / "f.kvtrace")]) == 0

@@ -24,6 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="decode steps per request")
     parser.add_argument("--prompt-tokens", type=int, help="prompt tokens per request")
     parser.add_argument("--seed", type=int, default=0, help="seed of the K/V/Q values")
+    parser.add_argument("--telemetry-ms", type=int, default=100,
+                        help="NVML sampling interval on a GPU capture (0: off; default 100)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_shape_args(parser)
 

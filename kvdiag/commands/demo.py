@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
         path = out / f"{scenario}.kvtrace"
         capture_from_args(Namespace(
             scenario=scenario, output=str(path), executor=args.executor, layout=None,
-            dispatch=None, steps=None, prompt_tokens=None, seed=0, quiet=False, preset=None))
+            dispatch=None, steps=None, prompt_tokens=None, seed=0, quiet=False, preset=None,
+            telemetry_ms=100))
         traces.append(path)
     if not args.no_tui and sys.stdout.isatty():
         import importlib
