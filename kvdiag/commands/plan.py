@@ -30,8 +30,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": cfg.as_dict(), **plan.as_json()}, indent=2))
         return 0
     console = Console()
-    for line in plan.boot_lines():
-        console.print(line, style="dim", highlight=False)
+    from kvdiag.trace.export_log import boot_lines
+
+    for line in boot_lines(cfg.as_dict(), plan.as_json())[3:-2]:
+        console.print(line[2:], style="dim", highlight=False)
     t = Table(title="kv-stream plan", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")

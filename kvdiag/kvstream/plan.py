@@ -41,15 +41,6 @@ class Plan:
     def host_kv_buffer_mib(self) -> float:
         return self.host_kv_bytes / MIB
 
-    def boot_lines(self) -> list[str]:
-        """The lines the runtime would log at boot (G1 shapes, brief §5.1, §7.2)."""
-        lines = [
-            f"llama_context: experimental block KV streaming enabled, pool = "
-            f"{self.pool.pool_bytes // MIB if self.pool else 0} MiB",
-            f"llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {self.host_kv_buffer_mib:8.2f} MiB",
-        ]
-        return lines
-
     def as_json(self) -> dict[str, Any]:
         pool = self.pool
         return {

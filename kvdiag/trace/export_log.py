@@ -42,6 +42,40 @@ def _module_of(function: str) -> str:
     return "llama-server"
 
 
+def boot_lines(cfg: dict[str, Any], plan: dict[str, Any], model: str = "model") -> list[str]:
+    """The boot lines of a streamed llama-server for a configuration and its sizing plan
+    (``RuntimeConfig.as_dict()`` and ``Plan.as_json()``), each starting with its level letter."""
+    np_ = int(cfg.get("np", 1))
+    unified = bool(cfg.get("kv_unified", False))
+    n_stream = int(plan.get("n_stream", 1 if unified else np_))
+    n_ctx = int(plan.get("n_ctx", cfg.get("ctx", 0)))
+    kv_size = int(plan.get("kv_size", n_ctx))
+    lines = [
+        "I main: loading model",
+        f"I srv    load_model: loading model '{model}.gguf'",
+        "I llama_context: constructing llama_context",
+    ]
+    for key, value in (("n_seq_max", np_), ("n_ctx", n_ctx), ("n_ctx_seq", kv_size),
+                       ("n_batch", 2048), ("n_ubatch", cfg.get("n_ubatch", 512)),
+                       ("causal_attn", 1), ("flash_attn", "enabled"),
+                       ("kv_unified", "true" if unified else "false")):
+        lines.append(f"I llama_context: {key:<13} = {value}")
+    host = int(plan.get("host_kv_bytes", 0))
+    k_part = int(plan.get("host_k_bytes", 0))
+    layers = int(plan.get("streamed_layers", cfg.get("layers", 0)))
+    lines += [
+        f"I llama_context: experimental block KV streaming enabled, pool = "
+        f"{cfg.get('stage_mib', 0)} MiB",
+        f"I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {host / MIB:8.2f} MiB",
+        f"I llama_kv_cache: size = {host / MIB:7.2f} MiB ({kv_size:6d} cells, {layers:3d} "
+        f"layers, {np_}/{n_stream} seqs), K ({cfg.get('type_k')}): {k_part / MIB:7.2f} MiB, "
+        f"V ({cfg.get('type_v')}): {(host - k_part) / MIB:7.2f} MiB",
+        "I srv  llama_server: model loaded",
+        "I srv  update_slots: all slots are idle",
+    ]
+    return lines
+
+
 class LogExporter:
     def __init__(self, header: ev.Header) -> None:
         self.header = header
@@ -55,36 +89,7 @@ class LogExporter:
         self.task = 0
 
     def boot(self) -> list[str]:
-        cfg, plan = self.cfg, self.plan
-        np_ = int(cfg.get("np", 1))
-        unified = bool(cfg.get("kv_unified", False))
-        n_stream = int(plan.get("n_stream", 1 if unified else np_))
-        n_ctx = int(plan.get("n_ctx", cfg.get("ctx", 0)))
-        kv_size = int(plan.get("kv_size", n_ctx))
-        lines = [
-            "I main: loading model",
-            f"I srv    load_model: loading model 'kvdiag-{self.header.scenario.get('name', 'capture')}.gguf'",
-            "I llama_context: constructing llama_context",
-        ]
-        for key, value in (("n_seq_max", np_), ("n_ctx", n_ctx), ("n_ctx_seq", kv_size),
-                           ("n_batch", 2048), ("n_ubatch", cfg.get("n_ubatch", 512)),
-                           ("causal_attn", 1), ("flash_attn", "enabled"),
-                           ("kv_unified", "true" if unified else "false")):
-            lines.append(f"I llama_context: {key:<13} = {value}")
-        host = int(plan.get("host_kv_bytes", 0))
-        k_part = int(plan.get("host_k_bytes", 0))
-        layers = int(plan.get("streamed_layers", cfg.get("layers", 0)))
-        lines += [
-            f"I llama_context: experimental block KV streaming enabled, pool = "
-            f"{cfg.get('stage_mib', 0)} MiB",
-            f"I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {host / MIB:8.2f} MiB",
-            f"I llama_kv_cache: size = {host / MIB:7.2f} MiB ({kv_size:6d} cells, {layers:3d} "
-            f"layers, {np_}/{n_stream} seqs), K ({cfg.get('type_k')}): {k_part / MIB:7.2f} MiB, "
-            f"V ({cfg.get('type_v')}): {(host - k_part) / MIB:7.2f} MiB",
-            "I srv  llama_server: model loaded",
-            "I srv  update_slots: all slots are idle",
-        ]
-        return lines
+        return boot_lines(self.cfg, self.plan, f"kvdiag-{self.header.scenario.get('name', 'capture')}")
 
     def _slot(self, slot: int, func: str, message: str, task: int | None = None) -> str:
         return f"I slot {func[:12]:>12}: id {slot:2d} | task {-1 if task is None else task} | {message}"
