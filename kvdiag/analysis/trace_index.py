@@ -115,8 +115,9 @@ class TraceIndex:
     """An immutable view of the first ``n`` rows of an index (arrays are read-only)."""
 
     def __init__(self, columns: dict[str, np.ndarray], *, complete: bool, seq_sorted: bool,
-                 bytes_indexed: int, size: int) -> None:
+                 bytes_indexed: int, size: int, counts: np.ndarray | None = None) -> None:
         self.columns = columns
+        self._counts = counts
         self.n = len(columns["offset"])
         self.complete = complete
         self.seq_sorted = seq_sorted
@@ -137,7 +138,9 @@ class TraceIndex:
         return 1.0 if self.complete or self.size == 0 else self.bytes_indexed / self.size
 
     def kind_counts(self) -> dict[str, int]:
-        counts = np.bincount(self.columns["kind"], minlength=len(KINDS))
+        counts = self._counts
+        if counts is None:
+            counts = np.bincount(self.columns["kind"], minlength=len(KINDS))
         return {KINDS[i]: int(c) for i, c in enumerate(counts) if c}
 
     @functools.cached_property
@@ -199,6 +202,9 @@ class IndexBuilder:
         self._last_seq = 0
         self._last_step = 0
         self._seq_sorted = True
+        # kept as rows arrive: a count over millions of rows at every progress update would
+        # take the UI thread tens of milliseconds each time
+        self._counts = np.zeros(len(KINDS), np.int64)
         self.done = False
 
     def run(self, chunk: int = CHUNK) -> Iterator[int]:
@@ -228,7 +234,8 @@ class IndexBuilder:
             view.flags.writeable = False
             cols[name] = view
         return TraceIndex(cols, complete=self.done, seq_sorted=self._seq_sorted,
-                          bytes_indexed=self.pos, size=self.source.size)
+                          bytes_indexed=self.pos, size=self.source.size,
+                          counts=self._counts.copy())
 
     # -- internals ------------------------------------------------------------------------
 
@@ -330,6 +337,7 @@ class IndexBuilder:
         c["b"][i:j] = b
         c["key"][i:j] = key
         c["flags"][i:j] = flags
+        self._counts += np.bincount(kind.astype(np.intp), minlength=len(KINDS))
         self.n = j
         self._last_seq = int(seq[-1])
         self._last_step = int(step[-1])
