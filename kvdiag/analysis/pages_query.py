@@ -37,20 +37,38 @@ Groups = dict[tuple[int, ...], np.ndarray]
 
 def _group(keys: list[np.ndarray], rows: np.ndarray, *values: np.ndarray
            ) -> dict[tuple[int, ...], tuple[np.ndarray, ...]]:
-    """Group ``rows`` (ascending) by the key columns; per key, its rows and ``values``."""
+    """Group ``rows`` (ascending) by the key columns; per key, its rows and ``values``.
+
+    The key columns (small integers, -1 allowed) are packed into one int64 so that a single
+    stable argsort groups them: less memory at the peak than sorting a stacked key matrix,
+    and rows stay ascending within a key.
+    """
     if rows.size == 0:
         return {}
-    order = np.lexsort(tuple(reversed(keys)))  # stable: rows stay ascending within a key
-    ks = np.stack([k[order] for k in keys], axis=1)
-    change = np.flatnonzero(np.any(ks[1:] != ks[:-1], axis=1)) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [len(order)]))
+    packed = np.zeros(rows.size, np.int64)
+    bases: list[int] = []
+    mins: list[int] = []
+    for k in keys:
+        lo = int(k.min())
+        base = int(k.max()) - lo + 1
+        packed = packed * base + (k - lo)
+        bases.append(base)
+        mins.append(lo)
+    order = np.argsort(packed, kind="stable")
+    packed = packed[order]
+    cut = np.flatnonzero(packed[1:] != packed[:-1]) + 1
+    starts = np.concatenate(([0], cut)).tolist()
+    ends = np.concatenate((cut, [len(order)])).tolist()
     sorted_rows = rows[order]
     sorted_values = [v[order] for v in values]
     out: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        key = tuple(int(x) for x in ks[s])
-        out[key] = (sorted_rows[s:e], *(v[s:e] for v in sorted_values))
+    for s, e in zip(starts, ends, strict=True):
+        code = int(packed[s])
+        key: list[int] = []
+        for base, lo in zip(reversed(bases), reversed(mins), strict=True):
+            code, digit = divmod(code, base)
+            key.append(digit + lo)
+        out[tuple(reversed(key))] = (sorted_rows[s:e], *(v[s:e] for v in sorted_values))
     return out
 
 
