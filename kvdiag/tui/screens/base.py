@@ -33,7 +33,7 @@ class KvScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="status", classes="status")
         yield from self.compose_body()
-        yield Footer()
+        yield Footer(compact=True)
 
     def compose_body(self) -> ComposeResult:
         yield from ()
