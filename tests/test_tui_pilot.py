@@ -353,13 +353,22 @@ def test_findings_enter_opens_fits_backtrace_and_log_lines(samples: dict[str, Pa
         assert rules[0] == "kvstream-fits-dispatch-abort"
         evidence = app.screen.query_one("#evidence-table", VirtualTable)
         opens = [evidence.source.row(i)[0][1] for i in range(evidence.row_count)]
-        assert "backtrace" in opens and "timeline" in opens
+        assert {"backtrace", "timeline", "fits"} <= set(opens)
+        evidence.focus()
+        evidence.go_to(opens.index("fits"))
+        await show(pilot, "enter")
+        assert isinstance(app.screen, FitsScreen)
+        assert "kvstream_np2_gdb.log:37: fits=false" in text(app)
+        await show(pilot, "backspace")
+        evidence = app.screen.query_one("#evidence-table", VirtualTable)
         evidence.focus()
         evidence.go_to(opens.index("timeline"))
         await show(pilot, "enter")
         assert isinstance(app.screen, TimelineScreen)
         row = app.screen.current_row()
-        assert row is not None and row >= 0
+        line = next(e.line for e in app.docs[1].findings[0].evidence
+                    if e.line is not None and e.line - 1 == row)
+        assert line == row + 1
 
     drive([samples["abort"], GDB_LOG], script)
 

@@ -19,11 +19,12 @@ from kvdiag.report.findings import evidence_text
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.messages import RowHighlighted, RowSelected
 from kvdiag.tui.navigation import Target, evidence_target
+from kvdiag.tui.rows import log_fits_records
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
-FINDING_COLUMNS = (Column("severity", 9), Column("rule", 28), Column("finding", 0),
+FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 0),
                    Column("evidence", 8, "right"))
 EVIDENCE_COLUMNS = (Column("#", 3, "right"), Column("opens", 10), Column("evidence", 0))
 
@@ -135,7 +136,9 @@ class FindingsScreen(KvScreen):
             return evidence_target(self.doc_index, kind, row, e)
         if isinstance(doc, LogDoc) and e.line is not None:
             crash = crash_at_line(doc.scan.crashes, e.source, e.line)
-            return evidence_target(self.doc_index, None, e.line - 1, e, crash=crash)
+            fits = any(r.where.line == e.line for r in log_fits_records(doc))
+            return evidence_target(self.doc_index, "fits" if fits else None, e.line - 1, e,
+                                   crash=crash)
         return None
 
     @on(RowHighlighted, "#findings-table")

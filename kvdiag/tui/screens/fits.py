@@ -116,19 +116,33 @@ class FitsScreen(KvScreen):
             pane.update(fitsline_detail(rows.records[i], pane.styles_for_detail()))
 
     def go_to(self, target: Target) -> None:
-        if target.row is None or not isinstance(self.rows, FitsRows):
+        if target.row is None:
             return
-        pos = self.rows.position_of(target.row)
+        if isinstance(self.rows, LogFitsRows):
+            # a log's fits line: the row is the line number - 1
+            pos = next((i for i, r in enumerate(self.rows.records)
+                        if r.where.line - 1 == target.row), None)
+        elif isinstance(self.rows, FitsRows):
+            pos = self.rows.position_of(target.row)
+        else:
+            return
         if pos is not None:
             self.table.go_to(pos)
             self.table.focus()
 
+    def _source_row(self) -> int | None:
+        """The Timeline row of the selected decision (trace row, or log line - 1)."""
+        rows = self.rows
+        if rows is None or not len(rows):
+            return None
+        if isinstance(rows, FitsRows):
+            return rows.source_row(self.table.cursor)
+        return rows.records[self.table.cursor].where.line - 1
+
     def location(self) -> Target:
-        row = (self.rows.source_row(self.table.cursor)
-               if isinstance(self.rows, FitsRows) and len(self.rows) else None)
-        return Target(self.MODE, max(self.doc_index, 0), row=row)
+        return Target(self.MODE, max(self.doc_index, 0), row=self._source_row())
 
     def action_timeline(self) -> None:
-        if isinstance(self.rows, FitsRows) and len(self.rows):
-            self.kv.jump(Target("timeline", self.doc_index,
-                                row=self.rows.source_row(self.table.cursor)))
+        row = self._source_row()
+        if row is not None:
+            self.kv.jump(Target("timeline", self.doc_index, row=row))

@@ -15,6 +15,7 @@ from kvdiag.analysis.log_index import LOG_KINDS
 from kvdiag.analysis.rowfilter import FilterError, RowFilter, apply_filter, parse_filter
 from kvdiag.analysis.textsearch import find_row
 from kvdiag.analysis.trace_index import KINDS
+from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.messages import RowHighlighted, RowSelected
@@ -208,6 +209,11 @@ class TimelineScreen(KvScreen):
         c = doc.index.columns
         kind = KINDS[int(c["kind"][row])]
         page = int(c["a"][row]) if kind in ("upload", "evict") else None
+        if kind == "read" and isinstance(self.rows, TraceRows):
+            # open the read at its first wrong page, if it has one
+            event = self.rows.event(row)
+            if isinstance(event, ev.Read):
+                page = next((r.begin for r in event.ranges if r.cls != "exact"), None)
 
         def opt(name: str) -> int | None:
             v = int(c[name][row])
