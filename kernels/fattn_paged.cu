@@ -60,14 +60,6 @@ struct FattnGeom {
     static constexpr int WARP = STAGES * STAGE;
 };
 
-template <int VEC>
-KV_DEV void kv_zero_smem(kv_u8* dst) {
-    if constexpr (VEC == 16) *(kv_v4*)dst = kv_v4{0u, 0u, 0u, 0u};
-    else if constexpr (VEC == 8) *(kv_v2*)dst = kv_v2{0u, 0u};
-    else if constexpr (VEC == 4) *(kv_u32*)dst = 0u;
-    else *(kv_u16*)dst = 0;
-}
-
 // Rows of a host-store tile through registers: 16-byte loads, BATCH of them in flight per
 // lane, then shared-memory stores. Zero-copy reads of head slices that start off a 32-byte
 // boundary (q8_0: 272 of every 1088 bytes) ran at half speed through cp.async on an H200
@@ -98,6 +90,36 @@ KV_DEV void kv_copy_rows_via_registers(kv_u8* dst, const kv_u8* src, kv_i64 pitc
     }
 }
 
+// Rows of a pool tile straight into shared memory (cp.async): 16 rows of UPR units of VEC
+// bytes, unit u = lane + 32k of the tile in row r = u / UPR. Since u * VEC = r * UPR * VEC +
+// column, the source offset is lane * VEC + 32k * VEC (an immediate) + r * (pitch - row bytes),
+// and likewise in shared memory, so each copy costs one multiply-add per side once the loop is
+// unrolled; rows past nvalid are zero-filled by the copy itself (src-size 0) instead of a
+// branch. The rolled loop with a branch took ~35 instructions per 16-byte copy, this ~7
+// (SASS of kv_fattn_partial<q8_0, q5_1, 256>, nvcc 13.0).
+template <int UPR, int SDST, int VEC, bool IN_PAGE>
+KV_DEV void kv_copy_rows_async(kv_u8* dst, const kv_u8* src, kv_i64 pitch, int nvalid,
+                               int lane) {
+    constexpr int UNITS = 16 * UPR;
+    constexpr int DGAP = SDST - UPR * VEC;
+    const kv_u32 sgap = (kv_u32)pitch - UPR * VEC;  // a row of the store is far below 4 GiB
+    const kv_u8* s0 = src + lane * VEC;
+    const kv_shaddr d0 = kv_shaddr_of(dst);
+#pragma unroll
+    for (int u0 = 0; u0 < UNITS; u0 += 32) {
+        const int u = u0 + lane;
+        if (UNITS % 32 == 0 || u < UNITS) {
+            const int r = u / UPR;
+            const bool valid = r < nvalid;
+            // An invalid row reads nothing. In a pool page every row of the tile exists (pages
+            // hold whole tiles), so its address can stay; from the host store it is clamped.
+            const kv_u8* natural = s0 + (kv_u64)((kv_u32)r * sgap) + u0 * VEC;
+            const kv_u8* from = IN_PAGE || valid ? natural : src;
+            kv_copy_async_zfill<VEC>(d0, r * DGAP + u * VEC, from, valid);
+        }
+    }
+}
+
 // Start copying the raw K and V rows of 16-cell tile `tile` into `buf`; cells at or past
 // lim_max are zero-filled (their V must be finite: 0 * NaN would poison the product).
 template <int TK, int TV, int D, int VEC, bool PAGED>
@@ -107,7 +129,10 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
     static_assert(G::HK % VEC == 0 && G::HV % VEC == 0, "copy unit must divide a head row");
     const int c0 = tile * 16;
     const int pt = (int)p.page_tokens;
-    const int page = c0 / pt;
+    // Pages are 256 cells in practice: a shift then, not the ~25-instruction integer division
+    // (the test is uniform across the warp).
+    const int tpp = pt >> 4;
+    const int page = (tpp & (tpp - 1)) == 0 ? tile >> (kv_ffs((kv_u32)tpp) - 1) : c0 / pt;
     int slot = -1;
     if (PAGED && page < p.n_pages_tab) {
         slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
@@ -132,23 +157,11 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
             return;
         }
     }
-    constexpr int UK = G::HK / VEC;
-    constexpr int UV = G::HV / VEC;
-    for (int u = lane; u < 16 * UK; u += 32) {
-        const int r = u / UK;
-        const int col = (u - r * UK) * VEC;
-        kv_u8* dst = buf + r * G::SK + col;
-        if (r < nvalid) kv_copy_async<VEC>(dst, kb + (kv_i64)r * p.row_k + col);
-        else kv_zero_smem<VEC>(dst);
-    }
-    kv_u8* vbuf = buf + 16 * G::SK;
-    for (int u = lane; u < 16 * UV; u += 32) {
-        const int r = u / UV;
-        const int col = (u - r * UV) * VEC;
-        kv_u8* dst = vbuf + r * G::SV + col;
-        if (r < nvalid) kv_copy_async<VEC>(dst, vb + (kv_i64)r * p.row_v + col);
-        else kv_zero_smem<VEC>(dst);
-    }
+    // VEC 16 reaches here only from a pool page (host tiles went through registers above)
+    constexpr bool IN_PAGE = VEC == 16;
+    kv_copy_rows_async<G::HK / VEC, G::SK, VEC, IN_PAGE>(buf, kb, p.row_k, nvalid, lane);
+    kv_copy_rows_async<G::HV / VEC, G::SV, VEC, IN_PAGE>(buf + 16 * G::SK, vb, p.row_v, nvalid,
+                                                         lane);
 }
 
 // One 16-cell tile: S^T = K Q^T, online softmax of the lane's two rows (2t, 2t+1), O^T += V^T P^T.

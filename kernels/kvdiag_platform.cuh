@@ -118,6 +118,28 @@ KV_DEV void kv_copy_async(void* dst_smem, const void* src_global) {
         *(kv_u16*)dst_smem = *(const kv_u16*)src_global;
     }
 }
+// A shared-memory address as the copy instructions take it (32 bits), so that offsets added
+// to it stay 32-bit arithmetic.
+typedef kv_u32 kv_shaddr;
+KV_DEV kv_shaddr kv_shaddr_of(void* p) { return kv_smem_addr(p); }
+
+// Copy VEC bytes global -> shared at dst + off, or write VEC zero bytes when !valid
+// (cp.async's src-size operand: nothing is read from src then, so no branch; callers still
+// pass an address inside the buffer).
+template <int VEC>
+KV_DEV void kv_copy_async_zfill(kv_shaddr dst, int off, const void* src_global, bool valid) {
+    const kv_u32 d = dst + (kv_u32)off;
+    if constexpr (VEC == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src_global),
+                     "r"(valid ? 16 : 0));
+    } else if constexpr (VEC == 8 || VEC == 4) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src_global),
+                     "n"(VEC), "r"(valid ? VEC : 0));
+    } else {
+        const kv_u16 v = valid ? *(const kv_u16*)src_global : (kv_u16)0;
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(d), "h"(v));
+    }
+}
 KV_DEV void kv_copy_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 KV_DEV void kv_copy_wait() {

@@ -257,6 +257,13 @@ template <int VEC>
 inline void kv_copy_async(void* dst, const void* src) {
     std::memcpy(dst, src, VEC);
 }
+typedef unsigned char* kv_shaddr;
+inline kv_shaddr kv_shaddr_of(void* p) { return (kv_shaddr)p; }
+template <int VEC>
+inline void kv_copy_async_zfill(kv_shaddr dst, int off, const void* src, bool valid) {
+    if (valid) std::memcpy(dst + off, src, VEC);
+    else std::memset(dst + off, 0, VEC);
+}
 inline void kv_copy_commit() {}
 template <int N>
 inline void kv_copy_wait() {}
