@@ -28,10 +28,11 @@ LOG_COLUMNS = (Column("line", 7, "right"), Column("kind", 9), Column("slot", 4, 
                Column("text", 0))
 FITS_COLUMNS = (Column("seq", 7, "right"), Column("step", 5, "right"), Column("L", 3, "right"),
                 Column("node", 12), Column("route", 9), Column("fits", 5),
-                Column("failed conditions", 36), Column("Q ne", 17), Column("K ne", 17), Column("V ne", 17),
-                Column("dst ne", 17), Column("K nb", 26), Column("K/V buffer", 41),
-                Column("rt K/V", 7), Column("dst", 15), Column("K data", 15),
-                Column("V data", 0))
+                Column("failed conditions", 36),
+                Column("Q ne", 17), Column("K ne", 17), Column("V ne", 17), Column("dst ne", 17),
+                Column("Q nb", 26), Column("K nb", 26), Column("V nb", 26), Column("dst nb", 26),
+                Column("K/V buffer", 41), Column("rt K/V", 7), Column("dst", 15),
+                Column("K data", 15), Column("V data", 0))
 LOG_FITS_COLUMNS = (Column("line", 7, "right"), Column("dst ne", 18), Column("type", 5),
                     Column("dst", 16), Column("K data", 16), Column("K buffer", 22),
                     Column("V buffer", 22), Column("K rt", 16), Column("V rt", 0))
@@ -151,7 +152,8 @@ class FitsRows(_Selection):
         cells: list[str | Text] = [
             str(e.seq), str(e.step), str(e.layer), e.node, e.route,
             "true" if e.result else "FALSE", failed, ne(e.q), ne(e.k), ne(e.v), ne(e.dst),
-            nb(e.k), f"{e.k.buffer or '-'}/{e.v.buffer or '-'}", rt, ptr(e.dst.data or None),
+            nb(e.q), nb(e.k), nb(e.v), nb(e.dst), f"{e.k.buffer or '-'}/{e.v.buffer or '-'}",
+            rt, ptr(e.dst.data or None),
             ptr(e.k.data or None), ptr(e.v.data or None),
         ]
         mark = "abort" if e.route == "abort" else ("fits-false" if not e.result else "")
