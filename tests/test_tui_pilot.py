@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from textual.widgets import Input
 
 from kvdiag.cli import main
 from kvdiag.tui.app import KvdiagApp
+from kvdiag.tui.document import Symbols
 from kvdiag.tui.export import wait_loaded
 from kvdiag.tui.screens.backtrace import BacktraceScreen
 from kvdiag.tui.screens.fits import FitsScreen
@@ -399,3 +402,50 @@ def test_export_svg_and_usage_errors(samples: dict[str, Path], tmp_path: Path,
     assert "standard output is not a terminal" in capsys.readouterr().err
     assert main(["tui", str(tmp_path / "nope.kvtrace"), "--export-svg", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+# -- symbolized log backtraces (--binary) --------------------------------------------------
+
+NATIVE = Path(__file__).parent / "fixtures" / "native" / "crashprog.cpp"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the crash program")
+def test_binary_symbolizes_frames_and_shows_their_source(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a program that asserts, its stderr as the log, and the binary WHEN viewed with
+    --binary THEN the inlined frame has its file:line and the Backtrace shows that source."""
+    binary = tmp_path / "crashprog"
+    subprocess.run(["gcc", "-g", "-O2", "-Wl,--build-id", "-o", str(binary), str(NATIVE)],
+                   check=True, capture_output=True, timeout=120)
+    proc = subprocess.run([str(binary)], capture_output=True, timeout=30, check=False)
+    log = tmp_path / "crash.log"
+    log.write_bytes(proc.stderr)
+    monkeypatch.setenv("KVDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert_line = "    KV_ASSERT(row >= 0 && row < 4096);"
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "5")
+        frames = app.screen.query_one("#frames", VirtualTable)
+        rows = [frames.source.row(i)[0] for i in range(frames.row_count)]
+        page_of = next(i for i, r in enumerate(rows) if str(r[1]).endswith("page_of"))
+        assert str(rows[page_of][1]).startswith("(inlined)")
+        assert str(rows[page_of][2]).endswith("crashprog.cpp:31")
+        frames.go_to(page_of)
+        await show(pilot)
+        assert f"    31 {assert_line}" in text(app).replace("\u00a0", " ")
+
+    async def unsymbolized(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        assert "backtraces not symbolized" in text(app)
+        assert any("backtraces not symbolized" in n.message for n in app._notifications)
+
+    async def run(symbols: Symbols, check: Script) -> None:
+        app = KvdiagApp([str(log)], symbols=symbols)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_loaded(app, timeout=60)
+            await pilot.pause()
+            await check(app, pilot)
+
+    asyncio.run(run(Symbols((str(binary),)), script))
+    asyncio.run(run(Symbols((str(tmp_path / "missing.so"),)), unsymbolized))
+    assert main(["tui", str(log), "--debug-dir", str(tmp_path), "--export-svg", "x.svg"]) == 2

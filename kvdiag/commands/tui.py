@@ -25,6 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="terminal size for --export-svg (default 160x48)")
     parser.add_argument("--step", type=int, default=None,
                         help="step to show on the Pages/Telemetry screens (--export-svg)")
+    parser.add_argument("--binary", action="append", default=[], metavar="PATH",
+                        help="ELF binary or shared library a logged crash ran (repeatable): "
+                             "its backtrace frames are symbolized (as kvdiag postmortem does)")
+    parser.add_argument("--debug-dir", metavar="DIR",
+                        help="directory with separate debug files (.build-id/xx/yyyy.debug)")
 
 
 def screen_name(value: str) -> str:
@@ -47,10 +52,16 @@ def parse_size(value: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     screen = screen_name(args.screen)
     size = parse_size(args.size)
+    if args.debug_dir and not args.binary:
+        raise UsageError("--debug-dir needs at least one --binary")
+    from kvdiag.tui.document import Symbols
+
+    symbols = Symbols(tuple(args.binary), args.debug_dir)
     if args.export_svg:
         from kvdiag.tui.export import export_svg
 
-        export_svg(list(args.files), args.export_svg, screen=screen, size=size, step=args.step)
+        export_svg(list(args.files), args.export_svg, screen=screen, size=size, step=args.step,
+                   symbols=symbols)
         return 0
     import sys
 
@@ -59,4 +70,4 @@ def run(args: argparse.Namespace) -> int:
                          "kvdiag check / kvdiag postmortem for text reports)")
     from kvdiag.tui.app import run_tui
 
-    return run_tui(list(args.files))
+    return run_tui(list(args.files), symbols)

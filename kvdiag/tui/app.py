@@ -20,7 +20,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from kvdiag.tui.document import Document, ErrorDoc, load
+from kvdiag.tui.document import NO_SYMBOLS, Document, ErrorDoc, LogDoc, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
 from kvdiag.tui.navigation import SCREENS, TITLES, Target
 from kvdiag.tui.screens.backtrace import BacktraceScreen
@@ -57,9 +57,11 @@ class KvdiagApp(App[int]):
     step: var[int] = var(0, init=False)
     """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
 
-    def __init__(self, paths: list[str], *, start_screen: str = "overview") -> None:
+    def __init__(self, paths: list[str], *, start_screen: str = "overview",
+                 symbols: Symbols = NO_SYMBOLS) -> None:
         super().__init__()
         self.paths = list(paths)
+        self.symbols = symbols
         self.docs: list[Document] = [ErrorDoc(p, "loading…", stage="opening", progress=0.0)
                                      for p in self.paths]
         self.current = 0
@@ -89,7 +91,7 @@ class KvdiagApp(App[int]):
 
         try:
             load(path, publish, lambda: worker.is_cancelled,
-                 lambda: self._painted.wait(FIRST_PAINT_WAIT_S))
+                 lambda: self._painted.wait(FIRST_PAINT_WAIT_S), self.symbols)
         except Exception as exc:  # a bug in a loader must not take the viewer down
             publish(ErrorDoc(path, f"{path}: internal error while loading: "
                                    f"{type(exc).__name__}: {exc}"))
@@ -102,6 +104,9 @@ class KvdiagApp(App[int]):
                 isinstance(old, ErrorDoc) and old.stage == "ready"):
             self.notify(doc.message, title="cannot show this file", severity="error",
                         timeout=8)
+        if isinstance(doc, LogDoc) and not isinstance(old, LogDoc):
+            for note in doc.notes:
+                self.notify(note, title=doc.name, severity="warning", timeout=8)
         if doc.stage == "ready" and old.stage != "ready":
             self.loaded += 1
         if message.index == self.current:
@@ -174,8 +179,8 @@ class KvdiagApp(App[int]):
         self.jump(self.history.pop(), remember=False)
 
 
-def run_tui(paths: list[str]) -> int:
+def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS) -> int:
     """Run the viewer on ``paths`` (traces and/or logs) until the user quits."""
-    app = KvdiagApp(paths)
+    app = KvdiagApp(paths, symbols=symbols)
     result = app.run()
     return result if isinstance(result, int) else 0

@@ -77,6 +77,8 @@ class LogDoc:
     index: LogIndex
     stage: Stage = "ready"
     progress: float = 1.0
+    notes: tuple[str, ...] = ()
+    """What went wrong around the log itself (a binary that could not be used, ...)."""
     kind: Literal["log"] = "log"
 
     @property
@@ -139,8 +141,19 @@ def _nothing() -> None:
     pass
 
 
+@dataclass(frozen=True)
+class Symbols:
+    """Binaries (and a separate debug-info directory) to symbolize log backtraces with."""
+
+    binaries: tuple[str, ...] = ()
+    debug_dir: str | None = None
+
+
+NO_SYMBOLS = Symbols()
+
+
 def load(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
-         painted: Callable[[], object] = _nothing) -> None:
+         painted: Callable[[], object] = _nothing, symbols: Symbols = NO_SYMBOLS) -> None:
     """Load ``path``, publishing snapshots; failures are published as :class:`ErrorDoc`.
 
     ``painted`` is called after the first snapshot and should return once the viewer has drawn
@@ -151,7 +164,7 @@ def load(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
         if kind == "trace":
             load_trace(path, publish, cancelled, painted)
         else:
-            load_log(path, publish)
+            load_log(path, publish, symbols)
     except InputError as exc:
         publish(ErrorDoc(path, str(exc)))
     except (OSError, MemoryError) as exc:
@@ -217,7 +230,7 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 
 
-def load_log(path: str, publish: Publish) -> None:
+def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None:
     from kvdiag.analysis.signatures import evaluate
     from kvdiag.postmortem.lines import open_log
     from kvdiag.postmortem.parse import LogParser
@@ -230,7 +243,16 @@ def load_log(path: str, publish: Publish) -> None:
         for c in closers:
             c.close()
     scan = parser.result()
+    notes: list[str] = []
+    if symbols.binaries:
+        from kvdiag.postmortem.resymbolize import resymbolize
+
+        try:
+            scan = resymbolize(scan, symbols.binaries, symbols.debug_dir)
+        except InputError as exc:
+            # the log is still worth showing with the frames it printed
+            notes.append(f"backtraces not symbolized: {exc}")
     findings = tuple(evaluate(scan))
     source = LineSource.open(path)
     index = build_log_index(source, scan, name)
-    publish(LogDoc(path, source, scan, findings, index))
+    publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes)))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvdiag.errors import InputError
 from kvdiag.tui.app import KvdiagApp
-from kvdiag.tui.document import ErrorDoc
+from kvdiag.tui.document import NO_SYMBOLS, ErrorDoc, Symbols
 
 LOAD_TIMEOUT_S = 600.0
 
@@ -23,9 +23,10 @@ async def wait_loaded(app: KvdiagApp, timeout: float = LOAD_TIMEOUT_S) -> None:
 
 
 def export_svg(paths: list[str], out: str, *, screen: str = "overview",
-               size: tuple[int, int] = (160, 48), step: int | None = None) -> str:
+               size: tuple[int, int] = (160, 48), step: int | None = None,
+               symbols: Symbols = NO_SYMBOLS) -> str:
     """Write the SVG of ``screen`` to ``out``; returns the SVG text."""
-    app = KvdiagApp(paths)
+    app = KvdiagApp(paths, symbols=symbols)
 
     async def pilot_script(pilot: object) -> None:
         await wait_loaded(app)

@@ -125,6 +125,7 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
 def _log_overview(doc: LogDoc) -> RenderableType:
     scan = doc.scan
     parts: list[RenderableType] = [verdict(list(doc.findings))]
+    parts += [Text(note, style="yellow") for note in doc.notes]
     groups = {c.fingerprint for c in scan.crashes}
     parts.append(Text(f"{doc.path}: server log, {scan.lines:,} lines, {len(scan.crashes)} "
                       f"crash(es) in {len(groups)} group(s), {len(scan.boots)} boot(s)",
