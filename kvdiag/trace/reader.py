@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -179,7 +179,7 @@ class TraceReader:
 
     # -- events ---------------------------------------------------------------------------
 
-    def _chunks(self) -> Iterator[list[TraceItem]]:
+    def _chunks(self) -> Iterator[Sequence[TraceItem]]:
         read = self._stream.read
         size = self._chunk_size
         parts: list[bytes] = []  # pieces of the line not yet ended by a newline
@@ -240,12 +240,12 @@ class TraceReader:
         # A file opened by open() is closed once read to the end, so list(open(p)) leaks nothing.
         self.close()
 
-    def _block(self, block: bytes) -> list[TraceItem]:
+    def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
         n = block.count(b"\n")
         if not self.newer_minor and self.end is None:
             try:
-                events: list[TraceItem] = self._decode_lines(block)
+                events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
                 pass
             else:
@@ -267,7 +267,7 @@ class TraceReader:
         self.lines_read += n
         return out
 
-    def _fast_accept(self, events: list[TraceItem]) -> bool:
+    def _fast_accept(self, events: Sequence[TraceItem]) -> bool:
         """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End."""
         seqs = list(map(_SEQ, events))
         first = seqs[0]
