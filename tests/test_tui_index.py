@@ -182,3 +182,14 @@ def test_non_ui_modules_do_not_import_textual() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_slot_lines_need_a_word_boundary(tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    log.write_bytes(b"slot launch_slot_: id  2 | task 5 | processing task\n"
+                    b"invalid  3 | task 1\n"
+                    b"srv  log_server_r: request: id_slot=4 id_task=9\n"
+                    b"my_id_slot=7\n")
+    index = build_log_index(LineSource.open(log), LogParser().result(), str(log))
+    assert index.columns["slot"].tolist() == [2, -1, 4, -1]
+    assert [LOG_KINDS[k] for k in index.columns["kind"]] == ["slot", "line", "slot", "line"]

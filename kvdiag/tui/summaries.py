@@ -17,14 +17,16 @@ from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
 from kvdiag.report.postmortem import boot_for, config_table
-from kvdiag.tui.document import Document, ErrorDoc, LogDoc, TraceDoc
+from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
 
 
 def status_text(doc: Document, index: int, total: int) -> str:
     files = f" ({index + 1}/{total}, o: other file)" if total > 1 else ""
     head = f"{doc.name}{files}"
+    if isinstance(doc, PendingDoc):
+        return f"{head} · {doc.message}"
     if isinstance(doc, ErrorDoc):
-        return f"{head} · {'opening…' if doc.stage == 'opening' else 'error'}"
+        return f"{head} · error"
     if isinstance(doc, LogDoc):
         return (f"{head} · log · {doc.index.n:,} lines · {len(doc.scan.crashes)} crash(es) · "
                 f"{len(doc.findings)} finding(s)")
@@ -36,6 +38,15 @@ def status_text(doc: Document, index: int, total: int) -> str:
         return f"{head} · trace · {n:,} events, {steps:,} steps · analysing {doc.progress:.0%}"
     return (f"{head} · trace · {n:,} events, {steps:,} steps · "
             f"{len(doc.findings)} finding(s)")
+
+
+def unavailable(doc: Document) -> str | None:
+    """Why a screen has nothing of this file to show yet (None: it has)."""
+    if isinstance(doc, PendingDoc):
+        return f"{doc.message} — this screen fills in as soon as the file has been read"
+    if isinstance(doc, ErrorDoc):
+        return "nothing to show: this file could not be read (1: Overview says why)"
+    return None
 
 
 def severity_counts(findings: Sequence[Finding]) -> Text:
@@ -71,9 +82,9 @@ def _section(title: str) -> Text:
 
 
 def overview(doc: Document) -> RenderableType:
+    if isinstance(doc, PendingDoc):
+        return Text(f"{doc.path}: {doc.message}", style="dim")
     if isinstance(doc, ErrorDoc):
-        if doc.stage == "opening":
-            return Text(f"opening {doc.path} …", style="dim")
         return Group(Text("This file cannot be shown", style="bold red"),
                      Text(doc.message, style="red"),
                      Text("\nkvdiag tui reads kvtrace files (kvdiag capture) and llama-server "

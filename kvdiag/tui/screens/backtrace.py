@@ -21,6 +21,7 @@ from kvdiag.tui.messages import RowHighlighted
 from kvdiag.tui.navigation import Target
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 SOURCE_WIDTH = 36
@@ -141,7 +142,7 @@ class BacktraceScreen(KvScreen):
         elif isinstance(doc, LogDoc):
             text = "no crash in this log"
         else:
-            text = "nothing to show: the file could not be read (1: Overview)"
+            text = unavailable(doc) or ""
         self.query_one("#crash-head", Static).update(text)
         self.frames_table.set_source(FrameRows(CrashView(0, "", "", (), (), "", "", None)))
         self.query_one("#source", SourcePane).update("")

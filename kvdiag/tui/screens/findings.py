@@ -22,6 +22,7 @@ from kvdiag.tui.navigation import Target, evidence_target
 from kvdiag.tui.rows import log_fits_records
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 0),
@@ -96,7 +97,8 @@ class FindingsScreen(KvScreen):
         table.set_source(FindingRows(self.findings), cursor=table.cursor if old else 0)
         if not self.findings:
             text = ("analysing… findings appear when the analysis finishes"
-                    if isinstance(doc, TraceDoc) and doc.digest is None else "no findings")
+                    if isinstance(doc, TraceDoc) and doc.digest is None
+                    else unavailable(doc) or "no findings")
             self.query_one("#finding-detail", Static).update(text)
             self.query_one("#evidence-table", VirtualTable).set_source(EvidenceRows((), []))
             return

@@ -20,6 +20,7 @@ from kvdiag.tui.navigation import Target
 from kvdiag.tui.rows import FITS_COLUMNS, LOG_FITS_COLUMNS, FitsRows, LogFitsRows, log_fits_records
 from kvdiag.tui.rowsource import EmptySource
 from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 
@@ -80,8 +81,7 @@ class FitsScreen(KvScreen):
             self.rows = None
             table.set_source(EmptySource())
             info.update("indexing… the fits() decisions appear when the index is complete"
-                        if isinstance(doc, TraceDoc) else "no fits decisions: the file could "
-                        "not be read (1: Overview)")
+                        if isinstance(doc, TraceDoc) else unavailable(doc) or "")
         self._detail()
 
     @staticmethod

@@ -18,6 +18,7 @@ from kvdiag.tui.messages import CellSelected, SeekStep
 from kvdiag.tui.navigation import Target
 from kvdiag.tui.pagestext import cell_words, window_words
 from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.scrubber import Scrubber
 
@@ -71,7 +72,7 @@ class PagesScreen(KvScreen):
             self.shown_step = -1
             self.query_one("#pages-info", Static).update(
                 "indexing… the page grid appears when the index is complete"
-                if isinstance(doc, TraceDoc) else
+                if isinstance(doc, TraceDoc) else unavailable(doc) or
                 "no page bookkeeping in this file (Pages replays traces; a log has none)")
             self.query_one("#pages-cell", Static).update("")
             return

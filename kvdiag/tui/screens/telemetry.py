@@ -19,6 +19,7 @@ from kvdiag.tui.document import Document, TraceDoc
 from kvdiag.tui.navigation import Target
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.sparkline import sparkline
+from kvdiag.tui.summaries import unavailable
 
 # (field, label, scale to the unit shown, unit, fixed scale or None for the samples' range)
 PLOTS: tuple[tuple[str, str, float, str, tuple[float, float] | None], ...] = (
@@ -110,7 +111,8 @@ class TelemetryScreen(KvScreen):
         doc = self.doc
         series = self.series()
         if not isinstance(doc, TraceDoc):
-            info.update("telemetry comes from traces captured on a GPU; this file is not a trace")
+            info.update((unavailable(doc) if doc is not None else None) or
+                        "telemetry comes from traces captured on a GPU; this file is not a trace")
             body.update("")
             return
         if series is None:

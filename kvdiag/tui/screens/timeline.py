@@ -23,6 +23,7 @@ from kvdiag.tui.navigation import Target, evidence_target
 from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows
 from kvdiag.tui.rowsource import EmptySource
 from kvdiag.tui.screens.base import KvScreen
+from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FILTER_HINT = "filter (f): kind:read,upload layer:0-3 stream:1 slot:10 step:5-9"
@@ -102,7 +103,7 @@ class TimelineScreen(KvScreen):
             if self.needle:
                 text += f" · search {self.needle!r}"
         else:
-            text = "no events: this file could not be read (see 1: Overview)"
+            text = (unavailable(doc) if doc is not None else None) or ""
         self.query_one("#timeline-info", Static).update(text + (f" · {extra}" if extra else ""),
                                                         layout=False)
 
