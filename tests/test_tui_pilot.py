@@ -15,8 +15,8 @@ from textual.widgets import Input
 
 from kvdiag.cli import main
 from kvdiag.tui.app import KvdiagApp
-from kvdiag.tui.document import Symbols
 from kvdiag.tui.export import wait_loaded
+from kvdiag.tui.loading import Symbols
 from kvdiag.tui.screens.backtrace import BacktraceScreen
 from kvdiag.tui.screens.fits import FitsScreen
 from kvdiag.tui.screens.help import HelpScreen

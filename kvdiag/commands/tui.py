@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     size = parse_size(args.size)
     if args.debug_dir and not args.binary:
         raise UsageError("--debug-dir needs at least one --binary")
-    from kvdiag.tui.document import Symbols
+    from kvdiag.tui.loading import Symbols
 
     symbols = Symbols(tuple(args.binary), args.debug_dir)
     if args.export_svg:

@@ -20,15 +20,8 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from kvdiag.tui.document import (
-    NO_SYMBOLS,
-    Document,
-    ErrorDoc,
-    LogDoc,
-    PendingDoc,
-    Symbols,
-    load,
-)
+from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc
+from kvdiag.tui.loading import NO_SYMBOLS, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
 from kvdiag.tui.navigation import SCREENS, TITLES, Target
 from kvdiag.tui.screens.backtrace import BacktraceScreen

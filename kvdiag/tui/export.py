@@ -7,7 +7,8 @@ from pathlib import Path
 
 from kvdiag.errors import InputError
 from kvdiag.tui.app import KvdiagApp
-from kvdiag.tui.document import NO_SYMBOLS, ErrorDoc, Symbols
+from kvdiag.tui.document import ErrorDoc
+from kvdiag.tui.loading import NO_SYMBOLS, Symbols
 
 LOAD_TIMEOUT_S = 600.0
 
