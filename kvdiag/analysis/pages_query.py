@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvdiag.analysis.linesource import LineSource
-from kvdiag.analysis.replay import PAGE_TOKENS, Holder, Key, PagesGeometry, PagesSnapshot, assemble
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot, assemble
 from kvdiag.analysis.trace_index import (
     EVICT,
     F_RELEARN,
@@ -31,6 +31,7 @@ from kvdiag.analysis.trace_index import (
     decode_event,
 )
 from kvdiag.model import events as ev
+from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 Groups = dict[tuple[int, ...], np.ndarray]
 

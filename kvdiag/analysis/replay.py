@@ -28,21 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kvdiag.model import events as ev
-
-PAGE_TOKENS = 256
-"""Tokens per page (kvdiag.kvstream.pages); a write's cells map to pages by this."""
-
-Key = tuple[int, int | None, int]
-"""Bookkeeping key (layer, stream or None in the shared layout, page)."""
-
-
-class Holder(NamedTuple):
-    """What a pool slot's bytes are: host page (layer, stream, page) at ``version``."""
-
-    layer: int
-    stream: int
-    page: int
-    version: int
+from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 
 class LastRead(NamedTuple):
