@@ -8,7 +8,7 @@ Rule ids (stable; CI scripts match on them): ``fits-dispatch-mismatch``, ``abort
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,50 +104,68 @@ class TraceAnalyzer:
         self.foreign: dict[int, _Group] = {}
         self.divergence: dict[int, _Group] = {}
         self.residency = Residency()
-        self.counts: Counter[str] = Counter()
+        self._type_counts: dict[type, int] = {}
+        self._unknown_counts: Counter[str] = Counter()
         self.steps: set[int] = set()
         self.end: ev.End | None = None
         self.last_seq = 0
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.Step: self._step, ev.Fits: self._fits, ev.Read: self._read,
+            ev.Upload: self._upload, ev.Evict: self._evict, ev.Abort: self.aborts.append,
+            ev.Output: self._output, ev.End: self._end,
+        }
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Events per kind."""
+        out: Counter[str] = Counter(self._unknown_counts)
+        for cls, n in self._type_counts.items():
+            if cls is not ev.Unknown:
+                out[cls.__struct_config__.tag] += n  # type: ignore[attr-defined]
+        return out
 
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
-        kind = event.kind if isinstance(event, ev.Unknown) else type(event).__name__.lower()
-        self.counts[kind] += 1
+        # one dict dispatch per event: analysis runs over millions of them
+        cls = type(event)
+        counts = self._type_counts
+        counts[cls] = counts.get(cls, 0) + 1
         self.last_seq = event.seq
-        self.steps.add(event.step)
-        match event:
-            case ev.Fits():
-                self._fits(event)
-            case ev.Read():
-                self._read(event)
-            case ev.Upload():
-                r = self.residency
-                n = event.pages[1] - event.pages[0]
-                r.uploads[event.target] += 1
-                r.upload_pages[event.target] += n
-                r.upload_bytes[event.target] += event.bytes
-                r.upload_reasons[event.reason] += n
-            case ev.Evict():
-                self.residency.evictions += 1
-            case ev.Abort():
-                self.aborts.append(event)
-            case ev.Output():
-                if event.max_abs_delta > event.tolerance:
-                    g = self.divergence.setdefault(event.stream, _Group())
-                    g.add(Evidence(seq=event.seq, step=event.step, stream=event.stream,
-                                   layer=event.worst_layer,
-                                   text=f"max |Δ| {event.max_abs_delta:.3g}"))
-                    g.extra["max_abs_delta"] = max(g.extra.get("max_abs_delta", 0.0),
-                                                   event.max_abs_delta)
-                    g.extra["tolerance"] = event.tolerance
-            case ev.End():
-                self.end = event
-            case _:
-                pass
+        handler = self._handlers.get(cls)
+        if handler is not None:
+            handler(event)
+        elif cls is ev.Unknown:
+            self._unknown_counts[event.kind] += 1  # type: ignore[union-attr]
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> TraceAnalyzer:
+        feed = self.feed
         for e in events:
-            self.feed(e)
+            feed(e)
         return self
+
+    def _step(self, e: ev.Step) -> None:
+        self.steps.add(e.step)
+
+    def _upload(self, e: ev.Upload) -> None:
+        r = self.residency
+        n = e.pages[1] - e.pages[0]
+        r.uploads[e.target] += 1
+        r.upload_pages[e.target] += n
+        r.upload_bytes[e.target] += e.bytes
+        r.upload_reasons[e.reason] += n
+
+    def _evict(self, e: ev.Evict) -> None:
+        self.residency.evictions += 1
+
+    def _end(self, e: ev.End) -> None:
+        self.end = e
+
+    def _output(self, e: ev.Output) -> None:
+        if e.max_abs_delta > e.tolerance:
+            g = self.divergence.setdefault(e.stream, _Group())
+            g.add(Evidence(seq=e.seq, step=e.step, stream=e.stream, layer=e.worst_layer,
+                           text=f"max |Δ| {e.max_abs_delta:.3g}"))
+            g.extra["max_abs_delta"] = max(g.extra.get("max_abs_delta", 0.0), e.max_abs_delta)
+            g.extra["tolerance"] = e.tolerance
 
     def _fits(self, e: ev.Fits) -> None:
         self.residency.routes[e.route] += 1
@@ -235,9 +253,10 @@ class TraceAnalyzer:
         return out
 
     def summary(self) -> dict[str, Any]:
+        counts = self.counts
         return {
-            "events": sum(self.counts.values()),
-            "counts": dict(self.counts),
+            "events": sum(counts.values()),
+            "counts": dict(counts),
             "steps": len(self.steps),
             "status": self.end.status if self.end else "incomplete",
             "residency": self.residency.as_json(),
