@@ -48,9 +48,10 @@ struct FattnGeom {
     static constexpr int HK = D / 32 * KvBlock<TK>::bytes;  // bytes of one head row of K
     static constexpr int HV = D / 32 * KvBlock<TV>::bytes;
     // Row strides in shared memory chosen against bank conflicts of the fragment reads: the
-    // K reads of 8 lanes span two rows (stride = 64 mod 128), the V reads of 16 lanes span
-    // four rows two apart (stride = 16 mod 128).
-    static constexpr int SK = kv_smem_stride(HK, 64);
+    // 16-byte K reads of 8 lanes span two rows (stride = 64 mod 128); q8_0 K is read as words
+    // by 32 lanes over 8 rows (stride = 16 mod 128, kv_load_q8_0_split); the V reads of 16
+    // lanes span four rows two apart (stride = 16 mod 128).
+    static constexpr int SK = kv_smem_stride(HK, KvKSplit<TK>::value ? 16 : 64);
     static constexpr int SV = kv_smem_stride(HV, 16);
     static constexpr int STAGE = 16 * (SK + SV);
     // The streamed kernel double-buffers its tiles (cp.async from the pool overlaps compute);
@@ -120,23 +121,39 @@ KV_DEV void kv_copy_rows_async(kv_u8* dst, const kv_u8* src, kv_i64 pitch, int n
     }
 }
 
-// Start copying the raw K and V rows of 16-cell tile `tile` into `buf`; cells at or past
-// lim_max are zero-filled (their V must be finite: 0 * NaN would poison the product).
+// Page of 16-cell tile `tile`. Pages are 256 cells in practice: a shift then, not the
+// ~25-instruction integer division (the test is uniform across the warp).
+KV_DEV int kv_tile_page(const FattnParams& p, int tile) {
+    const int pt = (int)p.page_tokens;
+    const int tpp = pt >> 4;
+    return (tpp & (tpp - 1)) == 0 ? tile >> (kv_ffs((kv_u32)tpp) - 1) : tile * 16 / pt;
+}
+
+// Pool slot of the page holding tile `tile` of stream row i, -1 for the host store. Callers
+// ask one tile ahead of the copy that uses it, so the page-table read overlaps a tile's
+// compute instead of stalling the copy; a tile past the table reads nothing.
+template <bool PAGED>
+KV_DEV int kv_tile_slot(const FattnParams& p, int i, int tile) {
+    if constexpr (PAGED) {
+        const int page = kv_tile_page(p, tile);
+        if (page < p.n_pages_tab) {
+            return ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
+        }
+    }
+    return -1;
+}
+
+// Start copying the raw K and V rows of 16-cell tile `tile` (in pool slot `slot`, or the host
+// store when -1) into `buf`; cells at or past lim_max are zero-filled (their V must be finite:
+// 0 * NaN would poison the product).
 template <int TK, int TV, int D, int VEC, bool PAGED>
-KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int tile, int lim_max,
-                         kv_u8* buf, int lane) {
+KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int tile, int slot,
+                         int lim_max, kv_u8* buf, int lane) {
     using G = FattnGeom<TK, TV, D, PAGED>;
     static_assert(G::HK % VEC == 0 && G::HV % VEC == 0, "copy unit must divide a head row");
     const int c0 = tile * 16;
     const int pt = (int)p.page_tokens;
-    // Pages are 256 cells in practice: a shift then, not the ~25-instruction integer division
-    // (the test is uniform across the warp).
-    const int tpp = pt >> 4;
-    const int page = (tpp & (tpp - 1)) == 0 ? tile >> (kv_ffs((kv_u32)tpp) - 1) : c0 / pt;
-    int slot = -1;
-    if (PAGED && page < p.n_pages_tab) {
-        slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
-    }
+    const int page = kv_tile_page(p, tile);
     const kv_u8* kb;
     const kv_u8* vb;
     if (slot >= 0) {
@@ -179,8 +196,13 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
 #pragma unroll
     for (int c = 0; c < D / 32; ++c) {
         kv_u32 w0[4], w1[4];
-        kv_load_h2<TK, 8>(k0 + c * BK, 8 * t, w0);  // cell g, elements 8t..8t+7 of block c
-        kv_load_h2<TK, 8>(k1 + c * BK, 8 * t, w1);  // cell g+8
+        if constexpr (KvKSplit<TK>::value) {
+            kv_load_q8_0_split(k0, c * BK, t, w0);  // cell g, elements 4t.. and 16+4t..
+            kv_load_q8_0_split(k1, c * BK, t, w1);  // cell g+8
+        } else {
+            kv_load_h2<TK, 8>(k0 + c * BK, 8 * t, w0);  // cell g, elements 8t..8t+7 of block c
+            kv_load_h2<TK, 8>(k1 + c * BK, 8 * t, w1);  // cell g+8
+        }
         const kv_u32 a0[4] = {w0[0], w1[0], w0[1], w1[1]};
         const kv_u32 a1[4] = {w0[2], w1[2], w0[3], w1[3]};
         kv_mma_16816(sa, a0, qf[2 * c]);
@@ -296,6 +318,13 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     const int gq = (int)p.G;
     const int n_kv = (int)p.n_kv;
     const kv_i32* pos = (const kv_i32*)p.positions + (kv_i64)i * p.T;
+    // The first tile's page-table entry depends only on the launch shape: read it alongside the
+    // positions rather than after them.
+    const int nsp = (int)p.n_splits;
+    const bool inter = p.interleave != 0;
+    const int tb = inter ? split : split * (int)p.tiles_per_block;
+    const int step = inter ? nsp : 1;  // tile j of the block is tb + j * step
+    const int slot0 = kv_tile_slot<PAGED>(p, i, tb + warp * step);
 
     auto limit = [&](int r) -> int {
         if (r >= rows) return 0;
@@ -308,7 +337,11 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     const float sl = (float)p.scale_log2;
 
     // Q^T B fragments, k order permuted like the K fragments: lane (g, t) holds query row g,
-    // head dims 32c + 8t .. 32c + 8t + 7 for every block c.
+    // head dims 32c + 8t .. 32c + 8t + 7 for every block c (q8_0 K: 32c + 4t .. + 3 and
+    // 32c + 16 + 4t .. + 3, kv_load_q8_0_split).
+    constexpr bool KSPLIT = KvKSplit<TK>::value;
+    const int qx = KSPLIT ? 4 * t : 8 * t;
+    const int qy = KSPLIT ? 16 + 4 * t : 8 * t + 4;
     kv_u32 qf[D / 16][2];
     {
         const int r = rt * 8 + g;
@@ -321,8 +354,8 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) {
             if (q != nullptr) {
-                const kv_v4 x = *(const kv_v4*)(q + 32 * c + 8 * t);
-                const kv_v4 y = *(const kv_v4*)(q + 32 * c + 8 * t + 4);
+                const kv_v4 x = *(const kv_v4*)(q + 32 * c + qx);
+                const kv_v4 y = *(const kv_v4*)(q + 32 * c + qy);
                 qf[2 * c][0] = kv_pack_f2(kv_u2f(x.x), kv_u2f(x.y));
                 qf[2 * c][1] = kv_pack_f2(kv_u2f(x.z), kv_u2f(x.w));
                 qf[2 * c + 1][0] = kv_pack_f2(kv_u2f(y.x), kv_u2f(y.y));
@@ -342,13 +375,9 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     // so that all blocks together sweep the cells front to back. Warps take the block's tiles
     // in turn either way.
     const int n_tiles = (lim_max + 15) / 16;
-    const int nsp = (int)p.n_splits;
-    const bool inter = p.interleave != 0;
-    const int tb = inter ? split : split * (int)p.tiles_per_block;
     const int te = inter ? n_tiles
                          : (tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block
                                                                   : n_tiles);
-    const int step = inter ? nsp : 1;  // tile j of the block is tb + j * step
 
 #if KVDIAG_INSTRUMENT
     // One record per page this block read; interleaved, a page goes to the block that owns its
@@ -376,18 +405,22 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
 
     kv_u8* wbuf = kv_smem() + warp * G::WARP;
     int tile = tb + warp * step;
+    const int wstep = nwarps * step;
     if constexpr (G::STAGES == 2) {
         int stage = 0;
         if (tile < te) {
-            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
+            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, slot0, lim_max, wbuf,
+                                                lane);
         }
         kv_copy_commit();
-        for (; tile < te; tile += nwarps * step) {
-            const int next = tile + nwarps * step;
+        int slot = kv_tile_slot<PAGED>(p, i, tile + wstep);
+        for (; tile < te; tile += wstep) {
+            const int next = tile + wstep;
             if (next < te) {
-                kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, lim_max,
+                kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, slot, lim_max,
                                                     wbuf + (stage ^ 1) * G::STAGE, lane);
             }
+            slot = kv_tile_slot<PAGED>(p, i, next + wstep);  // used by the next iteration
             kv_copy_commit();
             kv_copy_wait<1>();
             kv_syncwarp();
@@ -397,8 +430,10 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
             stage ^= 1;
         }
     } else {
-        for (; tile < te; tile += nwarps * step) {
-            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, lim_max, wbuf, lane);
+        for (; tile < te; tile += wstep) {
+            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile,
+                                                kv_tile_slot<PAGED>(p, i, tile), lim_max, wbuf,
+                                                lane);
             kv_copy_commit();
             kv_copy_wait<0>();
             kv_syncwarp();

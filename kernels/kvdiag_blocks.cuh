@@ -54,6 +54,47 @@ KV_NIBBLE(KV_Q5_0, 6, 2, false)
 KV_NIBBLE(KV_Q5_1, 8, 4, true)
 #undef KV_NIBBLE
 
+// K rows of q8_0 are read in a different k order than the other types (kv_compute_tile,
+// kv_fattn_partial's Q load): lane t takes elements 4t..4t+3 and 16+4t..16+4t+3 of each block
+// as 32-bit words instead of 8 consecutive elements as 16-bit halves. With the K row stride
+// = 16 mod 128 (FattnGeom), the 32 lanes of each load then hit 32 different banks; the
+// consecutive-halves reads with stride 64 mod 128 were 4-way bank conflicts (320 shared-memory
+// wavefronts per 16-cell tile and warp for a 256-wide head, now 64; tests/kernel_emu models
+// only the values, the bank count is by hand: rows g = 0..7 at 68g words, lanes t at +t).
+template <int T>
+struct KvKSplit {
+    static constexpr bool value = T == KV_Q8_0;
+};
+
+// w = f16x2 of elements (4t, 4t+1), (4t+2, 4t+3), (16+4t, 17+4t), (18+4t, 19+4t) of the q8_0
+// block at byte `off` of a 4-byte aligned row (off is a constant once the caller's loop is
+// unrolled, so the alignment test folds). Byte pairs go to bytes 0 and 2 of a word with zeros
+// between (byte_perm with a zero source: no constant register), then one XOR both flips the
+// int8 sign bit and sets the f16 exponent of 1024: (q + 128) + 1024, exact, as
+// kv_bytes_to_h2_biased gives it.
+KV_DEV void kv_load_q8_0_split(const kv_u8* row, int off, int t, kv_u32* w) {
+    const kv_u32 d = *(const kv_u16*)(row + off);
+    const kv_u32 d2 = d | (d << 16);
+    const kv_u32* rw = (const kv_u32*)row;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int b = off + 2 + 16 * h;  // byte of element 16h
+        kv_u32 lo, hi;
+        if ((b & 3) == 0) {
+            const kv_u32 x = rw[(b >> 2) + t];
+            lo = kv_byte_perm(x, 0u, 0x4140u);
+            hi = kv_byte_perm(x, 0u, 0x4342u);
+        } else {  // 2 mod 4: the four bytes straddle two words
+            const kv_u32 x0 = rw[(b >> 2) + t];
+            const kv_u32 x1 = rw[(b >> 2) + t + 1];
+            lo = kv_byte_perm(x0, 0u, 0x4342u);
+            hi = kv_byte_perm(x1, 0u, 0x4140u);
+        }
+        w[2 * h] = kv_hmul2(kv_hsub2(lo ^ 0x64806480u, 0x64806480u), d2);
+        w[2 * h + 1] = kv_hmul2(kv_hsub2(hi ^ 0x64806480u, 0x64806480u), d2);
+    }
+}
+
 // w[k] = f16x2 of elements e0+2k, e0+2k+1 of the 32-element block at `blk` (2-byte aligned;
 // 16-byte aligned for f16/bf16 with N == 8, 8-byte aligned with N == 4). N is 4 or 8 and e0 is
 // a multiple of N.

@@ -229,7 +229,9 @@ def fattn_layout(type_k: str, type_v: str, head_dim: int, n_head_kv: int,
     that divides every row, head and page offset the kernel adds to an aligned base."""
     hk = head_dim // 32 * BLOCK32_BYTES[type_k]
     hv = head_dim // 32 * BLOCK32_BYTES[type_v]
-    sk = _smem_stride(hk, 64)
+    # q8_0 K is read as words by 32 lanes over 8 rows (kv_load_q8_0_split), the others as
+    # 16-byte units by 8 lanes over 2 rows: different bank-conflict-free residues.
+    sk = _smem_stride(hk, 16 if type_k == "q8_0" else 64)
     sv = _smem_stride(hv, 16)
     offsets = [hk, hv, hk * n_head_kv, hv * n_head_kv]
     offsets += [x for x in (page_bytes, v_offset) if x]
