@@ -176,7 +176,7 @@ def test_gzip_log_is_decompressed_for_random_access(tmp_path: Path) -> None:
 def test_non_ui_modules_do_not_import_textual() -> None:
     """The index, replay and report layers run without textual (kvdiag check needs none)."""
     code = ("import sys; import kvdiag.analysis.trace_index, kvdiag.analysis.pages_query, "
-            "kvdiag.analysis.trace_digest, kvdiag.analysis.log_index, kvdiag.tui.document, "
+            "kvdiag.tui.digest, kvdiag.analysis.log_index, kvdiag.tui.document, "
             "kvdiag.tui.loading, kvdiag.tui.rows, kvdiag.tui.summaries, kvdiag.tui.fitsdetail, "
             "kvdiag.tui.crashes, kvdiag.tui.pagestext, kvdiag.tui.sparkline; "
             "print('textual' in sys.modules)")

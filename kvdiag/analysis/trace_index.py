@@ -27,7 +27,9 @@ import numpy.typing as npt
 
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, Unknown
-from kvdiag.trace.reader import TraceItem
+
+TraceItem = AnyEvent | Unknown
+
 
 KINDS: tuple[str, ...] = (*KNOWN_KINDS, "unknown", "corrupt")
 """Kind names by code: the format's kinds in their documented order, then two of our own."""

@@ -18,12 +18,12 @@ from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import PagesGeometry
-from kvdiag.analysis.trace_digest import TraceDigest
 from kvdiag.analysis.trace_index import TraceIndex
 from kvdiag.errors import InputError
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
+from kvdiag.tui.digest import TraceDigest
 
 Stage = Literal["opening", "indexing", "analysing", "ready"]
 FileKind = Literal["trace", "log"]

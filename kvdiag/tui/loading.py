@@ -1,7 +1,7 @@
 """Loading a file into document snapshots, in a worker thread (no textual import).
 
 A trace is indexed (``kvdiag.analysis.trace_index``), then its page-replay groups are built,
-then it is analysed (``kvdiag.analysis.trace_digest``); a log is parsed by the post-mortem
+then it is analysed (``kvdiag.tui.digest``); a log is parsed by the post-mortem
 scanner, optionally re-symbolized, and its lines indexed. Each stage publishes a new snapshot;
 cancellation (the viewer closing) is checked between chunks.
 """
@@ -20,10 +20,10 @@ from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import build_log_index
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import geometry_from_header
-from kvdiag.analysis.trace_digest import digest_trace
 from kvdiag.analysis.trace_index import FITS, READ, UPLOAD, WRITE, IndexBuilder, header_end
 from kvdiag.errors import InputError
 from kvdiag.trace.reader import TraceReader
+from kvdiag.tui.digest import digest_trace
 from kvdiag.tui.document import (
     ErrorDoc,
     LogDoc,

@@ -14,7 +14,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from kvdiag.analysis.trace_digest import TelemetrySeries
+from kvdiag.tui.digest import TelemetrySeries
 from kvdiag.tui.document import Document, TraceDoc
 from kvdiag.tui.navigation import Target
 from kvdiag.tui.screens.base import KvScreen

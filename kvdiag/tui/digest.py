@@ -1,6 +1,6 @@
 """One full read of a trace for the viewer: findings, problems, per-step marks, telemetry.
 
-The index (:mod:`kvdiag.analysis.trace_index`) is for navigation; this pass is the analysis:
+The index (:mod:`kvdiag.analysis.trace_index`) is for navigation; this pass is the analysis
 :class:`kvdiag.trace.reader.TraceReader` (which reports damage line by line) feeding
 :class:`kvdiag.analysis.trace_rules.TraceAnalyzer` (the same findings as ``kvdiag check``),
 plus what the viewer marks on its step scrubber (steps with stale or foreign reads, diverged
