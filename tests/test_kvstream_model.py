@@ -191,3 +191,17 @@ def test_analyzer_counts_every_kind_including_unknown_ones() -> None:
     a.feed(ev.Unknown("gpu_clock", 4, 7, 0, {"mhz": 1970}))
     assert a.counts == {"step": 1, "gpu_clock": 2, "warn": 1}
     assert a.summary()["events"] == 4 and a.summary()["steps"] == 1 and a.last_seq == 4
+
+
+def test_every_condition_fits_can_fail_has_an_explanation() -> None:
+    from kvdiag.model.conditions import EXPLAIN
+
+    cases = [
+        fits(node(streams=(0, 1)), 475136),
+        fits(node(CFG.replace(streamed_layers=1), layer=1), 475136),
+        fits(node(RuntimeConfig(layers=1, head_dim=128, n_head=8, n_head_kv=2, stage_mib=64)), 10),
+        fits(node(n_kv=300), 475136, sinks=True),
+    ]
+    failed = {name for r in cases for name in r.failed}
+    assert len(failed) >= 10
+    assert failed <= set(EXPLAIN)

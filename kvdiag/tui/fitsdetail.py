@@ -13,8 +13,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from kvdiag.kvstream.fits import EXPLAIN
 from kvdiag.model import events as ev
+from kvdiag.model.conditions import EXPLAIN
 from kvdiag.model.geometry import Tensor
 from kvdiag.model.logrecords import FitsLine
 from kvdiag.tui.eventtext import ptr
