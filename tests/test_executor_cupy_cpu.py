@@ -75,7 +75,9 @@ def test_geometry_limits_are_usage_errors() -> None:
 def test_layout_strides_and_copy_unit() -> None:
     lay = ck.fattn_layout("q8_0", "q5_1", 256, 4, page_bytes=475_136, v_offset=278_528)
     assert (lay.head_k, lay.head_v) == (272, 192)
-    assert (lay.stride_k % 128, lay.stride_v % 128) == (64, 16)
+    # q8_0 K rows at 16 mod 128 bytes: the word-wise K reads are bank-conflict free
+    assert (lay.stride_k % 128, lay.stride_v % 128) == (16, 16)
+    assert ck.fattn_layout("f16", "f16", 256, 4).stride_k % 128 == 64
     assert lay.vec == 16 and lay.warp_bytes == 2 * 16 * (lay.stride_k + lay.stride_v)
     assert lay.warp_bytes_for(False) == 16 * (lay.stride_k + lay.stride_v)  # one stage
     # 102-byte q8_0 heads (head dim 96) only allow 2-byte copies
