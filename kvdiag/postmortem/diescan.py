@@ -16,6 +16,7 @@ import time
 from typing import Any, Literal
 
 from kvdiag.errors import InputError
+from kvdiag.postmortem.leb128 import uleb128
 
 _FIXED = {
     "DW_FORM_data1": 1, "DW_FORM_ref1": 1, "DW_FORM_flag": 1, "DW_FORM_strx1": 1,
@@ -106,17 +107,7 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
     dies = 0
 
     def uleb(j: int) -> tuple[int, int]:
-        result = shift = 0
-        while j < end:
-            b = data[j]
-            j += 1
-            result |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return result, j
-            if shift > 70:
-                break
-        raise InputError("DIE scan: bad LEB128 number")
+        return uleb128(data, j, end, "DIE scan")
 
     while pos < end:
         die_at = pos

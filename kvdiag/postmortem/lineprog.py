@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from kvdiag.errors import InputError
+from kvdiag.postmortem.leb128 import sleb128, uleb128
 
 MAX_ROWS = 4_000_000
 
@@ -113,31 +114,10 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
     i = 0
 
     def uleb(j: int) -> tuple[int, int]:
-        result = shift = 0
-        while j < n:
-            b = data[j]
-            j += 1
-            result |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return result, j
-            if shift > 70:
-                break
-        raise InputError("line program: bad LEB128 number")
+        return uleb128(data, j, n, "line program")
 
     def sleb(j: int) -> tuple[int, int]:
-        result = shift = 0
-        b = 0x80
-        while j < n and b & 0x80:
-            b = data[j]
-            j += 1
-            result |= (b & 0x7F) << shift
-            shift += 7
-            if shift > 70:
-                raise InputError("line program: bad LEB128 number")
-        if b & 0x40:
-            result -= 1 << shift
-        return result, j
+        return sleb128(data, j, n, "line program")
 
     while i < n:
         op = data[i]
