@@ -205,3 +205,14 @@ def test_every_condition_fits_can_fail_has_an_explanation() -> None:
     failed = {name for r in cases for name in r.failed}
     assert len(failed) >= 10
     assert failed <= set(EXPLAIN)
+
+
+def test_a_request_arriving_mid_run_joins_the_next_iteration() -> None:
+    s = Scheduler((Request(1, 300, 6), Request(0, 100, 1, at=3)), n_stream=2, n_ubatch=512,
+                  kv_size=2048)
+    ubs = list(s.ubatches())
+    # iterations: prompt of slot 1, 2 lone decodes, then slot 0 joins: one token each
+    # (split_equal), slot 0's remaining 99 prompt tokens alone, then both decode together
+    assert [(u.streams, u.tokens) for u in ubs[:6]] == [
+        ((1,), 300), ((1,), 1), ((1,), 1), ((0, 1), 1), ((0,), 99), ((0, 1), 1)]
+    assert [(u.streams, u.tokens) for u in ubs[6:]] == [((1,), 1)] * 2

@@ -207,3 +207,22 @@ def test_a_device_fault_mid_run_ends_in_an_abort_event_and_a_valid_trace(tmp_pat
     assert abort[0].cuda_error.startswith("cudaErrorIllegalAddress")
     assert isinstance(evs[-1], ev.End) and evs[-1].status == "aborted"
     assert main(["trace", "validate", str(tmp_path / "f.kvtrace")]) == 0
+
+
+def test_late_join_needs_both_fixes(captured: Capture, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dispatch fix alone is not enough: once slot 0's prefill has relearned the layer map
+    with its own K pointers, slot 1 decoding alone presents a pointer the shared bookkeeping
+    has no layer number left for (the identity assert, domain brief §2.3)."""
+    path, code = captured("late-join", "shared", "fits")
+    assert code == 3
+    code, doc = check_json(capsys, path)
+    abort = next(f for f in doc["findings"] if f["rule"] == "abort")
+    assert abort["details"]["condition"] == "cache->next_layer < cache->layer_count"
+    assert "per-stream layout" in abort["fix"]
+    evs = events_of(path)
+    last_step = [e for e in evs if isinstance(e, ev.Step)][-1]
+    assert last_step.streams == (1,) and last_step.phase == "decode"
+    fixed, code = captured("late-join", "per-stream", "fits")
+    assert code == 0
+    code, doc = check_json(capsys, fixed)
+    assert [f["rule"] for f in doc["findings"]] == ["fallback"]

@@ -28,6 +28,21 @@ FIX_ALIAS = (
 )
 
 
+FIX_IDENTITY = (
+    "identify resident layers by the K tensor and stream (tensor base and view offset), not by "
+    "the view pointer learned in graph order; a decode whose slot's pointer was not seen in "
+    "the last prefill graph otherwise runs out of layer numbers — the per-stream layout does this"
+)
+
+
+def _abort_fix(condition: str) -> str:
+    if "fattn_fits" in condition:
+        return FIX_DISPATCH
+    if "next_layer" in condition:
+        return FIX_IDENTITY
+    return ""
+
+
 @dataclass
 class _Group:
     """Accumulates one finding: first evidence, counts."""
@@ -214,7 +229,7 @@ class TraceAnalyzer:
             out.append(Finding(
                 rule="abort", severity=Severity.CRITICAL, title=a.message,
                 evidence=(Evidence(seq=a.seq, step=a.step, text=a.condition or a.message),),
-                fix=FIX_DISPATCH if "fattn_fits" in a.condition else "",
+                fix=_abort_fix(a.condition),
                 details={"file": a.file, "line": a.line, "condition": a.condition,
                          "backtrace": list(a.backtrace), "cuda_error": a.cuda_error}))
         for failed, g in self.fallback.items():

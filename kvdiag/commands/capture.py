@@ -6,7 +6,9 @@ import argparse
 
 from kvdiag.commands._shape import add_shape_args
 
-SCENARIO_NAMES = ("single-slot", "two-slot-concurrent", "slot1-first", "pool-pressure")
+SCENARIO_NAMES = (
+    "single-slot", "two-slot-concurrent", "slot1-first", "late-join", "pool-pressure",
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

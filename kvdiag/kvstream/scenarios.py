@@ -22,6 +22,8 @@ class Request:
     decode: int
     after: int | None = None
     """Index of the request that must finish before this one arrives (None: at start)."""
+    at: int = 0
+    """Server iteration (one prompt chunk or decode token per busy slot) it arrives at."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,13 @@ SCENARIOS: dict[str, Scenario] = {
             dict(stage_mib=12),
         ),
         Scenario(
+            "late-join",
+            "np 2: slot 1 is decoding when a short request lands on slot 0 and finishes first",
+            dict(np=2),
+            (Request(slot=1, prompt=600, decode=24), Request(slot=0, prompt=300, decode=4, at=6)),
+            dict(stage_mib=12),
+        ),
+        Scenario(
             "pool-pressure",
             "np 1, context far beyond the resident window: most pages stream through the ring",
             dict(),
@@ -152,9 +161,10 @@ class Scheduler:
         cells = {s: _Cells(self.kv_size) for s in range(self.n_stream)}
         previous: dict[int, int] = {}  # slot -> request that last used it
         index = 0
+        iteration = 0
         while len(self._finished) < len(self.requests):
             for i, r in enumerate(self.requests):
-                arrived = r.after is None or r.after in self._finished
+                arrived = (r.after is None or r.after in self._finished) and iteration >= r.at
                 if i not in live and i not in self._finished and arrived:
                     if any(x.request.slot == r.slot for x in live.values()):
                         continue  # the slot is busy: the request waits
@@ -164,7 +174,12 @@ class Scheduler:
                     previous[r.slot] = i
                     live[i] = _Live(i, r, stream, r.prompt, r.decode)
             if not live:
+                if any(r.at > iteration for i, r in enumerate(self.requests)
+                       if i not in self._finished):
+                    iteration += 1  # the server idles until the next arrival
+                    continue
                 raise ValueError("scenario requests wait on each other forever")
+            iteration += 1
             # one server iteration: prompt remainder or one decode token per slot
             want = {i: (x.prompt_left if x.prompt_left else 1) for i, x in live.items()}
             while want:
