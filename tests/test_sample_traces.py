@@ -17,6 +17,7 @@ TRACES = Path(__file__).resolve().parent.parent / "traces"
     ("two-slot-fits-dispatch", {"fallback"}),
     ("slot1-first-shared", {"stale-page-read", "foreign-page-read", "stream-divergence"}),
     ("slot1-first-per-stream", set()),
+    ("late-join-fits-dispatch", {"fallback", "stale-page-read", "stream-divergence", "abort"}),
 ])
 def test_sample_trace(name: str, rules: set[str]) -> None:
     result = analyse_file(TRACES / f"{name}.kvtrace")
