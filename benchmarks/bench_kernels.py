@@ -1,6 +1,7 @@
 """Kernel benchmark: paged decode attention against the hardware limits, on one GPU, one run.
 
-    .venv/bin/python benchmarks/bench_kernels.py [--ctx 4096,16384,65536,131072] [--json F]
+    .venv/bin/python benchmarks/bench_kernels.py [--ctx 4096,16384,65536,131072]
+        [--pairs q8_0/q5_1,f16/f16] [--json F]
 
 Measured in the same run:
 * limits: a plain device-memory read kernel (HBM) and the same kernel over pinned, mapped host
@@ -344,8 +345,15 @@ def render(meta: dict[str, Any], limits: dict[str, float], rows: list[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--ctx", default="4096,16384,65536,131072")
+    ap.add_argument("--pairs", default=",".join(f"{k}/{v}" for k, v in PAIRS),
+                    help="K/V type pairs to run (some of the default), e.g. f16/f16")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    pairs = [tuple(x.split("/")) for x in args.pairs.split(",")]
+    if any(x not in PAIRS for x in pairs):
+        print(f"bench_kernels: --pairs takes some of {', '.join(f'{k}/{v}' for k, v in PAIRS)}",
+              file=sys.stderr)
+        return 2
     try:
         from kvdiag.executors.cupy_exec import load_cupy
 
@@ -375,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
     print(f"limits: {limits} ({time.monotonic() - t0:.1f} s)", flush=True)
     rows: list[dict[str, Any]] = []
-    for tk, tv in PAIRS:
+    for tk, tv in pairs:
         for ctx in (int(c) for c in args.ctx.split(",")):
             t1 = time.monotonic()
             try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the GPU tests, then the kernel benchmark, logs into OUTDIR.
 #   benchmarks/run_gpu_suite.sh OUTDIR
+# BENCH_ARGS adds options to bench_kernels.py (e.g. "--pairs f16/f16 --ctx 4096,65536").
 # Wheels of packages the machine lacks (msgspec, platformdirs, pyelftools) may sit in .whl/.
 set -u -o pipefail
 out=${1:-out}
@@ -18,8 +19,9 @@ echo "== pytest -m gpu tests/test_gpu_executor.py tests/test_gpu_scenarios.py" |
 timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m gpu tests/test_gpu_executor.py \
     tests/test_gpu_scenarios.py -q -rs -p no:cacheprovider --durations=8 2>&1 | tee -a "$out/gpu_tests.txt"
 echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
-timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py --json "$out/bench_kernels.json" \
-    2>&1 | tee -a "$out/bench_kernels.txt"
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} \
+    --json "$out/bench_kernels.json" 2>&1 | tee -a "$out/bench_kernels.txt"
 if [ -n "${PROBE:-}" ]; then
     echo "== benchmarks/probe_layouts.py" | tee "$out/probe_layouts.txt"
     timeout "${PROBE_TIMEOUT:-200}" python3 benchmarks/probe_layouts.py 2>&1 | tee -a "$out/probe_layouts.txt"
