@@ -1,7 +1,8 @@
-"""One resident and one host-store decode attention launch at 128K cells for q8_0/q5_1 and
-f16, for Nsight Compute to profile (benchmarks/run_gpu_suite.sh with NCU=1):
+"""One resident and one host-store decode attention launch at CTX cells (default 128K) for
+q8_0/q5_1 and f16, for Nsight Compute to profile (benchmarks/run_gpu_suite.sh with NCU=1):
 
-    ncu --clock-control none --kernel-name regex:kv_fattn_partial python3 benchmarks/profile_attention.py
+    ncu --clock-control none --kernel-name regex:kv_fattn_partial \
+        python3 benchmarks/profile_attention.py [CTX]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvdiag.kvstream.backend import HOST
 
 def main() -> int:
     cp = load_cupy()
-    ctx = 131072
+    ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 131072
     pages = ctx // bk.PAGE
     q = np.random.default_rng(1).standard_normal((1, 1, bk.N_HEAD, bk.HEAD_DIM), np.float32)
     for tk, tv in bk.PAIRS:

@@ -17,6 +17,10 @@
 // raw page bytes into A fragments. Inside a 32-wide block of head dims the k order of the QK
 // product and the row order of O are permuted so that each lane reads 8 (K) or 4 (V)
 // consecutive elements of one ggml block; Q is loaded and O stored with the same permutation.
+// The ordinary fallback (kv_fattn_rows) computes the same tiles, but a block's warps are KV
+// heads that share every tile, so that the block reads whole rows of the host store.
+// Both kernels take FattnParams by value (__grid_constant__); see kv_fattn_combine for the
+// programmatic dependent launch of the merge.
 #include "kvdiag_blocks.cuh"
 #include "kvdiag_ring.cuh"
 
@@ -55,8 +59,8 @@ struct FattnGeom {
     static constexpr int SV = kv_smem_stride(HV, 16);
     static constexpr int STAGE = 16 * (SK + SV);
     // The streamed kernel double-buffers its tiles (cp.async from the pool overlaps compute);
-    // the ordinary kernel reads only the host store, where PCIe time dwarfs compute, so one
-    // buffer and twice the warps per SM serve it better.
+    // the ordinary kernel (kv_fattn_rows) reads only the host store, where PCIe time dwarfs
+    // compute: one buffer per warp, filled by the whole block.
     static constexpr int STAGES = PAGED ? 2 : 1;
     static constexpr int WARP = STAGES * STAGE;
 };
@@ -132,13 +136,10 @@ KV_DEV int kv_tile_page(const FattnParams& p, int tile) {
 // Pool slot of the page holding tile `tile` of stream row i, -1 for the host store. Callers
 // ask one tile ahead of the copy that uses it, so the page-table read overlaps a tile's
 // compute instead of stalling the copy; a tile past the table reads nothing.
-template <bool PAGED>
 KV_DEV int kv_tile_slot(const FattnParams& p, int i, int tile) {
-    if constexpr (PAGED) {
-        const int page = kv_tile_page(p, tile);
-        if (page < p.n_pages_tab) {
-            return ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
-        }
+    const int page = kv_tile_page(p, tile);
+    if (page < p.n_pages_tab) {
+        return ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
     }
     return -1;
 }
@@ -146,10 +147,10 @@ KV_DEV int kv_tile_slot(const FattnParams& p, int i, int tile) {
 // Start copying the raw K and V rows of 16-cell tile `tile` (in pool slot `slot`, or the host
 // store when -1) into `buf`; cells at or past lim_max are zero-filled (their V must be finite:
 // 0 * NaN would poison the product).
-template <int TK, int TV, int D, int VEC, bool PAGED>
+template <int TK, int TV, int D, int VEC>
 KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int tile, int slot,
                          int lim_max, kv_u8* buf, int lane) {
-    using G = FattnGeom<TK, TV, D, PAGED>;
+    using G = FattnGeom<TK, TV, D>;
     static_assert(G::HK % VEC == 0 && G::HV % VEC == 0, "copy unit must divide a head row");
     const int c0 = tile * 16;
     const int pt = (int)p.page_tokens;
@@ -294,11 +295,91 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
     }
 }
 
-template <int TK, int TV, int D, int VEC, bool PAGED>
-__global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __restrict__ pp) {
-    using G = FattnGeom<TK, TV, D, PAGED>;
-    const FattnParams& p = *pp;
+// Cells visible to query row r: pos + 1 of its token, at most n_kv; none past the last row.
+KV_DEV int kv_row_limit(const FattnParams& p, const kv_i32* pos, int r) {
+    if (r >= p.rows) return 0;
+    const int v = pos[r / (int)p.G] + 1;
+    return v < p.n_kv ? v : (int)p.n_kv;
+}
+
+// Q^T B fragments of row tile rt for KV head hk, k order permuted like the K fragments: lane
+// (g, t) holds query row g, head dims 32c + 8t .. 32c + 8t + 7 for every block c (q8_0 K:
+// 32c + 4t .. + 3 and 32c + 16 + 4t .. + 3, kv_load_q8_0_split). Rows past the last are zero.
+template <int TK, int D>
+KV_DEV void kv_load_q(const FattnParams& p, int i, int hk, int rt, int g, int t,
+                      kv_u32 (&qf)[D / 16][2]) {
+    constexpr bool KSPLIT = KvKSplit<TK>::value;
+    const int qx = KSPLIT ? 4 * t : 8 * t;
+    const int qy = KSPLIT ? 16 + 4 * t : 8 * t + 4;
+    const int r = rt * 8 + g;
+    const float* q = nullptr;
+    if (r < p.rows) {
+        const int gq = (int)p.G;
+        const int tok = r / gq;
+        const int head = hk * gq + (r - tok * gq);
+        q = (const float*)p.q + (((kv_i64)i * p.T + tok) * p.n_head + head) * D;
+    }
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+        if (q != nullptr) {
+            const kv_v4 x = *(const kv_v4*)(q + 32 * c + qx);
+            const kv_v4 y = *(const kv_v4*)(q + 32 * c + qy);
+            qf[2 * c][0] = kv_pack_f2(kv_u2f(x.x), kv_u2f(x.y));
+            qf[2 * c][1] = kv_pack_f2(kv_u2f(x.z), kv_u2f(x.w));
+            qf[2 * c + 1][0] = kv_pack_f2(kv_u2f(y.x), kv_u2f(y.y));
+            qf[2 * c + 1][1] = kv_pack_f2(kv_u2f(y.z), kv_u2f(y.w));
+        } else {
+            qf[2 * c][0] = qf[2 * c][1] = qf[2 * c + 1][0] = qf[2 * c + 1][1] = 0u;
+        }
+    }
+}
+
+// A warp's unnormalized O^T as 8 query rows of D floats in head-dim order (row r at dst + r*D);
+// lane (g, t) holds rows 2t and 2t + 1.
+template <int D>
+KV_DEV void kv_store_o(float* dst, const float (&o)[D / 16][4], int g, int t) {
+    if constexpr (D % 64 == 0) {
+#pragma unroll
+        for (int q = 0; q < D / 64; ++q) {
+            float* r0 = dst + (2 * t) * D + 64 * q + 8 * g;
+            const float(&a)[4] = o[4 * q];
+            const float(&b)[4] = o[4 * q + 1];
+            const float(&c)[4] = o[4 * q + 2];
+            const float(&e)[4] = o[4 * q + 3];
+            *(kv_v4*)r0 = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
+            *(kv_v4*)(r0 + 4) = kv_v4{kv_f2u(c[0]), kv_f2u(c[2]), kv_f2u(e[0]), kv_f2u(e[2])};
+            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
+            *(kv_v4*)(r0 + D + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+            float* r0 = dst + (2 * t) * D + 32 * c + 4 * g;
+            *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]),
+                                kv_f2u(o[2 * c + 1][0]), kv_f2u(o[2 * c + 1][2])};
+            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
+                                      kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
+        }
+    }
+}
+
+// The row sums of a warp's lanes (each lane summed its own cells) over the 8 lanes of a row.
+KV_DEV void kv_sum_rows(float& l0, float& l1) {
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) {
+        l0 += kv_u2f(kv_shfl_xor(kv_f2u(l0), m));
+        l1 += kv_u2f(kv_shfl_xor(kv_f2u(l1), m));
+    }
+}
+
+// The streamed kernel: every tile from the pool slot the page table names (the host store
+// for -1). Parameters by value (__grid_constant__): every field is a constant-bank operand,
+// with no dependent global load before the first useful one.
+template <int TK, int TV, int D, int VEC>
+__global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant__ FattnParams p) {
+    using G = FattnGeom<TK, TV, D>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+    kv_grid_launch_dependents();  // the combine kernel may start its prologue
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int nwarps = blockDim.x >> 5;
@@ -314,9 +395,6 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     const int i = ih / nhk;
     const int hk = ih - i * nhk;
     const int stream = ((const kv_i32*)p.streams)[i];
-    const int rows = (int)p.rows;
-    const int gq = (int)p.G;
-    const int n_kv = (int)p.n_kv;
     const kv_i32* pos = (const kv_i32*)p.positions + (kv_i64)i * p.T;
     // The first tile's page-table entry depends only on the launch shape: read it alongside the
     // positions rather than after them.
@@ -324,47 +402,14 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     const bool inter = p.interleave != 0;
     const int tb = inter ? split : split * (int)p.tiles_per_block;
     const int step = inter ? nsp : 1;  // tile j of the block is tb + j * step
-    const int slot0 = kv_tile_slot<PAGED>(p, i, tb + warp * step);
+    const int slot0 = kv_tile_slot(p, i, tb + warp * step);
 
-    auto limit = [&](int r) -> int {
-        if (r >= rows) return 0;
-        const int v = pos[r / gq] + 1;
-        return v < n_kv ? v : n_kv;
-    };
-    const int lim0 = limit(rt * 8 + 2 * t);
-    const int lim1 = limit(rt * 8 + 2 * t + 1);
-    const int lim_max = kv_warp_max_i(limit(rt * 8 + (lane & 7)));
+    const int lim0 = kv_row_limit(p, pos, rt * 8 + 2 * t);
+    const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
+    const int lim_max = kv_warp_max_i(kv_row_limit(p, pos, rt * 8 + (lane & 7)));
     const float sl = (float)p.scale_log2;
-
-    // Q^T B fragments, k order permuted like the K fragments: lane (g, t) holds query row g,
-    // head dims 32c + 8t .. 32c + 8t + 7 for every block c (q8_0 K: 32c + 4t .. + 3 and
-    // 32c + 16 + 4t .. + 3, kv_load_q8_0_split).
-    constexpr bool KSPLIT = KvKSplit<TK>::value;
-    const int qx = KSPLIT ? 4 * t : 8 * t;
-    const int qy = KSPLIT ? 16 + 4 * t : 8 * t + 4;
     kv_u32 qf[D / 16][2];
-    {
-        const int r = rt * 8 + g;
-        const float* q = nullptr;
-        if (r < rows) {
-            const int tok = r / gq;
-            const int head = hk * gq + (r - tok * gq);
-            q = (const float*)p.q + (((kv_i64)i * p.T + tok) * p.n_head + head) * D;
-        }
-#pragma unroll
-        for (int c = 0; c < D / 32; ++c) {
-            if (q != nullptr) {
-                const kv_v4 x = *(const kv_v4*)(q + 32 * c + qx);
-                const kv_v4 y = *(const kv_v4*)(q + 32 * c + qy);
-                qf[2 * c][0] = kv_pack_f2(kv_u2f(x.x), kv_u2f(x.y));
-                qf[2 * c][1] = kv_pack_f2(kv_u2f(x.z), kv_u2f(x.w));
-                qf[2 * c + 1][0] = kv_pack_f2(kv_u2f(y.x), kv_u2f(y.y));
-                qf[2 * c + 1][1] = kv_pack_f2(kv_u2f(y.z), kv_u2f(y.w));
-            } else {
-                qf[2 * c][0] = qf[2 * c][1] = qf[2 * c + 1][0] = qf[2 * c + 1][1] = 0u;
-            }
-        }
-    }
+    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
 
     float o[D / 16][4];
 #pragma unroll
@@ -385,15 +430,14 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     if (warp == 0 && tb < te) {
         const KvRing ring{(kv_u32*)p.ring_counter, (kv_i32*)p.ring_records,
                           (kv_u32)p.ring_capacity};
-        const int pt = (int)p.page_tokens;
-        const int tpp = pt / 16;
+        const int tpp = (int)p.page_tokens / 16;
         const int block = split + nsp * (rt + (int)p.n_rowtiles * ih);
         const int p0 = inter ? 0 : tb / tpp;
         const int p1 = (te - 1) / tpp;
         for (int page = p0 + lane; page <= p1; page += 32) {
             if (inter && (page * tpp) % nsp != split) continue;
             int slot = -1;
-            if (PAGED && page < p.n_pages_tab) {
+            if (page < p.n_pages_tab) {
                 slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
             }
             const int src = slot < 0 ? KV_SRC_HOST
@@ -406,49 +450,29 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     kv_u8* wbuf = kv_smem() + warp * G::WARP;
     int tile = tb + warp * step;
     const int wstep = nwarps * step;
-    if constexpr (G::STAGES == 2) {
-        int stage = 0;
-        if (tile < te) {
-            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile, slot0, lim_max, wbuf,
-                                                lane);
+    int stage = 0;
+    if (tile < te) {
+        kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, tile, slot0, lim_max, wbuf, lane);
+    }
+    kv_copy_commit();
+    int slot = kv_tile_slot(p, i, tile + wstep);
+    for (; tile < te; tile += wstep) {
+        const int next = tile + wstep;
+        if (next < te) {
+            kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, next, slot, lim_max,
+                                         wbuf + (stage ^ 1) * G::STAGE, lane);
         }
+        slot = kv_tile_slot(p, i, next + wstep);  // used by the next iteration
         kv_copy_commit();
-        int slot = kv_tile_slot<PAGED>(p, i, tile + wstep);
-        for (; tile < te; tile += wstep) {
-            const int next = tile + wstep;
-            if (next < te) {
-                kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, next, slot, lim_max,
-                                                    wbuf + (stage ^ 1) * G::STAGE, lane);
-            }
-            slot = kv_tile_slot<PAGED>(p, i, next + wstep);  // used by the next iteration
-            kv_copy_commit();
-            kv_copy_wait<1>();
-            kv_syncwarp();
-            kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf,
-                                       o, m0, m1, l0, l1, g, t);
-            kv_syncwarp();
-            stage ^= 1;
-        }
-    } else {
-        for (; tile < te; tile += wstep) {
-            kv_load_tile<TK, TV, D, VEC, PAGED>(p, i, stream, hk, tile,
-                                                kv_tile_slot<PAGED>(p, i, tile), lim_max, wbuf,
-                                                lane);
-            kv_copy_commit();
-            kv_copy_wait<0>();
-            kv_syncwarp();
-            kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, sl, qf, o, m0, m1, l0, l1, g,
-                                       t);
-            kv_syncwarp();
-        }
+        kv_copy_wait<1>();
+        kv_syncwarp();
+        kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf, o, m0,
+                                   m1, l0, l1, g, t);
+        kv_syncwarp();
+        stage ^= 1;
     }
     kv_copy_wait<0>();
-
-#pragma unroll
-    for (int m = 4; m < 32; m <<= 1) {
-        l0 += kv_u2f(kv_shfl_xor(kv_f2u(l0), m));
-        l1 += kv_u2f(kv_shfl_xor(kv_f2u(l1), m));
-    }
+    kv_sum_rows(l0, l1);
 
     // Merge the warps of the block: cm = [warp][row][m, l], co = [warp][row][D] (unnormalized).
     kv_syncthreads();
@@ -460,33 +484,12 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
         cm[(warp * 8 + 2 * t + 1) * 2] = m1;
         cm[(warp * 8 + 2 * t + 1) * 2 + 1] = l1;
     }
-    if constexpr (D % 64 == 0) {
-#pragma unroll
-        for (int q = 0; q < D / 64; ++q) {
-            float* r0 = co + (warp * 8 + 2 * t) * D + 64 * q + 8 * g;
-            const float(&a)[4] = o[4 * q];
-            const float(&b)[4] = o[4 * q + 1];
-            const float(&c)[4] = o[4 * q + 2];
-            const float(&e)[4] = o[4 * q + 3];
-            *(kv_v4*)r0 = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
-            *(kv_v4*)(r0 + 4) = kv_v4{kv_f2u(c[0]), kv_f2u(c[2]), kv_f2u(e[0]), kv_f2u(e[2])};
-            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
-            *(kv_v4*)(r0 + D + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
-        }
-    } else {
-#pragma unroll
-        for (int c = 0; c < D / 32; ++c) {
-            float* r0 = co + (warp * 8 + 2 * t) * D + 32 * c + 4 * g;
-            *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]),
-                                kv_f2u(o[2 * c + 1][0]), kv_f2u(o[2 * c + 1][2])};
-            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
-                                      kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
-        }
-    }
+    kv_store_o<D>(co + warp * 8 * D, o, g, t);
     kv_syncthreads();
     const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
     float* po = (float*)p.part_o + item * 8 * D;
     float* pml = (float*)p.part_ml + item * 16;
+    const int rows = (int)p.rows;
     for (int e = threadIdx.x; e < 8 * (D / 4); e += blockDim.x) {
         const int rr = e / (D / 4);
         const int d4 = (e - rr * (D / 4)) * 4;
@@ -513,11 +516,140 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const FattnParams* __
     }
 }
 
+template <int VEC> struct KvVec;
+template <> struct KvVec<16> { typedef kv_v4 type; };
+template <> struct KvVec<8> { typedef kv_v2 type; };
+template <> struct KvVec<4> { typedef kv_u32 type; };
+template <> struct KvVec<2> { typedef kv_u16 type; };
+
+// 16 rows of a head group's span of the host store (the group's heads side by side in each
+// row: the whole row when the group is every KV head) into the warps' tile buffers, through
+// registers. Unit u (VEC bytes) of the span lies in row r = u / (UPH * hg) and belongs to head
+// c / UPH of the group (c = its unit within the row), whose warp buffer starts WARP bytes after
+// the previous one; rows at or past nvalid are zero-filled.
+template <int UPH, int SDST, int WARP, int VEC>
+KV_DEV void kv_copy_group_rows(kv_u8* dst, const kv_u8* src, kv_i64 pitch, int nvalid, int hg) {
+    using V = typename KvVec<VEC>::type;
+    constexpr int BATCH = 4;
+    const int per_row = UPH * hg;
+    const int units = 16 * per_row;
+    const int nt = (int)blockDim.x;
+    for (int u0 = (int)threadIdx.x; u0 < units; u0 += BATCH * nt) {
+        V v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int u = u0 + b * nt;
+            const int r = u / per_row;
+            v[b] = V{};
+            if (u < units && r < nvalid) {
+                v[b] = *(const V*)(src + (kv_i64)r * pitch + (u - r * per_row) * VEC);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int u = u0 + b * nt;
+            if (u < units) {
+                const int r = u / per_row;
+                const int c = u - r * per_row;
+                const int h = c / UPH;
+                *(V*)(dst + h * WARP + r * SDST + (c - h * UPH) * VEC) = v[b];
+            }
+        }
+    }
+}
+
+// The ordinary (non-streamed) flash attention: every tile zero-copy from the pinned host
+// store. A block owns (stream, head group, row tile, split); its warps are the group's
+// consecutive KV heads (warp w: head hk0 + w). For each tile the whole block copies the
+// group's span of 16 K rows and 16 V rows -- one unbroken chunk of memory when the group is
+// every head -- and then each warp computes its own head. Reading whole rows keeps the PCIe
+// reads full and aligned: a q8_0 head slice (272 of 1088 bytes) or a q5_1 one (192 of 768)
+// starts and ends inside 32-byte sectors and 128-byte lines, and per-head reads of those ran
+// at 83-89% of the zero-copy limit. Each warp writes its own split result (no warp merge).
+template <int TK, int TV, int D, int VEC>
+__global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ FattnParams p) {
+    using G = FattnGeom<TK, TV, D, false>;
+    if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+    kv_grid_launch_dependents();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int hg = blockDim.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int split = blockIdx.x;
+    const int rt = blockIdx.y;
+    const int nhk = (int)p.n_head_kv;
+    const int groups = nhk / hg;
+    const int i = blockIdx.z / groups;
+    const int hk0 = (blockIdx.z - i * groups) * hg;
+    const int hk = hk0 + warp;
+    const int stream = ((const kv_i32*)p.streams)[i];
+    const kv_i32* pos = (const kv_i32*)p.positions + (kv_i64)i * p.T;
+    const int lim0 = kv_row_limit(p, pos, rt * 8 + 2 * t);
+    const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
+    // the same in every warp of the block: the tile loop below is uniform
+    const int lim_max = kv_warp_max_i(kv_row_limit(p, pos, rt * 8 + (lane & 7)));
+    const float sl = (float)p.scale_log2;
+    kv_u32 qf[D / 16][2];
+    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
+
+    float o[D / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+    const int tb = split * (int)p.tiles_per_block;
+    const int n_tiles = (lim_max + 15) / 16;
+    const int te = tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block : n_tiles;
+    const int ih = i * nhk + hk;
+
+#if KVDIAG_INSTRUMENT
+    // One record per (KV head, page) the block read.
+    if (tb < te) {
+        const KvRing ring{(kv_u32*)p.ring_counter, (kv_i32*)p.ring_records,
+                          (kv_u32)p.ring_capacity};
+        const int tpp = (int)p.page_tokens / 16;
+        const int block = split + (int)p.n_splits * (rt + (int)p.n_rowtiles * ih);
+        for (int page = tb / tpp + lane; page <= (te - 1) / tpp; page += 32) {
+            kv_ring_put(ring, (int)p.kernel_id, block, (int)p.layer, stream, page, KV_SRC_HOST,
+                        -1, hk);
+        }
+    }
+#endif
+
+    const kv_u8* kbase = (const kv_u8*)p.host_k + hk0 * G::HK;
+    const kv_u8* vbase = (const kv_u8*)p.host_v + hk0 * G::HV;
+    kv_u8* wbuf = kv_smem() + warp * G::WARP;
+    for (int tile = tb; tile < te; ++tile) {
+        const kv_i64 row = (kv_i64)stream * p.kv_size + tile * 16;
+        const int nvalid = lim_max - tile * 16 < 16 ? lim_max - tile * 16 : 16;
+        kv_syncthreads();  // every warp is done with the previous tile
+        kv_copy_group_rows<G::HK / VEC, G::SK, G::WARP, VEC>(kv_smem(), kbase + row * p.row_k,
+                                                             p.row_k, nvalid, hg);
+        kv_copy_group_rows<G::HV / VEC, G::SV, G::WARP, VEC>(
+            kv_smem() + 16 * G::SK, vbase + row * p.row_v, p.row_v, nvalid, hg);
+        kv_syncthreads();
+        kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, sl, qf, o, m0, m1, l0, l1, g, t);
+    }
+    kv_sum_rows(l0, l1);
+    const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
+    kv_store_o<D>((float*)p.part_o + item * 8 * D, o, g, t);
+    if (g == 0) {
+        float* pml = (float*)p.part_ml + item * 16;
+        pml[(2 * t) * 2] = m0;
+        pml[(2 * t) * 2 + 1] = l0;
+        pml[(2 * t + 1) * 2] = m1;
+        pml[(2 * t + 1) * 2 + 1] = l1;
+    }
+}
+
 // Merge the splits of every query row: grid (rows, ns * n_head_kv, D / 32), 256 threads; warp w
-// owns head dims 32 * blockIdx.z + 4w .. +3 and its lanes stride over the splits.
+// owns head dims 32 * blockIdx.z + 4w .. +3 and its lanes stride over the splits. One pass:
+// each lane merges its splits online, four splits' loads issued together, then the lanes merge
+// (the partial results are read once, in one round trip for up to 128 splits). Launched with
+// programmatic stream serialization where the GPU has it, this kernel's blocks start while the
+// partial kernel finishes and wait for its results only where they read them.
 template <int D>
-__global__ void __launch_bounds__(256) kv_fattn_combine(const FattnParams* __restrict__ pp) {
-    const FattnParams& p = *pp;
+__global__ void __launch_bounds__(256) kv_fattn_combine(const __grid_constant__ FattnParams p) {
     if (p.magic != KV_PARAMS_MAGIC) __trap();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -533,21 +665,53 @@ __global__ void __launch_bounds__(256) kv_fattn_combine(const FattnParams* __res
     const kv_i64 item0 = ((kv_i64)ih * p.n_rowtiles + rt) * nsp;
     const float* pml = (const float*)p.part_ml + item0 * 16 + rr * 2;
     const float* po = (const float*)p.part_o + item0 * 8 * D + rr * D + d;
-    float mm = KV_NEG_INF;
-    for (int s = lane; s < nsp; s += 32) mm = fmaxf(mm, pml[(kv_i64)s * 16]);
-    mm = kv_warp_max(mm);
-    float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f, ll = 0.f;
-    for (int s = lane; s < nsp; s += 32) {
-        const float ms = pml[(kv_i64)s * 16];
-        if (ms == KV_NEG_INF) continue;
-        const float w = kv_exp2(ms - mm);
-        ll += pml[(kv_i64)s * 16 + 1] * w;
-        const kv_v4 x = *(const kv_v4*)(po + (kv_i64)s * 8 * D);
-        acc0 += kv_u2f(x.x) * w;
-        acc1 += kv_u2f(x.y) * w;
-        acc2 += kv_u2f(x.z) * w;
-        acc3 += kv_u2f(x.w) * w;
+    kv_grid_wait();  // from here on the partial kernel's results are complete and visible
+    float mm = KV_NEG_INF, ll = 0.f, acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
+    for (int s0 = lane; s0 < nsp; s0 += 128) {
+        float ms[4], ls[4];
+        kv_v4 xs[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int s = s0 + 32 * k;
+            ms[k] = KV_NEG_INF;
+            ls[k] = 0.f;
+            xs[k] = kv_v4{0u, 0u, 0u, 0u};
+            if (s < nsp) {
+                const kv_v2 ml = *(const kv_v2*)(pml + (kv_i64)s * 16);
+                ms[k] = kv_u2f(ml.x);
+                ls[k] = kv_u2f(ml.y);
+                xs[k] = *(const kv_v4*)(po + (kv_i64)s * 8 * D);
+            }
+        }
+        float mx = mm;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) mx = fmaxf(mx, ms[k]);
+        if (mx == KV_NEG_INF) continue;
+        const float sc = kv_exp2(mm - mx);  // 0 while mm is still -inf
+        ll *= sc;
+        acc0 *= sc;
+        acc1 *= sc;
+        acc2 *= sc;
+        acc3 *= sc;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (ms[k] == KV_NEG_INF) continue;
+            const float w = kv_exp2(ms[k] - mx);
+            ll += ls[k] * w;
+            acc0 += kv_u2f(xs[k].x) * w;
+            acc1 += kv_u2f(xs[k].y) * w;
+            acc2 += kv_u2f(xs[k].z) * w;
+            acc3 += kv_u2f(xs[k].w) * w;
+        }
+        mm = mx;
     }
+    const float top = kv_warp_max(mm);
+    const float sc = mm == KV_NEG_INF ? 0.f : kv_exp2(mm - top);
+    ll *= sc;
+    acc0 *= sc;
+    acc1 *= sc;
+    acc2 *= sc;
+    acc3 *= sc;
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) {
         ll += kv_u2f(kv_shfl_xor(kv_f2u(ll), m));
@@ -570,9 +734,10 @@ __global__ void __launch_bounds__(256) kv_fattn_combine(const FattnParams* __res
 #if !defined(__CUDACC_RTC__) && !defined(KVDIAG_EMULATE)
 // nvcc builds (the compile test) instantiate a representative set; the executor compiles the
 // exact instantiation it needs through NVRTC.
-#define KV_FATTN_INST(TK, TV, D, VEC)                                                         \
-    template __global__ void kv_fattn_partial<TK, TV, D, VEC, true>(const FattnParams*);     \
-    template __global__ void kv_fattn_partial<TK, TV, D, VEC, false>(const FattnParams*);
+#define KV_FATTN_INST(TK, TV, D, VEC)                                                       \
+    template __global__ void kv_fattn_partial<TK, TV, D, VEC>(                              \
+        const __grid_constant__ FattnParams);                                               \
+    template __global__ void kv_fattn_rows<TK, TV, D, VEC>(const __grid_constant__ FattnParams);
 KV_FATTN_INST(KV_F16, KV_F16, 256, 16)
 KV_FATTN_INST(KV_BF16, KV_BF16, 256, 16)
 KV_FATTN_INST(KV_Q8_0, KV_Q8_0, 256, 16)
@@ -584,8 +749,8 @@ KV_FATTN_INST(KV_Q8_0, KV_Q5_1, 256, 16)
 KV_FATTN_INST(KV_F16, KV_F16, 64, 16)
 KV_FATTN_INST(KV_Q8_0, KV_Q4_0, 128, 4)
 KV_FATTN_INST(KV_Q5_0, KV_Q8_0, 96, 2)
-template __global__ void kv_fattn_combine<64>(const FattnParams*);
-template __global__ void kv_fattn_combine<96>(const FattnParams*);
-template __global__ void kv_fattn_combine<128>(const FattnParams*);
-template __global__ void kv_fattn_combine<256>(const FattnParams*);
+template __global__ void kv_fattn_combine<64>(const __grid_constant__ FattnParams);
+template __global__ void kv_fattn_combine<96>(const __grid_constant__ FattnParams);
+template __global__ void kv_fattn_combine<128>(const __grid_constant__ FattnParams);
+template __global__ void kv_fattn_combine<256>(const __grid_constant__ FattnParams);
 #endif

@@ -146,6 +146,22 @@ KV_DEV void kv_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// Programmatic dependent launch (PTX griddepcontrol, sm_90): a kernel launched with
+// programmatic stream serialization may start before the kernel ahead of it in the stream has
+// finished; kv_grid_wait blocks until that kernel has completed and its memory is visible.
+// kv_grid_launch_dependents lets the dependent kernel start once every block of this one has
+// called it (or exited). Both are no-ops without such a launch, and before sm_90.
+KV_DEV void kv_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+KV_DEV void kv_grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 #endif  // KVDIAG_EMULATE
 
 // ---- helpers common to every platform ----------------------------------------------------

@@ -83,7 +83,8 @@ def test_layout_strides_and_copy_unit() -> None:
     # 102-byte q8_0 heads (head dim 96) only allow 2-byte copies
     assert ck.fattn_layout("q8_0", "q8_0", 96, 1).vec == 2
     assert ck.fattn_layout("q8_0", "q8_0", 128, 2).vec == 8
-    assert lay.partial_name(True) == "kv_fattn_partial<2, 6, 256, 16, true>"
+    assert lay.partial_name(True) == "kv_fattn_partial<2, 6, 256, 16>"
+    assert lay.partial_name(False) == "kv_fattn_rows<2, 6, 256, 16>"
 
 
 def test_launch_plan_fills_one_wave_of_blocks() -> None:
@@ -92,8 +93,12 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
     assert (warps, blocks) == (4, 3)  # registers allow 3 blocks of 4 warps; smem 3 x 76 KB
     f16 = ck.fattn_layout("f16", "f16", 256, 4)
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (2, 3)  # shared memory bound
-    # the ordinary (host-only) kernel has one tile buffer: twice the warps per SM
+    # the ordinary (host-only) kernel: one warp per KV head of the block's group, one tile
+    # buffer each and no merge buffer
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168, paged=False) == (4, 3)
+    assert ck.warps_per_block(ck.fattn_layout("f16", "f16", 128, 6), ck.DeviceLimits(), 96,
+                              paged=False)[0] == 3
+    assert f16.block_smem(4, paged=False) == 4 * f16.stage_bytes
     # decode at 64K cells, 4 KV heads, 24 query heads: one row tile of 6 rows per KV head
     plan = ck.split_plan(1, 4, 6, 65536, warps, 132 * blocks)
     assert plan.n_rowtiles == 1
@@ -103,6 +108,24 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
     assert 4 * plan.n_splits > 132 * blocks * 0.9
     tiny = ck.split_plan(2, 2, 3, 100, 4, 396)
     assert (tiny.n_rowtiles, tiny.tiles_per_block, tiny.n_splits) == (1, 4, 2)
+
+
+def test_launch_geometry_of_both_kernels() -> None:
+    lay = ck.fattn_layout("q8_0", "q5_1", 256, 4)
+    # streamed, decode at 64K: splits x 1 row tile x 4 heads, merged per (row, head, 32 dims)
+    geo = ck.launch_geometry(lay, (4, 3), 132, True, 1, 6, 65536)
+    assert geo.grid == (geo.plan.n_splits, 1, 4) and geo.block == 128
+    assert geo.combine_grid == (6, 4, 8)
+    assert geo.items == 4 * geo.plan.n_splits
+    assert ck.launch_geometry(lay, (4, 3), 132, True, 1, 6, 65536, grid_order=1).grid == \
+        (4, 1, geo.plan.n_splits)
+    # ordinary: the block's 4 warps are the 4 KV heads, so blocks cover (split, row tile,
+    # stream x head group) and each split has whole tiles, not whole tiles per warp
+    rows = ck.launch_geometry(lay, (4, 3), 132, False, 2, 6, 65536)
+    assert rows.grid == (rows.plan.n_splits, 1, 2) and rows.block == 128
+    assert rows.plan.n_splits == 196 and rows.plan.tiles_per_block == 21  # 2 x 196 <= 396
+    assert rows.items == 2 * 4 * 196
+    assert rows.smem == 4 * lay.stage_bytes
 
 
 def test_pack_keeps_field_order_and_float_bits() -> None:

@@ -164,9 +164,59 @@ def test_other_head_dims_and_group_sizes(cupy_exec: Any, type_k: str, type_v: st
         positions = np.array([[40, 600, 767]], np.int64)
         err = float(np.abs(ex.attend(0, (0,), q, positions, 768, table)
                            - ref.attend(0, (0,), q, positions, 768, table)).max())
+        # the ordinary kernel: blocks of heads_per_block(n_head_kv) heads sharing each tile
+        host = np.full_like(table, HOST)
+        err_h = float(np.abs(ex.attend(0, (0,), q, positions, 768, host)
+                             - ref.attend(0, (0,), q, positions, 768, host)).max())
         _report(f"parity {type_k}/{type_v} D={head_dim} {n_head}/{n_head_kv} heads "
-                f"(copy unit {ex.layout.vec} B): max |cupy-numpy| = {err:.2e}")
+                f"(copy unit {ex.layout.vec} B): max |cupy-numpy| = {err:.2e}, "
+                f"ordinary kernel ({ex.launch_shape[False][0]} heads a block) {err_h:.2e}")
         assert err <= cupy_exec.PARITY_ATOL
+        assert err_h <= cupy_exec.PARITY_ATOL
+    finally:
+        ex.close()
+
+
+def test_driver_launch_with_and_without_pdl_equals_cupys_launch(cupy_exec: Any) -> None:
+    """The merge kernel as a programmatic dependent launch (cuLaunchKernelEx), as a plain
+    driver launch and through CuPy: the same kernels on the same bytes give the same bits,
+    also inside a CUDA graph."""
+    import dataclasses
+
+    geom = geometry("q8_0", "q5_1", kv_size=4096, n_stream=1, pool_pages=16, n_layers=1)
+    ex = cupy_exec.CupyExecutor(instrument=False)
+    ex.setup(geom)
+    try:
+        fill(geom, (ex,), 0, 4096, seed=9)
+        ex.upload(0, 0, 0, 16, 0)
+        q = np.random.default_rng(4).standard_normal((1, 1, 24, 256), dtype=np.float32)
+        pos = np.array([[4095]])
+        cp = ex.cp
+        outs = {}
+        for table in (np.arange(16, dtype=np.int64)[None, :], np.full((1, 16), HOST)):
+            launch = ex.prepare_attend(0, (0,), q, pos, 4096, table)
+            variants = {"pdl": launch, "driver": dataclasses.replace(launch, programmatic=False),
+                        "cupy": dataclasses.replace(launch, launcher=None)}
+            for name, v in variants.items():
+                with ex._stream:
+                    v.out[...] = cp.nan
+                    if name == "pdl":  # replayed from a graph, as the benchmark times it
+                        ex._stream.begin_capture()
+                        v.run()
+                        graph = ex._stream.end_capture()
+                        graph.launch(ex._stream)
+                    else:
+                        v.run()
+                    ex._stream.synchronize()
+                outs[(int(table[0, 0]), name)] = cp.asnumpy(v.out)
+        for paged in (0, HOST):
+            assert np.isfinite(outs[(paged, "pdl")]).all()
+            np.testing.assert_array_equal(outs[(paged, "pdl")], outs[(paged, "driver")])
+            np.testing.assert_array_equal(outs[(paged, "pdl")], outs[(paged, "cupy")])
+        assert ex.launcher is not None
+        _report(f"launch paths: driver launcher present, programmatic dependent launch "
+                f"{'on' if ex.programmatic else 'off'} (cc {ex.compute_capability}); PDL, plain "
+                f"driver and CuPy launches bit-identical")
     finally:
         ex.close()
 
@@ -306,9 +356,9 @@ ex = CupyExecutor()
 ex.setup(geometry("q8_0", "q8_0", kv_size=512))
 launch = ex.prepare_attend(0, (0,), np.ones((1, 1, 24, 256), np.float32),
                            np.array([[300]]), 512, np.array([[1, 2]]))
-bad = ck.pack(ck.FATTN_FIELDS, dict(zip(ck.FATTN_FIELDS, ex.cp.asnumpy(launch.params).tolist())))
+bad = launch.params.copy()
 bad[ck.FATTN_FIELDS.index("pool")] = 1 << 47
-launch.params = ex.cp.asarray(bad)
+launch.params = bad
 try:
     with ex._cuda("attention"), ex._stream:
         launch.run()

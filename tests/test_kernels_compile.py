@@ -47,8 +47,13 @@ def test_kernels_compile_to_ptx_with_and_without_the_event_ring(tmp_path: Path) 
     fattn_on = (tmp_path / "fattn_paged.cu.1.ptx").read_text()
     fattn_off = (tmp_path / "fattn_paged.cu.0.ptx").read_text()
     entries = re.findall(r"\.entry\s+(\S+)\(", fattn_on)
-    assert sum("kv_fattn_partial" in e for e in entries) == 22
+    assert sum("kv_fattn_partial" in e for e in entries) == 11
+    assert sum("kv_fattn_rows" in e for e in entries) == 11
     assert sum("kv_fattn_combine" in e for e in entries) == 4
+    # the merge kernel waits for the partial results (programmatic dependent launch), the
+    # partial kernels let it start early
+    assert fattn_on.count("griddepcontrol.wait") == 4
+    assert fattn_on.count("griddepcontrol.launch_dependents") == 22
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in fattn_on
     assert "movmatrix.sync.aligned.m8n8.trans.b16" in fattn_on
     assert "cp.async.cg.shared.global" in fattn_on

@@ -149,15 +149,16 @@ class _EmuStore:
         ns, tokens, n_head, d = q.shape
         lay = ck.fattn_layout(g.type_k, g.type_v, d, g.n_head_kv, g.page_bytes, g.v_offset)
         paged = not bool((table == HOST).all())
-        warps, blocks = ck.warps_per_block(lay, ck.DeviceLimits(sm_count=sm_count), regs, paged)
+        shape = ck.warps_per_block(lay, ck.DeviceLimits(sm_count=sm_count), regs, paged)
         gq = n_head // g.n_head_kv
         rows = tokens * gq
-        plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, warps, sm_count * blocks)
+        geo = ck.launch_geometry(lay, shape, sm_count, paged, ns, rows, n_kv, grid_order)
+        plan = geo.plan
         q32 = np.ascontiguousarray(q, np.float32)
         pos = np.ascontiguousarray(positions, np.int32)
         tab = np.ascontiguousarray(table, np.int32)
         st = np.array(streams, np.int32)
-        items = ns * g.n_head_kv * plan.n_rowtiles * plan.n_splits
+        items = geo.items
         part_o = np.full(items * 8 * d, np.nan, np.float32)
         part_ml = np.full(items * 16, np.nan, np.float32)
         out = np.full((ns, tokens, n_head, d), np.nan, np.float32)
@@ -181,10 +182,8 @@ class _EmuStore:
         }, ck.FATTN_FLOAT_FIELDS)
         assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d,
                                         int(paged)) == lay.warp_bytes_for(paged)
-        grid = ((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if grid_order
-                else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv))
         rc = emu.emu_fattn(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d, lay.vec, int(paged),
-                           _ptr(params), *grid, 32 * warps, lay.block_smem(warps, paged))
+                           _ptr(params), *geo.grid, geo.block, geo.smem)
         assert rc == 0, f"combination {g.type_k}/{g.type_v}/{d}/vec {lay.vec} not in the harness"
         return out, records[: int(counter[0])]
 
@@ -302,6 +301,34 @@ def test_ordinary_fallback_reads_only_the_host_store(emu: ctypes.CDLL) -> None:
     assert {ck.SOURCE_NAMES[int(r[5])] for r in recs} == {"host"}
     # stream 1 stops at cell 128: only page 0 is read for it
     assert {int(r[4]) for r in recs if r[3] == 1} == {0}
+
+
+@pytest.mark.parametrize(("type_k", "type_v", "head_dim", "n_head", "n_head_kv", "warps"), [
+    ("q8_0", "q5_1", 256, 8, 4, 4),  # one group: each tile is 16 whole K and V rows
+    ("q4_1", "q5_1", 128, 12, 6, 3),  # two groups of 3 heads: half rows
+])
+def test_ordinary_kernel_blocks_share_whole_rows_across_their_heads(
+    emu: ctypes.CDLL, type_k: str, type_v: str, head_dim: int, n_head: int, n_head_kv: int,
+    warps: int
+) -> None:
+    geom = _geometry(type_k, type_v, head_dim, n_head, n_head_kv, kv_size=512, n_stream=2)
+    store, ref = _EmuStore(geom), NumpyExecutor()
+    ref.setup(geom)
+    _fill(geom, store, ref, 0, 500, seed=21)
+    table = np.full((2, 2), HOST, np.int64)
+    tokens = 3  # prefill rows of both streams; stream 1 ends inside a 16-cell tile
+    q = np.random.default_rng(6).standard_normal((2, tokens, n_head, head_dim), np.float32)
+    positions = np.array([[497, 498, 499], [40, 41, 300]], np.int64)
+    lay = ck.fattn_layout(type_k, type_v, head_dim, n_head_kv, geom.page_bytes, geom.v_offset)
+    assert ck.warps_per_block(lay, ck.DeviceLimits(sm_count=3), 168, paged=False)[0] == warps
+    want = ref.attend(0, (0, 1), q, positions, 512, table)
+    got, recs = store.attend(emu, 0, (0, 1), q, positions, 512, table)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    # every head of every stream recorded the pages it read, from the host store
+    assert {(int(r[3]), int(r[7])) for r in recs} == {
+        (s, h) for s in (0, 1) for h in range(n_head_kv)}
+    assert {(int(r[3]), int(r[4])) for r in recs} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert {ck.SOURCE_NAMES[int(r[5])] for r in recs} == {"host"}
 
 
 @pytest.mark.parametrize(("grid_order", "interleave"), [(1, 0), (0, 1), (1, 1)])

@@ -171,7 +171,8 @@ def _smem_stride(nbytes: int, residue: int) -> int:
 
 @dataclass(frozen=True)
 class FattnLayout:
-    """Per-warp shared memory of kv_fattn_partial (``FattnGeom<TK, TV, D>``) and its copy unit."""
+    """Per-warp shared memory of the attention kernels (``FattnGeom<TK, TV, D>``) and their
+    copy unit."""
 
     type_k: str
     type_v: str
@@ -182,6 +183,7 @@ class FattnLayout:
     stride_v: int
     stage_bytes: int
     vec: int
+    n_head_kv: int = 1
 
     @property
     def warp_bytes(self) -> int:
@@ -193,14 +195,16 @@ class FattnLayout:
         return (2 if paged else 1) * self.stage_bytes
 
     def block_smem(self, warps: int, paged: bool = True) -> int:
-        """Dynamic shared memory of a block: the tile buffers, or the warp merge if larger."""
-        return max(warps * self.warp_bytes_for(paged), 256 + warps * ROW_TILE * self.head_dim * 4)
+        """Dynamic shared memory of a block: the tile buffers, or (streamed kernel) the warp
+        merge if larger; the ordinary kernel's warps write their results unmerged."""
+        tiles = warps * self.warp_bytes_for(paged)
+        return max(tiles, 256 + warps * ROW_TILE * self.head_dim * 4) if paged else tiles
 
     def partial_name(self, paged: bool) -> str:
-        return (
-            f"kv_fattn_partial<{TYPE_IDS[self.type_k]}, {TYPE_IDS[self.type_v]}, "
-            f"{self.head_dim}, {self.vec}, {'true' if paged else 'false'}>"
-        )
+        """The streamed kernel (kv_fattn_partial) or the ordinary one (kv_fattn_rows)."""
+        kernel = "kv_fattn_partial" if paged else "kv_fattn_rows"
+        return (f"{kernel}<{TYPE_IDS[self.type_k]}, {TYPE_IDS[self.type_v]}, "
+                f"{self.head_dim}, {self.vec}>")
 
     def combine_name(self) -> str:
         return f"kv_fattn_combine<{self.head_dim}>"
@@ -236,7 +240,8 @@ def fattn_layout(type_k: str, type_v: str, head_dim: int, n_head_kv: int,
     offsets = [hk, hv, hk * n_head_kv, hv * n_head_kv]
     offsets += [x for x in (page_bytes, v_offset) if x]
     vec = next(v for v in (16, 8, 4, 2) if all(o % v == 0 for o in offsets))
-    return FattnLayout(type_k, type_v, head_dim, hk, hv, sk, sv, CELL_TILE * (sk + sv), vec)
+    return FattnLayout(type_k, type_v, head_dim, hk, hv, sk, sv, CELL_TILE * (sk + sv), vec,
+                       n_head_kv)
 
 
 @dataclass(frozen=True)
@@ -250,12 +255,19 @@ class DeviceLimits:
     max_warps_per_sm: int = 64
 
 
+def heads_per_block(n_head_kv: int) -> int:
+    """KV heads (= warps) of an ordinary-kernel block: the most, up to 4, that divide
+    n_head_kv, so that the block reads the widest span of every host-store row."""
+    return next(h for h in (4, 3, 2, 1) if n_head_kv % h == 0)
+
+
 def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: int,
                     paged: bool = True) -> tuple[int, int]:
-    """(warps a block, blocks an SM) that keep the most warps resident; ties go to wider blocks
-    (fewer partial results to merge)."""
+    """(warps a block, blocks an SM). Streamed kernel: the shape that keeps the most warps
+    resident, ties to wider blocks (fewer partial results to merge); ordinary kernel: one warp
+    per KV head of the block's group (:func:`heads_per_block`)."""
     best = (0, 0, 0)
-    for w in (4, 2, 1):
+    for w in (4, 2, 1) if paged else (heads_per_block(layout.n_head_kv),):
         smem = layout.block_smem(w, paged)
         if smem > limits.smem_per_block:
             continue
@@ -284,7 +296,8 @@ class SplitPlan:
 def split_plan(ns: int, n_head_kv: int, rows: int, n_kv: int, warps: int,
                resident_blocks: int) -> SplitPlan:
     """Cut each (stream, KV head, row tile) into splits so that one wave of blocks covers the
-    GPU (flash-decoding); each split gets a whole number of tiles per warp."""
+    GPU (flash-decoding); each split gets a whole number of tiles per warp. (The ordinary
+    kernel passes its head groups as ``n_head_kv`` and 1 as ``warps``: its warps share tiles.)"""
     n_rowtiles = -(-rows // ROW_TILE)
     n_tiles = max(1, -(-n_kv // CELL_TILE))
     units = ns * n_head_kv * n_rowtiles
@@ -292,3 +305,40 @@ def split_plan(ns: int, n_head_kv: int, rows: int, n_kv: int, warps: int,
     per_block = max(warps, -(-n_tiles // splits))
     per_block = -(-per_block // warps) * warps
     return SplitPlan(n_rowtiles, -(-n_tiles // per_block), per_block)
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    """Grids of one attention call: the partial kernel (streamed or ordinary) and the merge."""
+
+    grid: tuple[int, int, int]
+    block: int
+    smem: int
+    combine_grid: tuple[int, int, int]
+    plan: SplitPlan
+
+    @property
+    def items(self) -> int:
+        """Partial results (8 query rows each) the partial kernel writes."""
+        return self.combine_grid[1] * self.plan.n_rowtiles * self.plan.n_splits
+
+
+def launch_geometry(layout: FattnLayout, shape: tuple[int, int], sm_count: int, paged: bool,
+                    ns: int, rows: int, n_kv: int, grid_order: int = 0) -> LaunchGeometry:
+    """Where each block of the call goes, from ``shape`` = (warps a block, blocks an SM) of
+    :func:`warps_per_block`. Streamed: blockIdx = (split, row tile, stream x KV head), or
+    (stream x KV head, row tile, split) with ``grid_order`` 1; ordinary: (split, row tile,
+    stream x head group), the block's warps being the group's heads."""
+    warps, blocks_per_sm = shape
+    nhk = layout.n_head_kv
+    resident = sm_count * blocks_per_sm
+    if paged:
+        plan = split_plan(ns, nhk, rows, n_kv, warps, resident)
+        grid = ((ns * nhk, plan.n_rowtiles, plan.n_splits) if grid_order
+                else (plan.n_splits, plan.n_rowtiles, ns * nhk))
+    else:
+        groups = nhk // warps
+        plan = split_plan(ns, groups, rows, n_kv, 1, resident)
+        grid = (plan.n_splits, plan.n_rowtiles, ns * groups)
+    return LaunchGeometry(grid, 32 * warps, layout.block_smem(warps, paged),
+                          (rows, ns * nhk, layout.head_dim // 32), plan)

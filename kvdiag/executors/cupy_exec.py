@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from kvdiag.errors import DeviceFault, DeviceUnavailable, UsageError
 from kvdiag.executors import cuda_kernels as ck
+from kvdiag.executors.cuda_launch import DriverLauncher, LaunchError
 from kvdiag.executors.device_records import DeviceRecords, kernel_events
 from kvdiag.kvstream.backend import HOST, F32Array, I64Array, StoreGeometry
 from kvdiag.kvstream.views import AddressMap
@@ -71,24 +72,54 @@ def _cuda_text(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def params_struct(params: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
+    """The packed parameter block as one value of a struct type, which CuPy passes to a kernel
+    by value (the kernels take ``const __grid_constant__ FattnParams``)."""
+    return params.view(np.dtype([("fields", np.int64, (params.size,))]))
+
+
 @dataclass
 class AttendLaunch:
-    """One prepared attention: both kernels, their parameter block and output buffer. The
-    benchmark replays :meth:`run` between CUDA events; ``attend`` runs it once."""
+    """One prepared attention: both kernels, their parameter block (host bytes, passed by
+    value) and output buffer. The benchmark replays :meth:`run` between CUDA events, on the
+    current CuPy stream; ``attend`` runs it once. With a driver launcher the merge kernel is a
+    programmatic dependent launch where the GPU supports it (``programmatic``)."""
 
+    cp: Any
     partial: Any
     combine: Any
-    grid: tuple[int, int, int]
-    block: int
-    smem: int
-    combine_grid: tuple[int, int, int]
-    params: Any
+    geometry: ck.LaunchGeometry
+    params: npt.NDArray[np.int64]
     keep: tuple[Any, ...]
     out: Any
+    launcher: DriverLauncher | None = None
+    programmatic: bool = False
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.geometry.grid
 
     def run(self) -> None:
-        self.partial(self.grid, (self.block,), (self.params,), shared_mem=self.smem)
-        self.combine(self.combine_grid, (256,), (self.params,))
+        self.run_partial()
+        self.run_combine()
+
+    def run_partial(self, params: npt.NDArray[np.int64] | None = None) -> None:
+        """The partial kernel alone (``params`` replaces the prepared block: benchmarks)."""
+        geo = self.geometry
+        self._launch(self.partial, geo.grid, geo.block, geo.smem,
+                     self.params if params is None else params, False)
+
+    def run_combine(self, params: npt.NDArray[np.int64] | None = None) -> None:
+        self._launch(self.combine, self.geometry.combine_grid, 256, 0,
+                     self.params if params is None else params, self.programmatic)
+
+    def _launch(self, kernel: Any, grid: tuple[int, int, int], block: int, smem: int,
+                params: npt.NDArray[np.int64], programmatic: bool) -> None:
+        if self.launcher is None:
+            kernel(grid, (block,), (params_struct(params),), shared_mem=smem)
+        else:
+            stream = int(self.cp.cuda.get_current_stream().ptr)
+            self.launcher.launch(kernel, grid, block, smem, stream, params, programmatic)
 
 
 def open_cupy_executor(device: int = 0) -> tuple[CupyExecutor, Device]:
@@ -151,6 +182,12 @@ class CupyExecutor:
                 f"need {_MIN_CC[0]}.{_MIN_CC[1]} or newer")
         self.memory_bytes = int(props.get("totalGlobalMem", 0)) or None
         self.compute_capability = f"{cc[0]}.{cc[1]}"
+        # Attention kernels go through cuLaunchKernelEx (programmatic dependent launch of the
+        # merge from compute capability 9.0); CuPy's launch where the driver lacks it.
+        self.launcher: DriverLauncher | None = None
+        with suppress(LaunchError):
+            self.launcher = DriverLauncher()
+        self.programmatic = cc >= (9, 0)
         self.limits = ck.DeviceLimits(
             sm_count=int(props["multiProcessorCount"]),
             smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
@@ -166,7 +203,7 @@ class CupyExecutor:
         cp = self.cp
         errors: tuple[type[BaseException], ...] = (
             cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError,
-            cp.cuda.compiler.CompileException)
+            cp.cuda.compiler.CompileException, LaunchError)
         try:
             with self._dev:
                 yield
@@ -237,8 +274,9 @@ class CupyExecutor:
             shapes: dict[bool, tuple[int, int, int]] = {}
             for paged, k in partial.items():
                 warps, blocks = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged)
-                shapes[paged] = (warps, blocks, lay.block_smem(warps, paged))
-                k.max_dynamic_shared_size_bytes = shapes[paged][2]
+                smem = lay.block_smem(warps, paged)
+                shapes[paged] = (warps, blocks, smem)
+                k.max_dynamic_shared_size_bytes = smem
         self.launch_shape = shapes
         # the streamed kernel's shape, for reports
         self.warps, self.blocks_per_sm, self.block_smem = shapes[True]
@@ -402,20 +440,20 @@ class CupyExecutor:
         self._compile_attention()
         gq = n_head // g.n_head_kv
         rows = tokens * gq
-        warps, blocks_per_sm, smem = self.launch_shape[paged]
-        plan = ck.split_plan(ns, g.n_head_kv, rows, n_kv, warps,
-                             self.limits.sm_count * blocks_per_sm)
-        items = ns * g.n_head_kv * plan.n_rowtiles * plan.n_splits
+        warps, blocks_per_sm, _smem = self.launch_shape[paged]
+        geo = ck.launch_geometry(self.layout, (warps, blocks_per_sm), self.limits.sm_count,
+                                 paged, ns, rows, n_kv, self.grid_order)
+        plan = geo.plan
         with self._cuda("attention setup"), self._stream:
             q_dev = cp.ascontiguousarray(cp.asarray(q, cp.float32))
             pos_dev = cp.asarray(pos, cp.int32)
             tab_dev = cp.asarray(table if table.size else np.full((ns, 1), HOST), cp.int32)
             st_dev = cp.asarray(np.asarray(streams, np.int32))
-            part_o = cp.empty(items * ck.ROW_TILE * d, cp.float32)
-            part_ml = cp.empty(items * 16, cp.float32)
+            part_o = cp.empty(geo.items * ck.ROW_TILE * d, cp.float32)
+            part_ml = cp.empty(geo.items * 16, cp.float32)
             out = cp.empty((ns, tokens, n_head, d), cp.float32)
             kid = ck.KERNEL_IDS["fattn_streamed" if paged else "fattn_ordinary"]
-            params = cp.asarray(ck.pack(ck.FATTN_FIELDS, {
+            params = ck.pack(ck.FATTN_FIELDS, {
                 "magic": ck.FATTN_MAGIC, "q": int(q_dev.data.ptr),
                 "positions": int(pos_dev.data.ptr),
                 "page_table": int(tab_dev.data.ptr), "streams": int(st_dev.data.ptr),
@@ -431,14 +469,11 @@ class CupyExecutor:
                 "kernel_id": kid, "warp_smem": self.layout.warp_bytes_for(paged),
                 "grid_order": self.grid_order, "interleave": self.interleave,
                 "scale_log2": math.log2(math.e) / math.sqrt(d), **self._ring_fields(),
-            }, ck.FATTN_FLOAT_FIELDS))
+            }, ck.FATTN_FLOAT_FIELDS)
         return AttendLaunch(
-            partial=self._partial[paged], combine=self._combine,
-            grid=((ns * g.n_head_kv, plan.n_rowtiles, plan.n_splits) if self.grid_order
-                  else (plan.n_splits, plan.n_rowtiles, ns * g.n_head_kv)),
-            block=32 * warps,
-            smem=smem, combine_grid=(rows, ns * g.n_head_kv, d // 32),
-            params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml), out=out)
+            cp=cp, partial=self._partial[paged], combine=self._combine, geometry=geo,
+            params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml), out=out,
+            launcher=self.launcher, programmatic=self.programmatic)
 
     def attend(self, layer: int, streams: tuple[int, ...], q: F32Array, positions: I64Array,
                n_kv: int, page_table: I64Array) -> F32Array:

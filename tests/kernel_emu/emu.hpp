@@ -31,6 +31,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+#define __grid_constant__
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -111,6 +112,10 @@ inline float roundf(float a) { return std::round(a); }
 inline unsigned char* kv_smem() { return emu_block->smem; }
 inline void kv_syncthreads() { emu_block->bar->arrive_and_wait(); }
 inline void kv_syncwarp() { emu_warp->bar.arrive_and_wait(); }
+// One launch at a time runs to completion here: the dependent-launch controls have nothing
+// to order.
+inline void kv_grid_wait() {}
+inline void kv_grid_launch_dependents() {}
 inline void kv_threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 inline uint32_t emu_exchange(uint32_t v, int src) {

@@ -8,10 +8,16 @@
 
 template <int TK, int TV, int D, int VEC, bool PAGED>
 static void run_fattn(const FattnParams* p, int gx, int gy, int gz, int threads, int smem) {
-    emu_launch(dim3{(unsigned)gx, (unsigned)gy, (unsigned)gz}, (unsigned)threads, (size_t)smem,
-               [p] { kv_fattn_partial<TK, TV, D, VEC, PAGED>(p); });
+    const dim3 grid{(unsigned)gx, (unsigned)gy, (unsigned)gz};
+    if constexpr (PAGED) {
+        emu_launch(grid, (unsigned)threads, (size_t)smem,
+                   [p] { kv_fattn_partial<TK, TV, D, VEC>(*p); });
+    } else {
+        emu_launch(grid, (unsigned)threads, (size_t)smem,
+                   [p] { kv_fattn_rows<TK, TV, D, VEC>(*p); });
+    }
     emu_launch(dim3{(unsigned)p->rows, (unsigned)(p->ns * p->n_head_kv), (unsigned)(D / 32)}, 256,
-               0, [p] { kv_fattn_combine<D>(p); });
+               0, [p] { kv_fattn_combine<D>(*p); });
 }
 
 // The (K type, V type, head dim, copy unit) combinations the tests exercise.
