@@ -104,6 +104,20 @@ def test_upload_rule() -> None:
     assert c.plan_page(0, 0, 0, q_width=1, last_chunk=False).upload is None
 
 
+def test_a_dirty_mark_outlives_its_ubatch_only_in_the_per_stream_layout() -> None:
+    # stream 1 page 0 is resident, then a ubatch writes it but uploads nothing (its FA fell
+    # back), then the next ubatch writes only page 1
+    marks: dict[str, str | None] = {}
+    for layout in ("shared", "per-stream"):
+        c = cache(layout)
+        first = c.plan_page(0, 1, 0, 1, False)
+        c.uploaded(first.key, first.slot, Holder(0, 1, 0, 1))
+        c.mark_dirty_rows([0, 2048])  # global rows: stream 0 cell 0, stream 1 cell 0
+        c.mark_dirty_rows([2048 + 256])  # stream 1 cell 256: page 1
+        marks[layout] = c.plan_page(0, 1, 0, 1, False).upload
+    assert marks == {"shared": None, "per-stream": "dirty"}  # upstream forgets, the fix not
+
+
 def test_shared_slots_alias_across_streams() -> None:
     c = cache("shared")
     s0 = c.plan_page(0, 0, 1, 1, False)

@@ -75,6 +75,34 @@ def test_per_stream_layout_is_always_exact(data: st.DataObject, np_: int, layers
     assert ("fallback" in rules) == (shared_ubatch and dispatch == "fits")
 
 
+def test_per_stream_fits_refreshes_a_page_rewritten_by_a_fallback_ubatch() -> None:
+    """Found by the property above. Both slots' first requests share ubatch 0 (fallback); slot
+    1 finishes its prompt alone in ubatch 1, loading its page 0; both slots' second requests
+    share ubatch 2 (fallback), rewriting that page; slot 1 then decodes alone in ubatch 3.
+    Ubatch 2's ordinary attention uploads nothing, so its dirty mark for (0, 1, 0) must
+    survive ubatch 3's mark_dirty_rows: the page is re-uploaded and read exact."""
+    cfg = RuntimeConfig(layers=1, np=2, stage_mib=2, layout="per-stream", dispatch="fits",
+                        **SMALL)  # type: ignore[arg-type]
+    requests = (Request(slot=0, prompt=1, decode=0), Request(slot=1, prompt=2, decode=0),
+                Request(slot=0, prompt=256, decode=0), Request(slot=1, prompt=256, decode=1))
+    a, events = run(cfg, requests)
+    assert [f.rule for f in a.findings()] == ["fallback"]
+    steps = [(e.step, e.streams) for e in events if isinstance(e, ev.Step)]
+    assert steps == [(0, (0, 1)), (1, (1,)), (2, (0, 1)), (3, (1,))]
+    assert [(e.step, e.route) for e in events if isinstance(e, ev.Fits)] == [
+        (0, "fallback"), (1, "streamed"), (2, "fallback"), (3, "streamed")]
+    uploads = [(e.step, e.stream, e.pages, e.reason) for e in events
+               if isinstance(e, ev.Upload) and e.target == "resident"]
+    assert uploads == [(1, 1, (0, 1), "miss"), (3, 1, (0, 2), "dirty")]
+    last = [e for e in events if isinstance(e, ev.Read) and e.step == 3]
+    assert [(r.stream, r.pool, r.host) for r in last] == [(1, 2, 0)]
+    assert last[0].ranges == (ev.ReadRange(0, 2, "pool", 1, "exact", 0),)
+    outputs = [(e.step, e.stream, e.max_abs_delta, e.checksum == e.ref_checksum)
+               for e in events if isinstance(e, ev.Output)]
+    assert outputs == [(0, 0, 0.0, True), (0, 1, 0.0, True), (1, 1, 0.0, True),
+                       (2, 0, 0.0, True), (2, 1, 0.0, True), (3, 1, 0.0, True)]
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), np_=st.integers(1, 3), layers=st.integers(1, 3), stage=st.integers(2, 6))
 def test_a_single_stream_is_always_exact_even_with_shared_bookkeeping(

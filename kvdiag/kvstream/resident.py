@@ -6,8 +6,9 @@ mark_dirty_rows divides *global* rows (stream × kv_size + cell) by 256 with no 
 
 ``per-stream`` is the fix: keys (layer, stream, page); each layer's resident window is split
 evenly between the streams (the pool's page budget is unchanged), the layer and stream come
-from the tensor base and the view's byte offset, and the dirty page comes from the
-stream-local cell.
+from the tensor base and the view's byte offset, the dirty page comes from the
+stream-local cell, and a dirty mark lasts until its page is uploaded rather than until the
+next ubatch (see :meth:`ResidentCache.mark_dirty_rows`).
 
 Provenance is kvdiag's addition: every host page (layer, stream, page) has a version bumped by
 each write, and every slot remembers which (layer, stream, page, version) it holds, so each
@@ -124,10 +125,20 @@ class ResidentCache:
     def mark_dirty_rows(self, rows: Iterable[int]) -> set[Key]:
         """Called once per ubatch with the global row indices (set_input_k_idxs).
 
-        Clears every dirty flag, turns precise tracking on for every layer, then marks, for
-        every layer, the page each row falls in (if inside the layer's window).
+        Turns precise tracking on for every layer, then marks, for every layer, the page each
+        row falls in (if inside the layer's window); returns the keys this ubatch marked.
+
+        ``shared`` first clears every dirty flag, as upstream does (brief §4.3): that is sound
+        only while every ubatch's streamed attention consumes its own marks, which holds under
+        the upstream dispatcher (a member FA node streams or aborts). With several streams the
+        fits dispatcher sends every two-stream ubatch to ordinary flash attention, which
+        uploads nothing, so clearing would forget that ubatch's writes: a page of a stream
+        resident from before (a slot's earlier request) would be served stale once that
+        stream decodes alone. ``per-stream`` therefore keeps a mark until the page is uploaded
+        (:meth:`uploaded`) or the cache is invalidated.
         """
-        self.dirty.clear()
+        if self.layout == "shared":
+            self.dirty.clear()
         self.precise = [True] * self.layer_count
         pages: set[tuple[int | None, int]] = set()
         for row in rows:
