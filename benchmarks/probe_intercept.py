@@ -8,6 +8,8 @@ over enough layers to miss L2), CUDA-graph timings (µs per call, median) of:
   full        partial + combine kernel (what bench_kernels reports)
   no PDL      the same without programmatic dependent launch of the combine kernel
   CuPy        the same launched by CuPy (no driver launcher, no PDL)
+  PDL@start   full, the partial kernel built with KVDIAG_PDL_TRIGGER=1 (trigger at its start)
+  PDL@exit    full, built with KVDIAG_PDL_TRIGGER=0 (no explicit trigger: at block exit)
   partial     the partial kernel alone
   combine     the combine kernel alone
   no-tiles    partial with tiles_per_block = 0 (prologue, warp merge, partial store: no K/V)
@@ -39,7 +41,10 @@ from kvdiag.executors import cuda_kernels as ck
 NOP = 'extern "C" __global__ void kv_nop(const long long* p) { if (p == nullptr) __trap(); }'
 
 
-def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, float]:
+def _prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int,
+              pdl_trigger: int | None) -> tuple[Any, list[Any], int, int]:
+    """An executor with every page of every layer resident, and one prepared decode call per
+    layer."""
     from kvdiag.executors.cupy_exec import CupyExecutor
 
     width = bk.HEAD_DIM * bk.N_HEAD_KV
@@ -49,14 +54,29 @@ def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, f
     pages = ctx // bk.PAGE
     q = np.random.default_rng(1).standard_normal((1, 1, bk.N_HEAD, bk.HEAD_DIM), np.float32)
     pos = np.array([[ctx - 1]], np.int64)
-    ex = CupyExecutor(instrument=False)
+    ex = CupyExecutor(instrument=False, pdl_trigger=pdl_trigger)
+    ex.setup(geom)
+    bk.fill(cp, ex, geom, seed=7)
+    ls = [ex.prepare_attend(layer, (0,), q, pos, ctx,
+                            np.arange(pages, dtype=np.int64)[None, :] + layer * pages)
+          for layer in range(layers)]
+    return ex, ls, layers, kv_bytes
+
+
+def _median_us(cp: Any, stream: Any, body: Any) -> float:
+    return statistics.median(bk.time_graph(cp, stream, body)[0] for _ in range(3))
+
+
+def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, float]:
     res: dict[str, float] = {}
+    for name, trigger in (("PDL@start", 1), ("PDL@exit", 0)):
+        ex, ls, layers, _ = _prepared(cp, tk, tv, ctx, l2, trigger)
+        try:
+            res[name] = _median_us(cp, ex._stream, lambda i, ls=ls: ls[i % len(ls)].run())
+        finally:
+            ex.close()
+    ex, ls, layers, kv_bytes = _prepared(cp, tk, tv, ctx, l2, None)
     try:
-        ex.setup(geom)
-        bk.fill(cp, ex, geom, seed=7)
-        ls = [ex.prepare_attend(layer, (0,), q, pos, ctx,
-                                np.arange(pages, dtype=np.int64)[None, :] + layer * pages)
-              for layer in range(layers)]
         stream = ex._stream
         nop = cp.RawKernel(NOP, "kv_nop")
         tpb = ck.FATTN_FIELDS.index("tiles_per_block")
@@ -104,8 +124,7 @@ def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, f
         for name, body in (("full", full), ("no PDL", full_plain), ("CuPy", full_cupy),
                            ("partial", partial), ("combine", combine),
                            ("no-tiles", no_tiles), ("nop x2", nops), ("read", plain_read)):
-            samples = [bk.time_graph(cp, stream, body)[0] for _ in range(3)]
-            res[name] = statistics.median(samples)
+            res[name] = _median_us(cp, stream, body)
         res["grid"] = float(np.prod(ls[0].grid))
         res["block"] = float(ls[0].geometry.block)
         res["splits"] = float(ls[0].grid[0])
@@ -129,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     props = cp.cuda.runtime.getDeviceProperties(0)
     l2, sms = int(props["l2CacheSize"]), int(props["multiProcessorCount"])
-    cols = ("full", "no PDL", "CuPy", "partial", "combine", "no-tiles", "nop x2", "read")
+    cols = ("full", "no PDL", "CuPy", "PDL@start", "PDL@exit", "partial", "combine", "no-tiles", "nop x2", "read")
     print(f"{'types':10} {'ctx':>7} {'MiB':>6} {'blocks':>6} " + " ".join(f"{c:>9}" for c in cols)
           + "   (µs per call, CUDA graph of 20, median of 3 x 10)")
     for pair in args.pairs.split(","):

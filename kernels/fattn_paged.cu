@@ -26,6 +26,13 @@
 
 #define KV_PARAMS_MAGIC 0x6b76646961670001LL
 
+// When a partial kernel lets the merge kernel (a programmatic dependent launch) be scheduled:
+// 0 = at its exit, 1 = at its start, 2 = once its tiles are done (the default; H200 timings in
+// benchmarks/results/kernel_optimisation_notes.txt).
+#ifndef KVDIAG_PDL_TRIGGER
+#define KVDIAG_PDL_TRIGGER 2
+#endif
+
 // Every field 8 bytes so that the host packs it as an int64 array (kvdiag/executors/
 // cuda_kernels.py FATTN_FIELDS lists the same names in the same order).
 struct FattnParams {
@@ -379,7 +386,7 @@ template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
-    kv_grid_launch_dependents();  // the combine kernel may start its prologue
+    if (KVDIAG_PDL_TRIGGER == 1) kv_grid_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int nwarps = blockDim.x >> 5;
@@ -408,13 +415,6 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
     const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
     const int lim_max = kv_warp_max_i(kv_row_limit(p, pos, rt * 8 + (lane & 7)));
     const float sl = (float)p.scale_log2;
-    kv_u32 qf[D / 16][2];
-    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
-
-    float o[D / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
 
     // interleave 0: the split owns tiles [tb, te); 1: it owns tiles split, split + n_splits, ...
     // so that all blocks together sweep the cells front to back. Warps take the block's tiles
@@ -423,6 +423,23 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
     const int te = inter ? n_tiles
                          : (tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block
                                                                   : n_tiles);
+    // The first tile's copy goes out before Q is read, so that the two loads overlap instead
+    // of following each other (positions -> copy, not positions -> Q -> copy).
+    kv_u8* wbuf = kv_smem() + warp * G::WARP;
+    int tile = tb + warp * step;
+    const int wstep = nwarps * step;
+    if (tile < te) {
+        kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, tile, slot0, lim_max, wbuf, lane);
+    }
+    kv_copy_commit();
+    int slot = kv_tile_slot(p, i, tile + wstep);
+    kv_u32 qf[D / 16][2];
+    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
+
+    float o[D / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
 
 #if KVDIAG_INSTRUMENT
     // One record per page this block read; interleaved, a page goes to the block that owns its
@@ -447,15 +464,7 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
     }
 #endif
 
-    kv_u8* wbuf = kv_smem() + warp * G::WARP;
-    int tile = tb + warp * step;
-    const int wstep = nwarps * step;
     int stage = 0;
-    if (tile < te) {
-        kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, tile, slot0, lim_max, wbuf, lane);
-    }
-    kv_copy_commit();
-    int slot = kv_tile_slot(p, i, tile + wstep);
     for (; tile < te; tile += wstep) {
         const int next = tile + wstep;
         if (next < te) {
@@ -472,6 +481,7 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
         stage ^= 1;
     }
     kv_copy_wait<0>();
+    if (KVDIAG_PDL_TRIGGER == 2) kv_grid_launch_dependents();
     kv_sum_rows(l0, l1);
 
     // Merge the warps of the block: cm = [warp][row][m, l], co = [warp][row][D] (unnormalized).
@@ -570,7 +580,7 @@ template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D, false>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
-    kv_grid_launch_dependents();
+    if (KVDIAG_PDL_TRIGGER == 1) kv_grid_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int hg = blockDim.x >> 5;
@@ -630,6 +640,7 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ 
         kv_syncthreads();
         kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, sl, qf, o, m0, m1, l0, l1, g, t);
     }
+    if (KVDIAG_PDL_TRIGGER == 2) kv_grid_launch_dependents();
     kv_sum_rows(l0, l1);
     const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
     kv_store_o<D>((float*)p.part_o + item * 8 * D, o, g, t);
