@@ -41,8 +41,8 @@ from kvdiag.executors import cuda_kernels as ck
 NOP = 'extern "C" __global__ void kv_nop(const long long* p) { if (p == nullptr) __trap(); }'
 
 
-def _prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int,
-              pdl_trigger: int | None) -> tuple[Any, list[Any], int, int]:
+def prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, int],
+             grid_order: int = 0, interleave: int = 0) -> tuple[Any, list[Any], int, int]:
     """An executor with every page of every layer resident, and one prepared decode call per
     layer."""
     from kvdiag.executors.cupy_exec import CupyExecutor
@@ -54,7 +54,8 @@ def _prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int,
     pages = ctx // bk.PAGE
     q = np.random.default_rng(1).standard_normal((1, 1, bk.N_HEAD, bk.HEAD_DIM), np.float32)
     pos = np.array([[ctx - 1]], np.int64)
-    ex = CupyExecutor(instrument=False, pdl_trigger=pdl_trigger)
+    ex = CupyExecutor(instrument=False, defines=defines)
+    ex.grid_order, ex.interleave = grid_order, interleave
     ex.setup(geom)
     bk.fill(cp, ex, geom, seed=7)
     ls = [ex.prepare_attend(layer, (0,), q, pos, ctx,
@@ -70,12 +71,12 @@ def _median_us(cp: Any, stream: Any, body: Any) -> float:
 def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, float]:
     res: dict[str, float] = {}
     for name, trigger in (("PDL@start", 1), ("PDL@exit", 0)):
-        ex, ls, layers, _ = _prepared(cp, tk, tv, ctx, l2, trigger)
+        ex, ls, layers, _ = prepared(cp, tk, tv, ctx, l2, {"KVDIAG_PDL_TRIGGER": trigger})
         try:
             res[name] = _median_us(cp, ex._stream, lambda i, ls=ls: ls[i % len(ls)].run())
         finally:
             ex.close()
-    ex, ls, layers, kv_bytes = _prepared(cp, tk, tv, ctx, l2, None)
+    ex, ls, layers, kv_bytes = prepared(cp, tk, tv, ctx, l2, {})
     try:
         stream = ex._stream
         nop = cp.RawKernel(NOP, "kv_nop")

@@ -48,6 +48,33 @@ struct FattnParams {
     double scale_log2;
 };
 
+// KVDIAG_TIMELINE=1 (benchmarks/probe_timeline.py only; needs KVDIAG_INSTRUMENT=0, the ring's
+// buffer holds the stamps): thread 0 of every block writes %globaltimer stamps (u64) to
+// ring_records at slot (layer * blocks_per_call + block) * 8, where a call's blocks are the
+// streamed kernel's grid followed by the merge kernel's. Streamed kernel: entry, first tile
+// in shared memory (warp 0), tiles done (all warps), exit; merge kernel: entry, after the wait
+// for the partial results, exit; then [4] = the SM (%smid).
+#ifndef KVDIAG_TIMELINE
+#define KVDIAG_TIMELINE 0
+#endif
+#if KVDIAG_TIMELINE
+template <int D>
+KV_DEV kv_u64* kv_timeline_slot(const FattnParams& p, bool combine) {
+    const kv_u64 partial = (kv_u64)p.n_splits * p.n_rowtiles * p.ns * p.n_head_kv;
+    const kv_u64 per_call = partial + (kv_u64)p.rows * p.ns * p.n_head_kv * (D / 32);
+    const kv_u64 block =
+        blockIdx.x + (kv_u64)gridDim.x * (blockIdx.y + (kv_u64)gridDim.y * blockIdx.z);
+    kv_u64* slot = (kv_u64*)p.ring_records +
+                   ((kv_u64)p.layer * per_call + (combine ? partial : 0) + block) * 8;
+    if (threadIdx.x == 0) slot[4] = kv_smid();
+    return slot;
+}
+#define KV_STAMP(slot, k) \
+    if (threadIdx.x == 0) (slot)[k] = kv_globaltimer()
+#else
+#define KV_STAMP(slot, k) (void)0
+#endif
+
 __host__ __device__ constexpr int kv_smem_stride(int bytes, int residue) {
     int s = (bytes + 15) / 16 * 16;
     while (s % 128 != residue) s += 16;
@@ -341,30 +368,30 @@ KV_DEV void kv_load_q(const FattnParams& p, int i, int hk, int rt, int g, int t,
     }
 }
 
-// A warp's unnormalized O^T as 8 query rows of D floats in head-dim order (row r at dst + r*D);
-// lane (g, t) holds rows 2t and 2t + 1.
-template <int D>
+// A warp's unnormalized O^T as 8 query rows of D floats in head-dim order (row r at dst + r*S,
+// S a multiple of 4); lane (g, t) holds rows 2t and 2t + 1.
+template <int D, int S = D>
 KV_DEV void kv_store_o(float* dst, const float (&o)[D / 16][4], int g, int t) {
     if constexpr (D % 64 == 0) {
 #pragma unroll
         for (int q = 0; q < D / 64; ++q) {
-            float* r0 = dst + (2 * t) * D + 64 * q + 8 * g;
+            float* r0 = dst + (2 * t) * S + 64 * q + 8 * g;
             const float(&a)[4] = o[4 * q];
             const float(&b)[4] = o[4 * q + 1];
             const float(&c)[4] = o[4 * q + 2];
             const float(&e)[4] = o[4 * q + 3];
             *(kv_v4*)r0 = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
             *(kv_v4*)(r0 + 4) = kv_v4{kv_f2u(c[0]), kv_f2u(c[2]), kv_f2u(e[0]), kv_f2u(e[2])};
-            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
-            *(kv_v4*)(r0 + D + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
+            *(kv_v4*)(r0 + S) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
+            *(kv_v4*)(r0 + S + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
         }
     } else {
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) {
-            float* r0 = dst + (2 * t) * D + 32 * c + 4 * g;
+            float* r0 = dst + (2 * t) * S + 32 * c + 4 * g;
             *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]),
                                 kv_f2u(o[2 * c + 1][0]), kv_f2u(o[2 * c + 1][2])};
-            *(kv_v4*)(r0 + D) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
+            *(kv_v4*)(r0 + S) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
                                       kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
         }
     }
@@ -383,9 +410,14 @@ KV_DEV void kv_sum_rows(float& l0, float& l1) {
 // for -1). Parameters by value (__grid_constant__): every field is a constant-bank operand,
 // with no dependent global load before the first useful one.
 template <int TK, int TV, int D, int VEC>
-__global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant__ FattnParams p) {
+__global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+#if KVDIAG_TIMELINE
+    kv_u64* const stamp = kv_timeline_slot<D>(p, false);
+    bool first_tile = true;
+#endif
+    KV_STAMP(stamp, 0);
     if (KVDIAG_PDL_TRIGGER == 1) kv_grid_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -410,6 +442,24 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
     const int tb = inter ? split : split * (int)p.tiles_per_block;
     const int step = inter ? nsp : 1;  // tile j of the block is tb + j * step
     const int slot0 = kv_tile_slot(p, i, tb + warp * step);
+    // Tiles after each warp's first come from a counter in shared memory (interleave 0), so
+    // that the warps finish together however the SM's schedulers favour them; the block is
+    // the only one on its SM (FattnLayout / warps_per_block), so nothing else competes either.
+    // Interleaved, warp w takes tiles tb + (w + j * warps) * step.
+    kv_u32* const steal = (kv_u32*)(kv_smem() + nwarps * G::WARP);
+    if (threadIdx.x == 0) *steal = (kv_u32)(tb + nwarps);
+    kv_syncthreads();
+    int seq = tb + (warp + nwarps) * step;
+    auto claim = [&]() -> int {
+        if (inter) {
+            const int v = seq;
+            seq += nwarps * step;
+            return v;
+        }
+        kv_u32 v = 0u;
+        if (lane == 0) v = kv_atomic_add(steal, 1u);
+        return (int)kv_shfl(v, 0);
+    };
 
     const int lim0 = kv_row_limit(p, pos, rt * 8 + 2 * t);
     const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
@@ -427,23 +477,17 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
     // of following each other (positions -> copy, not positions -> Q -> copy).
     kv_u8* wbuf = kv_smem() + warp * G::WARP;
     int tile = tb + warp * step;
-    const int wstep = nwarps * step;
     if (tile < te) {
         kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, tile, slot0, lim_max, wbuf, lane);
     }
     kv_copy_commit();
-    int slot = kv_tile_slot(p, i, tile + wstep);
-    kv_u32 qf[D / 16][2];
-    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
-
-    float o[D / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+    int next = claim();  // copied while `tile` is computed; its page-table entry read now
+    int slot = kv_tile_slot(p, i, next);
 
 #if KVDIAG_INSTRUMENT
     // One record per page this block read; interleaved, a page goes to the block that owns its
-    // first tile (every page read is still recorded once per KV head, with its source).
+    // first tile (every page read is still recorded once per KV head, with its source). Here,
+    // while the first tile is on its way, before Q and O take their registers.
     if (warp == 0 && tb < te) {
         const KvRing ring{(kv_u32*)p.ring_counter, (kv_i32*)p.ring_records,
                           (kv_u32)p.ring_capacity};
@@ -453,77 +497,107 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_partial(const __grid_constant
         const int p1 = (te - 1) / tpp;
         for (int page = p0 + lane; page <= p1; page += 32) {
             if (inter && (page * tpp) % nsp != split) continue;
-            int slot = -1;
+            int ps = -1;
             if (page < p.n_pages_tab) {
-                slot = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
+                ps = ((const kv_i32*)p.page_table)[(kv_i64)i * p.n_pages_tab + page];
             }
-            const int src = slot < 0 ? KV_SRC_HOST
-                                     : (slot < p.ring_slots ? KV_SRC_RING : KV_SRC_POOL);
-            kv_ring_put(ring, (int)p.kernel_id, block, (int)p.layer, stream, page, src, slot, hk);
+            const int src = ps < 0 ? KV_SRC_HOST : (ps < p.ring_slots ? KV_SRC_RING : KV_SRC_POOL);
+            kv_ring_put(ring, (int)p.kernel_id, block, (int)p.layer, stream, page, src, ps, hk);
         }
     }
 #endif
+    kv_u32 qf[D / 16][2];
+    kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
+
+    float o[D / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+
 
     int stage = 0;
-    for (; tile < te; tile += wstep) {
-        const int next = tile + wstep;
+    while (tile < te) {
         if (next < te) {
             kv_load_tile<TK, TV, D, VEC>(p, i, stream, hk, next, slot, lim_max,
                                          wbuf + (stage ^ 1) * G::STAGE, lane);
         }
-        slot = kv_tile_slot(p, i, next + wstep);  // used by the next iteration
+        const int after = next < te ? claim() : te;
+        slot = kv_tile_slot(p, i, after);  // used by the next iteration
         kv_copy_commit();
         kv_copy_wait<1>();
         kv_syncwarp();
+#if KVDIAG_TIMELINE
+        if (first_tile) {
+            KV_STAMP(stamp, 1);
+            first_tile = false;
+        }
+#endif
         kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf, o, m0,
                                    m1, l0, l1, g, t);
         kv_syncwarp();
         stage ^= 1;
+        tile = next;
+        next = after;
     }
     kv_copy_wait<0>();
     if (KVDIAG_PDL_TRIGGER == 2) kv_grid_launch_dependents();
     kv_sum_rows(l0, l1);
 
-    // Merge the warps of the block: cm = [warp][row][m, l], co = [warp][row][D] (unnormalized).
+    // Merge the warps of the block: cm = [warp][row][m, l]; cw = [warp][row] the weights
+    // exp2(m_w - max), computed once per row; co = [warp][row][D + 4] the unnormalized O rows
+    // (the 4-float pad halves the bank conflicts of kv_store_o's 16-byte stores, whose rows 2t
+    // would otherwise put the 4 lanes t of a quarter warp on the same banks).
     kv_syncthreads();
+    KV_STAMP(stamp, 2);
+    constexpr int S = D + 4;
     float* cm = (float*)kv_smem();
-    float* co = cm + 64;
+    float* cw = cm + 16 * nwarps;
+    float* co = cw + 8 * nwarps;
     if (g == 0) {
         cm[(warp * 8 + 2 * t) * 2] = m0;
         cm[(warp * 8 + 2 * t) * 2 + 1] = l0;
         cm[(warp * 8 + 2 * t + 1) * 2] = m1;
         cm[(warp * 8 + 2 * t + 1) * 2 + 1] = l1;
     }
-    kv_store_o<D>(co + warp * 8 * D, o, g, t);
+    kv_store_o<D, S>(co + warp * 8 * S, o, g, t);
     kv_syncthreads();
     const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
     float* po = (float*)p.part_o + item * 8 * D;
     float* pml = (float*)p.part_ml + item * 16;
     const int rows = (int)p.rows;
-    for (int e = threadIdx.x; e < 8 * (D / 4); e += blockDim.x) {
-        const int rr = e / (D / 4);
-        const int d4 = (e - rr * (D / 4)) * 4;
-        if (rt * 8 + rr >= rows) continue;
+    if (threadIdx.x < 8) {
+        const int rr = threadIdx.x;
         float mm = KV_NEG_INF;
         for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, cm[(w * 8 + rr) * 2]);
-        float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f, ll = 0.f;
+        float ll = 0.f;
         for (int w = 0; w < nwarps; ++w) {
             const float mw = cm[(w * 8 + rr) * 2];
-            if (mw == KV_NEG_INF) continue;
-            const float s = kv_exp2(mw - mm);
+            const float s = mw == KV_NEG_INF ? 0.f : kv_exp2(mw - mm);
+            cw[w * 8 + rr] = s;
             ll += cm[(w * 8 + rr) * 2 + 1] * s;
-            const float* src = co + (w * 8 + rr) * D + d4;
-            acc0 += src[0] * s;
-            acc1 += src[1] * s;
-            acc2 += src[2] * s;
-            acc3 += src[3] * s;
         }
-        *(kv_v4*)(po + rr * D + d4) = kv_v4{kv_f2u(acc0), kv_f2u(acc1), kv_f2u(acc2), kv_f2u(acc3)};
-        if (d4 == 0) {
+        if (rt * 8 + rr < rows) {
             pml[rr * 2] = mm;
             pml[rr * 2 + 1] = ll;
         }
     }
+    kv_syncthreads();
+    for (int e = threadIdx.x; e < 8 * (D / 4); e += blockDim.x) {
+        const int rr = e / (D / 4);
+        const int d4 = (e - rr * (D / 4)) * 4;
+        if (rt * 8 + rr >= rows) continue;
+        float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
+        for (int w = 0; w < nwarps; ++w) {
+            const float s = cw[w * 8 + rr];  // 0 for a warp without cells (its O is 0)
+            const kv_v4 x = *(const kv_v4*)(co + (w * 8 + rr) * S + d4);
+            acc0 += kv_u2f(x.x) * s;
+            acc1 += kv_u2f(x.y) * s;
+            acc2 += kv_u2f(x.z) * s;
+            acc3 += kv_u2f(x.w) * s;
+        }
+        *(kv_v4*)(po + rr * D + d4) = kv_v4{kv_f2u(acc0), kv_f2u(acc1), kv_f2u(acc2), kv_f2u(acc3)};
+    }
+    KV_STAMP(stamp, 3);
 }
 
 template <int VEC> struct KvVec;
@@ -662,6 +736,10 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ 
 template <int D>
 __global__ void __launch_bounds__(256) kv_fattn_combine(const __grid_constant__ FattnParams p) {
     if (p.magic != KV_PARAMS_MAGIC) __trap();
+#if KVDIAG_TIMELINE
+    kv_u64* const stamp = kv_timeline_slot<D>(p, true);
+#endif
+    KV_STAMP(stamp, 0);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int r = blockIdx.x;
@@ -677,6 +755,7 @@ __global__ void __launch_bounds__(256) kv_fattn_combine(const __grid_constant__ 
     const float* pml = (const float*)p.part_ml + item0 * 16 + rr * 2;
     const float* po = (const float*)p.part_o + item0 * 8 * D + rr * D + d;
     kv_grid_wait();  // from here on the partial kernel's results are complete and visible
+    KV_STAMP(stamp, 1);
     float mm = KV_NEG_INF, ll = 0.f, acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
     for (int s0 = lane; s0 < nsp; s0 += 128) {
         float ms[4], ls[4];
@@ -740,6 +819,7 @@ __global__ void __launch_bounds__(256) kv_fattn_combine(const __grid_constant__ 
         *(kv_v4*)out = kv_v4{kv_f2u(acc0 * inv), kv_f2u(acc1 * inv), kv_f2u(acc2 * inv),
                              kv_f2u(acc3 * inv)};
     }
+    KV_STAMP(stamp, 2);
 }
 
 #if !defined(__CUDACC_RTC__) && !defined(KVDIAG_EMULATE)

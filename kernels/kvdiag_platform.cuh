@@ -146,6 +146,20 @@ KV_DEV void kv_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// The GPU-wide nanosecond timer (PTX %globaltimer), comparable across SMs.
+KV_DEV kv_u64 kv_globaltimer() {
+    kv_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The SM this thread runs on (PTX %smid).
+KV_DEV kv_u32 kv_smid() {
+    kv_u32 s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+
 // Programmatic dependent launch (PTX griddepcontrol, sm_90): a kernel launched with
 // programmatic stream serialization may start before the kernel ahead of it in the stream has
 // finished; kv_grid_wait blocks until that kernel has completed and its memory is visible.

@@ -90,9 +90,13 @@ def test_layout_strides_and_copy_unit() -> None:
 def test_launch_plan_fills_one_wave_of_blocks() -> None:
     lay = ck.fattn_layout("q8_0", "q5_1", 256, 4)
     warps, blocks = ck.warps_per_block(lay, ck.DeviceLimits(), regs_per_thread=168)
-    assert (warps, blocks) == (4, 3)  # registers allow 3 blocks of 4 warps; smem 3 x 76 KB
+    # one block an SM: registers allow 12 warps of 168 registers; smem 12 x 17 KB
+    assert (warps, blocks) == (12, 1)
     f16 = ck.fattn_layout("f16", "f16", 256, 4)
-    assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (2, 3)  # shared memory bound
+    assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (6, 1)  # shared memory bound
+    assert f16.block_smem(6) == 6 * f16.warp_bytes + 16  # the tiles and the shared tile counter
+    # the merge area ([warp][row][m, l] + [warp][row][D]) fits in the tile buffers it reuses
+    assert lay.block_smem(12) == 12 * lay.warp_bytes + 16 > 12 * (96 + 8 * 260 * 4)
     # the ordinary (host-only) kernel: one warp per KV head of the block's group, one tile
     # buffer each and no merge buffer
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168, paged=False) == (4, 3)
@@ -100,27 +104,27 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
                               paged=False)[0] == 3
     assert f16.block_smem(4, paged=False) == 4 * f16.stage_bytes
     # decode at 64K cells, 4 KV heads, 24 query heads: one row tile of 6 rows per KV head
-    plan = ck.split_plan(1, 4, 6, 65536, warps, 132 * blocks)
+    plan = ck.split_plan(1, 4, 6, 65536, 132 * blocks)
     assert plan.n_rowtiles == 1
-    assert plan.tiles_per_block % warps == 0
     assert plan.n_splits * plan.tiles_per_block >= 65536 // 16
     assert 4 * plan.n_splits <= 132 * blocks  # one wave
     assert 4 * plan.n_splits > 132 * blocks * 0.9
-    tiny = ck.split_plan(2, 2, 3, 100, 4, 396)
-    assert (tiny.n_rowtiles, tiny.tiles_per_block, tiny.n_splits) == (1, 4, 2)
+    tiny = ck.split_plan(2, 2, 3, 100, 396)
+    assert (tiny.n_rowtiles, tiny.tiles_per_block, tiny.n_splits) == (1, 1, 7)
 
 
 def test_launch_geometry_of_both_kernels() -> None:
     lay = ck.fattn_layout("q8_0", "q5_1", 256, 4)
     # streamed, decode at 64K: splits x 1 row tile x 4 heads, merged per (row, head, 32 dims)
-    geo = ck.launch_geometry(lay, (4, 3), 132, True, 1, 6, 65536)
-    assert geo.grid == (geo.plan.n_splits, 1, 4) and geo.block == 128
+    geo = ck.launch_geometry(lay, (12, 1), 132, True, 1, 6, 65536)
+    assert geo.grid == (33, 1, 4) and geo.block == 384
+    assert geo.plan.tiles_per_block == 125  # 33 x 125 >= 4096 tiles
     assert geo.combine_grid == (6, 4, 8)
-    assert geo.items == 4 * geo.plan.n_splits
-    assert ck.launch_geometry(lay, (4, 3), 132, True, 1, 6, 65536, grid_order=1).grid == \
-        (4, 1, geo.plan.n_splits)
+    assert geo.items == 4 * 33
+    assert ck.launch_geometry(lay, (12, 1), 132, True, 1, 6, 65536, grid_order=1).grid == \
+        (4, 1, 33)
     # ordinary: the block's 4 warps are the 4 KV heads, so blocks cover (split, row tile,
-    # stream x head group) and each split has whole tiles, not whole tiles per warp
+    # stream x head group)
     rows = ck.launch_geometry(lay, (4, 3), 132, False, 2, 6, 65536)
     assert rows.grid == (rows.plan.n_splits, 1, 2) and rows.block == 128
     assert rows.plan.n_splits == 196 and rows.plan.tiles_per_block == 21  # 2 x 196 <= 396

@@ -195,10 +195,14 @@ class FattnLayout:
         return (2 if paged else 1) * self.stage_bytes
 
     def block_smem(self, warps: int, paged: bool = True) -> int:
-        """Dynamic shared memory of a block: the tile buffers, or (streamed kernel) the warp
-        merge if larger; the ordinary kernel's warps write their results unmerged."""
+        """Dynamic shared memory of a block. Streamed kernel: the tile buffers and the tile
+        counter its warps share, or the warp merge ([warp][row][m, l], [warp][row] weights,
+        [warp][row][head dim + 4] floats) if larger; the ordinary kernel's warps write
+        their results unmerged."""
         tiles = warps * self.warp_bytes_for(paged)
-        return max(tiles, 256 + warps * ROW_TILE * self.head_dim * 4) if paged else tiles
+        if not paged:
+            return tiles
+        return max(tiles + 16, warps * (96 + ROW_TILE * (self.head_dim + 4) * 4))
 
     def partial_name(self, paged: bool) -> str:
         """The streamed kernel (kv_fattn_partial) or the ordinary one (kv_fattn_rows)."""
@@ -255,6 +259,10 @@ class DeviceLimits:
     max_warps_per_sm: int = 64
 
 
+MAX_STREAMED_WARPS = 12
+"""kv_fattn_partial's __launch_bounds__(384, 1): 12 warps, and 170 registers a thread."""
+
+
 def heads_per_block(n_head_kv: int) -> int:
     """KV heads (= warps) of an ordinary-kernel block: the most, up to 4, that divide
     n_head_kv, so that the block reads the widest span of every host-store row."""
@@ -263,11 +271,24 @@ def heads_per_block(n_head_kv: int) -> int:
 
 def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: int,
                     paged: bool = True) -> tuple[int, int]:
-    """(warps a block, blocks an SM). Streamed kernel: the shape that keeps the most warps
-    resident, ties to wider blocks (fewer partial results to merge); ordinary kernel: one warp
-    per KV head of the block's group (:func:`heads_per_block`)."""
+    """(warps a block, blocks an SM). Streamed kernel: one block an SM with as many warps as
+    registers and shared memory allow (up to :data:`MAX_STREAMED_WARPS`), since its warps
+    balance their tiles among themselves (a shared counter) and blocks sharing an SM would not;
+    ordinary kernel: one warp per KV head of the block's group (:func:`heads_per_block`)."""
+    if paged:
+        for w in range(MAX_STREAMED_WARPS, 0, -1):
+            smem = layout.block_smem(w, True)
+            if (smem <= limits.smem_per_block and smem + 1024 <= limits.smem_per_sm
+                    and regs_per_thread * 32 * w <= limits.regs_per_sm
+                    and w <= limits.max_warps_per_sm):
+                return w, 1
+        raise UsageError(
+            f"a {layout.type_k}/{layout.type_v} head of {layout.head_dim} needs "
+            f"{layout.block_smem(1)} bytes of shared memory per warp; the GPU allows "
+            f"{limits.smem_per_block}"
+        )
     best = (0, 0, 0)
-    for w in (4, 2, 1) if paged else (heads_per_block(layout.n_head_kv),):
+    for w in (heads_per_block(layout.n_head_kv),):
         smem = layout.block_smem(w, paged)
         if smem > limits.smem_per_block:
             continue
@@ -293,17 +314,16 @@ class SplitPlan:
     tiles_per_block: int
 
 
-def split_plan(ns: int, n_head_kv: int, rows: int, n_kv: int, warps: int,
+def split_plan(ns: int, n_head_kv: int, rows: int, n_kv: int,
                resident_blocks: int) -> SplitPlan:
     """Cut each (stream, KV head, row tile) into splits so that one wave of blocks covers the
-    GPU (flash-decoding); each split gets a whole number of tiles per warp. (The ordinary
-    kernel passes its head groups as ``n_head_kv`` and 1 as ``warps``: its warps share tiles.)"""
+    GPU (flash-decoding); the block's warps share its tiles out among themselves. (The
+    ordinary kernel passes its head groups as ``n_head_kv``.)"""
     n_rowtiles = -(-rows // ROW_TILE)
     n_tiles = max(1, -(-n_kv // CELL_TILE))
     units = ns * n_head_kv * n_rowtiles
     splits = max(1, math.ceil(resident_blocks / units))
-    per_block = max(warps, -(-n_tiles // splits))
-    per_block = -(-per_block // warps) * warps
+    per_block = max(1, -(-n_tiles // splits))
     return SplitPlan(n_rowtiles, -(-n_tiles // per_block), per_block)
 
 
@@ -333,12 +353,12 @@ def launch_geometry(layout: FattnLayout, shape: tuple[int, int], sm_count: int, 
     nhk = layout.n_head_kv
     resident = sm_count * blocks_per_sm
     if paged:
-        plan = split_plan(ns, nhk, rows, n_kv, warps, resident)
+        plan = split_plan(ns, nhk, rows, n_kv, resident)
         grid = ((ns * nhk, plan.n_rowtiles, plan.n_splits) if grid_order
                 else (plan.n_splits, plan.n_rowtiles, ns * nhk))
     else:
         groups = nhk // warps
-        plan = split_plan(ns, groups, rows, n_kv, 1, resident)
+        plan = split_plan(ns, groups, rows, n_kv, resident)
         grid = (plan.n_splits, plan.n_rowtiles, ns * groups)
     return LaunchGeometry(grid, 32 * warps, layout.block_smem(warps, paged),
                           (rows, ns * nhk, layout.head_dim // 32), plan)

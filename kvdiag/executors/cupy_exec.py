@@ -145,12 +145,12 @@ class CupyExecutor:
     name = "cupy"
 
     def __init__(self, device: int = 0, instrument: bool = True,
-                 ring_capacity: int = 1 << 16, pdl_trigger: int | None = None) -> None:
+                 ring_capacity: int = 1 << 16, defines: dict[str, int] | None = None) -> None:
         self.cp = load_cupy()
         self.device_id = device
         self.instrument = instrument
-        # KVDIAG_PDL_TRIGGER of fattn_paged.cu (None: the kernel's default); for benchmarks
-        self.pdl_trigger = pdl_trigger
+        # More -D macros for the kernels (KVDIAG_PDL_TRIGGER, KVDIAG_TIMELINE: benchmarks)
+        self.defines = dict(defines or {})
         self.ring_capacity = ring_capacity
         self.geom: StoreGeometry | None = None
         self.ring_slots = 0
@@ -296,10 +296,8 @@ class CupyExecutor:
             self._set_rows = {t: rows.get_function(n) for t, n in zip(types, names, strict=True)}
 
     def _options(self) -> tuple[str, ...]:
-        opts: tuple[str, ...] = ("-std=c++17", f"-DKVDIAG_INSTRUMENT={int(self.instrument)}")
-        if self.pdl_trigger is not None:
-            opts += (f"-DKVDIAG_PDL_TRIGGER={int(self.pdl_trigger)}",)
-        return opts
+        return ("-std=c++17", f"-DKVDIAG_INSTRUMENT={int(self.instrument)}",
+                *(f"-D{k}={int(v)}" for k, v in sorted(self.defines.items())))
 
     def _g(self) -> StoreGeometry:
         if self.geom is None:

@@ -114,6 +114,8 @@ inline void kv_syncthreads() { emu_block->bar->arrive_and_wait(); }
 inline void kv_syncwarp() { emu_warp->bar.arrive_and_wait(); }
 // One launch at a time runs to completion here: the dependent-launch controls have nothing
 // to order.
+inline unsigned long long kv_globaltimer() { return 0ull; }
+inline unsigned kv_smid() { return 0u; }
 inline void kv_grid_wait() {}
 inline void kv_grid_launch_dependents() {}
 inline void kv_threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
