@@ -44,18 +44,20 @@ CALLS = 20
 
 
 def timeline(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, int],
-             grid_order: int = 0, interleave: int = 0) -> dict[str, float]:
+             grid_order: int = 0, interleave: int = 0, warp_partials: bool = False,
+             pdl: bool = True) -> dict[str, float]:
     import dataclasses
 
     ex, ls, layers, _ = prepared(cp, tk, tv, ctx, l2, {**defines, "KVDIAG_TIMELINE": 1},
-                                 grid_order, interleave)
+                                 grid_order, interleave, warp_partials)
     try:
         layer_field = ck.FATTN_FIELDS.index("layer")
         calls = []
         for k in range(CALLS):  # the stamps' slot is the params' layer field: make it the call
             params = ls[k % layers].params.copy()
             params[layer_field] = k
-            calls.append(dataclasses.replace(ls[k % layers], params=params))
+            calls.append(dataclasses.replace(ls[k % layers], params=params,
+                                             programmatic=ls[0].programmatic and pdl))
         geo = calls[0].geometry
         n_partial = int(np.prod(geo.grid))
         n_combine = int(np.prod(geo.combine_grid))
@@ -93,6 +95,10 @@ def timeline(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, in
         add("tiles", float(np.median(p[:, 2] - p[:, 1])))
         add("tiles max", float((p[:, 2] - p[:, 1]).max()))
         add("epilogue", float(np.median(p[:, 3] - p[:, 2])))
+        if not warp_partials:
+            full = st[k, :n_partial] / 1e3
+            add("ep: O to smem", float(np.median(full[:, 5] - p[:, 2])))
+            add("ep: weights", float(np.median(full[:, 6] - full[:, 5])))
         add("tail", p_end - float(np.median(p[:, 3])))
         add("-> merge", c[:, 0].min() - p_end)
         add("merge", c[:, 2].max() - c[:, 0].min())
@@ -133,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--defines", default="", help="more kernel macros, NAME=INT,...")
     ap.add_argument("--grid-order", type=int, default=0)
     ap.add_argument("--interleave", type=int, default=0)
+    ap.add_argument("--warp-partials", action="store_true",
+                    help="each warp writes its own partial result (no block merge)")
+    ap.add_argument("--no-pdl", action="store_true", help="merge kernel launched plainly")
     args = ap.parse_args(argv)
     defines = {k: int(v) for k, v in (d.split("=") for d in args.defines.split(",") if d)}
     try:
@@ -145,13 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     l2 = int(cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
     cols = ("period", "streamed span", "start spread", "first tile", "tiles", "tiles max",
             "epilogue", "tail", "-> merge", "merge", "merge wait", "merge -> next")
+    if not args.warp_partials:
+        cols += ("ep: O to smem", "ep: weights")
     print(f"# kernel macros: {defines or 'defaults'}, grid_order {args.grid_order}, "
-          f"interleave {args.interleave}; µs, median over calls")
+          f"interleave {args.interleave}, warp partials {args.warp_partials}, "
+          f"PDL {not args.no_pdl}; µs, median over calls")
     print(f"{'types':10} {'ctx':>7} " + " ".join(f"{c:>13}" for c in cols))
     for pair in args.pairs.split(","):
         tk, tv = pair.split("/")
         for ctx in (int(c) for c in args.ctx.split(",")):
-            r = timeline(cp, tk, tv, ctx, l2, defines, args.grid_order, args.interleave)
+            r = timeline(cp, tk, tv, ctx, l2, defines, args.grid_order, args.interleave,
+                         args.warp_partials, not args.no_pdl)
             print(f"{pair:10} {ctx:7d} " + " ".join(f"{r[c]:13.2f}" for c in cols), flush=True)
     return 0
 

@@ -1,5 +1,5 @@
 // Streamed flash attention over paged K/V (decode and prefill), and the ordinary zero-copy
-// fallback: the same kernel with every page read from the pinned host store.
+// fallback, which reads every page from the pinned host store.
 //
 // Function (kvdiag.executors.numpy_exec defines the numbers): for stream i, query token t and
 // head h, out = sum_c softmax_c(scale * q . K[c, h/G]) V[c, h/G] over cells c <= pos[i, t]
@@ -8,10 +8,11 @@
 //
 // Work split (flash-decoding): a block owns one (stream, KV head, row tile, split). A row tile
 // is 8 query rows r = token * G + j, so one tile of K/V serves every query head of the GQA
-// group. The split's cells are cut in 16-cell tiles that the block's warps take in turn; each
-// warp keeps its own online-softmax state, streams its next tile in with cp.async while it
-// computes the current one, and the warps merge in shared memory at the end. A second kernel
-// merges the splits. Both products run on tensor cores transposed (S^T = K Q^T, O^T = V^T P^T,
+// group. The split's cells are cut in 16-cell tiles that the block's warps take from a
+// shared counter (one block an SM, so warps and blocks finish together); each warp keeps its
+// own online-softmax state, streams its next tile in with cp.async while it computes the
+// current one, and the warps merge in shared memory at the end. A second kernel merges the
+// splits. Both products run on tensor cores transposed (S^T = K Q^T, O^T = V^T P^T,
 // mma.m16n8k16): the 16 cells / 16 head dims fill M and the 8 query rows fill N, so Q and O
 // stay in registers (D/16 x 2 and D/16 x 4 of them) and K/V are dequantized straight from the
 // raw page bytes into A fragments. Inside a 32-wide block of head dims the k order of the QK
@@ -53,7 +54,8 @@ struct FattnParams {
 // ring_records at slot (layer * blocks_per_call + block) * 8, where a call's blocks are the
 // streamed kernel's grid followed by the merge kernel's. Streamed kernel: entry, first tile
 // in shared memory (warp 0), tiles done (all warps), exit; merge kernel: entry, after the wait
-// for the partial results, exit; then [4] = the SM (%smid).
+// for the partial results, exit; then [4] = the SM (%smid); streamed kernel: [5] O rows in
+// shared memory, [6] merge weights computed.
 #ifndef KVDIAG_TIMELINE
 #define KVDIAG_TIMELINE 0
 #endif
@@ -368,31 +370,46 @@ KV_DEV void kv_load_q(const FattnParams& p, int i, int hk, int rt, int g, int t,
     }
 }
 
-// A warp's unnormalized O^T as 8 query rows of D floats in head-dim order (row r at dst + r*S,
-// S a multiple of 4); lane (g, t) holds rows 2t and 2t + 1.
-template <int D, int S = D>
+// Offset (floats) of the 16-byte unit holding floats c..c+3 (c a multiple of 4) of row r in the
+// swizzled merge rows: the unit's low 3 bits are XORed with (t & 1) | (t & 2) << 1, t = (r >> 1)
+// & 3. kv_store_o's quarter warps (lanes g in {2p, 2p + 1}, t in 0..3, rows 2t or 2t + 1,
+// units 16q + 2g + {0, 1}) then cover the 8 bank groups exactly once; plain rows of D floats
+// put the 4 lanes t on the same banks.
+KV_DEV int kv_swizzle(int r, int c) {
+    const int t = (r >> 1) & 3;
+    return (((c >> 2) ^ ((t & 1) | ((t & 2) << 1))) << 2);
+}
+
+// A warp's unnormalized O^T as 8 query rows of D floats in head-dim order (row r at dst + r*D;
+// SWZ: units placed by kv_swizzle); lane (g, t) holds rows 2t and 2t + 1.
+template <int D, bool SWZ = false>
 KV_DEV void kv_store_o(float* dst, const float (&o)[D / 16][4], int g, int t) {
+    auto at = [&](int r, int c) -> float* { return dst + r * D + (SWZ ? kv_swizzle(r, c) : c); };
     if constexpr (D % 64 == 0) {
 #pragma unroll
         for (int q = 0; q < D / 64; ++q) {
-            float* r0 = dst + (2 * t) * S + 64 * q + 8 * g;
+            const int c = 64 * q + 8 * g;
             const float(&a)[4] = o[4 * q];
             const float(&b)[4] = o[4 * q + 1];
-            const float(&c)[4] = o[4 * q + 2];
-            const float(&e)[4] = o[4 * q + 3];
-            *(kv_v4*)r0 = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
-            *(kv_v4*)(r0 + 4) = kv_v4{kv_f2u(c[0]), kv_f2u(c[2]), kv_f2u(e[0]), kv_f2u(e[2])};
-            *(kv_v4*)(r0 + S) = kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
-            *(kv_v4*)(r0 + S + 4) = kv_v4{kv_f2u(c[1]), kv_f2u(c[3]), kv_f2u(e[1]), kv_f2u(e[3])};
+            const float(&e)[4] = o[4 * q + 2];
+            const float(&f)[4] = o[4 * q + 3];
+            *(kv_v4*)at(2 * t, c) = kv_v4{kv_f2u(a[0]), kv_f2u(a[2]), kv_f2u(b[0]), kv_f2u(b[2])};
+            *(kv_v4*)at(2 * t, c + 4) =
+                kv_v4{kv_f2u(e[0]), kv_f2u(e[2]), kv_f2u(f[0]), kv_f2u(f[2])};
+            *(kv_v4*)at(2 * t + 1, c) =
+                kv_v4{kv_f2u(a[1]), kv_f2u(a[3]), kv_f2u(b[1]), kv_f2u(b[3])};
+            *(kv_v4*)at(2 * t + 1, c + 4) =
+                kv_v4{kv_f2u(e[1]), kv_f2u(e[3]), kv_f2u(f[1]), kv_f2u(f[3])};
         }
     } else {
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) {
-            float* r0 = dst + (2 * t) * S + 32 * c + 4 * g;
-            *(kv_v4*)r0 = kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]),
-                                kv_f2u(o[2 * c + 1][0]), kv_f2u(o[2 * c + 1][2])};
-            *(kv_v4*)(r0 + S) = kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]),
-                                      kv_f2u(o[2 * c + 1][1]), kv_f2u(o[2 * c + 1][3])};
+            *(kv_v4*)at(2 * t, 32 * c + 4 * g) =
+                kv_v4{kv_f2u(o[2 * c][0]), kv_f2u(o[2 * c][2]), kv_f2u(o[2 * c + 1][0]),
+                      kv_f2u(o[2 * c + 1][2])};
+            *(kv_v4*)at(2 * t + 1, 32 * c + 4 * g) =
+                kv_v4{kv_f2u(o[2 * c][1]), kv_f2u(o[2 * c][3]), kv_f2u(o[2 * c + 1][1]),
+                      kv_f2u(o[2 * c + 1][3])};
         }
     }
 }
@@ -544,12 +561,10 @@ __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant
     kv_sum_rows(l0, l1);
 
     // Merge the warps of the block: cm = [warp][row][m, l]; cw = [warp][row] the weights
-    // exp2(m_w - max), computed once per row; co = [warp][row][D + 4] the unnormalized O rows
-    // (the 4-float pad halves the bank conflicts of kv_store_o's 16-byte stores, whose rows 2t
-    // would otherwise put the 4 lanes t of a quarter warp on the same banks).
+    // exp2(m_w - max); co = [warp][row][D] the unnormalized O rows, 16-byte units swizzled
+    // (kv_swizzle) so that the stores and the loads of a quarter warp hit 32 different banks.
     kv_syncthreads();
     KV_STAMP(stamp, 2);
-    constexpr int S = D + 4;
     float* cm = (float*)kv_smem();
     float* cw = cm + 16 * nwarps;
     float* co = cw + 8 * nwarps;
@@ -559,37 +574,45 @@ __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant
         cm[(warp * 8 + 2 * t + 1) * 2] = m1;
         cm[(warp * 8 + 2 * t + 1) * 2 + 1] = l1;
     }
-    kv_store_o<D, S>(co + warp * 8 * S, o, g, t);
+    kv_store_o<D, true>(co + warp * 8 * D, o, g, t);
     kv_syncthreads();
+    KV_STAMP(stamp, 5);
     const kv_i64 item = ((kv_i64)ih * p.n_rowtiles + rt) * p.n_splits + split;
     float* po = (float*)p.part_o + item * 8 * D;
     float* pml = (float*)p.part_ml + item * 16;
     const int rows = (int)p.rows;
-    if (threadIdx.x < 8) {
-        const int rr = threadIdx.x;
+    // thread (w, rr): warp w's weight for row rr; thread (0, rr) also the row's max and sum
+    if ((int)threadIdx.x < 8 * nwarps) {
+        const int w = threadIdx.x >> 3;
+        const int rr = threadIdx.x & 7;
         float mm = KV_NEG_INF;
-        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, cm[(w * 8 + rr) * 2]);
-        float ll = 0.f;
-        for (int w = 0; w < nwarps; ++w) {
-            const float mw = cm[(w * 8 + rr) * 2];
-            const float s = mw == KV_NEG_INF ? 0.f : kv_exp2(mw - mm);
-            cw[w * 8 + rr] = s;
-            ll += cm[(w * 8 + rr) * 2 + 1] * s;
-        }
-        if (rt * 8 + rr < rows) {
+#pragma unroll 4
+        for (int v = 0; v < nwarps; ++v) mm = fmaxf(mm, cm[(v * 8 + rr) * 2]);
+        const float mw = cm[(w * 8 + rr) * 2];
+        cw[w * 8 + rr] = mw == KV_NEG_INF ? 0.f : kv_exp2(mw - mm);
+        if (w == 0 && rt * 8 + rr < rows) {
+            float ll = 0.f;
+#pragma unroll 4
+            for (int v = 0; v < nwarps; ++v) {
+                const float m = cm[(v * 8 + rr) * 2];
+                ll += m == KV_NEG_INF ? 0.f : cm[(v * 8 + rr) * 2 + 1] * kv_exp2(m - mm);
+            }
             pml[rr * 2] = mm;
             pml[rr * 2 + 1] = ll;
         }
     }
     kv_syncthreads();
+    KV_STAMP(stamp, 6);
     for (int e = threadIdx.x; e < 8 * (D / 4); e += blockDim.x) {
         const int rr = e / (D / 4);
         const int d4 = (e - rr * (D / 4)) * 4;
         if (rt * 8 + rr >= rows) continue;
+        const int at = kv_swizzle(rr, d4);
         float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
+#pragma unroll 4
         for (int w = 0; w < nwarps; ++w) {
             const float s = cw[w * 8 + rr];  // 0 for a warp without cells (its O is 0)
-            const kv_v4 x = *(const kv_v4*)(co + (w * 8 + rr) * S + d4);
+            const kv_v4 x = *(const kv_v4*)(co + w * 8 * D + rr * D + at);
             acc0 += kv_u2f(x.x) * s;
             acc1 += kv_u2f(x.y) * s;
             acc2 += kv_u2f(x.z) * s;

@@ -96,7 +96,7 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (6, 1)  # shared memory bound
     assert f16.block_smem(6) == 6 * f16.warp_bytes + 16  # the tiles and the shared tile counter
     # the merge area ([warp][row][m, l] + [warp][row][D]) fits in the tile buffers it reuses
-    assert lay.block_smem(12) == 12 * lay.warp_bytes + 16 > 12 * (96 + 8 * 260 * 4)
+    assert lay.block_smem(12) == 12 * lay.warp_bytes + 16 > 12 * (96 + 8 * 256 * 4)
     # the ordinary (host-only) kernel: one warp per KV head of the block's group, one tile
     # buffer each and no merge buffer
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168, paged=False) == (4, 3)

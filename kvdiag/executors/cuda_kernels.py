@@ -197,12 +197,12 @@ class FattnLayout:
     def block_smem(self, warps: int, paged: bool = True) -> int:
         """Dynamic shared memory of a block. Streamed kernel: the tile buffers and the tile
         counter its warps share, or the warp merge ([warp][row][m, l], [warp][row] weights,
-        [warp][row][head dim + 4] floats) if larger; the ordinary kernel's warps write
+        [warp][row][head dim] floats) if larger; the ordinary kernel's warps write
         their results unmerged."""
         tiles = warps * self.warp_bytes_for(paged)
         if not paged:
             return tiles
-        return max(tiles + 16, warps * (96 + ROW_TILE * (self.head_dim + 4) * 4))
+        return max(tiles + 16, warps * (96 + ROW_TILE * self.head_dim * 4))
 
     def partial_name(self, paged: bool) -> str:
         """The streamed kernel (kv_fattn_partial) or the ordinary one (kv_fattn_rows)."""
