@@ -59,6 +59,17 @@ def geometry(tk: str, tv: str, ctx: int, layers: int) -> StoreGeometry:
                          pool_pages=layers * (ctx // PAGE))
 
 
+def cupy_or_none(prog: str) -> Any:
+    """CuPy with a usable GPU, or None after saying on stderr why not (the caller exits 2)."""
+    try:
+        from kvdiag.executors.cupy_exec import load_cupy
+
+        return load_cupy()
+    except DeviceUnavailable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+
+
 def time_graph(cp: Any, stream: Any, body: Callable[[int], None], per_graph: int = PER_GRAPH,
                graphs: int = GRAPHS) -> tuple[float, str]:
     """Median µs of one ``body(i)`` from graphs of ``per_graph`` calls; falls back to a plain
@@ -354,12 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_kernels: --pairs takes some of {', '.join(f'{k}/{v}' for k, v in PAIRS)}",
               file=sys.stderr)
         return 2
-    try:
-        from kvdiag.executors.cupy_exec import load_cupy
-
-        cp = load_cupy()
-    except DeviceUnavailable as exc:
-        print(f"bench_kernels: {exc}", file=sys.stderr)
+    cp = cupy_or_none("bench_kernels")
+    if cp is None:
         return 2
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

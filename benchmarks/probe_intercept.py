@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_kernels as bk
 
-from kvdiag.errors import DeviceUnavailable
 from kvdiag.executors import cuda_kernels as ck
 
 NOP = 'extern "C" __global__ void kv_nop(const long long* p) { if (p == nullptr) __trap(); }'
@@ -141,12 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", default="4096,65536")
     ap.add_argument("--pairs", default="f16/f16,q8_0/q5_1")
     args = ap.parse_args(argv)
-    try:
-        from kvdiag.executors.cupy_exec import load_cupy
-
-        cp = load_cupy()
-    except DeviceUnavailable as exc:
-        print(f"probe_intercept: {exc}", file=sys.stderr)
+    cp = bk.cupy_or_none("probe_intercept")
+    if cp is None:
         return 2
     props = cp.cuda.runtime.getDeviceProperties(0)
     l2, sms = int(props["l2CacheSize"]), int(props["multiProcessorCount"])

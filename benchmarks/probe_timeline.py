@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_kernels as bk
 from probe_intercept import prepared
 
-from kvdiag.errors import DeviceUnavailable
 from kvdiag.executors import cuda_kernels as ck
 
 CALLS = 20
@@ -144,12 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pdl", action="store_true", help="merge kernel launched plainly")
     args = ap.parse_args(argv)
     defines = {k: int(v) for k, v in (d.split("=") for d in args.defines.split(",") if d)}
-    try:
-        from kvdiag.executors.cupy_exec import load_cupy
-
-        cp = load_cupy()
-    except DeviceUnavailable as exc:
-        print(f"probe_timeline: {exc}", file=sys.stderr)
+    cp = bk.cupy_or_none("probe_timeline")
+    if cp is None:
         return 2
     l2 = int(cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
     cols = ("period", "streamed span", "start spread", "first tile", "tiles", "tiles max",

@@ -414,6 +414,15 @@ KV_DEV void kv_store_o(float* dst, const float (&o)[D / 16][4], int g, int t) {
     }
 }
 
+// A warp's online-softmax state before its first tile: O = 0, running maxima -inf, sums 0.
+template <int D>
+KV_DEV void kv_start_rows(float (&o)[D / 16][4], float& m0, float& m1, float& l0, float& l1) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    m0 = m1 = KV_NEG_INF;
+    l0 = l1 = 0.f;
+}
+
 // The row sums of a warp's lanes (each lane summed its own cells) over the 8 lanes of a row.
 KV_DEV void kv_sum_rows(float& l0, float& l1) {
 #pragma unroll
@@ -526,10 +535,8 @@ __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant
     kv_u32 qf[D / 16][2];
     kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
 
-    float o[D / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+    float o[D / 16][4], m0, m1, l0, l1;
+    kv_start_rows<D>(o, m0, m1, l0, l1);
 
 
     int stage = 0;
@@ -700,10 +707,8 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ 
     kv_u32 qf[D / 16][2];
     kv_load_q<TK, D>(p, i, hk, rt, g, t, qf);
 
-    float o[D / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-    float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.f, l1 = 0.f;
+    float o[D / 16][4], m0, m1, l0, l1;
+    kv_start_rows<D>(o, m0, m1, l0, l1);
     const int tb = split * (int)p.tiles_per_block;
     const int n_tiles = (lim_max + 15) / 16;
     const int te = tb + (int)p.tiles_per_block < n_tiles ? tb + (int)p.tiles_per_block : n_tiles;
