@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import BinaryIO
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
@@ -40,3 +44,17 @@ class DeviceFault(KvdiagError):
     def __init__(self, message: str, cuda_error: str) -> None:
         super().__init__(message)
         self.cuda_error = cuda_error
+
+
+def open_input(path: str | os.PathLike[str], *, directory: str = "is a directory") -> BinaryIO:
+    """``path`` opened for binary reading; a path that cannot be is a one-line
+    :class:`InputError` (``directory`` words the case of a folder)."""
+    p = Path(path)
+    try:
+        return p.open("rb")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: {directory}") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None

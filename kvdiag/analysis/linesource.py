@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from kvdiag.errors import InputError
+from kvdiag.errors import InputError, open_input
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -35,15 +35,7 @@ class LineSource:
     def open(cls, path: str | os.PathLike[str]) -> LineSource:
         """Map ``path`` (or decompress it when it is gzip); failures are :class:`InputError`."""
         p = Path(path)
-        try:
-            fh = p.open("rb")
-        except FileNotFoundError:
-            raise InputError(f"{p}: no such file") from None
-        except IsADirectoryError:
-            raise InputError(f"{p}: is a directory") from None
-        except OSError as exc:
-            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
-        with fh:
+        with open_input(p) as fh:
             head = fh.read(2)
             if head == GZIP_MAGIC:
                 fh.seek(0)

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from kvdiag.errors import InputError
+from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
@@ -88,14 +88,7 @@ class TraceReader:
         The file is closed when iteration reaches its end, or by ``close()`` / ``with``.
         """
         p = Path(path)
-        try:
-            stream = p.open("rb")
-        except FileNotFoundError:
-            raise InputError(f"{p}: no such file") from None
-        except IsADirectoryError:
-            raise InputError(f"{p}: is a directory, not a trace file") from None
-        except OSError as exc:
-            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
+        stream = open_input(p, directory="is a directory, not a trace file")
         try:
             return cls(stream, str(p), close_stream=True, **options)
         except BaseException:

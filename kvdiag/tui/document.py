@@ -19,7 +19,7 @@ from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import PagesGeometry
 from kvdiag.analysis.trace_index import TraceIndex
-from kvdiag.errors import InputError
+from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
@@ -109,15 +109,11 @@ def detect_kind(path: str | Path) -> FileKind:
     """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data
     and unreadable paths are an :class:`InputError`."""
     p = Path(path)
-    try:
-        with p.open("rb") as fh:
+    with open_input(p) as fh:
+        try:
             head = fh.read(4096)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory") from None
-    except OSError as exc:
-        raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
     if head.startswith(GZIP_MAGIC):
         return "log"
     stripped = head.lstrip(b"\xef\xbb\xbf")
