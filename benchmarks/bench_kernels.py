@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvdiag.errors import DeviceUnavailable
 from kvdiag.executors import cuda_kernels as ck
 from kvdiag.kvstream.backend import HOST, StoreGeometry
+from kvdiag.kvstream.pages import PageGeometry
 
 HEAD_DIM, N_HEAD, N_HEAD_KV, PAGE = 256, 24, 4, 256
 PAIRS = (("q8_0", "q5_1"), ("f16", "f16"))
@@ -49,13 +50,10 @@ TARGETS = {"resident": 0.80, "host": 0.90, "instr": 0.03, "torch": 1.0}
 
 
 def geometry(tk: str, tv: str, ctx: int, layers: int) -> StoreGeometry:
-    width = HEAD_DIM * N_HEAD_KV
-    k_page = PAGE * (width // 32 * ck.BLOCK32_BYTES[tk])
-    v_off = -(-k_page // 128) * 128
-    page_bytes = v_off + PAGE * (width // 32 * ck.BLOCK32_BYTES[tv])
+    pg = PageGeometry(tk, tv, HEAD_DIM, HEAD_DIM, N_HEAD_KV, PAGE)
     return StoreGeometry(n_layers=layers, n_stream=1, kv_size=ctx, head_dim=HEAD_DIM,
                          n_head=N_HEAD, n_head_kv=N_HEAD_KV, type_k=tk, type_v=tv,
-                         page_tokens=PAGE, page_bytes=page_bytes, v_offset=v_off,
+                         page_tokens=PAGE, page_bytes=pg.page_bytes, v_offset=pg.v_offset,
                          pool_pages=layers * (ctx // PAGE))
 
 

@@ -127,8 +127,6 @@ def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int, sms: int) -> dict[str, f
                            ("no-tiles", no_tiles), ("nop x2", nops), ("read", plain_read)):
             res[name] = _median_us(cp, stream, body)
         res["grid"] = float(np.prod(ls[0].grid))
-        res["block"] = float(ls[0].geometry.block)
-        res["splits"] = float(ls[0].grid[0])
         res["kv_mib"] = kv_bytes / 2**20
     finally:
         ex.close()

@@ -218,6 +218,16 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
                                                          lane);
 }
 
+// O^T tile += V^T P^T. xa..xd hold one f16 pair (two consecutive head dims: rows g and g + 8
+// of the tile) of the lane's cells 2t, 2t+1, 2t+8 and 2t+9; the A fragment wants the cell
+// pairs side by side, so the halves are regrouped by cell.
+KV_DEV void kv_mma_v(float (&acc)[4], kv_u32 xa, kv_u32 xb, kv_u32 xc, kv_u32 xd,
+                     const kv_u32 (&pb)[2]) {
+    const kv_u32 a[4] = {kv_byte_perm(xa, xb, 0x5410u), kv_byte_perm(xa, xb, 0x7632u),
+                         kv_byte_perm(xc, xd, 0x5410u), kv_byte_perm(xc, xd, 0x7632u)};
+    kv_mma_16816(acc, a, pb);
+}
+
 // One 16-cell tile: S^T = K Q^T, online softmax of the lane's two rows (2t, 2t+1), O^T += V^T P^T.
 template <int TK, int TV, int D>
 KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float sl,
@@ -302,13 +312,7 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
             kv_load_h2<TV, 8>(vc + off, 8 * (g & 3), xc);
             kv_load_h2<TV, 8>(vd + off, 8 * (g & 3), xd);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
-                                     kv_byte_perm(xa[j], xb[j], 0x7632u),
-                                     kv_byte_perm(xc[j], xd[j], 0x5410u),
-                                     kv_byte_perm(xc[j], xd[j], 0x7632u)};
-                kv_mma_16816(o[4 * q + j], a, pb);
-            }
+            for (int j = 0; j < 4; ++j) kv_mma_v(o[4 * q + j], xa[j], xb[j], xc[j], xd[j], pb);
         }
     } else {
 #pragma unroll
@@ -318,15 +322,9 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
             kv_load_h2<TV, 4>(vb + c * BV, 4 * g, xb);
             kv_load_h2<TV, 4>(vc + c * BV, 4 * g, xc);
             kv_load_h2<TV, 4>(vd + c * BV, 4 * g, xd);
+            // Row g of O^T tile 2c+j is head dim 32c + 4g + 2j, row g+8 the dim after it.
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                // Row g of O^T tile 2c+j is head dim 32c + 4g + 2j, row g+8 the dim after it.
-                const kv_u32 a[4] = {kv_byte_perm(xa[j], xb[j], 0x5410u),
-                                     kv_byte_perm(xa[j], xb[j], 0x7632u),
-                                     kv_byte_perm(xc[j], xd[j], 0x5410u),
-                                     kv_byte_perm(xc[j], xd[j], 0x7632u)};
-                kv_mma_16816(o[2 * c + j], a, pb);
-            }
+            for (int j = 0; j < 2; ++j) kv_mma_v(o[2 * c + j], xa[j], xb[j], xc[j], xd[j], pb);
         }
     }
 }

@@ -24,6 +24,7 @@ from kvdiag.executors.device_records import kernel_events
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.executors.quant import quantize_rows
 from kvdiag.kvstream.backend import HOST, StoreGeometry
+from kvdiag.kvstream.pages import PageGeometry
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:::cupy")]
 
@@ -52,14 +53,11 @@ def _report(line: str) -> None:
 def geometry(type_k: str, type_v: str, head_dim: int = 256, n_head: int = 24,
              n_head_kv: int = 4, kv_size: int = 1024, n_stream: int = 2, pool_pages: int = 8,
              n_layers: int = 2) -> StoreGeometry:
-    width = head_dim * n_head_kv
-    k_page = 256 * (width // 32 * ck.BLOCK32_BYTES[type_k])
-    v_offset = -(-k_page // 128) * 128
-    page_bytes = v_offset + 256 * (width // 32 * ck.BLOCK32_BYTES[type_v])
+    pg = PageGeometry(type_k, type_v, head_dim, head_dim, n_head_kv)
     return StoreGeometry(n_layers=n_layers, n_stream=n_stream, kv_size=kv_size,
                          head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv, type_k=type_k,
-                         type_v=type_v, page_tokens=256, page_bytes=page_bytes,
-                         v_offset=v_offset, pool_pages=pool_pages)
+                         type_v=type_v, page_tokens=pg.page_tokens, page_bytes=pg.page_bytes,
+                         v_offset=pg.v_offset, pool_pages=pool_pages)
 
 
 def host_rows(ex: Any, layer: int, stream: int, tensor: str) -> np.ndarray:

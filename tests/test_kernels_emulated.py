@@ -24,6 +24,7 @@ from kvdiag.executors import cuda_kernels as ck
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.executors.quant import dequantize_rows, quantize_rows
 from kvdiag.kvstream.backend import HOST, StoreGeometry
+from kvdiag.kvstream.pages import PageGeometry
 
 ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "tests" / "kernel_emu"
@@ -190,14 +191,11 @@ class _EmuStore:
 
 def _geometry(type_k: str, type_v: str, head_dim: int, n_head: int, n_head_kv: int,
               kv_size: int = 512, n_stream: int = 2, pool_pages: int = 4) -> StoreGeometry:
-    width = head_dim * n_head_kv
-    k_page = 256 * (width // 32 * ck.BLOCK32_BYTES[type_k])
-    v_offset = -(-k_page // 128) * 128
-    page_bytes = v_offset + 256 * (width // 32 * ck.BLOCK32_BYTES[type_v])
+    pg = PageGeometry(type_k, type_v, head_dim, head_dim, n_head_kv)
     return StoreGeometry(n_layers=2, n_stream=n_stream, kv_size=kv_size, head_dim=head_dim,
                          n_head=n_head, n_head_kv=n_head_kv, type_k=type_k, type_v=type_v,
-                         page_tokens=256, page_bytes=page_bytes, v_offset=v_offset,
-                         pool_pages=pool_pages)
+                         page_tokens=pg.page_tokens, page_bytes=pg.page_bytes,
+                         v_offset=pg.v_offset, pool_pages=pool_pages)
 
 
 def _fill(geom: StoreGeometry, store: _EmuStore, ref: NumpyExecutor, layer: int, n_cells: int,

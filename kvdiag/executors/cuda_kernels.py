@@ -282,29 +282,19 @@ def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: 
                     and regs_per_thread * 32 * w <= limits.regs_per_sm
                     and w <= limits.max_warps_per_sm):
                 return w, 1
-        raise UsageError(
-            f"a {layout.type_k}/{layout.type_v} head of {layout.head_dim} needs "
-            f"{layout.block_smem(1)} bytes of shared memory per warp; the GPU allows "
-            f"{limits.smem_per_block}"
-        )
-    best = (0, 0, 0)
-    for w in (heads_per_block(layout.n_head_kv),):
-        smem = layout.block_smem(w, paged)
-        if smem > limits.smem_per_block:
-            continue
-        by_smem = limits.smem_per_sm // (smem + 1024)
-        by_regs = limits.regs_per_sm // max(1, regs_per_thread * 32 * w)
-        by_warps = limits.max_warps_per_sm // w
-        blocks = min(by_smem, by_regs, by_warps)
-        if blocks * w > best[0]:
-            best = (blocks * w, w, blocks)
-    if best[0] == 0:
-        raise UsageError(
-            f"a {layout.type_k}/{layout.type_v} head of {layout.head_dim} needs "
-            f"{layout.block_smem(1)} bytes of shared memory per warp; the GPU allows "
-            f"{limits.smem_per_block}"
-        )
-    return best[1], best[2]
+    else:
+        w = heads_per_block(layout.n_head_kv)
+        smem = layout.block_smem(w, False)
+        blocks = min(limits.smem_per_sm // (smem + 1024),
+                     limits.regs_per_sm // max(1, regs_per_thread * 32 * w),
+                     limits.max_warps_per_sm // w)
+        if smem <= limits.smem_per_block and blocks > 0:
+            return w, blocks
+    raise UsageError(
+        f"a {layout.type_k}/{layout.type_v} head of {layout.head_dim} needs "
+        f"{layout.block_smem(1, paged)} bytes of shared memory per warp; the GPU allows "
+        f"{limits.smem_per_block}"
+    )
 
 
 @dataclass(frozen=True)

@@ -167,8 +167,8 @@ class CupyExecutor:
         # interleave 1 = splits take tiles round-robin instead of one contiguous range each.
         self.grid_order = 0
         self.interleave = 0
-        self.launch_shape: dict[bool, tuple[int, int, int]] = {}
-        self.warps = self.blocks_per_sm = self.block_smem = 0
+        # (warps a block, blocks an SM) of the streamed (True) and ordinary (False) kernel
+        self.launch_shape: dict[bool, tuple[int, int]] = {}
         try:
             self._dev = self.cp.cuda.Device(device)
             with self._dev:
@@ -273,15 +273,11 @@ class CupyExecutor:
                                  options=self._options(), name_expressions=names)
             partial = {True: fattn.get_function(names[0]), False: fattn.get_function(names[1])}
             self._combine = fattn.get_function(names[2])
-            shapes: dict[bool, tuple[int, int, int]] = {}
+            shapes: dict[bool, tuple[int, int]] = {}
             for paged, k in partial.items():
-                warps, blocks = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged)
-                smem = lay.block_smem(warps, paged)
-                shapes[paged] = (warps, blocks, smem)
-                k.max_dynamic_shared_size_bytes = smem
+                shapes[paged] = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged)
+                k.max_dynamic_shared_size_bytes = lay.block_smem(shapes[paged][0], paged)
         self.launch_shape = shapes
-        # the streamed kernel's shape, for reports
-        self.warps, self.blocks_per_sm, self.block_smem = shapes[True]
         self._partial = partial
 
     def _compile_set_rows(self) -> None:
@@ -443,8 +439,7 @@ class CupyExecutor:
         self._compile_attention()
         gq = n_head // g.n_head_kv
         rows = tokens * gq
-        warps, blocks_per_sm, _smem = self.launch_shape[paged]
-        geo = ck.launch_geometry(self.layout, (warps, blocks_per_sm), self.limits.sm_count,
+        geo = ck.launch_geometry(self.layout, self.launch_shape[paged], self.limits.sm_count,
                                  paged, ns, rows, n_kv, self.grid_order)
         plan = geo.plan
         with self._cuda("attention setup"), self._stream:
