@@ -57,6 +57,11 @@ def geometry(tk: str, tv: str, ctx: int, layers: int) -> StoreGeometry:
                          pool_pages=layers * (ctx // PAGE))
 
 
+def parse_defines(spec: str) -> dict[str, int]:
+    """Kernel macros from ``NAME=INT,...`` (the probes' ``--defines``)."""
+    return {k: int(v) for k, v in (d.split("=") for d in spec.split(",") if d)}
+
+
 def cupy_or_none(prog: str) -> Any:
     """CuPy with a usable GPU, or None after saying on stderr why not (the caller exits 2)."""
     try:

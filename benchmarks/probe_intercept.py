@@ -42,9 +42,9 @@ NOP = 'extern "C" __global__ void kv_nop(const long long* p) { if (p == nullptr)
 
 def prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, int],
              grid_order: int = 0, interleave: int = 0,
-             warp_partials: bool = False) -> tuple[Any, list[Any], int, int]:
+             warps: int = 0) -> tuple[Any, list[Any], int, int]:
     """An executor with every page of every layer resident, and one prepared decode call per
-    layer."""
+    layer (``warps``: the streamed kernel's warps a block, 0 for the executor's choice)."""
     from kvdiag.executors.cupy_exec import CupyExecutor
 
     width = bk.HEAD_DIM * bk.N_HEAD_KV
@@ -55,7 +55,9 @@ def prepared(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, in
     q = np.random.default_rng(1).standard_normal((1, 1, bk.N_HEAD, bk.HEAD_DIM), np.float32)
     pos = np.array([[ctx - 1]], np.int64)
     ex = CupyExecutor(instrument=False, defines=defines)
-    ex.grid_order, ex.interleave, ex.warp_partials = grid_order, interleave, warp_partials
+    ex.grid_order, ex.interleave = grid_order, interleave
+    if warps:
+        ex.max_streamed_warps = warps
     ex.setup(geom)
     bk.fill(cp, ex, geom, seed=7)
     ls = [ex.prepare_attend(layer, (0,), q, pos, ctx,

@@ -1,7 +1,7 @@
 """Block timelines of the decode attention calls (where the fixed cost goes), on one GPU:
 
     python3 benchmarks/probe_timeline.py [--ctx 4096,65536] [--pairs f16/f16,q8_0/q5_1]
-        [--defines KVDIAG_PDL_TRIGGER=1,...]
+        [--defines KVDIAG_PDL_TRIGGER=1,...] [--warps N]
 
 The kernels are built with KVDIAG_TIMELINE=1 (fattn_paged.cu): every block writes %globaltimer
 stamps. 20 calls run back to back from a CUDA graph, as bench_kernels times them (every page
@@ -44,12 +44,12 @@ CALLS = 20
 
 
 def timeline(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, int],
-             grid_order: int = 0, interleave: int = 0, warp_partials: bool = False,
-             pdl: bool = True) -> dict[str, float]:
+             grid_order: int = 0, interleave: int = 0, pdl: bool = True,
+             warps: int = 0) -> dict[str, float]:
     import dataclasses
 
     ex, ls, layers, _ = prepared(cp, tk, tv, ctx, l2, {**defines, "KVDIAG_TIMELINE": 1},
-                                 grid_order, interleave, warp_partials)
+                                 grid_order, interleave, warps)
     try:
         layer_field = ck.FATTN_FIELDS.index("layer")
         calls = []
@@ -95,10 +95,9 @@ def timeline(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, in
         add("tiles", float(np.median(p[:, 2] - p[:, 1])))
         add("tiles max", float((p[:, 2] - p[:, 1]).max()))
         add("epilogue", float(np.median(p[:, 3] - p[:, 2])))
-        if not warp_partials:
-            full = st[k, :n_partial] / 1e3
-            add("ep: O to smem", float(np.median(full[:, 5] - p[:, 2])))
-            add("ep: weights", float(np.median(full[:, 6] - full[:, 5])))
+        full = st[k, :n_partial] / 1e3
+        add("ep: O to smem", float(np.median(full[:, 5] - p[:, 2])))
+        add("ep: weights", float(np.median(full[:, 6] - full[:, 5])))
         add("tail", p_end - float(np.median(p[:, 3])))
         add("-> merge", c[:, 0].min() - p_end)
         add("merge", c[:, 2].max() - c[:, 0].min())
@@ -109,8 +108,8 @@ def timeline(cp: Any, tk: str, tv: str, ctx: int, l2: int, defines: dict[str, in
 
 
 def _where_time_goes(blocks: np.ndarray, grid: tuple[int, int, int], grid_order: int) -> None:
-    """One call's streamed blocks: tile time by KV head and by how many blocks shared the SM,
-    and the slowest blocks."""
+    """One call's streamed blocks: tile time by head group (stream x head group) and by how
+    many blocks shared the SM, and the slowest blocks."""
     tiles = (blocks[:, 2] - blocks[:, 1]) / 1e3
     sm = blocks[:, 4]
     idx = np.arange(blocks.shape[0])
@@ -123,7 +122,8 @@ def _where_time_goes(blocks: np.ndarray, grid: tuple[int, int, int], grid_order:
     by_load = ", ".join(f"{n} a SM: {np.median(tiles[per_sm == n]):.1f} ({(per_sm == n).sum()})"
                         for n in np.unique(per_sm))
     slow = np.argsort(tiles)[-8:]
-    print(f"#   tiles µs median/max by head {by_head}; by blocks on the SM {by_load}; slowest: "
+    print(f"#   tiles µs median/max by head group {by_head}; by blocks on the SM {by_load}; "
+          "slowest: "
           + ", ".join(f"h{ih[b]} s{split[b]} sm{sm[b]}({per_sm[b]}) {tiles[b]:.1f}" for b in slow))
     sm_med = {int(x): float(np.median(tiles[sm == x])) for x in np.unique(sm)}
     worst = sorted(sm_med, key=sm_med.get)[-6:]
@@ -139,28 +139,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--defines", default="", help="more kernel macros, NAME=INT,...")
     ap.add_argument("--grid-order", type=int, default=0)
     ap.add_argument("--interleave", type=int, default=0)
-    ap.add_argument("--warp-partials", action="store_true",
-                    help="each warp writes its own partial result (no block merge)")
     ap.add_argument("--no-pdl", action="store_true", help="merge kernel launched plainly")
+    ap.add_argument("--warps", type=int, default=0,
+                    help="warps a streamed block (default: as many as fit)")
     args = ap.parse_args(argv)
-    defines = {k: int(v) for k, v in (d.split("=") for d in args.defines.split(",") if d)}
+    defines = bk.parse_defines(args.defines)
     cp = bk.cupy_or_none("probe_timeline")
     if cp is None:
         return 2
     l2 = int(cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
     cols = ("period", "streamed span", "start spread", "first tile", "tiles", "tiles max",
-            "epilogue", "tail", "-> merge", "merge", "merge wait", "merge -> next")
-    if not args.warp_partials:
-        cols += ("ep: O to smem", "ep: weights")
+            "epilogue", "tail", "-> merge", "merge", "merge wait", "merge -> next",
+            "ep: O to smem", "ep: weights")
     print(f"# kernel macros: {defines or 'defaults'}, grid_order {args.grid_order}, "
-          f"interleave {args.interleave}, warp partials {args.warp_partials}, "
-          f"PDL {not args.no_pdl}; µs, median over calls")
+          f"interleave {args.interleave}, "
+          f"PDL {not args.no_pdl}, warps {args.warps or 'as many as fit'}; µs, median over calls")
     print(f"{'types':10} {'ctx':>7} " + " ".join(f"{c:>13}" for c in cols))
     for pair in args.pairs.split(","):
         tk, tv = pair.split("/")
         for ctx in (int(c) for c in args.ctx.split(",")):
             r = timeline(cp, tk, tv, ctx, l2, defines, args.grid_order, args.interleave,
-                         args.warp_partials, not args.no_pdl)
+                         not args.no_pdl, args.warps)
             print(f"{pair:10} {ctx:7d} " + " ".join(f"{r[c]:13.2f}" for c in cols), flush=True)
     return 0
 

@@ -34,6 +34,15 @@
 #define KVDIAG_PDL_TRIGGER 2
 #endif
 
+// Benchmark-only experiment switch (benchmarks/probe_timeline.py --defines): KVDIAG_SOL bit 1
+// replaces the V dequantization by a mask of the raw words, bit 2 that of K (wrong outputs, the
+// same shared-memory reads): the tile loop's speed of light without that arithmetic. Bit 4
+// reads each pool tile as 16 consecutive head rows (a page's slices of head hk as if stored one
+// after another: the same bytes a call, other rows) instead of a slice of 16 whole rows.
+#ifndef KVDIAG_SOL
+#define KVDIAG_SOL 0
+#endif
+
 // Every field 8 bytes so that the host packs it as an int64 array (kvdiag/executors/
 // cuda_kernels.py FATTN_FIELDS lists the same names in the same order).
 struct FattnParams {
@@ -193,7 +202,14 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
     const int page = kv_tile_page(p, tile);
     const kv_u8* kb;
     const kv_u8* vb;
-    if (slot >= 0) {
+    kv_i64 pk = p.row_k, pv = p.row_v;
+    if (slot >= 0 && (KVDIAG_SOL & 4) != 0) {  // contiguous head slices (other rows)
+        const kv_u8* base = (const kv_u8*)p.pool + (kv_i64)slot * p.page_bytes;
+        kb = base + ((kv_i64)hk * pt + (c0 - page * pt)) * G::HK;
+        vb = base + p.v_offset + ((kv_i64)hk * pt + (c0 - page * pt)) * G::HV;
+        pk = G::HK;
+        pv = G::HV;
+    } else if (slot >= 0) {
         const kv_u8* base = (const kv_u8*)p.pool + (kv_i64)slot * p.page_bytes;
         kb = base + (kv_i64)(c0 - page * pt) * p.row_k + hk * G::HK;
         vb = base + p.v_offset + (kv_i64)(c0 - page * pt) * p.row_v + hk * G::HV;
@@ -213,9 +229,8 @@ KV_DEV void kv_load_tile(const FattnParams& p, int i, int stream, int hk, int ti
     }
     // VEC 16 reaches here only from a pool page (host tiles went through registers above)
     constexpr bool IN_PAGE = VEC == 16;
-    kv_copy_rows_async<G::HK / VEC, G::SK, VEC, IN_PAGE>(buf, kb, p.row_k, nvalid, lane);
-    kv_copy_rows_async<G::HV / VEC, G::SV, VEC, IN_PAGE>(buf + 16 * G::SK, vb, p.row_v, nvalid,
-                                                         lane);
+    kv_copy_rows_async<G::HK / VEC, G::SK, VEC, IN_PAGE>(buf, kb, pk, nvalid, lane);
+    kv_copy_rows_async<G::HV / VEC, G::SV, VEC, IN_PAGE>(buf + 16 * G::SK, vb, pv, nvalid, lane);
 }
 
 // O^T tile += V^T P^T. xa..xd hold one f16 pair (two consecutive head dims: rows g and g + 8
@@ -226,6 +241,13 @@ KV_DEV void kv_mma_v(float (&acc)[4], kv_u32 xa, kv_u32 xb, kv_u32 xc, kv_u32 xd
     const kv_u32 a[4] = {kv_byte_perm(xa, xb, 0x5410u), kv_byte_perm(xa, xb, 0x7632u),
                          kv_byte_perm(xc, xd, 0x5410u), kv_byte_perm(xc, xd, 0x7632u)};
     kv_mma_16816(acc, a, pb);
+}
+
+// KVDIAG_SOL: four words of a block's bytes (lane part k) masked to small f16 values.
+KV_DEV void kv_sol_words(const kv_u8* blk, int k, kv_u32* w) {
+    const kv_u32* rw = (const kv_u32*)(blk - ((kv_u64)blk & 3u));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = rw[2 * j + k] & 0x03ff03ffu;
 }
 
 // One 16-cell tile: S^T = K Q^T, online softmax of the lane's two rows (2t, 2t+1), O^T += V^T P^T.
@@ -243,7 +265,10 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
 #pragma unroll
     for (int c = 0; c < D / 32; ++c) {
         kv_u32 w0[4], w1[4];
-        if constexpr (KvKSplit<TK>::value) {
+        if constexpr ((KVDIAG_SOL & 2) != 0) {
+            kv_sol_words(k0 + c * BK, t, w0);
+            kv_sol_words(k1 + c * BK, t, w1);
+        } else if constexpr (KvKSplit<TK>::value) {
             kv_load_q8_0_split(k0, c * BK, t, w0);  // cell g, elements 4t.. and 16+4t..
             kv_load_q8_0_split(k1, c * BK, t, w1);  // cell g+8
         } else {
@@ -307,10 +332,17 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
         for (int q = 0; q < D / 64; ++q) {
             const int off = (2 * q + (g >> 2)) * BV;
             kv_u32 xa[4], xb[4], xc[4], xd[4];  // cells 2t, 2t+1, 2t+8, 2t+9
-            kv_load_h2<TV, 8>(va + off, 8 * (g & 3), xa);
-            kv_load_h2<TV, 8>(vb + off, 8 * (g & 3), xb);
-            kv_load_h2<TV, 8>(vc + off, 8 * (g & 3), xc);
-            kv_load_h2<TV, 8>(vd + off, 8 * (g & 3), xd);
+            if constexpr ((KVDIAG_SOL & 1) != 0) {
+                kv_sol_words(va + off, g & 3, xa);
+                kv_sol_words(vb + off, g & 3, xb);
+                kv_sol_words(vc + off, g & 3, xc);
+                kv_sol_words(vd + off, g & 3, xd);
+            } else {
+                kv_load_h2<TV, 8>(va + off, 8 * (g & 3), xa);
+                kv_load_h2<TV, 8>(vb + off, 8 * (g & 3), xb);
+                kv_load_h2<TV, 8>(vc + off, 8 * (g & 3), xc);
+                kv_load_h2<TV, 8>(vd + off, 8 * (g & 3), xd);
+            }
 #pragma unroll
             for (int j = 0; j < 4; ++j) kv_mma_v(o[4 * q + j], xa[j], xb[j], xc[j], xd[j], pb);
         }

@@ -92,6 +92,7 @@ def test_launch_plan_fills_one_wave_of_blocks() -> None:
     warps, blocks = ck.warps_per_block(lay, ck.DeviceLimits(), regs_per_thread=168)
     # one block an SM: registers allow 12 warps of 168 registers; smem 12 x 17 KB
     assert (warps, blocks) == (12, 1)
+    assert ck.warps_per_block(lay, ck.DeviceLimits(), 168, max_warps=8) == (8, 1)
     f16 = ck.fattn_layout("f16", "f16", 256, 4)
     assert ck.warps_per_block(f16, ck.DeviceLimits(), 168) == (6, 1)  # shared memory bound
     assert f16.block_smem(6) == 6 * f16.warp_bytes + 16  # the tiles and the shared tile counter

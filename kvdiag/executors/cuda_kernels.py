@@ -270,13 +270,14 @@ def heads_per_block(n_head_kv: int) -> int:
 
 
 def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: int,
-                    paged: bool = True) -> tuple[int, int]:
+                    paged: bool = True, max_warps: int = MAX_STREAMED_WARPS) -> tuple[int, int]:
     """(warps a block, blocks an SM). Streamed kernel: one block an SM with as many warps as
-    registers and shared memory allow (up to :data:`MAX_STREAMED_WARPS`), since its warps
-    balance their tiles among themselves (a shared counter) and blocks sharing an SM would not;
-    ordinary kernel: one warp per KV head of the block's group (:func:`heads_per_block`)."""
+    registers and shared memory allow (up to ``max_warps``, at most
+    :data:`MAX_STREAMED_WARPS`), since its warps balance their tiles among themselves (a shared
+    counter) and blocks sharing an SM would not; ordinary kernel: one warp per KV head of the
+    block's group (:func:`heads_per_block`)."""
     if paged:
-        for w in range(MAX_STREAMED_WARPS, 0, -1):
+        for w in range(min(max_warps, MAX_STREAMED_WARPS), 0, -1):
             smem = layout.block_smem(w, True)
             if (smem <= limits.smem_per_block and smem + 1024 <= limits.smem_per_sm
                     and regs_per_thread * 32 * w <= limits.regs_per_sm

@@ -167,6 +167,8 @@ class CupyExecutor:
         # interleave 1 = splits take tiles round-robin instead of one contiguous range each.
         self.grid_order = 0
         self.interleave = 0
+        # at most this many warps a streamed block (a benchmark knob; set before attending)
+        self.max_streamed_warps = ck.MAX_STREAMED_WARPS
         # (warps a block, blocks an SM) of the streamed (True) and ordinary (False) kernel
         self.launch_shape: dict[bool, tuple[int, int]] = {}
         try:
@@ -275,7 +277,8 @@ class CupyExecutor:
             self._combine = fattn.get_function(names[2])
             shapes: dict[bool, tuple[int, int]] = {}
             for paged, k in partial.items():
-                shapes[paged] = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged)
+                shapes[paged] = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged,
+                                                   self.max_streamed_warps)
                 k.max_dynamic_shared_size_bytes = lay.block_smem(shapes[paged][0], paged)
         self.launch_shape = shapes
         self._partial = partial

@@ -69,6 +69,13 @@ struct EmuBlock {
     unsigned char* smem;
 };
 
+// A cp.async in flight: it lands (copy or zero fill) when its thread waits for its group.
+struct EmuCopy {
+    unsigned char* dst;
+    const void* src;  // nullptr: zero fill
+    int bytes;
+};
+
 struct EmuFiber {
     ucontext_t ctx;
     jmp_buf jb;
@@ -79,6 +86,8 @@ struct EmuFiber {
     int lane;
     bool done = false;
     const std::function<void()>* body;
+    std::vector<EmuCopy> open;                 // issued since the last commit
+    std::vector<std::vector<EmuCopy>> groups;  // committed, oldest first
 };
 
 inline thread_local EmuWarp* emu_warp = nullptr;
@@ -260,20 +269,34 @@ inline uint32_t kv_movmatrix_trans(uint32_t x) {
     return r;
 }
 
+// cp.async as the hardware orders it: a copy lands only once its own thread has waited for
+// its group (cp.async.wait_group), and other threads see it only after a barrier that
+// follows that wait, so a kernel that reads a tile too early reads the previous one.
 template <int VEC>
 inline void kv_copy_async(void* dst, const void* src) {
-    std::memcpy(dst, src, VEC);
+    emu_current->open.push_back(EmuCopy{(unsigned char*)dst, src, VEC});
 }
 typedef unsigned char* kv_shaddr;
 inline kv_shaddr kv_shaddr_of(void* p) { return (kv_shaddr)p; }
 template <int VEC>
 inline void kv_copy_async_zfill(kv_shaddr dst, int off, const void* src, bool valid) {
-    if (valid) std::memcpy(dst + off, src, VEC);
-    else std::memset(dst + off, 0, VEC);
+    emu_current->open.push_back(EmuCopy{dst + off, valid ? src : nullptr, VEC});
 }
-inline void kv_copy_commit() {}
+inline void kv_copy_commit() {
+    emu_current->groups.push_back(std::move(emu_current->open));
+    emu_current->open.clear();
+}
 template <int N>
-inline void kv_copy_wait() {}
+inline void kv_copy_wait() {
+    auto& gs = emu_current->groups;
+    while (gs.size() > (size_t)N) {
+        for (const EmuCopy& c : gs.front()) {
+            if (c.src) std::memcpy(c.dst, c.src, c.bytes);
+            else std::memset(c.dst, 0, c.bytes);
+        }
+        gs.erase(gs.begin());
+    }
+}
 
 inline void emu_fiber_entry(unsigned lo, unsigned hi) {
     EmuFiber* f = (EmuFiber*)(((uintptr_t)hi << 32) | (uintptr_t)lo);
