@@ -107,10 +107,31 @@ def time_graph(cp: Any, stream: Any, body: Callable[[int], None], per_graph: int
     return statistics.median(times[WARMUP_GRAPHS:]), method
 
 
-def read_limits(cp: Any, out: dict[str, Any]) -> None:
+def read_kernel(cp: Any) -> tuple[Any, int]:
+    """The plain streaming read kernel (membench.cu) and the grid it runs with (8 blocks an
+    SM)."""
     mod = cp.RawModule(code=ck.kernel_source("membench.cu"), options=("-std=c++17",))
-    kern = mod.get_function("kv_read_bandwidth")
-    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    return mod.get_function("kv_read_bandwidth"), 8 * int(
+        cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"])
+
+
+def plain_read(cp: Any, kv_bytes: int, layers: int) -> Callable[[int], None]:
+    """A ``time_graph`` body: call i reads layer i % layers of a buffer holding ``layers``
+    copies of ``kv_bytes`` with the plain read kernel -- what reading an attention call's bytes
+    costs any kernel, with the same rotation past L2 and the same timing."""
+    kern, blocks = read_kernel(cp)
+    span = kv_bytes // 16 * 16
+    buf = cp.zeros(layers * span, cp.uint8)
+    sink = cp.zeros(1, cp.uint32)
+
+    def body(i: int) -> None:
+        kern((blocks,), (256,), (buf.data.ptr + (i % layers) * span, np.int64(span // 16), sink))
+
+    return body
+
+
+def read_limits(cp: Any, out: dict[str, Any]) -> None:
+    kern, blocks = read_kernel(cp)
     sink = cp.zeros(1, cp.uint32)
     stream = cp.cuda.Stream(non_blocking=True)
     dev_bytes = 4 << 30
@@ -119,11 +140,11 @@ def read_limits(cp: Any, out: dict[str, Any]) -> None:
     hptr = cp.cuda.runtime.hostAlloc(host_bytes, 3)  # portable | mapped
     ctypes.memset(hptr, 0xA5, host_bytes)  # PCIe moves bytes as they are: a pattern will do
     try:
-        for name, ptr, nbytes, blocks in (("hbm_read", dev.data.ptr, dev_bytes, sms * 8),
-                                          ("zero_copy_read", hptr, host_bytes, sms * 8)):
+        for name, ptr, nbytes in (("hbm_read", dev.data.ptr, dev_bytes),
+                                  ("zero_copy_read", hptr, host_bytes)):
             n_vec = nbytes // 16
 
-            def body(_i: int, ptr: int = ptr, n_vec: int = n_vec, blocks: int = blocks) -> None:
+            def body(_i: int, ptr: int = ptr, n_vec: int = n_vec) -> None:
                 kern((blocks,), (256,), (np.uint64(ptr), np.int64(n_vec), sink))
 
             us, _ = time_graph(cp, stream, body)
@@ -243,6 +264,8 @@ def bench_pair(cp: Any, tk: str, tv: str, ctx: int, l2: int, limits: dict[str, f
             for instr in (True, False):
                 times[(mode, instr)] = statistics.median(samples[instr])
                 outs[(mode, instr)] = cp.asnumpy(launches[instr][0].out)
+            if mode == "resident":
+                read_us, _ = time_graph(cp, exs[False]._stream, plain_read(cp, kv_bytes, layers))
             ex = exs[False]
             paged = mode == "resident"
             info = {"method": method, "warps": ex.launch_shape[True][0],
@@ -269,6 +292,7 @@ def bench_pair(cp: Any, tk: str, tv: str, ctx: int, l2: int, limits: dict[str, f
                      "gbps_on": kv_bytes / t_on / 1e3,
                      "frac": kv_bytes / t_off / 1e3 / limit, "instr": t_on / t_off - 1,
                      "pool_host_max_abs_diff": same, **info})
+    rows[-2]["read_us"] = read_us
     if tk == "f16":
         t, method, ref = torch_sdpa(ctx, layers)
         rows[-2]["torch_us"] = t
@@ -310,17 +334,22 @@ def render(meta: dict[str, Any], limits: dict[str, float], rows: list[dict[str, 
              f"{limits.get('zero_copy_read', float('nan')):.1f} GB/s (1 GiB pinned mapped), "
              f"pinned H2D copy {limits.get('h2d_copy', float('nan')):.1f} GB/s",
              "decode attention: 1 query token, head dim 256, 24 q heads / 4 KV heads, "
-             "pages of 256; GB/s = K/V bytes / time (ring off)",
+             "pages of 256; GB/s = K/V bytes / time (ring off); read µs = the plain read "
+             "kernel over the same bytes, timed the same way",
              f"{'types':10} {'ctx':>7} {'mode':8} {'KV MiB':>8} {'t µs':>9} {'t µs instr':>10} "
-             f"{'GB/s':>7} {'of limit':>8} {'instr':>7} {'torch µs':>9} {'×torch':>7}"]
+             f"{'GB/s':>7} {'of limit':>8} {'instr':>7} {'read µs':>8} {'×read':>6} "
+             f"{'torch µs':>9} {'×torch':>7}"]
     for r in rows:
         torch_t = r.get("torch_us")
         t_col = f"{torch_t:9.1f}" if torch_t else f"{'':9}"
         ratio = f"{r['t_off_us'] / torch_t:7.2f}" if torch_t else f"{'':7}"
+        read_t = r.get("read_us")
+        r_col = (f"{read_t:8.1f} {r['t_off_us'] / read_t:6.2f}" if read_t
+                 else f"{'':8} {'':6}")
         lines.append(
             f"{r['types']:10} {r['ctx']:7d} {r['mode']:8} {r['kv_mib']:8.1f} "
             f"{r['t_off_us']:9.1f} {r['t_on_us']:10.1f} {r['gbps']:7.0f} {r['frac']:8.1%} "
-            f"{r['instr']:+7.1%} {t_col} {ratio}")
+            f"{r['instr']:+7.1%} {r_col} {t_col} {ratio}")
     lines.append("targets:")
     res = [r for r in rows if r["mode"] == "resident" and r["ctx"] >= 65536]
     host = [r for r in rows if r["mode"] == "host"]
@@ -341,6 +370,12 @@ def render(meta: dict[str, Any], limits: dict[str, float], rows: list[dict[str, 
         verdict = "MET" if sel and not bad else ("NOT MET" if sel else "not measured")
         lines.append(f"  {name}: {verdict} ({len(good)}/{len(sel)})"
                      + (f"; misses: {', '.join(bad)}" if bad else ""))
+    reads = [f"{r['types']} {r['ctx']} "
+             f"{r['kv_mib'] * 2**20 / r['read_us'] / 1e3 / limits['hbm_read']:.0%}"
+             for r in res if r.get("read_us") and "hbm_read" in limits]
+    if reads:
+        lines.append("  for scale, the plain read kernel over the same bytes (read µs) reaches "
+                     + ", ".join(reads) + " of the HBM read limit")
     for r in torch_rows:
         if "torch_max_abs_diff" in r:
             lines.append(f"  f16 ctx {r['ctx']}: max |ours - torch SDPA (fp32 math)| = "
