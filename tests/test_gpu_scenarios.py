@@ -19,6 +19,7 @@ import pytest
 
 from kvdiag.cli import main
 from kvdiag.errors import DeviceUnavailable
+from kvdiag.kvstream.scenarios import SCENARIOS
 from kvdiag.model import events as ev
 from kvdiag.trace.reader import TraceReader
 
@@ -27,9 +28,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:::cupy")]
 STEPS = ("--steps", "4", "--prompt-tokens", "300")
 NOT_DECISIONS = (ev.Output, ev.Telemetry, ev.Kernel)
 
+# every scenario the capture command offers, so that a new one is covered without an edit here
 COMBOS = [
     (scenario, layout, dispatch)
-    for scenario in ("single-slot", "two-slot-concurrent", "slot1-first", "pool-pressure")
+    for scenario in SCENARIOS
     for layout, dispatch in (("shared", "membership"), ("shared", "fits"), ("per-stream", "fits"))
 ]
 
