@@ -43,6 +43,13 @@
 #define KVDIAG_SOL 0
 #endif
 
+// KVDIAG_KQ_MASK=1 builds the kernels that test an explicit KQ mask per cell (kv_mask_row); the
+// executor compiles that build only for a unified cache holding several sequences, so the
+// default tile loop carries no test.
+#ifndef KVDIAG_KQ_MASK
+#define KVDIAG_KQ_MASK 0
+#endif
+
 // Every field 8 bytes so that the host packs it as an int64 array (kvdiag/executors/
 // cuda_kernels.py FATTN_FIELDS lists the same names in the same order).
 struct FattnParams {
@@ -55,6 +62,7 @@ struct FattnParams {
     kv_i64 tiles_per_block, n_splits;
     kv_i64 layer, ring_slots, kernel_id, warp_smem;
     kv_i64 grid_order, interleave;  // see kv_fattn_partial
+    kv_i64 kv_mask, mask_words;     // see kv_mask_row
     double scale_log2;
 };
 
@@ -251,8 +259,10 @@ KV_DEV void kv_sol_words(const kv_u8* blk, int k, kv_u32* w) {
 }
 
 // One 16-cell tile: S^T = K Q^T, online softmax of the lane's two rows (2t, 2t+1), O^T += V^T P^T.
+// A row sees cell c0 + k when it is below the row's limit and bit k of its vis word is set.
 template <int TK, int TV, int D>
-KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float sl,
+KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, kv_u32 vis0,
+                            kv_u32 vis1, float sl,
                             const kv_u32 (&qf)[D / 16][2], float (&o)[D / 16][4], float& m0,
                             float& m1, float& l0, float& l1, int g, int t) {
     using G = FattnGeom<TK, TV, D>;
@@ -283,10 +293,10 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, float 
     // Accumulator element k: cell g (k < 2) or g+8, query row 2t + (k & 1).
     const int ca = c0 + g;
     const int cb = ca + 8;
-    const float v0 = ca < lim0 ? (sa[0] + sb[0]) * sl : KV_NEG_INF;
-    const float v1 = ca < lim1 ? (sa[1] + sb[1]) * sl : KV_NEG_INF;
-    const float v2 = cb < lim0 ? (sa[2] + sb[2]) * sl : KV_NEG_INF;
-    const float v3 = cb < lim1 ? (sa[3] + sb[3]) * sl : KV_NEG_INF;
+    const float v0 = ca < lim0 && (vis0 >> g & 1u) ? (sa[0] + sb[0]) * sl : KV_NEG_INF;
+    const float v1 = ca < lim1 && (vis1 >> g & 1u) ? (sa[1] + sb[1]) * sl : KV_NEG_INF;
+    const float v2 = cb < lim0 && (vis0 >> (g + 8) & 1u) ? (sa[2] + sb[2]) * sl : KV_NEG_INF;
+    const float v3 = cb < lim1 && (vis1 >> (g + 8) & 1u) ? (sa[3] + sb[3]) * sl : KV_NEG_INF;
     float mx0 = fmaxf(v0, v2);
     float mx1 = fmaxf(v1, v3);
 #pragma unroll
@@ -366,6 +376,21 @@ KV_DEV int kv_row_limit(const FattnParams& p, const kv_i32* pos, int r) {
     if (r >= p.rows) return 0;
     const int v = pos[r / (int)p.G] + 1;
     return v < p.n_kv ? v : (int)p.n_kv;
+}
+
+// An explicit KQ mask (kv_mask != 0: a unified cache holding several sequences in one stream,
+// where `cell <= position` is not the rule): bit c of word c / 32 of the row [stream i][token]
+// of mask_words words says whether cell c is visible (the positions are then n_kv - 1, so the
+// limits only stop at n_kv). The query row's mask row, or nullptr for every cell.
+KV_DEV const kv_u32* kv_mask_row(const FattnParams& p, int i, int r) {
+    if (!KVDIAG_KQ_MASK || p.kv_mask == 0 || r >= p.rows) return nullptr;
+    return (const kv_u32*)p.kv_mask + ((kv_i64)i * p.T + r / (int)p.G) * p.mask_words;
+}
+
+// Visibility bits of the 16 cells from c0 (a multiple of 16) in a mask row.
+KV_DEV kv_u32 kv_tile_vis(const kv_u32* mrow, int c0) {
+    if (!KVDIAG_KQ_MASK || mrow == nullptr) return 0xffffu;
+    return (mrow[c0 >> 5] >> (c0 & 16)) & 0xffffu;
 }
 
 // Q^T B fragments of row tile rt for KV head hk, k order permuted like the K fragments: lane
@@ -469,6 +494,7 @@ template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+    if (!KVDIAG_KQ_MASK && p.kv_mask != 0) __trap();  // a mask for a build that ignores it
 #if KVDIAG_TIMELINE
     kv_u64* const stamp = kv_timeline_slot<D>(p, false);
     bool first_tile = true;
@@ -520,6 +546,8 @@ __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant
     const int lim0 = kv_row_limit(p, pos, rt * 8 + 2 * t);
     const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
     const int lim_max = kv_warp_max_i(kv_row_limit(p, pos, rt * 8 + (lane & 7)));
+    const kv_u32* const mrow0 = kv_mask_row(p, i, rt * 8 + 2 * t);
+    const kv_u32* const mrow1 = kv_mask_row(p, i, rt * 8 + 2 * t + 1);
     const float sl = (float)p.scale_log2;
 
     // interleave 0: the split owns tiles [tb, te); 1: it owns tiles split, split + n_splits, ...
@@ -586,8 +614,9 @@ __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant
             first_tile = false;
         }
 #endif
-        kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1, sl, qf, o, m0,
-                                   m1, l0, l1, g, t);
+        kv_compute_tile<TK, TV, D>(wbuf + stage * G::STAGE, tile * 16, lim0, lim1,
+                                   kv_tile_vis(mrow0, tile * 16), kv_tile_vis(mrow1, tile * 16),
+                                   sl, qf, o, m0, m1, l0, l1, g, t);
         kv_syncwarp();
         stage ^= 1;
         tile = next;
@@ -714,6 +743,7 @@ template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D, false>;
     if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
+    if (!KVDIAG_KQ_MASK && p.kv_mask != 0) __trap();  // a mask for a build that ignores it
     if (KVDIAG_PDL_TRIGGER == 1) kv_grid_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -731,6 +761,8 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ 
     const kv_i32* pos = (const kv_i32*)p.positions + (kv_i64)i * p.T;
     const int lim0 = kv_row_limit(p, pos, rt * 8 + 2 * t);
     const int lim1 = kv_row_limit(p, pos, rt * 8 + 2 * t + 1);
+    const kv_u32* const mrow0 = kv_mask_row(p, i, rt * 8 + 2 * t);
+    const kv_u32* const mrow1 = kv_mask_row(p, i, rt * 8 + 2 * t + 1);
     // the same in every warp of the block: the tile loop below is uniform
     const int lim_max = kv_warp_max_i(kv_row_limit(p, pos, rt * 8 + (lane & 7)));
     const float sl = (float)p.scale_log2;
@@ -770,7 +802,8 @@ __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ 
         kv_copy_group_rows<G::HV / VEC, G::SV, G::WARP, VEC>(
             kv_smem() + 16 * G::SK, vbase + row * p.row_v, p.row_v, nvalid, hg);
         kv_syncthreads();
-        kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, sl, qf, o, m0, m1, l0, l1, g, t);
+        kv_compute_tile<TK, TV, D>(wbuf, tile * 16, lim0, lim1, kv_tile_vis(mrow0, tile * 16),
+                                   kv_tile_vis(mrow1, tile * 16), sl, qf, o, m0, m1, l0, l1, g, t);
     }
     if (KVDIAG_PDL_TRIGGER == 2) kv_grid_launch_dependents();
     kv_sum_rows(l0, l1);

@@ -172,3 +172,15 @@ def test_device_records_collapse_into_kernel_events() -> None:
     e = ev.Kernel(seq=1, t_ns=0, step=0, **streamed)
     assert e.ranges[0] == (0, 4, "pool", 10)
     assert kernel_events(DeviceRecords()) == []
+
+
+def test_kq_mask_packs_cells_into_little_endian_words() -> None:
+    mask = np.zeros((2, 3, 70), bool)
+    mask[0, 0, [0, 31, 32, 69]] = True
+    mask[1, 2, 5] = True
+    words = ck.mask_words(mask)
+    assert words.dtype == np.uint32 and words.shape == (2, 3, 3)
+    assert list(words[0, 0]) == [1 | 1 << 31, 1, 1 << 5]
+    assert list(words[1, 2]) == [1 << 5, 0, 0]
+    assert int(words.sum()) == int(words[0, 0].sum()) + (1 << 5)
+

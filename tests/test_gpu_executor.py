@@ -145,6 +145,40 @@ def test_decode_and_prefill_match_numpy(cupy_exec: Any, type_k: str, type_v: str
         ex.close()
 
 
+@pytest.mark.parametrize(("type_k", "type_v"), [("q8_0", "q5_1"), ("f16", "f16")])
+def test_an_explicit_kq_mask_matches_numpy(cupy_exec: Any, type_k: str, type_v: str) -> None:
+    # GIVEN one stream holding two sequences' cells interleaved (a unified KV cache)
+    geom = geometry(type_k, type_v, n_stream=1)
+    ex, ref = both(geom, cupy_exec)
+    try:
+        fill(geom, (ex, ref), 0, 1000, seed=3)
+        for e in (ex, ref):
+            e.upload(0, 0, 1, 2, 2)
+        table = np.array([[HOST, 2, 3, HOST]], np.int64)
+        rng = np.random.default_rng(8)
+        owner = rng.integers(0, 2, 1024)
+        order = np.zeros(1024, np.int64)
+        for s in (0, 1):
+            order[owner == s] = np.arange(int((owner == s).sum()))
+        seqs, pos = np.array([0, 1, 1, 0]), np.array([500, 3, 480, 10])
+        mask = ((owner[None, :] == seqs[:, None]) & (order[None, :] <= pos[:, None]))[None]
+        q = rng.standard_normal((1, 4, 24, 256), dtype=np.float32)
+        worst = 0.0
+        # WHEN both executors attend with the mask, resident pages and host pages alike
+        for tab in (table, np.full_like(table, HOST)):
+            want = ref.attend_masked(0, (0,), q, mask, 1024, tab)
+            got = ex.attend_masked(0, (0,), q, mask, 1024, tab)
+            # THEN they agree, and the mask (not the positions) decided
+            worst = max(worst, float(np.abs(got - want).max()))
+            assert worst <= cupy_exec.PARITY_ATOL
+            causal = ref.attend(0, (0,), q, pos[None, :], 1024, tab)
+            assert float(np.abs(got - causal).max()) > 10 * cupy_exec.PARITY_ATOL
+        _report(f"parity {type_k}/{type_v} with a KQ mask (unified stream, two sequences): "
+                f"max |cupy-numpy| = {worst:.2e}")
+    finally:
+        ex.close()
+
+
 @pytest.mark.parametrize(("type_k", "type_v", "head_dim", "n_head", "n_head_kv"), [
     ("q8_0", "q4_1", 128, 8, 2), ("q5_0", "q8_0", 96, 4, 1), ("f16", "f16", 64, 16, 2),
     ("q4_0", "q5_1", 64, 6, 3),

@@ -28,12 +28,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:::cupy")]
 STEPS = ("--steps", "4", "--prompt-tokens", "300")
 NOT_DECISIONS = (ev.Output, ev.Telemetry, ev.Kernel)
 
-# every scenario the capture command offers, so that a new one is covered without an edit here
-COMBOS = [
-    (scenario, layout, dispatch)
-    for scenario in SCENARIOS
-    for layout, dispatch in (("shared", "membership"), ("shared", "fits"), ("per-stream", "fits"))
-]
+# every scenario the capture command offers, so that a new one is covered without an edit here,
+# and those of two slots once more with a unified KV cache (one stream: the kernels apply the
+# runner's multi-sequence KQ mask)
+LAYOUTS = (("shared", "membership"), ("shared", "fits"), ("per-stream", "fits"))
+COMBOS = [(scenario, layout, dispatch, False) for scenario in SCENARIOS
+          for layout, dispatch in LAYOUTS]
+COMBOS += [(scenario, layout, dispatch, True) for scenario, sc in SCENARIOS.items()
+           if sc.config.get("np", 1) > 1 for layout, dispatch in LAYOUTS]
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +74,9 @@ def _decision(e: Any) -> Any:
     return _strip_pointers(d)
 
 
-@pytest.mark.parametrize(("scenario", "layout", "dispatch"), COMBOS)
+@pytest.mark.parametrize(("scenario", "layout", "dispatch", "unified"), COMBOS)
 def test_cupy_and_numpy_make_the_same_decisions(
-    gpu: None, tmp_path: Path, scenario: str, layout: str, dispatch: str
+    gpu: None, tmp_path: Path, scenario: str, layout: str, dispatch: str, unified: bool
 ) -> None:
     paths = {}
     codes = {}
@@ -82,7 +84,8 @@ def test_cupy_and_numpy_make_the_same_decisions(
         paths[executor] = tmp_path / f"{executor}.kvtrace"
         codes[executor] = main(["capture", "--scenario", scenario, "--layout", layout,
                                 "--dispatch", dispatch, "--executor", executor, "-q", "-o",
-                                str(paths[executor]), *STEPS])
+                                str(paths[executor]), *STEPS,
+                                *(("--kv-unified",) if unified else ())])
     assert codes["cupy"] == codes["numpy"]
     evs = {k: _events(p) for k, p in paths.items()}
     decisions = {k: [_decision(e) for e in v if not isinstance(e, NOT_DECISIONS)]
@@ -105,6 +108,7 @@ def test_cupy_and_numpy_make_the_same_decisions(
     if report:
         diverged = sum(o.max_abs_delta > o.tolerance for o in outs["cupy"])
         with open(report, "a", encoding="utf-8") as f:
-            f.write(f"scenario {scenario} {layout}/{dispatch}: exit {codes['cupy']}, "
+            f.write(f"scenario {scenario}{' (unified)' if unified else ''} {layout}/{dispatch}: "
+                    f"exit {codes['cupy']}, "
                     f"{len(decisions['cupy'])} decision events identical, {len(outs['cupy'])} "
                     f"outputs ({diverged} diverged on both), max |Δdelta| = {worst:.2e}\n")

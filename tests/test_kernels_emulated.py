@@ -44,8 +44,10 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
     lib = tmp_path_factory.mktemp("kvemu") / f"libkvemu-{digest}.so"
     # -U_FORTIFY_SOURCE: the fibers switch stacks with _longjmp, which the fortified
     # __longjmp_chk of some distributions' default flags would refuse.
+    # KVDIAG_KQ_MASK=1: the build that can apply an explicit KQ mask (the GPU executor's
+    # masked build; without a mask both builds compute the same)
     cmd = [cxx, "-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-pthread",
-           "-I", str(KERNELS),
+           "-DKVDIAG_KQ_MASK=1", "-I", str(KERNELS),
            str(EMU / "harness.cpp"), "-o", str(lib)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -144,8 +146,8 @@ class _EmuStore:
 
     def attend(self, emu: ctypes.CDLL, layer: int, streams: tuple[int, ...], q: np.ndarray,
                positions: np.ndarray, n_kv: int, table: np.ndarray, sm_count: int = 3,
-               regs: int = 168, grid_order: int = 0,
-               interleave: int = 0) -> tuple[np.ndarray, np.ndarray]:
+               regs: int = 168, grid_order: int = 0, interleave: int = 0,
+               kv_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         g = self.g
         ns, tokens, n_head, d = q.shape
         lay = ck.fattn_layout(g.type_k, g.type_v, d, g.n_head_kv, g.page_bytes, g.v_offset)
@@ -160,6 +162,7 @@ class _EmuStore:
         tab = np.ascontiguousarray(table, np.int32)
         st = np.array(streams, np.int32)
         items = geo.items
+        bits = None if kv_mask is None else ck.mask_words(kv_mask)
         part_o = np.full(items * 8 * d, np.nan, np.float32)
         part_ml = np.full(items * 16, np.nan, np.float32)
         out = np.full((ns, tokens, n_head, d), np.nan, np.float32)
@@ -179,6 +182,8 @@ class _EmuStore:
             "ring_slots": 1, "kernel_id": ck.KERNEL_IDS["fattn_streamed" if paged else
                                                          "fattn_ordinary"],
             "warp_smem": lay.warp_bytes_for(paged), "grid_order": grid_order, "interleave": interleave,
+            "kv_mask": 0 if bits is None else _ptr(bits),
+            "mask_words": 0 if bits is None else bits.shape[-1],
             "scale_log2": np.log2(np.e) / np.sqrt(d),
         }, ck.FATTN_FLOAT_FIELDS)
         assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d,
@@ -361,3 +366,41 @@ def test_launch_layouts_compute_the_same_and_record_each_page_once(
     assert {h for h, *_ in pages(recs)} == {0, 1}
     if interleave:
         assert len(recs) == 2 * 4
+
+
+@pytest.mark.parametrize("host_only", [False, True])
+def test_explicit_kq_mask_of_a_unified_stream_matches_numpy(emu: ctypes.CDLL,
+                                                             host_only: bool) -> None:
+    # GIVEN one stream holding two sequences' cells interleaved (a unified cache), and a
+    # prefill ubatch whose rows belong to either sequence
+    geom = _geometry("q4_1", "q5_1", 128, 8, 2, kv_size=1024, n_stream=1, pool_pages=4)
+    store, ref = _EmuStore(geom), NumpyExecutor()
+    ref.setup(geom)
+    _fill(geom, store, ref, 0, 700, seed=17)
+    store.upload(0, 0, 1, 2, 1)
+    ref.upload(0, 0, 1, 2, 1)
+    table = (np.full((1, 3), HOST, np.int64) if host_only
+             else np.array([[HOST, 1, 2]], np.int64))
+    rng = np.random.default_rng(4)
+    n_kv = 768  # three pages; cells 700.. hold no sequence
+    owner = np.concatenate([rng.integers(0, 2, 700), np.full(68, 2)])  # each cell's sequence
+    order = np.zeros(n_kv, np.int64)  # its position within that sequence
+    for s in (0, 1):
+        order[owner == s] = np.arange(int((owner == s).sum()))
+    tokens = 5
+    seqs = np.array([0, 1, 1, 0, 1])
+    pos = np.array([40, 10, 300, 333, 0])  # the last row sees one cell
+    mask = (owner[None, :] == seqs[:, None]) & (order[None, :] <= pos[:, None])
+    mask[4] = False
+    mask[4, int(np.flatnonzero(owner == 1)[0])] = True
+    kv_mask = mask[None, :, :]
+    q = rng.standard_normal((1, tokens, 8, 128), dtype=np.float32)
+    # WHEN the kernels run with the mask (positions then only bound the cells at n_kv)
+    want = ref.attend_masked(0, (0,), q, kv_mask, n_kv, table)
+    got, _ = store.attend(emu, 0, (0,), q, np.full((1, tokens), n_kv - 1, np.int64), n_kv,
+                          table, kv_mask=kv_mask)
+    # THEN each row attends exactly its own sequence's visible cells
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    causal = ref.attend(0, (0,), q, pos[None, :], n_kv, table)
+    assert np.abs(got - causal).max() > 10 * ATOL  # the mask is what decides, not positions
+

@@ -76,6 +76,7 @@ FATTN_FIELDS: tuple[str, ...] = (
     "tiles_per_block", "n_splits",
     "layer", "ring_slots", "kernel_id", "warp_smem",
     "grid_order", "interleave",
+    "kv_mask", "mask_words",
     "scale_log2",
 )  # fmt: skip
 FATTN_FLOAT_FIELDS = frozenset({"scale_log2"})
@@ -296,6 +297,17 @@ def warps_per_block(layout: FattnLayout, limits: DeviceLimits, regs_per_thread: 
         f"{layout.block_smem(1, paged)} bytes of shared memory per warp; the GPU allows "
         f"{limits.smem_per_block}"
     )
+
+
+def mask_words(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint32]:
+    """A KQ mask ``[ns, tokens, n_kv]`` (True = visible) as the kernels read it (kv_mask_row):
+    bit c % 32 of word c // 32 of row [stream, token] is cell c, rows padded to whole words."""
+    ns, tokens, n_kv = mask.shape
+    words = -(-n_kv // 32)
+    padded = np.zeros((ns, tokens, 32 * words), np.bool_)
+    padded[..., :n_kv] = mask
+    packed = np.packbits(padded, axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32).reshape(ns, tokens, words)
 
 
 @dataclass(frozen=True)

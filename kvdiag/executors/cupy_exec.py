@@ -161,6 +161,7 @@ class CupyExecutor:
         self._pool: Any = None
         self._upload_rows: list[list[int]] = []
         self._partial: dict[bool, Any] = {}
+        self._masked: tuple[dict[bool, Any], Any] | None = None
         self._set_rows: dict[str, Any] = {}
         self._compare: Any = None
         # Launch layout (fattn_paged.cu): 1 = the KV heads of a split are consecutive blocks;
@@ -261,6 +262,7 @@ class CupyExecutor:
             self._counter = cp.zeros(1, cp.uint32)
             self._records = cp.zeros((self.ring_capacity, ck.RECORD_INTS), cp.int32)
         self._partial = {}
+        self._masked = None
         self._set_rows = {}
 
     def _compile_attention(self) -> None:
@@ -268,20 +270,37 @@ class CupyExecutor:
         the binary on disk) and fix the launch shape from their register count."""
         if self._partial:
             return
+        self._partial, self._combine, self.launch_shape = self._build_attention(False)
+
+    def _masked_kernels(self) -> tuple[dict[bool, Any], Any]:
+        """The build that applies an explicit KQ mask (KVDIAG_KQ_MASK=1; the default build
+        leaves the test out of the tile loop), compiled when a unified multi-sequence capture
+        first needs it. It must launch in the default build's shape."""
+        self._compile_attention()
+        if self._masked is None:
+            partial, combine, shapes = self._build_attention(True)
+            if shapes != self.launch_shape:
+                raise DeviceUnavailable(
+                    f"the masked attention kernels launch as {shapes}, the others as "
+                    f"{self.launch_shape}")
+            self._masked = (partial, combine)
+        return self._masked
+
+    def _build_attention(self, masked: bool) -> tuple[dict[bool, Any], Any,
+                                                      dict[bool, tuple[int, int]]]:
         cp, lay = self.cp, self.layout
         names = [lay.partial_name(True), lay.partial_name(False), lay.combine_name()]
+        options = self._options() + (("-DKVDIAG_KQ_MASK=1",) if masked else ())
         with self._cuda("compiling the attention kernels"):
-            fattn = cp.RawModule(code=ck.kernel_source("fattn_paged.cu"),
-                                 options=self._options(), name_expressions=names)
+            fattn = cp.RawModule(code=ck.kernel_source("fattn_paged.cu"), options=options,
+                                 name_expressions=names)
             partial = {True: fattn.get_function(names[0]), False: fattn.get_function(names[1])}
-            self._combine = fattn.get_function(names[2])
             shapes: dict[bool, tuple[int, int]] = {}
             for paged, k in partial.items():
                 shapes[paged] = ck.warps_per_block(lay, self.limits, int(k.num_regs), paged,
                                                    self.max_streamed_warps)
                 k.max_dynamic_shared_size_bytes = lay.block_smem(shapes[paged][0], paged)
-        self.launch_shape = shapes
-        self._partial = partial
+            return partial, fattn.get_function(names[2]), shapes
 
     def _compile_set_rows(self) -> None:
         if self._set_rows:
@@ -417,9 +436,11 @@ class CupyExecutor:
                                       n_pages])
 
     def prepare_attend(self, layer: int, streams: tuple[int, ...], q: Any, positions: Any,
-                       n_kv: int, page_table: I64Array) -> AttendLaunch:
+                       n_kv: int, page_table: I64Array,
+                       mask_bits: npt.NDArray[np.uint32] | None = None) -> AttendLaunch:
         """Validate, upload the small inputs, pack the parameter block; ``q`` may be a NumPy or
-        CuPy array ``[ns, tokens, n_head, head_dim]``."""
+        CuPy array ``[ns, tokens, n_head, head_dim]``; ``mask_bits`` an explicit KQ mask as
+        ``cuda_kernels.mask_words`` packs it."""
         g = self._g()
         cp = self.cp
         ns, tokens, n_head, d = (int(x) for x in q.shape)
@@ -440,6 +461,8 @@ class CupyExecutor:
             self._check_layer_stream(layer, s)
         paged = bool((table != HOST).any())
         self._compile_attention()
+        partial, combine = (self._partial, self._combine) if mask_bits is None \
+            else self._masked_kernels()
         gq = n_head // g.n_head_kv
         rows = tokens * gq
         geo = ck.launch_geometry(self.layout, self.launch_shape[paged], self.limits.sm_count,
@@ -450,6 +473,7 @@ class CupyExecutor:
             pos_dev = cp.asarray(pos, cp.int32)
             tab_dev = cp.asarray(table if table.size else np.full((ns, 1), HOST), cp.int32)
             st_dev = cp.asarray(np.asarray(streams, np.int32))
+            mask_dev = None if mask_bits is None else cp.asarray(mask_bits)
             part_o = cp.empty(geo.items * ck.ROW_TILE * d, cp.float32)
             part_ml = cp.empty(geo.items * 16, cp.float32)
             out = cp.empty((ns, tokens, n_head, d), cp.float32)
@@ -469,16 +493,37 @@ class CupyExecutor:
                 "n_splits": plan.n_splits, "layer": layer, "ring_slots": self.ring_slots,
                 "kernel_id": kid, "warp_smem": self.layout.warp_bytes_for(paged),
                 "grid_order": self.grid_order, "interleave": self.interleave,
+                "kv_mask": 0 if mask_dev is None else int(mask_dev.data.ptr),
+                "mask_words": 0 if mask_bits is None else int(mask_bits.shape[-1]),
                 "scale_log2": math.log2(math.e) / math.sqrt(d), **self._ring_fields(),
             }, ck.FATTN_FLOAT_FIELDS)
         return AttendLaunch(
-            cp=cp, partial=self._partial[paged], combine=self._combine, geometry=geo,
-            params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml), out=out,
+            cp=cp, partial=partial[paged], combine=combine, geometry=geo,
+            params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml, mask_dev),
+            out=out,
             launcher=self.launcher, programmatic=self.programmatic)
+
+    def attend_masked(self, layer: int, streams: tuple[int, ...], q: F32Array,
+                      kv_mask: npt.NDArray[np.bool_], n_kv: int,
+                      page_table: I64Array) -> F32Array:
+        """Attention with an explicit KQ mask ``[ns, tokens, n_kv]`` (True = visible), for a
+        unified cache whose stream holds several sequences: the same kernels, which then test
+        each cell's bit (kernels/fattn_paged.cu, kv_mask_row) and run every row up to n_kv."""
+        mask = np.asarray(kv_mask, bool)
+        ns, tokens = int(q.shape[0]), int(q.shape[1])
+        if mask.shape != (ns, tokens, n_kv):
+            raise UsageError(f"attend: KQ mask {mask.shape} does not match q {tuple(q.shape)} "
+                             f"and n_kv {n_kv}")
+        positions = np.full((ns, tokens), n_kv - 1, np.int64)
+        return self._run_attend(self.prepare_attend(layer, streams, q, positions, n_kv,
+                                                    page_table, ck.mask_words(mask)))
 
     def attend(self, layer: int, streams: tuple[int, ...], q: F32Array, positions: I64Array,
                n_kv: int, page_table: I64Array) -> F32Array:
-        launch = self.prepare_attend(layer, streams, q, positions, n_kv, page_table)
+        return self._run_attend(self.prepare_attend(layer, streams, q, positions, n_kv,
+                                                    page_table))
+
+    def _run_attend(self, launch: AttendLaunch) -> F32Array:
         with self._cuda("attention"), self._stream:
             launch.run()
             out: F32Array = self.cp.asnumpy(launch.out, stream=self._stream)
