@@ -371,6 +371,15 @@ KV_DEV void kv_compute_tile(const kv_u8* buf, int c0, int lim0, int lim1, kv_u32
     }
 }
 
+// A parameter block packed for another layout, or a mask for a build that ignores it, stops
+// the kernel (cuda_kernels.FATTN_FIELDS and FattnLayout mirror this file).
+template <int WARP>
+KV_DEV void kv_check_params(const FattnParams& p) {
+    if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != WARP || (!KVDIAG_KQ_MASK && p.kv_mask != 0)) {
+        __trap();
+    }
+}
+
 // Cells visible to query row r: pos + 1 of its token, at most n_kv; none past the last row.
 KV_DEV int kv_row_limit(const FattnParams& p, const kv_i32* pos, int r) {
     if (r >= p.rows) return 0;
@@ -493,8 +502,7 @@ KV_DEV void kv_sum_rows(float& l0, float& l1) {
 template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(384, 1) kv_fattn_partial(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D>;
-    if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
-    if (!KVDIAG_KQ_MASK && p.kv_mask != 0) __trap();  // a mask for a build that ignores it
+    kv_check_params<G::WARP>(p);
 #if KVDIAG_TIMELINE
     kv_u64* const stamp = kv_timeline_slot<D>(p, false);
     bool first_tile = true;
@@ -742,8 +750,7 @@ KV_DEV void kv_copy_group_rows(kv_u8* dst, const kv_u8* src, kv_i64 pitch, int n
 template <int TK, int TV, int D, int VEC>
 __global__ void __launch_bounds__(128, 3) kv_fattn_rows(const __grid_constant__ FattnParams p) {
     using G = FattnGeom<TK, TV, D, false>;
-    if (p.magic != KV_PARAMS_MAGIC || p.warp_smem != G::WARP) __trap();
-    if (!KVDIAG_KQ_MASK && p.kv_mask != 0) __trap();  // a mask for a build that ignores it
+    kv_check_params<G::WARP>(p);
     if (KVDIAG_PDL_TRIGGER == 1) kv_grid_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
