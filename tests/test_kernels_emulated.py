@@ -153,10 +153,8 @@ class _EmuStore:
         lay = ck.fattn_layout(g.type_k, g.type_v, d, g.n_head_kv, g.page_bytes, g.v_offset)
         paged = not bool((table == HOST).all())
         shape = ck.warps_per_block(lay, ck.DeviceLimits(sm_count=sm_count), regs, paged)
-        gq = n_head // g.n_head_kv
-        rows = tokens * gq
-        geo = ck.launch_geometry(lay, shape, sm_count, paged, ns, rows, n_kv, grid_order)
-        plan = geo.plan
+        geo = ck.launch_geometry(lay, shape, sm_count, paged, ns, tokens * (n_head // g.n_head_kv),
+                                 n_kv, grid_order)
         q32 = np.ascontiguousarray(q, np.float32)
         pos = np.ascontiguousarray(positions, np.int32)
         tab = np.ascontiguousarray(table, np.int32)
@@ -168,24 +166,15 @@ class _EmuStore:
         out = np.full((ns, tokens, n_head, d), np.nan, np.float32)
         counter = np.zeros(1, np.uint32)
         records = np.zeros((4096, 8), np.int32)
-        params = ck.pack(ck.FATTN_FIELDS, {
-            "magic": ck.FATTN_MAGIC, "q": _ptr(q32), "positions": _ptr(pos),
-            "page_table": _ptr(tab), "streams": _ptr(st), "host_k": _ptr(self.k[layer]),
-            "host_v": _ptr(self.v[layer]), "pool": _ptr(self.pool), "part_o": _ptr(part_o),
-            "part_ml": _ptr(part_ml), "out": _ptr(out), "ring_counter": _ptr(counter),
-            "ring_records": _ptr(records), "ring_capacity": 4096, "row_k": self.row_k,
-            "row_v": self.row_v, "kv_size": g.kv_size, "page_bytes": g.page_bytes,
-            "v_offset": g.v_offset, "page_tokens": g.page_tokens, "n_pages_tab": tab.shape[1],
-            "ns": ns, "T": tokens, "n_head": n_head, "n_head_kv": g.n_head_kv, "G": gq,
-            "rows": rows, "n_kv": n_kv, "n_rowtiles": plan.n_rowtiles,
-            "tiles_per_block": plan.tiles_per_block, "n_splits": plan.n_splits, "layer": layer,
-            "ring_slots": 1, "kernel_id": ck.KERNEL_IDS["fattn_streamed" if paged else
-                                                         "fattn_ordinary"],
-            "warp_smem": lay.warp_bytes_for(paged), "grid_order": grid_order, "interleave": interleave,
-            "kv_mask": 0 if bits is None else _ptr(bits),
-            "mask_words": 0 if bits is None else bits.shape[-1],
-            "scale_log2": np.log2(np.e) / np.sqrt(d),
-        }, ck.FATTN_FLOAT_FIELDS)
+        params = ck.fattn_params(g, lay, geo, paged, {
+            "q": _ptr(q32), "positions": _ptr(pos), "page_table": _ptr(tab), "streams": _ptr(st),
+            "host_k": _ptr(self.k[layer]), "host_v": _ptr(self.v[layer]), "pool": _ptr(self.pool),
+            "part_o": _ptr(part_o), "part_ml": _ptr(part_ml), "out": _ptr(out),
+            "kv_mask": 0 if bits is None else _ptr(bits), "ring_counter": _ptr(counter),
+            "ring_records": _ptr(records), "ring_capacity": 4096,
+        }, layer=layer, ns=ns, tokens=tokens, n_kv=n_kv, n_pages_tab=tab.shape[1], ring_slots=1,
+            grid_order=grid_order, interleave=interleave,
+            mask_words=0 if bits is None else bits.shape[-1])
         assert emu.emu_fattn_warp_bytes(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d,
                                         int(paged)) == lay.warp_bytes_for(paged)
         rc = emu.emu_fattn(ck.TYPE_IDS[g.type_k], ck.TYPE_IDS[g.type_v], d, lay.vec, int(paged),

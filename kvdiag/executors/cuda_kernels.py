@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvdiag.errors import DeviceUnavailable, UsageError
+from kvdiag.kvstream.backend import StoreGeometry
 
 KERNEL_FILES: tuple[str, ...] = (
     "fattn_paged.cu", "set_rows.cu", "compare_pages.cu", "membench.cu"
@@ -365,3 +366,28 @@ def launch_geometry(layout: FattnLayout, shape: tuple[int, int], sm_count: int, 
         grid = (plan.n_splits, plan.n_rowtiles, ns * groups)
     return LaunchGeometry(grid, 32 * warps, layout.block_smem(warps, paged),
                           (rows, ns * nhk, layout.head_dim // 32), plan)
+
+
+def fattn_params(geom: StoreGeometry, layout: FattnLayout, geo: LaunchGeometry, paged: bool,
+                 buffers: dict[str, int], *, layer: int, ns: int, tokens: int, n_kv: int,
+                 n_pages_tab: int, ring_slots: int, grid_order: int = 0, interleave: int = 0,
+                 mask_words: int = 0) -> npt.NDArray[np.int64]:
+    """The parameter block (FattnParams) of one attention call launched as ``geo``.
+    ``buffers``: the call's addresses (q, positions, page_table, streams, host_k, host_v, pool,
+    part_o, part_ml, out, kv_mask -- 0 without a mask) and its record ring (ring_counter,
+    ring_records, ring_capacity); everything else follows from the geometry and the launch."""
+    gq = geom.n_head // geom.n_head_kv
+    plan = geo.plan
+    return pack(FATTN_FIELDS, {
+        "magic": FATTN_MAGIC, **buffers,
+        "row_k": layout.head_k * layout.n_head_kv, "row_v": layout.head_v * layout.n_head_kv,
+        "kv_size": geom.kv_size, "page_bytes": geom.page_bytes, "v_offset": geom.v_offset,
+        "page_tokens": geom.page_tokens, "n_pages_tab": n_pages_tab, "ns": ns, "T": tokens,
+        "n_head": geom.n_head, "n_head_kv": geom.n_head_kv, "G": gq, "rows": tokens * gq,
+        "n_kv": n_kv, "n_rowtiles": plan.n_rowtiles, "tiles_per_block": plan.tiles_per_block,
+        "n_splits": plan.n_splits, "layer": layer, "ring_slots": ring_slots,
+        "kernel_id": KERNEL_IDS["fattn_streamed" if paged else "fattn_ordinary"],
+        "warp_smem": layout.warp_bytes_for(paged), "grid_order": grid_order,
+        "interleave": interleave, "mask_words": mask_words,
+        "scale_log2": math.log2(math.e) / math.sqrt(layout.head_dim),
+    }, FATTN_FLOAT_FIELDS)

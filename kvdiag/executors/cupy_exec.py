@@ -18,7 +18,6 @@ benchmarks/results/gpu_tests.txt).
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -467,7 +466,6 @@ class CupyExecutor:
         rows = tokens * gq
         geo = ck.launch_geometry(self.layout, self.launch_shape[paged], self.limits.sm_count,
                                  paged, ns, rows, n_kv, self.grid_order)
-        plan = geo.plan
         with self._cuda("attention setup"), self._stream:
             q_dev = cp.ascontiguousarray(cp.asarray(q, cp.float32))
             pos_dev = cp.asarray(pos, cp.int32)
@@ -477,31 +475,22 @@ class CupyExecutor:
             part_o = cp.empty(geo.items * ck.ROW_TILE * d, cp.float32)
             part_ml = cp.empty(geo.items * 16, cp.float32)
             out = cp.empty((ns, tokens, n_head, d), cp.float32)
-            kid = ck.KERNEL_IDS["fattn_streamed" if paged else "fattn_ordinary"]
-            params = ck.pack(ck.FATTN_FIELDS, {
-                "magic": ck.FATTN_MAGIC, "q": int(q_dev.data.ptr),
-                "positions": int(pos_dev.data.ptr),
+            params = ck.fattn_params(g, self.layout, geo, paged, {
+                "q": int(q_dev.data.ptr), "positions": int(pos_dev.data.ptr),
                 "page_table": int(tab_dev.data.ptr), "streams": int(st_dev.data.ptr),
                 "host_k": self._host_dev_ptr(layer, "k"), "host_v": self._host_dev_ptr(layer, "v"),
                 "pool": int(self._pool.ptr), "part_o": int(part_o.data.ptr),
                 "part_ml": int(part_ml.data.ptr), "out": int(out.data.ptr),
-                "row_k": self.row_k, "row_v": self.row_v, "kv_size": g.kv_size,
-                "page_bytes": g.page_bytes, "v_offset": g.v_offset, "page_tokens": g.page_tokens,
-                "n_pages_tab": int(tab_dev.shape[1]), "ns": ns, "T": tokens, "n_head": n_head,
-                "n_head_kv": g.n_head_kv, "G": gq, "rows": rows, "n_kv": n_kv,
-                "n_rowtiles": plan.n_rowtiles, "tiles_per_block": plan.tiles_per_block,
-                "n_splits": plan.n_splits, "layer": layer, "ring_slots": self.ring_slots,
-                "kernel_id": kid, "warp_smem": self.layout.warp_bytes_for(paged),
-                "grid_order": self.grid_order, "interleave": self.interleave,
                 "kv_mask": 0 if mask_dev is None else int(mask_dev.data.ptr),
-                "mask_words": 0 if mask_bits is None else int(mask_bits.shape[-1]),
-                "scale_log2": math.log2(math.e) / math.sqrt(d), **self._ring_fields(),
-            }, ck.FATTN_FLOAT_FIELDS)
+                **self._ring_fields(),
+            }, layer=layer, ns=ns, tokens=tokens, n_kv=n_kv, n_pages_tab=int(tab_dev.shape[1]),
+                ring_slots=self.ring_slots, grid_order=self.grid_order,
+                interleave=self.interleave,
+                mask_words=0 if mask_bits is None else int(mask_bits.shape[-1]))
         return AttendLaunch(
             cp=cp, partial=partial[paged], combine=combine, geometry=geo,
             params=params, keep=(q_dev, pos_dev, tab_dev, st_dev, part_o, part_ml, mask_dev),
-            out=out,
-            launcher=self.launcher, programmatic=self.programmatic)
+            out=out, launcher=self.launcher, programmatic=self.programmatic)
 
     def attend_masked(self, layer: int, streams: tuple[int, ...], q: F32Array,
                       kv_mask: npt.NDArray[np.bool_], n_kv: int,
