@@ -24,7 +24,7 @@ from kvdiag.executors.device_records import kernel_events
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.executors.quant import quantize_rows
 from kvdiag.kvstream.backend import HOST, StoreGeometry
-from kvdiag.kvstream.pages import PageGeometry
+from tests.kv_rows import fill_rows, store_geometry
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:::cupy")]
 
@@ -53,11 +53,8 @@ def _report(line: str) -> None:
 def geometry(type_k: str, type_v: str, head_dim: int = 256, n_head: int = 24,
              n_head_kv: int = 4, kv_size: int = 1024, n_stream: int = 2, pool_pages: int = 8,
              n_layers: int = 2) -> StoreGeometry:
-    pg = PageGeometry(type_k, type_v, head_dim, head_dim, n_head_kv)
-    return StoreGeometry(n_layers=n_layers, n_stream=n_stream, kv_size=kv_size,
-                         head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv, type_k=type_k,
-                         type_v=type_v, page_tokens=pg.page_tokens, page_bytes=pg.page_bytes,
-                         v_offset=pg.v_offset, pool_pages=pool_pages)
+    return store_geometry(type_k, type_v, head_dim, n_head, n_head_kv, kv_size, n_stream,
+                          pool_pages, n_layers)
 
 
 def host_rows(ex: Any, layer: int, stream: int, tensor: str) -> np.ndarray:
@@ -73,18 +70,6 @@ def both(geom: StoreGeometry, cupy_exec: Any, **kw: Any) -> tuple[Any, NumpyExec
     ref = NumpyExecutor()
     ref.setup(geom)
     return ex, ref
-
-
-def fill(geom: StoreGeometry, execs: tuple[Any, ...], layer: int, n_cells: int,
-         seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    width = geom.head_dim * geom.n_head_kv
-    for s in range(geom.n_stream):
-        cells = np.arange(n_cells, dtype=np.int64)
-        k = rng.standard_normal((n_cells, width), dtype=np.float32)
-        v = rng.standard_normal((n_cells, width), dtype=np.float32)
-        for e in execs:
-            e.write_rows(layer, s, cells, k, v)
 
 
 @pytest.mark.parametrize("type_name", ck.TYPE_IDS)
@@ -118,7 +103,7 @@ def test_decode_and_prefill_match_numpy(cupy_exec: Any, type_k: str, type_v: str
     geom = geometry(type_k, type_v)
     ex, ref = both(geom, cupy_exec)
     try:
-        fill(geom, (ex, ref), 1, 1000, seed=len(type_k + type_v))
+        fill_rows(geom, (ex, ref), 1, 1000, seed=len(type_k + type_v))
         for e in (ex, ref):
             e.upload(1, 0, 0, 2, 2)  # stream 0 pages 0-1 -> slots 2-3 (one batch)
             e.upload(1, 1, 3, 1, 0)  # stream 1 page 3 -> slot 0 (a ring slot)
@@ -151,7 +136,7 @@ def test_an_explicit_kq_mask_matches_numpy(cupy_exec: Any, type_k: str, type_v: 
     geom = geometry(type_k, type_v, n_stream=1)
     ex, ref = both(geom, cupy_exec)
     try:
-        fill(geom, (ex, ref), 0, 1000, seed=3)
+        fill_rows(geom, (ex, ref), 0, 1000, seed=3)
         for e in (ex, ref):
             e.upload(0, 0, 1, 2, 2)
         table = np.array([[HOST, 2, 3, HOST]], np.int64)
@@ -188,7 +173,7 @@ def test_other_head_dims_and_group_sizes(cupy_exec: Any, type_k: str, type_v: st
     geom = geometry(type_k, type_v, head_dim, n_head, n_head_kv, kv_size=768, n_stream=1)
     ex, ref = both(geom, cupy_exec)
     try:
-        fill(geom, (ex, ref), 0, 768, seed=head_dim)
+        fill_rows(geom, (ex, ref), 0, 768, seed=head_dim)
         for e in (ex, ref):
             e.upload(0, 0, 1, 2, 5)
         table = np.array([[HOST, 5, 6]], np.int64)
@@ -219,7 +204,7 @@ def test_driver_launch_with_and_without_pdl_equals_cupys_launch(cupy_exec: Any) 
     ex = cupy_exec.CupyExecutor(instrument=False)
     ex.setup(geom)
     try:
-        fill(geom, (ex,), 0, 4096, seed=9)
+        fill_rows(geom, (ex,), 0, 4096, seed=9)
         ex.upload(0, 0, 0, 16, 0)
         q = np.random.default_rng(4).standard_normal((1, 1, 24, 256), dtype=np.float32)
         pos = np.array([[4095]])
@@ -259,7 +244,7 @@ def test_uploads_copy_whole_pages_into_slots_in_batches_of_32(cupy_exec: Any) ->
     ex = cupy_exec.CupyExecutor()
     ex.setup(geom)
     try:
-        fill(geom, (ex,), 0, 40 * 256, seed=9)
+        fill_rows(geom, (ex,), 0, 40 * 256, seed=9)
         ex.upload(0, 1, 4, 32, 8)
         ex.synchronize()
         pool = ex.cp.asnumpy(ex.cp.ndarray(
@@ -286,7 +271,7 @@ def test_stale_and_foreign_slots_are_read_as_the_reference_reads_them(cupy_exec:
     geom = geometry("q8_0", "q5_1", kv_size=512)
     ex, ref = both(geom, cupy_exec)
     try:
-        fill(geom, (ex, ref), 0, 512, seed=1)
+        fill_rows(geom, (ex, ref), 0, 512, seed=1)
         for e in (ex, ref):
             e.upload(0, 0, 0, 1, 4)  # slot 4 holds stream 0 page 0
         table = np.array([[4, HOST], [4, HOST]], np.int64)  # stream 1 reads it too: foreign
@@ -325,7 +310,7 @@ def test_the_device_ring_reports_writes_uploads_and_reads(cupy_exec: Any) -> Non
     ex = cupy_exec.CupyExecutor()
     ex.setup(geom)
     try:
-        fill(geom, (ex,), 1, 600, seed=3)
+        fill_rows(geom, (ex,), 1, 600, seed=3)
         ex.upload(1, 0, 0, 2, 3)
         ex.attend(1, (0, 1), np.ones((2, 1, 24, 256), np.float32),
                   np.array([[599], [599]], np.int64), 768,
@@ -344,14 +329,14 @@ def test_the_device_ring_reports_writes_uploads_and_reads(cupy_exec: Any) -> Non
         # a ring too small keeps counting: the drain says how many were lost
         small = cupy_exec.CupyExecutor(ring_capacity=4)
         small.setup(geom)
-        fill(geom, (small,), 0, 600, seed=3)
+        fill_rows(geom, (small,), 0, 600, seed=3)
         got = small.drain_records()
         assert len(got) == 4 and got.dropped > 0
         small.close()
         # instrumentation compiled out: no device records at all
         off = cupy_exec.CupyExecutor(instrument=False)
         off.setup(geom)
-        fill(geom, (off,), 0, 600, seed=3)
+        fill_rows(geom, (off,), 0, 600, seed=3)
         off.attend(0, (0,), np.ones((1, 1, 24, 256), np.float32), np.array([[10]], np.int64),
                    256, np.array([[HOST]], np.int64))
         assert len(off.drain_records()) == 0

@@ -24,7 +24,7 @@ from kvdiag.executors import cuda_kernels as ck
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.executors.quant import dequantize_rows, quantize_rows
 from kvdiag.kvstream.backend import HOST, StoreGeometry
-from kvdiag.kvstream.pages import PageGeometry
+from tests.kv_rows import fill_rows, store_geometry
 
 ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "tests" / "kernel_emu"
@@ -128,7 +128,7 @@ class _EmuStore:
         self.v = [np.zeros((rows, self.row_v), np.uint8) for _ in range(geom.n_layers)]
         self.pool = np.zeros(geom.pool_pages * geom.page_bytes, np.uint8)
 
-    def write(self, layer: int, stream: int, cells: np.ndarray, k: np.ndarray,
+    def write_rows(self, layer: int, stream: int, cells: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
         r = stream * self.g.kv_size + cells
         self.k[layer][r] = quantize_rows(self.g.type_k, k)
@@ -185,23 +185,8 @@ class _EmuStore:
 
 def _geometry(type_k: str, type_v: str, head_dim: int, n_head: int, n_head_kv: int,
               kv_size: int = 512, n_stream: int = 2, pool_pages: int = 4) -> StoreGeometry:
-    pg = PageGeometry(type_k, type_v, head_dim, head_dim, n_head_kv)
-    return StoreGeometry(n_layers=2, n_stream=n_stream, kv_size=kv_size, head_dim=head_dim,
-                         n_head=n_head, n_head_kv=n_head_kv, type_k=type_k, type_v=type_v,
-                         page_tokens=pg.page_tokens, page_bytes=pg.page_bytes,
-                         v_offset=pg.v_offset, pool_pages=pool_pages)
-
-
-def _fill(geom: StoreGeometry, store: _EmuStore, ref: NumpyExecutor, layer: int, n_cells: int,
-          seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    width = geom.head_dim * geom.n_head_kv
-    for s in range(geom.n_stream):
-        cells = np.arange(n_cells, dtype=np.int64)
-        k = rng.standard_normal((n_cells, width), dtype=np.float32)
-        v = rng.standard_normal((n_cells, width), dtype=np.float32)
-        store.write(layer, s, cells, k, v)
-        ref.write_rows(layer, s, cells, k, v)
+    return store_geometry(type_k, type_v, head_dim, n_head, n_head_kv, kv_size, n_stream,
+                          pool_pages)
 
 
 CASES = [
@@ -226,7 +211,7 @@ def test_decode_over_pool_ring_and_host_pages_matches_numpy(
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
     layer = 1
-    _fill(geom, store, ref, layer, 500, seed=head_dim + n_head)
+    fill_rows(geom, (store, ref), layer, 500, seed=head_dim + n_head)
     # stream 1 page 0 -> slot 2 (resident); stream 0 page 1 -> slot 0 (a ring slot); page 0 of
     # stream 0 and page 1 of stream 1 read zero-copy from the host store.
     for args in ((layer, 1, 0, 1, 2), (layer, 0, 1, 1, 0)):
@@ -260,7 +245,7 @@ def test_prefill_with_causal_mask_and_gqa_rows_matches_numpy(emu: ctypes.CDLL) -
     geom = _geometry("q8_0", "q5_1", 256, 6, 2, kv_size=512, n_stream=1, pool_pages=3)
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
-    _fill(geom, store, ref, 0, 512, seed=3)
+    fill_rows(geom, (store, ref), 0, 512, seed=3)
     store.upload(0, 0, 0, 2, 1)
     ref.upload(0, 0, 0, 2, 1)
     rng = np.random.default_rng(2)
@@ -281,7 +266,7 @@ def test_ordinary_fallback_reads_only_the_host_store(emu: ctypes.CDLL) -> None:
     geom = _geometry("f16", "f16", 256, 8, 1, kv_size=512, n_stream=2, pool_pages=2)
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
-    _fill(geom, store, ref, 0, 512, seed=4)
+    fill_rows(geom, (store, ref), 0, 512, seed=4)
     store.pool[:] = 0xFF  # NaN everywhere in the pool: any pool read would show
     table = np.full((2, 2), HOST, np.int64)
     q = np.random.default_rng(5).standard_normal((2, 1, 8, 256), dtype=np.float32)
@@ -306,7 +291,7 @@ def test_ordinary_kernel_blocks_share_whole_rows_across_their_heads(
     geom = _geometry(type_k, type_v, head_dim, n_head, n_head_kv, kv_size=512, n_stream=2)
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
-    _fill(geom, store, ref, 0, 500, seed=21)
+    fill_rows(geom, (store, ref), 0, 500, seed=21)
     table = np.full((2, 2), HOST, np.int64)
     tokens = 3  # prefill rows of both streams; stream 1 ends inside a 16-cell tile
     q = np.random.default_rng(6).standard_normal((2, tokens, n_head, head_dim), np.float32)
@@ -330,7 +315,7 @@ def test_launch_layouts_compute_the_same_and_record_each_page_once(
     geom = _geometry("q4_1", "q5_1", 128, 8, 2, kv_size=1024, n_stream=1, pool_pages=4)
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
-    _fill(geom, store, ref, 0, 1000, seed=12)
+    fill_rows(geom, (store, ref), 0, 1000, seed=12)
     store.upload(0, 0, 1, 2, 1)
     ref.upload(0, 0, 1, 2, 1)
     table = np.array([[HOST, 1, 2, HOST]], np.int64)
@@ -365,7 +350,7 @@ def test_explicit_kq_mask_of_a_unified_stream_matches_numpy(emu: ctypes.CDLL,
     geom = _geometry("q4_1", "q5_1", 128, 8, 2, kv_size=1024, n_stream=1, pool_pages=4)
     store, ref = _EmuStore(geom), NumpyExecutor()
     ref.setup(geom)
-    _fill(geom, store, ref, 0, 700, seed=17)
+    fill_rows(geom, (store, ref), 0, 700, seed=17)
     store.upload(0, 0, 1, 2, 1)
     ref.upload(0, 0, 1, 2, 1)
     table = (np.full((1, 3), HOST, np.int64) if host_only
