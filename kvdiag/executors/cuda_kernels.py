@@ -307,8 +307,8 @@ def mask_words(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint32]:
     words = -(-n_kv // 32)
     padded = np.zeros((ns, tokens, 32 * words), np.bool_)
     padded[..., :n_kv] = mask
-    packed = np.packbits(padded, axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32).reshape(ns, tokens, words)
+    packed = np.packbits(padded, axis=-1, bitorder="little")  # contiguous, 4 bytes a word
+    return packed.view("<u4").astype(np.uint32)
 
 
 @dataclass(frozen=True)
