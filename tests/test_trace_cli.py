@@ -49,7 +49,7 @@ def damaged(tmp_path: Path) -> Path:
 def test_validate_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     code, out, err = run(capsys, "validate", str(good))
     assert code == 0 and err == ""
-    assert out == f"{good}: valid: format 1.0, 21 events, ended completed after 5 steps\n"
+    assert out == f"{good}: valid: format 1.1, 21 events, ended completed after 5 steps\n"
 
 
 def test_validate_damaged_file(capsys: pytest.CaptureFixture[str], damaged: Path) -> None:
@@ -120,7 +120,7 @@ def test_missing_action_is_usage_error(capsys: pytest.CaptureFixture[str]) -> No
 def test_info_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     code, out, _ = run(capsys, "info", str(good))
     assert code == 0
-    assert "kvtrace 1.0" in out
+    assert "kvtrace 1.1" in out
     assert "NVIDIA GeForce RTX 4090, 24.0 GiB, driver 560.35, PCIe Gen4 x16, cc 8.9" in out
     assert "2026-03-01T12:00:00+00:00" in out
     assert "scenario.model" in out and "tiny-llama" in out

@@ -10,16 +10,21 @@ import msgspec
 
 from kvdiag.model.events import (
     Abort,
+    Adapt,
     Device,
     Event,
     Evict,
     Fits,
     Header,
+    Invalidate,
     Kernel,
     Learn,
+    Mark,
     Output,
     Read,
     ReadRange,
+    Repartition,
+    Served,
     Step,
     Telemetry,
     Upload,
@@ -81,7 +86,28 @@ ALL_KINDS: list[tuple[type[Event], dict[str, Any]]] = [
             "failed": ("k_contiguous", "same_runtime"),
             "mask": _tensor("KQ_mask", "CUDA0"),
             "membership": True,
+            "evaluated": False,
         },
+    ),
+    (
+        Mark,
+        {
+            "rows": ((0, 3), (2048, 2050)),
+            "keys": ((5, None, 0), (5, 1, 0)),
+            "all": True,
+            "outside": ((None, 8), (1, 9)),
+        },
+    ),
+    (Invalidate, {"reason": "repartition", "generation": 7}),
+    (
+        Repartition,
+        {"resident": (4, 3), "ring": (10, 14), "miss_pct": 2.5, "busy_pct": 41.0,
+         "reason": "grow"},
+    ),
+    (
+        Adapt,
+        {"active": 9000, "resident": 3, "ring": 14, "samples": 40, "misses": 1,
+         "busy_pct": 41.5, "peak": 9, "layout": 36, "skipped": 2, "resident_attended": 12},
     ),
     (
         Write,
@@ -120,6 +146,7 @@ ALL_KINDS: list[tuple[type[Event], dict[str, Any]]] = [
                 ReadRange(0, 1, "pool", 0, "foreign", 2),
                 ReadRange(1, 2, "ring", 1, "exact"),
             ),
+            "served": (Served(0, 1, "pool", 11), Served(1, 2, "ring", 3)),
         },
     ),
     (

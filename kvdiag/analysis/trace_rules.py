@@ -175,7 +175,8 @@ class TraceAnalyzer:
         self.end = e
 
     def _output(self, e: ev.Output) -> None:
-        if e.max_abs_delta > e.tolerance:
+        if e.diverged:
+            assert e.max_abs_delta is not None
             g = self.divergence.setdefault(e.stream, _Group())
             g.add(Evidence(seq=e.seq, step=e.step, stream=e.stream, layer=e.worst_layer,
                            text=f"max |Δ| {e.max_abs_delta:.3g}"))

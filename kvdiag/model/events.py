@@ -62,6 +62,9 @@ class Fits(Event, tag="fits", frozen=True):
     failed: tuple[str, ...] = ()
     mask: Tensor | None = None
     membership: bool = False
+    evaluated: bool = True
+    """False when the writer (a fork through kvtrace.h) did not compute the failed conditions:
+    ``failed`` is then empty and kvdiag evaluates them from the logged geometry (1.1)."""
 
 
 class Write(Event, tag="write", frozen=True):
@@ -69,8 +72,9 @@ class Write(Event, tag="write", frozen=True):
 
     ``cells`` is the stream-local cell range written, ``rows`` the global row range
     (stream × kv_size + cell) that the runtime hands to mark_dirty_rows, and ``dirty`` the
-    bookkeeping keys the layout marked: ``[layer, stream, page]`` with stream None for the
-    shared (layer, page) layout.
+    bookkeeping keys that *this write's rows* marked: ``[layer, stream, page]`` with stream
+    None for the shared (layer, page) layout. ``versions`` is the model's annotation of each
+    page's host version after the write; analysis derives versions without it.
     """
 
     layer: int
@@ -79,6 +83,21 @@ class Write(Event, tag="write", frozen=True):
     rows: tuple[int, int]
     dirty: tuple[tuple[int, int | None, int], ...] = ()
     versions: tuple[tuple[int, int], ...] = ()
+
+
+class Mark(Event, tag="mark", frozen=True):
+    """One mark_dirty_rows call (once per ubatch, before its writes; brief §4.3), 1.1.
+
+    ``rows`` are the global row runs as given, ``keys`` the bookkeeping keys marked,
+    ``all`` that a negative row made every page dirty, and ``outside`` the ``[stream, page]``
+    pairs the rows fell in that lie outside every layer's resident window: their resident
+    copies are not refreshed by this mark.
+    """
+
+    rows: tuple[tuple[int, int], ...]
+    keys: tuple[tuple[int, int | None, int], ...] = ()
+    all: bool = False
+    outside: tuple[tuple[int | None, int], ...] = ()
 
 
 class Upload(Event, tag="upload", frozen=True):
@@ -105,6 +124,14 @@ class Evict(Event, tag="evict", frozen=True):
     reason: str
 
 
+class Invalidate(Event, tag="invalidate", frozen=True):
+    """The resident cache was cleared wholesale: loaded/dirty flags, pointer maps, next_layer
+    (reconfigure, repartition, layout change, resize, buffer clear; brief §1.5), 1.1."""
+
+    reason: str
+    generation: int | None = None
+
+
 class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     """Pages ``[begin, end)`` read from one source whose bytes were written by ``holder``."""
 
@@ -116,8 +143,22 @@ class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     version_lag: int = 0
 
 
+class Served(msgspec.Struct, frozen=True, array_like=True):
+    """Pages ``[begin, end)`` served from ``source``; ``slot`` is the pool or ring slot of
+    ``begin`` (consecutive pages in consecutive slots), -1 for the host store (1.1)."""
+
+    begin: int
+    end: int
+    source: Source
+    slot: int
+
+
 class Read(Event, tag="read", frozen=True):
-    """What one streamed attention read for one layer and stream."""
+    """What one streamed attention read for one layer and stream.
+
+    ``served`` is the raw fact (where each page came from, 1.1); ``ranges`` the model's
+    provenance annotation, absent from native traces. Analysis derives provenance from
+    ``served`` and the write/upload/invalidate events."""
 
     layer: int
     stream: int
@@ -125,6 +166,7 @@ class Read(Event, tag="read", frozen=True):
     ring: int
     host: int
     ranges: tuple[ReadRange, ...] = ()
+    served: tuple[Served, ...] = ()
 
 
 class Abort(Event, tag="abort", frozen=True):
@@ -148,15 +190,49 @@ class Output(Event, tag="output", frozen=True):
     """Attention output of one stream at one step (all layers), against the resident reference.
 
     ``checksum``/``ref_checksum`` are CRC-32 of the float32 outputs of every layer in graph
-    order; ``worst_layer`` is the layer with the largest ``max_abs_delta``.
+    order; ``worst_layer`` is the layer with the largest ``max_abs_delta``. A native trace
+    may record only ``checksum`` (1.1): no reference, so divergence is "not recorded".
     """
 
     stream: int
     checksum: str
-    ref_checksum: str
-    max_abs_delta: float
-    tolerance: float
+    ref_checksum: str = ""
+    max_abs_delta: float | None = None
+    tolerance: float | None = None
     worst_layer: int | None = None
+
+    @property
+    def diverged(self) -> bool | None:
+        """max |Δ| above the tolerance; None when the writer recorded no reference."""
+        if self.max_abs_delta is None or self.tolerance is None:
+            return None
+        return self.max_abs_delta > self.tolerance
+
+
+class Repartition(Event, tag="repartition", frozen=True):
+    """kv_stream_adapt moved the resident/ring boundary (brief §1.10, §5.3), 1.1:
+    resident pages per layer and ring slots before and after."""
+
+    resident: tuple[int, int]
+    ring: tuple[int, int]
+    miss_pct: float | None = None
+    busy_pct: float | None = None
+    reason: str = ""
+
+
+class Adapt(Event, tag="adapt", frozen=True):
+    """One kv_stream_adapt trace line (``LLAMA_KV_STREAM_TRACE``; brief §5.3), 1.1."""
+
+    active: int
+    resident: int
+    ring: int
+    samples: int | None = None
+    misses: int | None = None
+    busy_pct: float | None = None
+    peak: int | None = None
+    layout: int | None = None
+    skipped: int | None = None
+    resident_attended: int | None = None
 
 
 class Telemetry(Event, tag="telemetry", frozen=True):
@@ -196,6 +272,8 @@ class End(Event, tag="end", frozen=True):
     status: Literal["completed", "aborted", "error"]
     steps: int
     events: int
+    reason: str = ""
+    """Why a run did not complete, where known ("interrupted by SIGINT"), 1.1."""
 
 
 class Unknown(msgspec.Struct, frozen=True):
@@ -209,20 +287,24 @@ class Unknown(msgspec.Struct, frozen=True):
 
 
 AnyEvent = (
-    Step | Learn | Fits | Write | Upload | Evict | Read | Abort | Warn | Output | Telemetry
-    | Kernel | End
+    Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
+    | Output | Repartition | Adapt | Telemetry | Kernel | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
     "learn",
     "fits",
     "write",
+    "mark",
     "upload",
     "evict",
+    "invalidate",
     "read",
     "abort",
     "warn",
     "output",
+    "repartition",
+    "adapt",
     "telemetry",
     "kernel",
     "end",

@@ -27,3 +27,9 @@ class Tensor(msgspec.Struct, frozen=True, omit_defaults=True):
     buffer: str = ""
     runtime: int | None = None
     contiguous: bool = True
+    buffer_name: str = ""
+    """``ggml_backend_buffer_name`` of the tensor's buffer, where the writer knew it (1.1)."""
+    view_offs: int = 0
+    """ggml's ``view_offs``: byte offset of a view into its source (1.1)."""
+    base: int = 0
+    """Data pointer of the view's source tensor (or of the tensor itself), 0 = unknown (1.1)."""

@@ -124,7 +124,7 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
                         marks[r.cls].add(event.step)
             elif t is ev.Output:
                 out = cast(ev.Output, event)
-                if out.max_abs_delta > out.tolerance:
+                if out.diverged:
                     marks["diverged"].add(event.step)
             elif t is ev.Fits:
                 if cast(ev.Fits, event).route == "fallback":

@@ -94,7 +94,9 @@ def describe(event: object) -> tuple[str, str]:
             code = f"[{event.code}] " if event.code else ""
             return f"{code}{event.message}", "warn"
         case ev.Output():
-            bad = event.max_abs_delta > event.tolerance
+            bad = event.diverged
+            if bad is None:
+                return f"crc {event.checksum} (no reference recorded)", ""
             rel = ">" if bad else "<="
             return (f"crc {event.checksum} ref {event.ref_checksum} max|d| "
                     f"{event.max_abs_delta:.3g} {rel} {event.tolerance:g}"
