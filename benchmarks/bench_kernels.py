@@ -21,8 +21,6 @@ cache so that no run reads from L2. Exit 2 without CuPy or a GPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import datetime as dt
 import json
 import math
@@ -40,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvdiag.errors import DeviceUnavailable
 from kvdiag.executors import cuda_kernels as ck
+from kvdiag.executors.cupy_profile import read_kernel, read_limits, time_graph
 from kvdiag.kvstream.backend import HOST, StoreGeometry
 from kvdiag.kvstream.pages import PageGeometry
 
@@ -73,48 +72,6 @@ def cupy_or_none(prog: str) -> Any:
         return None
 
 
-def time_graph(cp: Any, stream: Any, body: Callable[[int], None], per_graph: int = PER_GRAPH,
-               graphs: int = GRAPHS) -> tuple[float, str]:
-    """Median µs of one ``body(i)`` from graphs of ``per_graph`` calls; falls back to a plain
-    loop between events if stream capture fails."""
-    with stream:
-        for i in range(3):
-            body(i)
-        stream.synchronize()
-        try:
-            stream.begin_capture()
-            for i in range(per_graph):
-                body(i)
-            graph = stream.end_capture()
-            method = "graph"
-            run = lambda: graph.launch(stream)  # noqa: E731
-        except Exception:
-            with contextlib.suppress(Exception):
-                stream.end_capture()
-            method = "loop"
-
-            def run() -> None:
-                for i in range(per_graph):
-                    body(i)
-        times = []
-        for _ in range(WARMUP_GRAPHS + graphs):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(stream)
-            run()
-            b.record(stream)
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / per_graph)
-    return statistics.median(times[WARMUP_GRAPHS:]), method
-
-
-def read_kernel(cp: Any) -> tuple[Any, int]:
-    """The plain streaming read kernel (membench.cu) and the grid it runs with (8 blocks an
-    SM)."""
-    mod = cp.RawModule(code=ck.kernel_source("membench.cu"), options=("-std=c++17",))
-    return mod.get_function("kv_read_bandwidth"), 8 * int(
-        cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"])
-
-
 def plain_read(cp: Any, kv_bytes: int, layers: int) -> Callable[[int], None]:
     """A ``time_graph`` body: call i reads layer i % layers of a buffer holding ``layers``
     copies of ``kv_bytes`` with the plain read kernel -- what reading an attention call's bytes
@@ -128,36 +85,6 @@ def plain_read(cp: Any, kv_bytes: int, layers: int) -> Callable[[int], None]:
         kern((blocks,), (256,), (buf.data.ptr + (i % layers) * span, np.int64(span // 16), sink))
 
     return body
-
-
-def read_limits(cp: Any, out: dict[str, Any]) -> None:
-    kern, blocks = read_kernel(cp)
-    sink = cp.zeros(1, cp.uint32)
-    stream = cp.cuda.Stream(non_blocking=True)
-    dev_bytes = 4 << 30
-    dev = cp.random.randint(0, 2**31 - 1, dev_bytes // 4, dtype=cp.int32)
-    host_bytes = 1 << 30
-    hptr = cp.cuda.runtime.hostAlloc(host_bytes, 3)  # portable | mapped
-    ctypes.memset(hptr, 0xA5, host_bytes)  # PCIe moves bytes as they are: a pattern will do
-    try:
-        for name, ptr, nbytes in (("hbm_read", dev.data.ptr, dev_bytes),
-                                  ("zero_copy_read", hptr, host_bytes)):
-            n_vec = nbytes // 16
-
-            def body(_i: int, ptr: int = ptr, n_vec: int = n_vec) -> None:
-                kern((blocks,), (256,), (np.uint64(ptr), np.int64(n_vec), sink))
-
-            us, _ = time_graph(cp, stream, body)
-            out[name] = nbytes / us / 1e3
-        d = cp.empty(host_bytes, cp.uint8)
-
-        def copy(_i: int) -> None:
-            cp.cuda.runtime.memcpyAsync(d.data.ptr, hptr, host_bytes, 1, stream.ptr)
-
-        us, _ = time_graph(cp, stream, copy)
-        out["h2d_copy"] = host_bytes / us / 1e3
-    finally:
-        cp.cuda.runtime.freeHost(hptr)
 
 
 def fill(cp: Any, ex: Any, geom: StoreGeometry, seed: int) -> None:
@@ -423,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     limits: dict[str, float] = {}
     t0 = time.monotonic()
     try:
-        read_limits(cp, limits)
+        limits.update(read_limits(cp))
     except Exception:
         traceback.print_exc()
     print(f"limits: {limits} ({time.monotonic() - t0:.1f} s)", flush=True)

@@ -15,9 +15,9 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 KVDIAG_GPU_REPORT=$out
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem \
     --format=csv > "$out/nvidia_smi.txt" 2>&1
 { python3 -m kvdiag devices; echo "exit $?"; } > "$out/devices.txt" 2>&1
-echo "== pytest -m gpu tests/test_gpu_executor.py tests/test_gpu_scenarios.py" | tee "$out/gpu_tests.txt"
+echo "== pytest -m gpu tests/test_gpu_executor.py tests/test_gpu_scenarios.py tests/test_gpu_profile.py" | tee "$out/gpu_tests.txt"
 timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m gpu tests/test_gpu_executor.py \
-    tests/test_gpu_scenarios.py -q -rs -p no:cacheprovider --durations=8 2>&1 | tee -a "$out/gpu_tests.txt"
+    tests/test_gpu_scenarios.py tests/test_gpu_profile.py -q -rs -p no:cacheprovider --durations=8 2>&1 | tee -a "$out/gpu_tests.txt"
 echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
 timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} \

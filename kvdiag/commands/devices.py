@@ -2,6 +2,10 @@
 
 Exit status: 0 when at least one GPU is listed; 1 when there is none (no driver, no NVML, or
 no device), after a one-line message saying why, so ``kvdiag devices && ...`` guards GPU work.
+
+``--profile`` measures the GPU's HBM read, zero-copy read and pinned host→device bandwidths
+and its kernel launch latency with kvdiag's own kernels (needs CuPy), prints them and saves
+the profile where ``capture --profile NAME`` finds it (or to ``--save PATH``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,46 @@ EXIT_NO_GPU = 1
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--profile", action="store_true",
+                        help="measure a device profile of GPU --device and save it")
+    parser.add_argument("--device", type=int, default=0, help="GPU index for --profile")
+    parser.add_argument("--save", metavar="PATH", help="where --profile writes the profile")
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import msgspec
+
+    from kvdiag.errors import DeviceUnavailable
+    from kvdiag.executors.cupy_exec import load_cupy
+    from kvdiag.executors.cupy_profile import measure_profile
+    from kvdiag.kvstream.profiles import save_profile
+
+    try:
+        cp = load_cupy()
+        cp.cuda.Device(args.device).use()
+        name = cp.cuda.runtime.getDeviceProperties(args.device)["name"].decode()
+    except DeviceUnavailable as exc:
+        import sys
+
+        print(f"kvdiag devices --profile: {exc}", file=sys.stderr)
+        return EXIT_NO_GPU
+    profile = measure_profile(cp, name)
+    path = save_profile(profile, Path(args.save) if args.save else None)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(profile)).decode())
+    else:
+        print(f"{profile.name}: HBM read {profile.hbm_read_gbps:g} GB/s, zero-copy read "
+              f"{profile.zero_copy_read_gbps:g} GB/s, pinned H2D {profile.h2d_gbps:g} GB/s, "
+              f"launch {profile.launch_us:g} us")
+        print(f"saved to {path}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.profile:
+        return _profile(args)
     import json
     import sys
     from dataclasses import asdict

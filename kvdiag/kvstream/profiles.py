@@ -1,0 +1,52 @@
+"""Device profiles on disk: ``kvdiag devices --profile`` saves one, captures load one.
+
+A profile is a small JSON file (the fields of :class:`~kvdiag.kvstream.timing.DeviceProfile`)
+in ``<user config dir>/kvdiag/profiles/<slug>.json``. ``h200`` names the built-in default.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+import platformdirs
+
+from kvdiag.errors import InputError
+from kvdiag.kvstream.timing import H200, DeviceProfile
+
+BUILTIN = {"h200": H200}
+
+
+def profile_dir() -> Path:
+    return Path(platformdirs.user_config_dir("kvdiag")) / "profiles"
+
+
+def slug(name: str) -> str:
+    """``NVIDIA H200 NVL`` → ``nvidia-h200-nvl``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
+    target = path or profile_dir() / f"{slug(profile.name)}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(profile)) + b"\n")
+    tmp.replace(target)
+    return target
+
+
+def load_profile(spec: str) -> DeviceProfile:
+    """A built-in name, a saved profile's slug, or a path to a profile file."""
+    if spec.lower() in BUILTIN:
+        return BUILTIN[spec.lower()]
+    candidates = [Path(spec)] if ("/" in spec or spec.endswith(".json")) else [
+        profile_dir() / f"{slug(spec)}.json"]
+    for path in candidates:
+        if path.is_file():
+            try:
+                return msgspec.json.decode(path.read_bytes(), type=DeviceProfile)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise InputError(f"{path}: not a device profile ({exc})") from None
+    known = ", ".join(sorted({*BUILTIN, *(p.stem for p in profile_dir().glob("*.json"))}))
+    raise InputError(f"no device profile {spec!r} (known: {known})")
