@@ -107,7 +107,8 @@ ALL_KINDS: list[tuple[type[Event], dict[str, Any]]] = [
     (
         Adapt,
         {"active": 9000, "resident": 3, "ring": 14, "samples": 40, "misses": 1,
-         "busy_pct": 41.5, "peak": 9, "layout": 36, "skipped": 2, "resident_attended": 12},
+         "busy_pct": 41.5, "peak": 9, "layout": 36, "skipped": 2, "resident_attended": 12,
+         "eval_us": 812.5},
     ),
     (
         Write,

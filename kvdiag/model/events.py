@@ -233,6 +233,8 @@ class Adapt(Event, tag="adapt", frozen=True):
     layout: int | None = None
     skipped: int | None = None
     resident_attended: int | None = None
+    eval_us: float | None = None
+    """The evaluation's attention time, measured or modelled (kvdiag's addition)."""
 
 
 class Telemetry(Event, tag="telemetry", frozen=True):
