@@ -11,7 +11,7 @@ boundary as ``repartition``, and each wholesale clear as ``invalidate``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvdiag.kvstream.adapt import Controller, Counters, Evaluation
@@ -33,7 +33,7 @@ class AdaptiveRuntime:
     pool: PoolPlan
     profile: DeviceProfile
     fixed_ring: bool = False
-    tuning: Tuning = Tuning()
+    tuning: Tuning = field(default_factory=Tuning)
 
     def __post_init__(self) -> None:
         shape = PoolShape(total=self.pool.pool_pages, layers=self.pool.layer_count,
