@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kvdiag.errors import DeviceUnavailable, InputError, UsageError
 from kvdiag.kvstream.backend import Executor
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
 from kvdiag.kvstream.scenarios import Scenario
+from kvdiag.kvstream.timing import H200, DeviceProfile
 from kvdiag.model.events import Device
 from kvdiag.trace.writer import TraceWriter, make_header
 
@@ -62,6 +65,7 @@ def capture(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     telemetry_ms: int = 100,
+    profile: DeviceProfile = H200,
 ) -> CaptureResult:
     if out.is_dir():
         raise InputError(f"{out} is a directory")
@@ -72,7 +76,8 @@ def capture(
     try:
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
-                            on_step_end=_emit_telemetry(sampler) if sampler else None)
+                            on_step_end=_emit_telemetry(sampler) if sampler else None,
+                            profile=profile)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         header = make_header(
@@ -81,6 +86,8 @@ def capture(
                       "seed": seed, "config": cfg.as_dict(),
                       "requests": [vars(r) for r in scenario.requests]},
             plan=runner.plan.as_json(),
+            extra={"feedback": {"kind": "modelled", "profile": msgspec.to_builtins(profile)}}
+            if cfg.adaptive else {},
         )
         with TraceWriter.create(out, header) as writer:
             result = runner.run(writer)
@@ -141,13 +148,16 @@ def capture_from_args(args: Any) -> int:
 
     if args.telemetry_ms < 0:
         raise UsageError(f"--telemetry-ms must be 0 (off) or positive, got {args.telemetry_ms}")
+    from kvdiag.kvstream.profiles import load_profile
+
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+    profile = load_profile(args.profile)
     console = Console(stderr=True)
     out = Path(args.output)
     if args.quiet or not console.is_terminal:
         result = capture(cfg, scenario, out, args.executor, args.seed,
-                         telemetry_ms=args.telemetry_ms)
+                         telemetry_ms=args.telemetry_ms, profile=profile)
     else:
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -156,7 +166,7 @@ def capture_from_args(args: Any) -> int:
             result = capture(cfg, scenario, out, args.executor, args.seed,
                              progress=lambda done, total: bar.update(task, completed=done,
                                                                      total=total),
-                             telemetry_ms=args.telemetry_ms)
+                             telemetry_ms=args.telemetry_ms, profile=profile)
     r = result.result
     line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
             f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")

@@ -18,6 +18,7 @@ from kvdiag.errors import EXIT_USAGE, KvdiagError
 COMMANDS: tuple[str, ...] = (
     "plan",
     "capture",
+    "sweep",
     "check",
     "trace",
     "postmortem",

@@ -8,8 +8,21 @@ from typing import Any
 PRESET_NAMES = ("arm117", "small")
 
 
-def add_shape_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("model shape and runtime flags (override the preset/scenario)")
+class _Group:
+    """An argument group that leaves out the flags a command defines its own way."""
+
+    def __init__(self, group: argparse._ArgumentGroup, skip: tuple[str, ...]) -> None:
+        self.group, self.skip = group, skip
+
+    def add_argument(self, flag: str, **kw: Any) -> None:
+        if flag.lstrip("-") not in self.skip:
+            self.group.add_argument(flag, **kw)
+
+
+def add_shape_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The shape flags; ``skip`` names flags (without dashes) the caller defines itself."""
+    g = _Group(parser.add_argument_group(
+        "model shape and runtime flags (override the preset/scenario)"), skip)
     g.add_argument("--preset", choices=PRESET_NAMES, help="named model shape (default: small)")
     g.add_argument("--layers", type=int, help="attention layers")
     g.add_argument("--streamed-layers", type=int, help="how many layers stream (default: all)")
@@ -28,6 +41,9 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
                    help="GGML_CUDA_KV_STREAM_FIXED_RING_SLOTS (fixed ring size)")
     g.add_argument("--no-native-quants", action="store_true", default=None,
                    help="built without GGML_CUDA_FA_ALL_QUANTS (quantized pairs use F16 mode)")
+    g.add_argument("--adaptive", action="store_true", default=None,
+                   help="model the adaptive resident/ring partition and decode layout "
+                        "(kv_stream_adapt); without it the boot partition stays fixed")
 
 
 _FIELDS = {
@@ -35,6 +51,7 @@ _FIELDS = {
     "kv_unified": "kv_unified", "type_k": "type_k", "type_v": "type_v",
     "head_dim": "head_dim", "n_head": "n_head", "n_head_kv": "n_head_kv",
     "stage_mib": "stage_mib", "ubatch": "n_ubatch", "ring_slots": "ring_slots",
+    "adaptive": "adaptive",
 }
 
 

@@ -28,6 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the K/V/Q values")
     parser.add_argument("--telemetry-ms", type=int, default=100,
                         help="NVML sampling interval on a GPU capture (0: off; default 100)")
+    parser.add_argument("--profile", default="h200", metavar="NAME|PATH",
+                        help="device profile whose bandwidths model the adaptive controller's "
+                             "feedback on the NumPy executor (default: h200, measured; "
+                             "`kvdiag devices --profile` makes one)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_shape_args(parser)
 

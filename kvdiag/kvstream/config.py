@@ -43,6 +43,10 @@ class RuntimeConfig:
     """Built with ``GGML_CUDA_FA_ALL_QUANTS`` (native quantized vec kernels: DIRECT mode)."""
     layout: Layout = "shared"
     dispatch: Dispatch = "membership"
+    adaptive: bool = False
+    """Model the adaptive partition controller (``kv_stream_adapt``, brief §1.10): after each
+    evaluation it may move the resident/ring boundary and switch to the decode layout. Off,
+    the uniform boot partition stays fixed (as with GGML_CUDA_KV_STREAM_FIXED_RING_SLOTS)."""
     assert_file: str = "/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
     assert_line: int = 1898
     """Where the modelled build's ``GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst))`` sits

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from kvdiag.errors import DeviceFault
+from kvdiag.kvstream.adaptive import AdaptiveRuntime
 from kvdiag.kvstream.backend import HOST, Executor, StoreGeometry
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.dispatch import (
@@ -30,6 +31,7 @@ from kvdiag.kvstream.ggml_types import AttentionMode
 from kvdiag.kvstream.plan import Plan, make_plan
 from kvdiag.kvstream.resident import LayerIdentityError, ResidentCache, classify
 from kvdiag.kvstream.scenarios import Lane, Scenario, Scheduler, Ubatch
+from kvdiag.kvstream.timing import H200, DeviceProfile
 from kvdiag.kvstream.views import AddressMap, attention_node
 from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS, Holder
@@ -134,6 +136,7 @@ class Runner:
         tolerance: float = DEFAULT_TOLERANCE,
         progress: Callable[[int, int], None] | None = None,
         on_step_end: Callable[[int, EventSink], None] | None = None,
+        profile: DeviceProfile = H200,
     ) -> None:
         self.cfg = cfg
         self.scenario = scenario
@@ -158,8 +161,11 @@ class Runner:
             cfg.layout, cfg.n_streamed, pool.resident_pages_per_layer, pool.ring_slots,
             cfg.n_stream, cfg.kv_size,
         )
+        self.adaptive = (AdaptiveRuntime(self.cache, pool, profile, fixed_ring=cfg.ring_slots is not None)
+                         if cfg.adaptive else None)
         self.scheduler = Scheduler(scenario.requests, cfg.n_stream, cfg.n_ubatch, cfg.kv_size)
         self.ring_cursor = 0
+        self._n_kv = 0
         self.max_delta = 0.0
         self.req_last_cell: dict[int, int] = {}
         self.cell_req = [np.full(cfg.kv_size, -1, np.int64) for _ in range(cfg.n_stream)]
@@ -196,6 +202,8 @@ class Runner:
             try:
                 abort = self._step(ub)
                 self._drain_device_records(ub.index)
+                if self.adaptive is not None and abort is None:
+                    self._adapt(ub)
             except DeviceFault as exc:
                 # a CUDA error ends the run as ggml_cuda_error ends the server
                 abort = self.sink.emit(ev.Abort, ub.index, message=str(exc),
@@ -209,6 +217,15 @@ class Runner:
             if abort is not None:
                 break
         return RunResult("aborted" if abort else "completed", steps, abort, self.max_delta)
+
+    def _adapt(self, ub: Ubatch) -> None:
+        """kv_stream_adapt after the evaluation (brief §1.10): feedback, maybe a new partition
+        or decode layout; the cache it reshapes is cleared (an ``invalidate`` event)."""
+        assert self.adaptive is not None
+        for cls, fields in self.adaptive.after_evaluation(self._n_kv, ub.tokens, len(ub.streams)):
+            self.sink.emit(cls, ub.index, **fields)
+            if cls is ev.Invalidate:
+                self.ring_cursor = 0  # the ring may have a new size: start it afresh
 
     def _drain_device_records(self, step: int) -> None:
         """Kernel events from an executor that instruments its kernels (the GPU's event ring)."""
@@ -225,6 +242,7 @@ class Runner:
                 self.req_last_cell[req] = max(self.req_last_cell.get(req, -1), cell)
         last_cell = max(self.req_last_cell[r] for r in ub.requests) + 1
         n_kv = min(cfg.kv_size, max(PAGE_TOKENS, -(-last_cell // PAGE_TOKENS) * PAGE_TOKENS))
+        self._n_kv = n_kv
         self.sink.emit(ev.Step, step, phase=ub.phase, streams=ub.streams, tokens=ub.tokens,
                        n_kv=n_kv, slots=ub.slots)
         # set_input_k_idxs: global rows = stream × kv_size + cell, handed to mark_dirty_rows
@@ -428,7 +446,7 @@ class Runner:
         The data plane reads them from the host store: the ring copy is made from the same
         host bytes immediately before the read, so the numbers are identical.
         """
-        ring = self.plan.pool.ring_slots if self.plan.pool else 0
+        ring = self.cache.ring_slots  # the adaptive controller may have moved the boundary
         limit = min(COPY_BATCH_PAGES, ring)
         i = 0
         while i < len(pages):

@@ -1,0 +1,105 @@
+"""Capture one scenario at many stage sizes in parallel and show where the rate falls off.
+
+Every point runs with the adaptive partition controller; its feedback, and the modelled
+attention rate, come from a device profile (``--profile``, default the measured H200). The
+table gives, per point: pool pages, resident pages per layer and ring slots (start→end),
+the resident share of what the decode steps read, the deadline miss ratio, MiB over PCIe per
+decoded token, repartitions and the modelled rate; the summary marks the best rate, the
+smallest stage keeping ≥ 90 % of it and the cliff. ``--executor decisions`` (the default)
+skips the data plane: decisions do not depend on the numbers. Exit 0; 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvdiag.commands._shape import add_shape_args
+from kvdiag.commands.capture import SCENARIO_NAMES
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", default="pool-pressure", choices=SCENARIO_NAMES,
+                        help="what the server does (default: pool-pressure)")
+    parser.add_argument("--stage-mib", dest="stages", required=True, metavar="START:STOP:STEP",
+                        help="stage sizes to try: START:STOP:STEP (STOP included) or a list "
+                             "like 512,1024,2048")
+    parser.add_argument("--np", dest="np_values", default=None, metavar="N[,N...]",
+                        help="slot counts to sweep (default: the scenario's)")
+    parser.add_argument("--executor", default="decisions",
+                        choices=("decisions", "numpy", "cupy", "auto"),
+                        help="decisions: no data plane (fast); numpy/cupy also compute the "
+                             "attention (default: decisions)")
+    parser.add_argument("--profile", default="h200", metavar="NAME|PATH",
+                        help="device profile for the modelled feedback and rate (default h200)")
+    parser.add_argument("--steps", type=int, help="decode steps per request")
+    parser.add_argument("--prompt-tokens", type=int, help="prompt tokens per request")
+    parser.add_argument("-j", "--jobs", type=int, help="worker processes (default: all cores)")
+    parser.add_argument("--plot", metavar="OUT.svg|OUT.png", help="also save the plots to a file")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_shape_args(parser, skip=("np", "stage-mib", "adaptive"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from kvdiag.analysis.sweep import summarise
+    from kvdiag.capture import scenario_from_args
+    from kvdiag.commands._shape import build_config
+    from kvdiag.errors import EXIT_OK, UsageError
+    from kvdiag.kvstream.profiles import load_profile
+    from kvdiag.report.sweep import save_plot, summary_lines, sweep_table, terminal_plot
+    from kvdiag.sweep import PointSpec, run_sweep, stage_range
+
+    try:
+        stages = stage_range(args.stages)
+        nps = [int(x) for x in args.np_values.split(",")] if args.np_values else [None]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if any(n is not None and n <= 0 for n in nps):
+        raise UsageError(f"--np {args.np_values}: slot counts must be positive")
+    if args.jobs is not None and args.jobs <= 0:
+        raise UsageError(f"--jobs must be positive, got {args.jobs}")
+    scenario = scenario_from_args(args)
+    profile = load_profile(args.profile)
+    specs = []
+    for n in nps:
+        for mib in stages:
+            args.stage_mib, args.np, args.adaptive = mib, n, True
+            cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+            specs.append(PointSpec(cfg, scenario, args.executor, profile))
+    console = Console(stderr=True)
+    if args.quiet or args.json or not console.is_terminal:
+        points = run_sweep(specs, args.jobs)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task(f"sweeping {scenario.name}", total=len(specs))
+            points = run_sweep(specs, args.jobs, progress=lambda _p: bar.advance(task))
+    summaries = summarise(points)
+    title = (f"{scenario.name}: {len(stages)} stage sizes, profile {profile.name}, "
+             f"executor {args.executor}")
+    if args.plot:
+        save_plot(points, summaries, Path(args.plot), title)
+    if args.json:
+        json.dump({"scenario": scenario.name, "profile": profile.name,
+                   "executor": args.executor, "points": [p.as_json() for p in points],
+                   "summary": [s.as_json() for s in summaries]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    out = Console(width=None if sys.stdout.isatty() else 200)
+    out.print(sweep_table(points, summaries, title))
+    if any(p.tokens_per_s for p in points):
+        print(terminal_plot(points, width=min(100, out.width), color=sys.stdout.isatty()))
+    for line in summary_lines(points, summaries):
+        print(line)
+    if args.plot:
+        print(f"plots saved to {args.plot}")
+    return EXIT_OK
