@@ -148,8 +148,9 @@ def _end_status(counts: Counts, breaks: Breaks, name: str) -> tuple[EndStatus, s
     notes: list[str] = []
     if breaks.error is not None:
         notes.append(f"{name} breaks after line {breaks.line}: {breaks.error}")
-    elif breaks.no_newline:
-        notes.append(f"{name} ends inside line {breaks.line} (no line end: cut short?)")
+    if breaks.no_newline:
+        notes.append(f"{name} ends inside line {breaks.line + 1} (no line end: cut short?); "
+                     "that line is not imported")
     if counts.aborts:
         return "aborted", "; ".join([f"the log shows {counts.aborts} abort(s)", *notes])
     if notes:

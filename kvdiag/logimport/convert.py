@@ -52,7 +52,6 @@ UNKNOWN_FIELDS: list[str] = [
 ]
 """What a fits=false line does not give (listed in the header's ``extra.import.unknown``)."""
 
-_LEVEL_ONLY = re.compile(r"^[IWEDN] ")
 _STAMP = re.compile(
     r"(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d)(?:\x1b\[[0-9;]*m)* (?:\x1b\[[0-9;]*m)*[IWEDN] ")
 _STAMP_SCAN = 240
@@ -261,9 +260,7 @@ class Converter:
         if not (crash_here or boot_here) and not any(a in raw for a in ANCHORS):
             return
         t = self._time(raw)
-        text, level = clean(raw)
-        if level is None:
-            text = _LEVEL_ONLY.sub("", text, count=1)
+        text, _level = clean(raw)
         where = LogLine(self.name, lineno, text)
         if boot_here:
             self._new_boot(lineno, t)

@@ -31,7 +31,8 @@ SNIFF_BYTES = 64 << 10
 @dataclass
 class Breaks:
     """How the input ended: ``error`` when a read failed (a cut gzip member, an I/O error),
-    ``no_newline`` when the last line had no line end; ``line`` is the last line read."""
+    ``no_newline`` when bytes without a line end were left at the end (that partial line is
+    not read); ``line`` is the last complete line read."""
 
     line: int = 0
     error: str | None = None
@@ -86,8 +87,8 @@ class LogInput:
 
 
 def iter_lines(stream: BinaryIO, breaks: Breaks) -> Iterator[bytes]:
-    """Every line of ``stream`` without its ``\\n``, in order, up to where it breaks (recorded
-    in ``breaks``). A line longer than ``MAX_LINE_BYTES`` is cut to that length."""
+    """Every complete line of ``stream`` without its ``\\n``, in order, up to where it breaks
+    (recorded in ``breaks``). A line longer than ``MAX_LINE_BYTES`` is cut to that length."""
     read: Callable[[int], bytes] = getattr(stream, "read1", None) or stream.read
     carry = b""
     skipping = False
@@ -121,6 +122,5 @@ def iter_lines(stream: BinaryIO, breaks: Breaks) -> Iterator[bytes]:
             yield line
             start = nl + 1
     if carry:
+        # not imported: a line cut short may end inside a number (``ring 1`` of ``ring 17``)
         breaks.no_newline = True
-        breaks.line += 1
-        yield carry
