@@ -20,6 +20,7 @@ ASSERT = ("/src/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:2011: "
           "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed")
 
 BOOT = [
+    "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes",
     "I print_info: n_head           = 24",
     "I print_info: n_head_kv        = 4",
     "I print_info: n_embd_head_k    = 256",
@@ -115,8 +116,9 @@ def test_fits_line_then_assert_is_an_abort_route(tmp_path: Path) -> None:
     assert abort.seq == fits.seq + 1
     end = events[-1]
     assert isinstance(end, ev.End) and end.status == "aborted"
-    # t_ns from the llama.cpp timestamp of the fits line (line 14 of the log, 0-based 13)
-    assert fits.t_ns == (1_000_000 + 13 * 1234) * 1000
+    # t_ns from the llama.cpp timestamp of the fits line (line 15 of the log, 0-based 14)
+    assert fits.t_ns == (1_000_000 + 14 * 1234) * 1000
+    assert (header.device.name, header.device.compute_capability) == ("NVIDIA H200", "9.0")
     # the plan: from the boot lines, page bytes computed (q8_0/q5_1, 256, 4 KV heads: §1.3)
     plan = header.plan
     assert (plan["kv_size"], plan["n_stream"], plan["layers"], plan["type_k"]) == (
@@ -149,7 +151,7 @@ def test_fallback_warnings_nil_runtimes_and_inferred_routes(tmp_path: Path) -> N
     warns = of(events, ev.Warn)
     assert [w.code for w in warns] == ["kv-stream-fallback", "import-route-inferred"]
     assert warns[0].layer == 5 and "falling back" in warns[0].message
-    assert "fb.log:16" in warns[1].message
+    assert "fb.log:17" in warns[1].message
     end = events[-1]
     assert end.status == "completed" and end.reason == ""
 
