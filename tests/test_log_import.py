@@ -25,6 +25,7 @@ BOOT = [
     "I print_info: n_head_kv        = 4",
     "I print_info: n_embd_head_k    = 256",
     "I print_info: n_embd_head_v    = 256",
+    "W llama_context: flash attention is not supported on layer 0's device, falling back",
     "I llama_context: constructing llama_context",
     "I llama_context: n_seq_max     = 2",
     "I llama_context: n_ctx         = 32768",
@@ -116,8 +117,8 @@ def test_fits_line_then_assert_is_an_abort_route(tmp_path: Path) -> None:
     assert abort.seq == fits.seq + 1
     end = events[-1]
     assert isinstance(end, ev.End) and end.status == "aborted"
-    # t_ns from the llama.cpp timestamp of the fits line (line 15 of the log, 0-based 14)
-    assert fits.t_ns == (1_000_000 + 14 * 1234) * 1000
+    # t_ns from the llama.cpp timestamp of the fits line (line 16 of the log, 0-based 15)
+    assert fits.t_ns == (1_000_000 + 15 * 1234) * 1000
     assert (header.device.name, header.device.compute_capability) == ("NVIDIA H200", "9.0")
     # the plan: from the boot lines, page bytes computed (q8_0/q5_1, 256, 4 KV heads: §1.3)
     plan = header.plan
@@ -151,7 +152,7 @@ def test_fallback_warnings_nil_runtimes_and_inferred_routes(tmp_path: Path) -> N
     warns = of(events, ev.Warn)
     assert [w.code for w in warns] == ["kv-stream-fallback", "import-route-inferred"]
     assert warns[0].layer == 5 and "falling back" in warns[0].message
-    assert "fb.log:17" in warns[1].message
+    assert "fb.log:18" in warns[1].message
     end = events[-1]
     assert end.status == "completed" and end.reason == ""
 

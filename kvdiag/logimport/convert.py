@@ -10,7 +10,7 @@ What becomes an event:
   page variants) → ``adapt``; the G2 ``KV layout revision`` line → ``repartition``; invalid
   feedback, failed layout publication, decode-span choice, allocation failures and context
   init failures → ``warn``;
-- a fallback warning (any kv-stream/fits/flash-attention line saying it falls back) → ``warn``
+- a fallback warning (a line naming kv-stream or fits that says it falls back) → ``warn``
   with code ``kv-stream-fallback``, as the model writes it;
 - each crash the post-mortem scanner found (abort, GPU error, fatal signal) → ``abort`` with the
   backtrace frames it printed;
@@ -29,7 +29,14 @@ from typing import Any
 
 from kvdiag.model import events as ev
 from kvdiag.model.geometry import Tensor
-from kvdiag.model.logrecords import BootConfig, Crash, FitsLine, LogLine, SlotEvent, StreamEvent
+from kvdiag.model.logrecords import (
+    BootConfig,
+    Crash,
+    FitsLine,
+    LogLine,
+    SlotEvent,
+    StreamEvent,
+)
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.lines import clean
 from kvdiag.trace.writer import TraceWriter
@@ -40,7 +47,10 @@ WINDOW_LINES = 1000
 
 #: Bytes without which a line cannot yield an event (crash and boot lines are known by number).
 ANCHORS: tuple[bytes, ...] = (b"fits=false", b"kv_stream", b"KV ", b"arena",
-                              b"initialize the context", b"slot", b"back")
+                              b"initialize the context", b"back")
+_ANCHOR = re.compile(b"|".join(re.escape(a) for a in ANCHORS))
+#: Slot lines (brief §7.3) only end a step, which matters only once the step holds an event.
+_SLOT = re.compile(rb"\bslot |id_slot=")
 
 UNKNOWN = (0, 0, 0, 0)
 """``ne``/``nb`` of an operand the log did not describe: no ggml tensor has ``nb[0] == 0``."""
@@ -57,7 +67,8 @@ _STAMP = re.compile(
 _STAMP_SCAN = 240
 _RESTART_NS = 1_000_000_000
 _FALLBACK = re.compile(r"fall(?:ing|s)?[ -]?back", re.IGNORECASE)
-_FALLBACK_CONTEXT = re.compile(r"kv.?stream|fits|flash.?attn|flash attention", re.IGNORECASE)
+# kv-stream's own words: a generic flash-attention fallback at boot is not the dispatcher's
+_FALLBACK_CONTEXT = re.compile(r"kv.?stream|\bfits\b", re.IGNORECASE)
 _LAYER = re.compile(r"\blayer (\d+)\b")
 _NIL = frozenset({"(nil)", "(null)", "nil", "null", "0", "0x0", "NULL", "nullptr"})
 _BOUNDARY_SLOT_KINDS = frozenset({"launch", "progress", "prompt_done", "release"})
@@ -257,7 +268,12 @@ class Converter:
             self._decide_default()
         crash_here = self._ci < len(self._crashes) and self._crashes[self._ci].where.line <= lineno
         boot_here = lineno in self._boot_lines
-        if not (crash_here or boot_here) and not any(a in raw for a in ANCHORS):
+        if not (crash_here or boot_here) and _ANCHOR.search(raw) is None:
+            if self._step_used and _SLOT.search(raw) is not None:
+                text, _level = clean(raw)
+                slot = grammar.parse_slot(LogLine(self.name, lineno, text), text)
+                if slot is not None and slot.kind in _BOUNDARY_SLOT_KINDS:
+                    self._boundary()
             return
         t = self._time(raw)
         text, _level = clean(raw)
@@ -276,8 +292,9 @@ class Converter:
             if isinstance(rec, StreamEvent):
                 self._stream(rec, t)
                 return
-            if isinstance(rec, SlotEvent) and rec.kind in _BOUNDARY_SLOT_KINDS:
-                self._boundary()
+            if isinstance(rec, SlotEvent):
+                if rec.kind in _BOUNDARY_SLOT_KINDS:
+                    self._boundary()
                 return
         if _FALLBACK.search(text) and _FALLBACK_CONTEXT.search(text):
             lm = _LAYER.search(text)
