@@ -392,3 +392,15 @@ def test_export_then_import_gives_the_same_fits_decisions(
         for r, route, m, ne, t, layer in expected]
     assert of(back, ev.Abort) if dispatch == "membership" else not of(back, ev.Abort)
     assert all(not f.evaluated for f in of(back, ev.Fits))
+
+
+def test_slot_lines_end_a_step_only_when_it_holds_an_event(tmp_path: Path) -> None:
+    slot = "I slot update_slots: id  1 | task 4 | prompt processing progress, n_tokens = 512, " \
+           "batch.n_tokens = 512, progress = 0.5"
+    lines = [slot, slot, ADAPT[0], "I srv  update_slots: all slots are idle", ADAPT[0], slot,
+             slot, ADAPT[5], "I slot launch_slot_: id  0 | task 9 | processing task", ADAPT[7]]
+    out = tmp_path / "t.kvtrace"
+    assert run_import(write(tmp_path / "s.log", lines), out) == 0
+    _, events = read(out)
+    assert [(type(e).__name__, e.step) for e in events] == [
+        ("Repartition", 0), ("Repartition", 0), ("Warn", 1), ("Warn", 2), ("End", 2)]
