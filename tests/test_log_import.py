@@ -339,6 +339,7 @@ def test_last_line_without_line_end(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize(("name", "content", "code", "words"), [
     ("missing.log", None, 2, "no such file"),
+    ("a-directory", "dir", 2, "is a directory"),
     ("elf.bin", b"\x7fELF\x02\x01\x01" + bytes(4000), 2, "not a text log"),
     ("random.bin", bytes(range(256)) * 40, 2, "not a text log"),
     ("empty.log", b"", 2, "empty"),
@@ -346,9 +347,11 @@ def test_last_line_without_line_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     ("boot-only.log", ("\n".join(BOOT) + "\n").encode(), 1, "nothing to import"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
-                               content: bytes | None, code: int, words: str) -> None:
+                               content: bytes | str | None, code: int, words: str) -> None:
     log = tmp_path / name
-    if content is not None:
+    if content == "dir":
+        log.mkdir()
+    elif content is not None:
         log.write_bytes(content)
     out = tmp_path / "t.kvtrace"
     assert run_import(log, out) == code
@@ -404,3 +407,27 @@ def test_slot_lines_end_a_step_only_when_it_holds_an_event(tmp_path: Path) -> No
     _, events = read(out)
     assert [(type(e).__name__, e.step) for e in events] == [
         ("Repartition", 0), ("Repartition", 0), ("Warn", 1), ("Warn", 2), ("End", 2)]
+
+
+class _Chunks(io.RawIOBase):
+    """A stream that hands out ``size`` bytes per read, as a pipe or a gzip member might."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size, self.pos = data, size, 0
+
+    def read1(self, n: int = -1) -> bytes:
+        out = self.data[self.pos:self.pos + self.size]
+        self.pos += len(out)
+        return out
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 64, 1 << 20])
+def test_lines_survive_any_chunking(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvdiag.logimport import source
+
+    monkeypatch.setattr(source, "MAX_LINE_BYTES", 40)
+    data = b"first\nsecond line\r\n" + b"x" * 100 + b"\nlast one\ntail without end"
+    breaks = source.Breaks()
+    got = list(source.iter_lines(_Chunks(data, size), breaks))  # type: ignore[arg-type]
+    assert got == [b"first", b"second line\r", b"x" * 40, b"last one"]
+    assert (breaks.line, breaks.no_newline, breaks.error) == (4, True, None)

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from kvdiag.errors import InputError
@@ -37,7 +37,6 @@ class Breaks:
     line: int = 0
     error: str | None = None
     no_newline: bool = False
-    long_lines: list[int] = field(default_factory=list)
 
 
 class LogInput:
@@ -113,8 +112,7 @@ def iter_lines(stream: BinaryIO, breaks: Breaks) -> Iterator[bytes]:
             piece = data[start:nl]
             line = piece if not carry and not skipping else (carry + piece if not skipping
                                                             else carry)
-            if skipping or len(line) > MAX_LINE_BYTES:
-                breaks.long_lines.append(breaks.line + 1)
+            if len(line) > MAX_LINE_BYTES:
                 line = line[:MAX_LINE_BYTES]
             carry = b""
             skipping = False
