@@ -431,3 +431,28 @@ def test_lines_survive_any_chunking(size: int, monkeypatch: pytest.MonkeyPatch) 
     got = list(source.iter_lines(_Chunks(data, size), breaks))  # type: ignore[arg-type]
     assert got == [b"first", b"second line\r", b"x" * 40, b"last one"]
     assert (breaks.line, breaks.no_newline, breaks.error) == (4, True, None)
+
+
+def test_other_crashes_are_aborts_and_do_not_decide_a_fits_route(tmp_path: Path) -> None:
+    lines = stamped([
+        fits_line("0x10", "256,24,1,1", "0x20", "0x30", "0x30"),
+        "/src/ggml/src/ggml-cuda/ggml-cuda.cu:102: CUDA error",
+        "E CUDA error: an illegal memory access was encountered",
+        "E   current device: 0, in function ggml_cuda_op_mul_mat at /src/ggml-cuda.cu:1770",
+        "E   cudaStreamSynchronize(stream)",
+    ])
+    out = tmp_path / "t.kvtrace"
+    assert run_import(write(tmp_path / "cuda.log", lines), out) == 0
+    _, events = read(out)
+    assert [type(e).__name__ for e in events] == ["Fits", "Warn", "Abort", "End"]
+    assert events[0].route == "fallback" and events[1].code == "import-route-inferred"
+    abort = events[2]
+    assert abort.cuda_error == "an illegal memory access was encountered"
+    assert abort.message == "/src/ggml/src/ggml-cuda/ggml-cuda.cu:102: CUDA error"
+    assert events[3].status == "aborted"
+
+    seg = write(tmp_path / "segv.log", [ADAPT[1], "Segmentation fault (core dumped)"])
+    assert run_import(seg, out, "--force") == 0
+    _, events = read(out)
+    assert [type(e).__name__ for e in events] == ["Adapt", "Abort", "End"]
+    assert events[1].message == "SIGSEGV" and events[2].status == "aborted"
