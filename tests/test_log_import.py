@@ -232,6 +232,13 @@ def _ansi(text: str) -> str:
     return f"\x1b[33m{text[:2]}\x1b[0m{text[2:]}" if text[:1] in "IWE" else text
 
 
+def _ansi_stamp(text: str) -> str:
+    stamp, _, rest = text.partition(" ")
+    if not stamp[:1].isdigit():
+        return text
+    return f"\x1b[34m{stamp}\x1b[0m \x1b[32m{rest[:2]}\x1b[0m{rest[2:]}"
+
+
 WRAPS: dict[str, Callable[[list[str]], list[str]]] = {
     "plain": lambda ls: ls,
     "bare": lambda ls: [t[2:] if t[1:2] == " " else t for t in ls],
@@ -241,6 +248,8 @@ WRAPS: dict[str, Callable[[list[str]], list[str]]] = {
     "journald+router+timestamps": lambda ls: [
         f"Mar 03 10:11:12 gpu-box llama-server[4711]: [ 8081] {t}" for t in stamped(ls)],
     "ansi": lambda ls: [_ansi(t) for t in ls],
+    # common/log.cpp with colours: blue timestamp, coloured level letter
+    "ansi-timestamps": lambda ls: [_ansi_stamp(t) for t in stamped(ls)],
     "docker-iso": lambda ls: [f"2026-03-03T10:11:12.123456789Z {t}" for t in stamped(ls)],
 }
 
@@ -280,6 +289,9 @@ def test_prefixes_and_line_ends_give_the_same_events(tmp_path: Path, wrap: str,
     header, events = read(out)
     assert _essence(events) == EXPECTED
     assert header.plan["page_bytes"] == 475_136
+    stamps = "timestamps" in wrap or wrap in ("router", "docker-iso")
+    first = CONTENT.index(ADAPT[0])
+    assert events[0].t_ns == ((1_000_000 + first * 1234) * 1000 if stamps else 0)
 
 
 def test_gzip_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
