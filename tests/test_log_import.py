@@ -468,3 +468,15 @@ def test_other_crashes_are_aborts_and_do_not_decide_a_fits_route(tmp_path: Path)
     _, events = read(out)
     assert [type(e).__name__ for e in events] == ["Adapt", "Abort", "End"]
     assert events[1].message == "SIGSEGV" and events[2].status == "aborted"
+
+
+def test_an_abort_on_a_last_line_without_line_end_is_kept(tmp_path: Path) -> None:
+    log = tmp_path / "cut.log"
+    log.write_bytes("\n".join([fits_line("0x10", "256,24,1,2", "0x20", "0x30", "0x30"),
+                               ASSERT]).encode())
+    out = tmp_path / "t.kvtrace"
+    assert run_import(log, out) == 0
+    _, events = read(out)
+    assert [(type(e).__name__, getattr(e, "route", "")) for e in events] == [
+        ("Fits", "abort"), ("Abort", ""), ("End", "")]
+    assert events[2].status == "aborted" and "ends inside line 2" in events[2].reason

@@ -380,5 +380,9 @@ class Converter:
             self._add(line, t, ev.Warn, message=rec.where.text, code=_STREAM_WARN_CODE[rec.kind])
 
     def finish(self) -> None:
+        """End of the complete lines. A crash the scanner read on a last line without a line
+        end is still an abort: losing the abort would be worse than a cut message."""
+        if self._ci < len(self._crashes):
+            self._crash_lines(self._crashes[-1].where.line, self._t)
         self._decide_default()
         self._flush()
