@@ -128,7 +128,11 @@ def test_fits_line_then_assert_is_an_abort_route(tmp_path: Path) -> None:
     assert fits.stage_bytes == 475_136
     assert {"page_bytes", "stage_bytes"} <= set(header.extra["import"]["derived"])
     assert header.backend == "import" and header.scenario["source"] == "log"
-    assert header.scenario["name"] == "crash.log" and header.scenario["config"]["np"] == 2
+    assert header.scenario["name"] == "crash.log"
+    assert header.scenario["config"] == {
+        "layout": "", "dispatch": "", "np": 2, "kv_unified": False, "ctx": 32768, "layers": 9,
+        "type_k": "q8_0", "type_v": "q5_1", "stage_mib": 512.0, "head_dim": 256, "n_head": 24,
+        "n_head_kv": 4}
 
 
 def test_fallback_warnings_nil_runtimes_and_inferred_routes(tmp_path: Path) -> None:

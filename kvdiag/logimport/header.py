@@ -138,16 +138,26 @@ def build_header(display: str, boots: tuple[BootConfig, ...], sniffer: BootSniff
                  lines: int, unknown: list[str]) -> Header:
     boot = chosen_boot(boots)
     plan, derived = plan_of(boot, sniffer.info)
+    # the model's RuntimeConfig names (kvdiag/kvstream/config.py), for the keys the log gives;
+    # layout and dispatch are what the fork did, which a log does not say
     config: dict[str, Any] = {"layout": "", "dispatch": ""}
     scenario: dict[str, Any] = {"name": os.path.basename(display), "source": "log",
+                                "description": f"imported from {display}",
                                 "log": display, "config": config}
     if boot is not None:
-        np_ = boot.n_seq_max or boot.n_parallel
-        if np_ is not None:
-            config["np"] = np_
-        if boot.kv_unified is not None:
-            config["kv_unified"] = boot.kv_unified
+        pool = boot.kv_stream_pool_mib or boot.kv_stream_arena_mib
+        for key, value in (("np", boot.n_seq_max or boot.n_parallel),
+                           ("kv_unified", boot.kv_unified), ("ctx", boot.n_ctx),
+                           ("layers", boot.n_layer), ("streamed_layers", boot.kv_stream_layers),
+                           ("type_k", boot.type_k), ("type_v", boot.type_v),
+                           ("n_ubatch", boot.n_ubatch),
+                           ("stage_mib", None if pool is None else round(pool, 2))):
+            if value is not None:
+                config[key] = value
         scenario["boot"] = boot_json(boot)
+    for key in ("head_dim", "n_head", "n_head_kv"):
+        if key in plan:
+            config[key] = plan[key]
     device = Device(name="unknown")
     if sniffer.device is not None:
         device = Device(name=sniffer.device[0], compute_capability=sniffer.device[1])
