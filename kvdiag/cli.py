@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "check",
     "trace",
     "postmortem",
+    "import_",
     "devices",
     "tui",
     "demo",
@@ -45,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f"kvdiag.commands.{name}")
         doc = (module.__doc__ or "").strip().splitlines()
-        p = sub.add_parser(name, help=doc[0] if doc else None, description=module.__doc__)
+        # a command named after a Python keyword lives in "<name>_.py" (import_.py)
+        p = sub.add_parser(name.rstrip("_"), help=doc[0] if doc else None,
+                           description=module.__doc__)
         module.configure(p)
         p.set_defaults(_run=module.run)
     return parser

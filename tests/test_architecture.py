@@ -25,6 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "postmortem": {"model"},
     "analysis": {"model"},
     "report": {"analysis", "model"},
+    # kvdiag import: reads logs with postmortem, sizes pages with kvstream, writes a trace
+    "logimport": {"postmortem", "kvstream", "trace", "model"},
     "tui": {"report", "analysis", "trace", "model", "postmortem"},
 }
 LEAVES = {"errors", "__init__"}

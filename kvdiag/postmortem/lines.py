@@ -31,7 +31,8 @@ _ISO = re.compile(
 )
 _COMPOSE = re.compile(r"^[A-Za-z0-9][\w.-]*-\d+ +\| ?")
 _ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
-_LLAMA = re.compile(r"^\d+\.\d\d\.\d\d\d\.\d\d\d ([IWEDN]) ")
+# common/log.cpp prints the level letter with or without the timestamp (--log-prefix alone)
+_LLAMA = re.compile(r"^(?:\d+\.\d\d\.\d\d\d\.\d\d\d )?([IWEDN]) ")
 
 
 def clean(raw: bytes) -> tuple[str, str | None]:

@@ -115,8 +115,11 @@ class TraceWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def emit(self, cls: type[E], step: int, **fields: Any) -> E:
+    def emit(self, cls: type[E], step: int, *, t_ns: int | None = None, **fields: Any) -> E:
         """Build ``cls(seq, t_ns, step, **fields)``, buffer its line and return it.
+
+        ``t_ns`` defaults to the time since the writer was created; a converter that knows when
+        each event happened (``kvdiag import`` reads the log's timestamps) passes its own.
 
         The line reaches the file at the next :meth:`end_step`, or now for Abort and Warn:
         those are what a post-mortem looks for first, so they must not wait for the step's end.
@@ -127,7 +130,8 @@ class TraceWriter:
             self._seq += 1
             # Positionally: seq, t_ns, step are Event's first fields in every kind, and msgspec
             # builds a Struct measurably faster without merging them into the keyword dict.
-            event = cls(self._seq, time.monotonic_ns() - self._t0, step, **fields)
+            when = time.monotonic_ns() - self._t0 if t_ns is None else t_ns
+            event = cls(self._seq, when, step, **fields)
             buf = self._buf
             self._encode_into(event, buf, -1)
             buf.append(_NEWLINE)
@@ -145,11 +149,12 @@ class TraceWriter:
             if not self._closed:
                 self._flush()
 
-    def close(self, status: EndStatus = "completed", *, steps: int | None = None) -> End | None:
+    def close(self, status: EndStatus = "completed", *, steps: int | None = None,
+              reason: str = "", t_ns: int | None = None) -> End | None:
         """Write the End event, flush and close; a second call does nothing and returns None.
 
         ``steps`` defaults to the highest step emitted + 1; End's ``events`` counts the events
-        before it.
+        before it; ``reason`` says why a run did not complete (1.1); ``t_ns`` as in ``emit``.
         """
         if self._closed:
             return None
@@ -157,9 +162,11 @@ class TraceWriter:
             end = self.emit(
                 End,
                 max(self._max_step, 0),
+                t_ns=t_ns,
                 status=status,
                 steps=self._max_step + 1 if steps is None else steps,
                 events=self._seq,
+                reason=reason,
             )
             with self._lock:
                 self._flush()

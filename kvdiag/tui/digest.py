@@ -28,14 +28,19 @@ TELEMETRY_FIELDS: tuple[str, ...] = (
 )
 
 
+PARTITION_FIELDS: tuple[str, ...] = ("resident", "ring", "miss_pct", "busy_pct", "active", "peak")
+"""kv_stream_adapt's partition (``adapt`` and ``repartition`` events, 1.1)."""
+
+
 @dataclass(frozen=True, eq=False)
 class TelemetrySeries:
     """Samples in file order: ``step`` and ``t_ns`` per sample and one float array per field
-    (NaN where NVML gave nothing)."""
+    (NaN where the sample has no value)."""
 
     step: np.ndarray
     t_ns: np.ndarray
     values: dict[str, np.ndarray] = field(default_factory=dict)
+    fields: tuple[str, ...] = TELEMETRY_FIELDS
 
     @property
     def n(self) -> int:
@@ -43,7 +48,7 @@ class TelemetrySeries:
 
     def present(self) -> list[str]:
         """Fields with at least one sample."""
-        return [k for k in TELEMETRY_FIELDS if k in self.values
+        return [k for k in self.fields if k in self.values
                 and bool(np.any(~np.isnan(self.values[k])))]
 
     def sample_at_step(self, step: int) -> int | None:
@@ -65,6 +70,32 @@ def telemetry_series(samples: list[ev.Telemetry]) -> TelemetrySeries:
     return TelemetrySeries(step, t_ns, values)
 
 
+def _nan(v: float | None) -> float:
+    return np.nan if v is None else float(v)
+
+
+def partition_series(samples: list[ev.Adapt | ev.Repartition]) -> TelemetrySeries:
+    """One sample per adapt line (the partition it ran with) and per repartition (the
+    partition after it). An adapt line's miss % is misses / samples: the deadline miss ratio
+    the controller compares with its 1 % threshold (brief §1.10)."""
+    rows: list[tuple[float, ...]] = []
+    for e in samples:
+        if isinstance(e, ev.Adapt):
+            miss = (100.0 * e.misses / e.samples if e.misses is not None and e.samples
+                    else np.nan)
+            rows.append((e.resident, e.ring, miss, _nan(e.busy_pct), e.active, _nan(e.peak)))
+        else:
+            rows.append((e.resident[1], e.ring[1], _nan(e.miss_pct), _nan(e.busy_pct),
+                         np.nan, np.nan))
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), len(PARTITION_FIELDS))
+    return TelemetrySeries(
+        np.array([e.step for e in samples], dtype=np.int64),
+        np.array([e.t_ns for e in samples], dtype=np.int64),
+        {name: table[:, i] for i, name in enumerate(PARTITION_FIELDS)},
+        PARTITION_FIELDS,
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class TraceDigest:
     findings: tuple[Finding, ...]
@@ -77,6 +108,8 @@ class TraceDigest:
     aborts: tuple[ev.Abort, ...]
     complete: bool
     truncated: bool
+    partition: TelemetrySeries = field(default_factory=lambda: partition_series([]))
+    """Resident pages/layer, ring slots, miss and copy-busy % from kv_stream_adapt (1.1)."""
 
 
 class _Counting:
@@ -110,6 +143,7 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
                                                       "fallback")}
     samples: list[ev.Telemetry] = []
     aborts: list[ev.Abort] = []
+    partition: list[ev.Adapt | ev.Repartition] = []
     analyzer = TraceAnalyzer()
     feed = analyzer.feed
     try:
@@ -134,6 +168,8 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
             elif t is ev.Abort:
                 aborts.append(cast(ev.Abort, event))
                 marks["abort"].add(event.step)
+            elif t is ev.Adapt or t is ev.Repartition:
+                partition.append(cast(ev.Adapt | ev.Repartition, event))
             if progress is not None and n % every == 0:
                 progress(min(stream.count / size, 1.0))
     finally:
@@ -150,4 +186,5 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
         aborts=tuple(aborts),
         complete=reader.complete,
         truncated=reader.truncated,
+        partition=partition_series(partition),
     )

@@ -17,12 +17,17 @@ def ptr(value: int | None) -> str:
     return "-" if value is None else f"0x{value:x}"
 
 
+def _dims(dims: tuple[int, int, int, int]) -> str:
+    # all zeros: the writer did not know the shape (an imported log; docs/log-import.md)
+    return "?" if dims == (0, 0, 0, 0) else "[" + ",".join(map(str, dims)) + "]"
+
+
 def ne(t: Tensor) -> str:
-    return "[" + ",".join(map(str, t.ne)) + "]"
+    return _dims(t.ne)
 
 
 def nb(t: Tensor) -> str:
-    return "[" + ",".join(map(str, t.nb)) + "]"
+    return _dims(t.nb)
 
 
 def kib(n: int) -> str:

@@ -22,6 +22,7 @@ from kvdiag.tui.eventtext import ptr
 Cell = tuple[str, str, int]
 """(tensor, field, dim): ``("K", "ne", 3)``; dim is -1 for fields without one."""
 
+_UNKNOWN = (0, 0, 0, 0)
 _DIM = re.compile(r"\b(Q|K|V|mask)\.(ne|nb)\[(\d)\]")
 _FIELD = re.compile(r"\b(Q|K|V|mask)\.(type|runtime|contiguous)\b")
 
@@ -74,12 +75,16 @@ def operands_table(event: ev.Fits, styles: FitsStyles) -> Table:
         return Text(text, style=styles.failed if (op, field, dim) in marked else "")
 
     for op, t in _operand_rows(event):
+        # an imported log leaves what it did not print as "" and zeros (docs/log-import.md)
+        ne = ["?"] * 4 if t.ne == _UNKNOWN else [str(n) for n in t.ne]
+        nb = ["?"] * 4 if t.nb == _UNKNOWN else [str(n) for n in t.nb]
         table.add_row(
-            Text(op, style=styles.heading), t.name[:28], cell(op, "type", -1, t.type),
-            *(cell(op, "ne", i, str(t.ne[i])) for i in range(4)),
-            *(cell(op, "nb", i, str(t.nb[i])) for i in range(4)),
+            Text(op, style=styles.heading), t.name[:28], cell(op, "type", -1, t.type or "?"),
+            *(cell(op, "ne", i, ne[i]) for i in range(4)),
+            *(cell(op, "nb", i, nb[i]) for i in range(4)),
             ptr(t.data) if t.data else "-", t.buffer or "-",
-            cell(op, "runtime", -1, "-" if t.runtime is None else str(t.runtime)),
+            cell(op, "runtime", -1, "-" if t.runtime is None else (
+                str(t.runtime) if t.runtime < 1 << 16 else ptr(t.runtime))),
             cell(op, "contiguous", -1, "yes" if t.contiguous else "no"),
         )
     return table
@@ -100,23 +105,40 @@ def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableT
                  style=st.failed if any(c.startswith("block_tokens") for c in event.failed)
                  else st.dim)
     parts: list[RenderableType] = [head, stage, operands_table(event, st)]
-    if event.failed:
+    if not event.evaluated and not event.failed:
+        parts.append(Text("conditions not evaluated: the writer recorded only that fits() was "
+                          "false (an imported log line does not say which condition failed; "
+                          "? = not in the log)", style=st.dim))
+        d = event.dst.ne
+        if d != _UNKNOWN and d[3] > 1:
+            parts.append(Text(f"  ✗ dst ne[3] = {d[3]}: {EXPLAIN['K.ne[3]==1']}",
+                              style=st.failed))
+        if event.k.runtime is None and event.v.runtime is None:
+            parts.append(Text(f"  ✗ {EXPLAIN['K.runtime!=NULL']}", style=st.failed))
+        parts.append(_route_note(event, st))
+    elif event.failed:
         parts.append(Text(f"{len(event.failed)} failed condition(s):", style=st.heading))
         for cond in event.failed:
             line = Text("  ✗ ")
             line.append(cond, style=st.failed)
             line.append(f"  {explain(cond)}")
             parts.append(line)
-        if event.route in ("streamed", "abort"):
-            parts.append(Text(
-                "the dispatcher still chose the streamed kernel: it routes on buffer membership, "
-                "and the kernel's GGML_ASSERT(fits) aborts", style=st.failed))
-        elif event.route == "fallback":
-            parts.append(Text("the dispatcher fell back to ordinary flash attention over the "
-                              "host-mapped buffer (zero-copy)", style=st.dim))
+        if event.route in ("streamed", "abort", "fallback"):
+            parts.append(_route_note(event, st))
     else:
         parts.append(Text("every condition holds", style=st.ok))
     return Group(*parts)
+
+
+def _route_note(event: ev.Fits, st: FitsStyles) -> Text:
+    if event.route in ("streamed", "abort"):
+        return Text("the dispatcher still chose the streamed kernel: it routes on buffer "
+                    "membership, and the kernel's GGML_ASSERT(fits) aborts", style=st.failed)
+    if event.route == "fallback":
+        return Text("the dispatcher fell back to ordinary flash attention over the "
+                    "host-mapped buffer (zero-copy)", style=st.dim)
+    return Text("the node is not in a kv-stream buffer: ordinary flash attention",
+                style=st.dim)
 
 
 def fitsline_detail(rec: FitsLine, styles: FitsStyles | None = None) -> RenderableType:

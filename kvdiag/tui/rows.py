@@ -148,7 +148,8 @@ class FitsRows(_Selection):
             return ["", "", "", "", "", "", "(not a fits event)"], "corrupt"
         rt = f"{'-' if e.k.runtime is None else e.k.runtime}/" \
              f"{'-' if e.v.runtime is None else e.v.runtime}"
-        failed = Text(", ".join(e.failed)) if e.failed else Text("-")
+        failed = Text(", ".join(e.failed)) if e.failed else Text(
+            "-" if e.evaluated else "not evaluated")
         cells: list[str | Text] = [
             str(e.seq), str(e.step), str(e.layer), e.node, e.route,
             "true" if e.result else "FALSE", failed, ne(e.q), ne(e.k), ne(e.v), ne(e.dst),

@@ -1,0 +1,158 @@
+"""``kvdiag import``: a llama-server log (the lines instrumented forks already print) → a trace.
+
+Two passes over the log: the post-mortem scanner (:class:`kvdiag.postmortem.parse.LogParser`:
+boots, crashes with their backtraces, damage) while :class:`~kvdiag.logimport.header.BootSniffer`
+picks the model's head geometry out of the same bytes; then the header is written and
+:class:`~kvdiag.logimport.convert.Converter` turns the lines into events. The trace is written
+to a temporary file beside the output and renamed when complete, so an existing file is
+replaced only when the import succeeded (and only with ``force``). The rules — what each line
+becomes, how routes and steps are inferred, how unknown geometry is marked — are in
+docs/log-import.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from kvdiag.errors import InputError, UsageError
+from kvdiag.logimport.convert import UNKNOWN_FIELDS, Converter, Counts
+from kvdiag.logimport.header import BootSniffer, build_header, chosen_boot
+from kvdiag.logimport.source import Breaks, LogInput, iter_lines
+from kvdiag.model.events import End
+from kvdiag.model.logrecords import LogScan
+from kvdiag.postmortem.parse import LogParser
+from kvdiag.trace.writer import EndStatus, TraceWriter
+
+
+class NothingToImport(InputError):
+    """The log was read but holds no line that becomes an event."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    output: Path
+    counts: Counts
+    end: End
+    breaks: Breaks
+    lines: int
+
+
+class _Sniffing:
+    """The scanner's stream, with every block it reads shown to the boot sniffer too."""
+
+    def __init__(self, stream: BinaryIO, hook: Callable[[bytes], None]) -> None:
+        self._stream = stream
+        self._hook = hook
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._hook(data)
+        return data
+
+    def read1(self, n: int = -1) -> bytes:
+        read1 = getattr(self._stream, "read1", None)
+        data: bytes = read1(n) if read1 is not None else self._stream.read(n)
+        self._hook(data)
+        return data
+
+
+def default_output(log: str) -> Path:
+    """``server.log`` → ``server.kvtrace`` (``.gz`` dropped too), beside the log."""
+    p = Path(log)
+    name = p.name
+    for suffix in (".gz", ".log", ".txt"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return p.with_name(name + ".kvtrace")
+
+
+def _scan(log: LogInput, sniffer: BootSniffer) -> LogScan:
+    parser = LogParser()
+    stream, closers = log.open()
+    try:
+        parser.feed(log.display, cast(BinaryIO, _Sniffing(stream, sniffer.feed)))
+    finally:
+        for c in closers:
+            c.close()
+    return parser.result()
+
+
+def import_log(path: str, output: str | None = None, *, force: bool = False) -> ImportResult:
+    """Read ``path`` (``-`` = stdin) and write its trace; raise :class:`InputError` (exit 2)
+    for input that is not a readable text log, :class:`NothingToImport` (exit 1) for a log
+    without any importable line, :class:`UsageError` for an output that exists without
+    ``force``."""
+    if output is None:
+        if path == "-":
+            raise UsageError("reading stdin needs -o OUT.kvtrace")
+        output = str(default_output(path))
+    out = Path(output)
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists (use --force to replace it)")
+    log = LogInput(path)
+    try:
+        return _convert(log, out)
+    finally:
+        log.close()
+
+
+def _convert(log: LogInput, out: Path) -> ImportResult:
+    sniffer = BootSniffer()
+    scan = _scan(log, sniffer)
+    boot = chosen_boot(scan.boots)
+    header = build_header(log.display, scan.boots, sniffer, scan.lines, UNKNOWN_FIELDS)
+    stage = int(header.plan.get("stage_bytes", 0))
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        writer = TraceWriter.create(tmp, header)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    breaks = Breaks()
+    try:
+        conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage)
+        stream, closers = log.open()
+        try:
+            for raw in iter_lines(stream, breaks):
+                conv.line(breaks.line, raw.rstrip(b"\r"))
+        finally:
+            for c in closers:
+                c.close()
+        conv.finish()
+        status, reason = _end_status(conv.counts, breaks, log.display)
+        end = writer.close(status, reason=reason, t_ns=conv.time_ns)
+        assert end is not None
+    except BaseException:
+        writer.close("error")
+        tmp.unlink(missing_ok=True)
+        raise
+    if conv.counts.imported == 0:
+        tmp.unlink(missing_ok=True)
+        raise NothingToImport(
+            f"{log.display}: nothing to import ({breaks.line} lines, none of them a fits=false, "
+            "kv_stream_adapt, fallback, abort or crash line)")
+    os.replace(tmp, out)
+    return ImportResult(out, conv.counts, end, breaks, breaks.line)
+
+
+def _end_status(counts: Counts, breaks: Breaks, name: str) -> tuple[EndStatus, str]:
+    """``aborted`` when the log shows an abort; else ``error`` when it breaks off (a read
+    error, or a last line without a line end); else ``completed``."""
+    notes: list[str] = []
+    if breaks.error is not None:
+        notes.append(f"{name} breaks after line {breaks.line}: {breaks.error}")
+    if breaks.no_newline:
+        notes.append(f"{name} ends inside line {breaks.line + 1} (no line end: cut short?); "
+                     "that line is not imported")
+    if counts.aborts:
+        return "aborted", "; ".join([f"the log shows {counts.aborts} abort(s)", *notes])
+    if notes:
+        return "error", "; ".join(notes)
+    return "completed", ""

@@ -1,0 +1,82 @@
+"""An imported log in the viewer: its fits decisions on Fits, its partition on Telemetry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from kvdiag.cli import main
+from kvdiag.tui.app import KvdiagApp
+from tests.test_log_import import ASSERT, BOOT, fits_line, stamped
+from tests.test_tui_pilot import drive, lines, show, text
+
+
+def adapt(active: int, resident: int, ring: int, misses: int, busy: float) -> str:
+    return (f"W kv_stream_adapt: active {active}, resident {resident}, ring {ring}, samples 200, "
+            f"misses {misses}, copy busy {busy}%, peak {ring // 2}")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("imported")
+    log = [
+        *BOOT,
+        adapt(9000, 40, 8, 0, 20.0),
+        adapt(9300, 40, 8, 6, 35.0),
+        "W kv_stream_adapt: adaptive KV partition: resident pages/layer 40 -> 37, ring slots "
+        "8 -> 35, miss 3.0%, copy busy 35.0%",
+        adapt(9600, 37, 35, 2, 61.5),
+        adapt(9900, 37, 35, 0, 64.0),
+        fits_line("0x7f00aa000100", "256,24,1,2", "0x7f2000000000", "0x55aa00001230",
+                  "0x55aa00001230"),
+        ASSERT,
+    ]
+    path = root / "server.log"
+    path.write_text("\n".join(stamped(log)) + "\n")
+    out = root / "server.kvtrace"
+    assert main(["import", str(path), "-o", str(out)]) == 0
+    return out
+
+
+def test_fits_screen_shows_the_imported_decision(imported: Path) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "3")
+        screen = text(app)
+        assert "1 fits() decision(s), 1 false · routes: abort 1" in screen
+        assert "conditions not evaluated" in screen
+        assert "dst ne[3] = 2" in screen
+        row = next(r for r in lines(app) if "abort" in r and "FALSE" in r)
+        assert "not evaluated" in row and "[256,24,1,2]" in row and "[0,0,0,0]" not in row
+        assert "GGML_ASSERT(fits) aborts" in screen
+        dst = next(r for r in lines(app) if r.lstrip().startswith("dst"))
+        assert "256" in dst and "24" in dst and "?" in dst  # ne logged, nb not
+
+    drive([imported], script)
+
+
+def test_telemetry_screen_plots_the_partition(imported: Path) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "6", "home")
+        screen = text(app)
+        assert "KV partition (kv_stream_adapt)" in screen
+        assert "kv_stream_adapt (5 samples)" in screen
+        assert "no telemetry in this trace" in screen  # no NVML samples in a log
+
+        def row(label: str) -> str:
+            return next(r for r in lines(app) if r.lstrip().startswith(label))
+
+        assert "40 pages" in row("resident/layer") and "37 – 40" in row("resident/layer")
+        assert "8 slots" in row("ring slots") and "8 – 35" in row("ring slots")
+        assert "20.00 %" in row("copy busy")
+        assert "0.00 %" in row("miss")
+        # the second adapt line (step 1): misses 6 of 200 samples
+        await show(pilot, "right")
+        assert "3.00 %" in row("miss") and "35.00 %" in row("copy busy")
+        # the repartition belongs to step 2, the adapt line after it too
+        await show(pilot, "right")
+        assert "37 pages" in row("resident/layer") and "35 slots" in row("ring slots")
+        assert "61.50 %" in row("copy busy")
+
+    drive([imported], script)
