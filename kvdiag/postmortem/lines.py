@@ -1,7 +1,8 @@
 """Opening logs and turning one raw line into clean text.
 
 A line as it reaches a user may carry, outside in: a journald (``Jan 10 16:31:55 host
-prog[pid]: ``), ISO-timestamp (``docker logs -t``, Kubernetes CRI ``<ts> stderr F``) or
+prog[pid]: ``, or the short ``prog[pid]: `` that ``journalctl -o cat``-style copies and
+syslog forwarders leave), ISO-timestamp (``docker logs -t``, Kubernetes CRI ``<ts> stderr F``) or
 docker-compose (``svc-1  | ``) prefix, llama-server router's ``[port] `` prefix (port right-aligned in 5 columns), ANSI colour codes
 (gdb runs with ``set style enabled on``) and llama.cpp's own ``<min>.<ss>.<ms>.<us> <L> `` prefix
 (common/log.cpp; domain brief §6.3, §7.1). ``clean`` removes all of them and reports the level
@@ -29,6 +30,9 @@ _ISO = re.compile(
     r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
     r"(?: (?:stdout|stderr) [FP]| \S+ [^\s:\[]+(?:\[\d+\])?:)? "
 )
+# journald's identifier and pid without date and host (what remains when the date column is cut
+# off a copied journal, e.g. "ollama[1297]: "); the name is a program name, never a bracket.
+_JOURNALD_SHORT = re.compile(r"^[A-Za-z_][\w.@+-]{0,63}\[\d{1,10}\]: ")
 _COMPOSE = re.compile(r"^[A-Za-z0-9][\w.-]*-\d+ +\| ?")
 _ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
 _LLAMA = re.compile(r"^\d+\.\d\d\.\d\d\d\.\d\d\d ([IWEDN]) ")
@@ -43,7 +47,8 @@ def clean(raw: bytes) -> tuple[str, str | None]:
         text = _ANSI.sub("", text)
     text = text.replace("\r", "")
     for _ in range(3):
-        m = _JOURNALD.match(text) or _ISO.match(text) or _COMPOSE.match(text)
+        m = (_JOURNALD.match(text) or _ISO.match(text) or _COMPOSE.match(text)
+             or _JOURNALD_SHORT.match(text))
         if m is None:
             break
         text = text[m.end():]
