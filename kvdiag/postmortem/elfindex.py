@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from kvdiag.errors import InputError
+from kvdiag.postmortem.lines import require_regular
 
 MAX_SYMBOLS = 2_000_000
 
@@ -51,6 +52,7 @@ class ElfImage:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        require_regular(path, "binary")
         try:
             self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
         except OSError as exc:

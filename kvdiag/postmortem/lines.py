@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import stat
 import sys
 from typing import BinaryIO
 
@@ -68,14 +69,14 @@ def clean(raw: bytes) -> tuple[str, str | None]:
 def open_log(path: str) -> tuple[str, BinaryIO, list[BinaryIO]]:
     """Open ``path`` for binary reading: ``-`` is stdin; gzip is detected by its magic bytes.
 
-    Returns ``(display name, stream, handles the caller closes)``.
+    Only regular files (and ``-``) are read: opening a FIFO without a writer would block
+    forever, and a device never ends. Returns ``(display name, stream, handles the caller closes)``.
     """
     if path == "-":
         stdin: BinaryIO = sys.stdin.buffer
         stream = _maybe_gzip(stdin)
         return "<stdin>", stream, ([stream] if stream is not stdin else [])
-    if os.path.isdir(path):
-        raise InputError(f"cannot read {path}: is a directory")
+    require_regular(path)
     try:
         fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     except OSError as exc:
@@ -84,9 +85,31 @@ def open_log(path: str) -> tuple[str, BinaryIO, list[BinaryIO]]:
     return path, stream, ([stream, fh] if stream is not fh else [fh])
 
 
+def require_regular(path: str, what: str = "log") -> None:
+    """A one-line ``InputError`` unless ``path`` is an existing regular file (or a link to one).
+
+    ``os.stat`` never blocks, where ``open`` on a FIFO waits for a writer that may never come."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"cannot open {path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"cannot read {path}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "not a regular file")
+        hint = "; pipe it to '-' instead" if what == "log" else ""
+        raise InputError(f"cannot read {path}: {kind}, not a regular {what} file{hint}")
+
+
 def _maybe_gzip(stream: BinaryIO) -> BinaryIO:
     peek = getattr(stream, "peek", None)
     head = peek(2)[:2] if peek is not None else b""
     if head == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
     return stream
+

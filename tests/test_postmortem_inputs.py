@@ -1,0 +1,75 @@
+"""Hostile log and binary inputs for ``kvdiag postmortem`` (issue 11 #8, #22, #24): files that
+are not text, files that are not regular files, and gzip data that breaks. Each ends with one
+line on stderr and exit 2, never a hang or a silent exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvdiag.errors import InputError
+from kvdiag.postmortem.lines import open_log
+
+CRASH_LOG = b"".join(line + b"\n" for line in (
+    b"0.00.010.000 I llama_context: n_ctx         = 8192",
+    b"0.01.220.115 I slot launch_slot_: id  1 | task 7 | processing task",
+    b"/w/kv/ggml/src/ggml-cuda/fattn.cu:311: GGML_ASSERT(K->ne[1] % 256 == 0) failed",
+    b"[New LWP 5121]",
+    b"#0  0x00007f00aa0ea42f in __GI___wait4 (pid=5122) at ../sysdeps/unix/wait4.c:30",
+    b"#1  0x00007f00ab6d1a3b in ggml_abort () from /w/kv/lib/libggml-base.so",
+    b"#2  0x00007f00ab2c0f11 in ggml_cuda_flash_attn_ext () from /w/kv/lib/libggml-cuda.so",
+))
+
+
+def _cli(args: list[str], stdin: bytes | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", *args], input=stdin,
+                          capture_output=True, check=False, timeout=timeout, env=env)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[bytes], *needles: str) -> str:
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, (proc.returncode, err, proc.stdout[:300])
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+# -- #22 non-regular files ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_without_writer_as_log_or_binary_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "server.log"
+    os.mkfifo(fifo)
+    log = tmp_path / "real.log"
+    log.write_bytes(CRASH_LOG)
+    # a hang would end in subprocess.TimeoutExpired, failing the test
+    _one_line_error(_cli([str(fifo), "--json"], timeout=30), "FIFO", str(fifo))
+    _one_line_error(_cli([str(log), "--binary", str(fifo)], timeout=30), "FIFO", "binary")
+
+
+def test_character_device_is_not_a_log() -> None:
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero here")
+    with pytest.raises(InputError, match="a device, not a regular log file"):
+        open_log("/dev/zero")
+
+
+def _open_and_close(path: Path, data: bytes) -> bytes:
+    path.write_bytes(data)
+    _name, stream, closers = open_log(str(path))
+    try:
+        return stream.read()
+    finally:
+        for c in closers:
+            c.close()
+
