@@ -4,7 +4,9 @@ line on stderr and exit 2, never a hang or a silent exit."""
 
 from __future__ import annotations
 
+import gzip
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,47 @@ def test_character_device_is_not_a_log() -> None:
         pytest.skip("no /dev/zero here")
     with pytest.raises(InputError, match="a device, not a regular log file"):
         open_log("/dev/zero")
+
+
+# -- #8 binary data -------------------------------------------------------------------------
+
+
+def test_random_bytes_plain_gzip_or_stdin_are_not_a_log(tmp_path: Path) -> None:
+    rng = random.Random(8)
+    noise = bytes(rng.randrange(256) for _ in range(20_000))
+    plain = tmp_path / "core.bin"
+    plain.write_bytes(noise)
+    packed = tmp_path / "core.bin.gz"
+    packed.write_bytes(gzip.compress(noise))
+    for path in (plain, packed):
+        _one_line_error(_cli([str(path)]), "not a text log", "NUL byte at offset")
+    _one_line_error(_cli(["-", "--json"], stdin=noise), "<stdin>", "not a text log")
+
+
+def test_high_bytes_without_nul_are_not_a_log_but_a_few_stray_bytes_are(tmp_path: Path) -> None:
+    rng = random.Random(80)
+    high = bytes(rng.randrange(0x80, 0x100) for _ in range(5000))
+    with pytest.raises(InputError, match=r"of its first 5000 bytes are not UTF-8"):
+        _open_and_close(tmp_path / "high.bin", high)
+    # a Latin-1 model path in an otherwise ASCII log is a log
+    latin = CRASH_LOG.replace(b"/w/kv/", b"/home/J\xfcrgen/kv/")
+    data = _open_and_close(tmp_path / "latin1.log", latin)
+    assert data == latin
+
+
+def test_utf16_log_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="UTF-16 byte-order mark"):
+        _open_and_close(tmp_path / "ps.log", "\ufeffslot x\r\n".encode("utf-16-le"))
+
+
+def test_stdin_text_is_read_whole_after_the_probe() -> None:
+    """The probe reads stdin's first 64 KiB; they must be handed to the parser again."""
+    filler = b"".join(b"srv  log_server_r: request: GET /health 200 %d\n" % i
+                      for i in range(3000))
+    assert len(filler) > 64 << 10
+    proc = _cli(["-", "--json"], stdin=filler + CRASH_LOG)
+    assert proc.returncode == 1, proc.stderr
+    assert b'"condition": "K->ne[1] % 256 == 0"' in proc.stdout
 
 
 def _open_and_close(path: Path, data: bytes) -> bytes:

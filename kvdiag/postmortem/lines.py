@@ -12,11 +12,13 @@ letter when there was one.
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import re
 import stat
 import sys
-from typing import BinaryIO
+import zlib
+from typing import Any, BinaryIO
 
 from kvdiag.errors import InputError
 
@@ -66,22 +68,40 @@ def clean(raw: bytes) -> tuple[str, str | None]:
     return text, level
 
 
+#: How much of a log's start decides whether it is text (after gzip is undone).
+TEXT_PROBE = 64 << 10
+#: Share of undecodable bytes above which the start of a file is binary, not a log with a few
+#: stray bytes (a Latin-1 name in a path, a cut multi-byte character).
+MAX_INVALID_SHARE = 0.1
+
+
 def open_log(path: str) -> tuple[str, BinaryIO, list[BinaryIO]]:
     """Open ``path`` for binary reading: ``-`` is stdin; gzip is detected by its magic bytes.
 
     Only regular files (and ``-``) are read: opening a FIFO without a writer would block
-    forever, and a device never ends. Returns ``(display name, stream, handles the caller closes)``.
+    forever, and a device never ends. A file whose first ``TEXT_PROBE`` bytes (decompressed)
+    are not text is refused. Returns ``(display name, stream, handles the caller closes)``.
     """
     if path == "-":
         stdin: BinaryIO = sys.stdin.buffer
         stream = _maybe_gzip(stdin)
-        return "<stdin>", stream, ([stream] if stream is not stdin else [])
+        head = _probe(stream)
+        _check_text("<stdin>", head)
+        # stdin cannot seek back: what the probe read is handed out again first
+        replay: BinaryIO = io.BufferedReader(_Replay(head, stream))  # type: ignore[arg-type]
+        return "<stdin>", replay, [replay]
     require_regular(path)
     try:
         fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     except OSError as exc:
         raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
-    stream = _maybe_gzip(fh)
+    try:
+        stream = _maybe_gzip(fh)
+        _check_text(path, _probe(stream))
+        stream.seek(0)
+    except BaseException:
+        fh.close()
+        raise
     return path, stream, ([stream, fh] if stream is not fh else [fh])
 
 
@@ -104,6 +124,69 @@ def require_regular(path: str, what: str = "log") -> None:
                 "not a regular file")
         hint = "; pipe it to '-' instead" if what == "log" else ""
         raise InputError(f"cannot read {path}: {kind}, not a regular {what} file{hint}")
+
+
+def _probe(stream: BinaryIO) -> bytes:
+    """Up to ``TEXT_PROBE`` bytes from the start; a stream that breaks inside them gives what
+    came before the break (the parser reports the break itself)."""
+    parts: list[bytes] = []
+    got = 0
+    read = getattr(stream, "read1", None) or stream.read
+    while got < TEXT_PROBE:
+        try:
+            chunk = read(TEXT_PROBE - got)
+        except (EOFError, OSError, zlib.error):
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _check_text(name: str, head: bytes) -> None:
+    """Refuse a start that is not text: a NUL byte, or more than ``MAX_INVALID_SHARE`` of bytes
+    that are not UTF-8 (a log is ASCII almost everywhere)."""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(f"{name}: not a UTF-8 log: starts with a UTF-16 byte-order mark "
+                         "(convert it to UTF-8 first, e.g. with iconv -f UTF-16)")
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise InputError(f"{name}: not a text log: binary data (NUL byte at offset {nul})")
+    if head:
+        text = head.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd")
+        if bad > MAX_INVALID_SHARE * len(head):
+            raise InputError(f"{name}: not a text log: {bad} of its first {len(head)} bytes "
+                             "are not UTF-8")
+
+
+class _Replay(io.RawIOBase):
+    """``head`` first, then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self._head = memoryview(head)
+        self._stream = stream
+        self._read = getattr(stream, "read1", None) or stream.read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._head.nbytes:
+            n = min(len(view), self._head.nbytes)
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._stream is not sys.stdin.buffer:
+            self._stream.close()
+        super().close()
 
 
 def _maybe_gzip(stream: BinaryIO) -> BinaryIO:
