@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,35 @@ def _open_and_close(path: Path, data: bytes) -> bytes:
         for c in closers:
             c.close()
 
+
+# -- #24 broken gzip ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [[], ["--json"]])
+def test_truncated_and_corrupt_gzip_say_why_on_stderr_in_every_mode(
+        tmp_path: Path, mode: list[str]) -> None:
+    whole = gzip.compress(CRASH_LOG * 400, mtime=0)
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    err = _one_line_error(_cli([str(cut), *mode]), str(cut), "input breaks after line",
+                          "the .gz file is truncated")
+    assert "end-of-stream marker" not in err
+    # flip the stored CRC: every byte decodes, the check at the end fails
+    bad = bytearray(whole)
+    bad[-8] ^= 0xFF
+    crc = tmp_path / "crc.log.gz"
+    crc.write_bytes(bytes(bad))
+    _one_line_error(_cli([str(crc), *mode]), "corrupt (CRC check failed)")
+    # damage inside the deflate stream: the first damage (seeded) that zlib itself rejects
+    rng = random.Random(24)
+    while True:
+        mid = bytearray(whole)
+        at = rng.randrange(20, len(mid) - 20)
+        mid[at:at + 4] = bytes(rng.randrange(256) for _ in range(4))
+        try:
+            zlib.decompressobj(31).decompress(bytes(mid))
+        except zlib.error:
+            break
+    body = tmp_path / "body.log.gz"
+    body.write_bytes(bytes(mid))
+    _one_line_error(_cli([str(body), *mode]), str(body), "the gzip data is corrupt")

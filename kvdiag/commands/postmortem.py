@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         Console().print(postmortem_renderable(scan, findings))
-    if any(p.message.startswith("input breaks") for p in scan.problems):
+    breaks = [p for p in scan.problems if p.message.startswith("input breaks")]
+    for p in breaks:
+        # on stderr in every output mode: a --json consumer may not read "problems"
+        print(f"kvdiag: {p.source}: {p.message}", file=sys.stderr)
+    if breaks:
         return EXIT_USAGE
     return EXIT_FINDINGS if scan.crashes else EXIT_OK

@@ -196,3 +196,16 @@ def _maybe_gzip(stream: BinaryIO) -> BinaryIO:
         return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
     return stream
 
+
+def describe_break(exc: BaseException) -> str:
+    """A stream failure in the user's terms (Python's gzip and zlib texts name internals)."""
+    text = str(exc)
+    if isinstance(exc, EOFError) or "end-of-stream marker" in text:
+        return "the gzip data ends early (the .gz file is truncated)"
+    if isinstance(exc, gzip.BadGzipFile | zlib.error):
+        if "CRC" in text:
+            return "the gzip data is corrupt (CRC check failed)"
+        if "Not a gzipped file" in text:
+            return "a second gzip member has a bad header (the .gz file is corrupt)"
+        return f"the gzip data is corrupt ({text.split(': ', 1)[-1]})"
+    return f"read error: {getattr(exc, 'strerror', None) or text}"

@@ -38,7 +38,7 @@ from kvdiag.postmortem import grammar
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, describe_break
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.slots import active_slots
 
@@ -139,7 +139,8 @@ class LogParser:
             try:
                 data = read(BLOCK)
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
-                self._problem(f"input breaks after line {self._lineno}: {exc}", None)
+                self._problem(f"input breaks after line {self._lineno}: {describe_break(exc)}",
+                              None)
                 break
             if not data:
                 break
