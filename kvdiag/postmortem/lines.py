@@ -88,7 +88,7 @@ def open_log(path: str) -> tuple[str, BinaryIO, list[BinaryIO]]:
         head = _probe(stream)
         _check_text("<stdin>", head)
         # stdin cannot seek back: what the probe read is handed out again first
-        replay: BinaryIO = io.BufferedReader(_Replay(head, stream))  # type: ignore[arg-type]
+        replay: BinaryIO = io.BufferedReader(_Replay(head, stream))
         return "<stdin>", replay, [replay]
     require_regular(path)
     try:
