@@ -278,12 +278,16 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         crash = group[0]
         ab = crash.abort
         assert ab is not None
-        what = f"assert {ab.condition}" if ab.condition is not None else ab.message
+        if ab.condition is not None:
+            what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
+        elif crash.kind == "ggml_abort":
+            what = f"GGML_ABORT: {ab.message} at {_short(ab.file)}:{ab.line}"
+        else:
+            what = f"{ab.message} failed at {_short(ab.file)}:{ab.line}"
         frame = _first_app_frame(crash)
         yield Finding(
             rule="ggml-assert", severity=Severity.ERROR,
-            title=f"{what} failed at {_short(ab.file)}:{ab.line}"
-                  + (f" (in {frame})" if frame else ""),
+            title=what + (f" (in {frame})" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
             fix="unknown signature: read the condition at that line and the in-app frames; "
                 "report it upstream with this fingerprint if it is not yours",

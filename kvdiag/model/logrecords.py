@@ -27,7 +27,8 @@ SlotEventKind = Literal[
     "request_done",
 ]
 AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message"]
-CrashKind = Literal["assert", "abort", "cuda_error", "segfault", "signal", "exception"]
+CrashKind = Literal["assert", "abort", "ggml_abort", "cuda_error", "segfault", "signal",
+                    "exception"]
 BacktraceForm = Literal["gdb", "glibc", "lldb", "macos", "coredump", "android"]
 StreamEventKind = Literal[
     "repartition", "trace", "feedback_error", "layout_error", "latency", "config_failure",

@@ -55,6 +55,8 @@ _NOTES = (
     "Could not attach to process",
     "The program is not being run",
     "warning: process",
+    "error: Could not convert process PID",  # lldb attach failing in ggml_print_backtrace
+    "error: attach failed",
 )
 
 #: Functions that are the abort/backtrace machinery, not the crash site (issue 4 list).

@@ -54,6 +54,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
     b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
+    b"ggml",  # GGML_ABORT's "<…/ggml/…/x.c>:<line>: <message>" with no other anchor word
 )
 #: With a helper process (``scanhelper``), the main process searches these and the helper the
 #: rest, plus the newline count; the split balances the measured search costs.
