@@ -77,15 +77,20 @@ _RUNTIME_FUNCS = frozenset({
     "execute_native_thread_routine", "start", "thread_start", "_pthread_start",
     "crosscall2", "BaseThreadInitThunk", "RtlUserThreadStart",
 })
+# Matched against the module's FILE NAME only: a library installed under a Python folder
+# (``…/lib/python3.11/site-packages/llama_cpp/lib/libggml-base.so``) is the app, not Python.
 _RUNTIME_MODULE = re.compile(
-    r"(?:^|[/\\])(?:libc(?:-[\d.]+)?\.so|libc\.so\.\d|libpthread|libm\.so|libdl|librt|"
-    r"ld-linux|ld\.so|ld-musl|libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s|libffi|libpython|"
-    r"python\d|libsystem_\w+\.dylib|libdyld\.dylib|dyld|libobjc|libunwind|ntdll\.dll|"
-    r"kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|msvcp\d+\.dll|vcruntime\d+\.dll|"
-    r"libcuda\.so|libcudart|libcublas|libamdhip64|libhsa-runtime|linux-vdso|libgomp|libomp|"
-    r"libiomp|libsycl|libze_|libur_|libOpenCL|libmkl_|libnvidia-|librocblas|libhipblas)",
+    r"^(?:libc(?:-[\d.]+)?\.so|libc\.so\.\d|libc\.musl|libpthread|libm\.so|libm-[\d.]+\.so|"
+    r"libdl|librt|ld-linux|ld\.so|ld-musl|ld64\.so|libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s|"
+    r"libffi|libpython|python(?:\d[\d.]*)?(?:\.exe)?$|python\d+\.dll$|libsystem_\w+\.dylib|"
+    r"libdyld\.dylib|dyld$|libobjc|libunwind|ntdll\.dll|kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|"
+    r"msvcp\d+\.dll|vcruntime\d+\.dll|libcuda\.so|libcudart|libcublas|libamdhip64|"
+    r"libhsa-runtime|linux-vdso|libgomp|libomp|libiomp|libsycl|libze_|libur_|libOpenCL|libmkl_|"
+    r"libnvidia-|librocblas|libhipblas)",
     re.IGNORECASE,
 )
+# Folders that hold only a runtime's own modules (CPython's extension modules).
+_RUNTIME_DIR = re.compile(r"(?:^|[/\\])lib-dynload[/\\]")
 _CLONE_SUFFIX = re.compile(r"(?: \[clone [^\]]+\])+$|\.(?:cold|part\.\d+|isra\.\d+|"
                            r"constprop\.\d+|llvm\.\d+|lto_priv\.\d+)$")
 
@@ -109,9 +114,16 @@ def base_name(function: str) -> str:
     return name.strip()
 
 
+def module_file_name(module: str) -> str:
+    """The file name of a module path, POSIX or Windows."""
+    return module.replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def is_in_app(function: str | None, module: str | None) -> bool:
-    """False for the abort machinery and for system/runtime libraries (see module docstring)."""
-    if module and _RUNTIME_MODULE.search(module):
+    """False for the abort machinery and for system/runtime code: a runtime library by its file
+    name (or a runtime-only folder such as ``lib-dynload``), a runtime function name."""
+    if module and (_RUNTIME_MODULE.match(module_file_name(module))
+                   or _RUNTIME_DIR.search(module)):
         return False
     if function:
         base = base_name(function)
