@@ -96,3 +96,40 @@ def test_real_crash_captured_three_ways_groups_into_one_fingerprint(tmp_path: Pa
     lib_frames = [f for f in glibc_bt.frames if f.module == str(built.lib)]
     assert [f.function for f in lib_frames if f.in_app] == [
         "ggml_compute_forward_dup", "ggml_graph_compute_step"]
+
+
+# -- #7 libc frames with a source file -----------------------------------------------------
+
+SEGV_GDB = b"""\
+Thread 7 "llama-server" received signal SIGSEGV, Segmentation fault.
+[Switching to Thread 0x7ffd5bfff6c0 (LWP 4120)]
+#0  __memmove_evex_unaligned_erms () at ../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S:708
+#1  0x00007ffff7a3c1e2 in std::char_traits<char>::copy (__n=64, __s2=0x0, __s1=<optimized out>) at /usr/include/c++/12/bits/char_traits.h:431
+#2  0x00007ffff7a3c9a0 in ggml_compute_forward_cpy_f16 (params=0x7ffd5bffe0d0, dst=0x5555566a0) at /home/ci/llama.cpp/ggml/src/ggml-cpu/ops.cpp:388
+#3  0x00007ffff7a41b20 in ggml_graph_compute_thread (data=0x7fffffffd040) at /home/ci/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c:2901
+#4  0x00007ffff7e5a134 in start_thread (arg=<optimized out>) at ./nptl/pthread_create.c:442
+#5  0x00007ffff7eda7dc in clone3 () at ../sysdeps/unix/sysv/linux/x86_64/clone3.S:81
+"""
+
+
+def test_segfault_in_libc_memmove_is_blamed_on_the_first_app_frame() -> None:
+    (crash,) = scan_bytes(SEGV_GDB).crashes
+    assert crash.kind == "segfault"
+    assert crash.backtrace is not None
+    assert [f.in_app for f in crash.backtrace.frames] == [False, False, True, True, False, False]
+    (finding,) = [f for f in findings_of(scan_bytes(SEGV_GDB)) if f.rule == "segfault"]
+    assert finding.title == "SIGSEGV without an assert in ggml_compute_forward_cpy_f16 ops.cpp:388"
+    assert finding.evidence[-1].text == (
+        "first in-app frame: ggml_compute_forward_cpy_f16 ops.cpp:388")
+
+
+@pytest.mark.skipif(native_ggml.GCC is None or native_ggml.GDB is None,
+                    reason="needs gcc and gdb for a real segfault capture")
+def test_real_segfault_under_gdb_names_the_op_not_memmove(tmp_path: Path) -> None:
+    built = native_ggml.build(tmp_path)
+    log = native_ggml.run_gdb(built, "segv")
+    assert b"../sysdeps/" in log  # gdb printed a source file for the libc frame
+    src_lines = built.src.read_text().splitlines()
+    line = 1 + next(i for i, t in enumerate(src_lines) if "memmove(dst, src, n);" in t)
+    (finding,) = [f for f in findings_of(scan_bytes(log)) if f.rule == "segfault"]
+    assert finding.title == f"SIGSEGV without an assert in ggml_compute_forward_dup ggml.c:{line}"

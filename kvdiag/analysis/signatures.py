@@ -79,11 +79,14 @@ def _groups(crashes: Iterable[Crash]) -> list[list[Crash]]:
 
 
 def _first_app_frame(crash: Crash) -> str | None:
+    """``function file:line`` of the first in-app frame (file without folders), e.g.
+    ``ggml_compute_forward_dup ggml.c:4531``: the frame to blame, past libc and the abort
+    machinery (``postmortem.backtrace.is_in_app`` sets ``in_app``)."""
     if crash.backtrace is None:
         return None
     for fr in crash.backtrace.frames:
         if fr.in_app and fr.function:
-            loc = f" at {fr.file}:{fr.line}" if fr.file else ""
+            loc = f" {_short(fr.file)}:{fr.line}" if fr.file else ""
             return f"{fr.function}{loc}"
     return None
 

@@ -132,10 +132,11 @@ class Resymbolizer:
         frames: list[Frame] = []
         for k, (func, file, line) in enumerate(found):
             function = func if func is not None else fr.function
+            src = file if file is not None else fr.file
             frames.append(msgspec.structs.replace(
-                fr, function=function, file=file if file is not None else fr.file,
+                fr, function=function, file=src,
                 line=line if line is not None else fr.line, inlined=k < len(found) - 1,
-                in_app=is_in_app(function, module)))
+                in_app=is_in_app(function, module, src)))
         return frames
 
 
