@@ -224,7 +224,8 @@ def parse_frame(text: str) -> Parsed | None:
         m = _GLIBC.match(s)
         if m is not None and (m.group(1) or m.group(3)):
             module = (m.group(1) or "").strip() or None
-            sym = m.group(2) or None
+            # a versioned dynamic symbol (``memcpy@GLIBC_2.14``, ``f@@V1``): the name is before "@"
+            sym = (m.group(2) or "").split("@", 1)[0] or None
             function = _clean_function(sym)
             off = int(m.group(3), 16) if m.group(3) else None
             frame = Frame(

@@ -115,7 +115,10 @@ class Resymbolizer:
         elif ref is not None:
             sym = mod.image.symbol_address(ref[0])
             if sym is not None:
+                # glibc printed dladdr's nearest symbol: its value plus the printed offset is
+                # the module offset a "(+0xOFF)" frame would have shown
                 vaddr = sym + ref[1]
+                fr = msgspec.structs.replace(fr, offset=vaddr - mod.image.base_vaddr)
         elif fr.address is not None:
             base = bases.get(module_key(fr.module or mod.path))
             if base is not None:
