@@ -90,10 +90,11 @@ class ElfImage:
         self.end = "<" if ident[5] == 1 else ">"
         wide = self.elfclass == 64
         hdr = self._read(16, 48 if wide else 36)
-        (e_type, _mach, _ver, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
+        (e_type, machine, _ver, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
          shentsize, shnum, shstrndx) = struct.unpack(
             self.end + ("HHIQQQIHHHHHH" if wide else "HHIIIIIHHHHHH"), hdr)
         self.is_exec = e_type == 2
+        self.machine: int = machine
         sh_fmt = self.end + ("IIQQQQIIQQ" if wide else "IIIIIIIIII")
         ph_fmt = self.end + ("IIQQQQQQ" if wide else "IIIIIIII")
         if shoff and shnum == 0:  # extended numbering: the count is in section 0's sh_size
@@ -116,6 +117,8 @@ class ElfImage:
             self._by_index.append(entry)
             self.sections.setdefault(name, entry)
         loads: list[int] = []
+        #: PT_LOAD segments as (p_vaddr, p_offset, p_filesz)
+        self.segments: list[tuple[int, int, int]] = []
         self.has_interp = False
         if phoff and phentsize >= struct.calcsize(ph_fmt) and phnum <= MAX_SECTIONS:
             for i in range(phnum):
@@ -125,9 +128,19 @@ class ElfImage:
                 vaddr, align = (ph[3], ph[7]) if wide else (ph[2], ph[7])
                 if p_type == _PT_LOAD:
                     loads.append(vaddr & ~(max(align, 1) - 1))
+                    p_offset, p_filesz = (ph[2], ph[5]) if wide else (ph[1], ph[4])
+                    self.segments.append((vaddr, p_offset, p_filesz))
                 elif p_type == _PT_INTERP:
                     self.has_interp = True
         self.base_vaddr = min(loads) if loads else 0
+
+    def code_bytes(self, vaddr: int, size: int) -> bytes | None:
+        """``size`` bytes of the file image at link-time address ``vaddr`` (None outside the
+        loaded segments' file contents)."""
+        for seg_vaddr, seg_off, seg_size in self.segments:
+            if seg_vaddr <= vaddr and vaddr + size <= seg_vaddr + seg_size:
+                return self._read(seg_off + vaddr - seg_vaddr, size)
+        return None
 
     def section_data(self, name: str) -> bytes | None:
         sec = self.sections.get(name)

@@ -89,6 +89,9 @@ _SIGNAL = re.compile(
     r"(Aborted \(core dumped\)|^Aborted$|\b\d+ Aborted\b|^zsh: abort\b|Abort trap: 6|"
     r"exit code 134\b)"
 )
+# systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
+# newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
+_BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-9a-fA-F]{8,80})\b")
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']*)'")
 
 _SLOT = re.compile(r"^slot +([^:]{0,24}): +id +(\d+) \| task +(-?\d+) \| ?(.*)$")
@@ -452,6 +455,12 @@ def parse_signal(where: LogLine, text: str) -> SignalLine | None:
         "4/ILL": "SIGILL", "8/FPE": "SIGFPE", "6/ABRT": "SIGABRT",
     }.get(name, name)
     return SignalLine(where=where, signal=canon)
+
+
+def parse_build_id(text: str) -> tuple[str, str] | None:
+    """``(module, build-id)`` from a systemd-coredump module line."""
+    m = _BUILD_ID.match(text)
+    return (m.group(1), m.group(2).lower()) if m else None
 
 
 def parse_terminate(text: str) -> str | None:

@@ -78,6 +78,7 @@ MAX_PROBLEMS = 100
 MAX_RAW_LINE = 1 << 20
 KEEP_STREAM = 200
 KEEP_FITS = 64
+MAX_BUILD_IDS = 512
 
 
 class LogParser:
@@ -93,6 +94,7 @@ class LogParser:
         self.fits: deque[FitsLine] = deque(maxlen=KEEP_FITS)
         self.config_failures: list[StreamEvent] = []
         self.problems: list[Problem] = []
+        self.build_ids: dict[tuple[str, str], None] = {}
         self.lines = 0
         self.bytes = 0
         self._reset_source("")
@@ -293,6 +295,8 @@ class LogParser:
 
     def _window_line(self, raw: bytes, data: bytes, ls: int) -> None:
         where, text = self._where(raw)
+        if "build-id" in text:
+            self._build_id(text)
         if self._crash is not None and self._crash_feed(where, text):
             return
         recs = grammar.classify(where, text)
@@ -415,6 +419,8 @@ class LogParser:
                         stack_open = False
             elif stack_open:
                 stack_open = False
+            if b"build-id" in raw and k < PRE_STACK_LINES:
+                self._build_id(clean(raw)[0])
             if b"fits=false" in raw and len(fits) < KEEP_FITS:
                 text, _ = clean(raw)
                 fl = grammar.parse_fits(LogLine(self._name, n, text), text)
@@ -437,6 +443,11 @@ class LogParser:
         self.fits.extend(f for f in reversed(fits) if (f.where.source, f.where.line) not in known)
         return (tuple(events[-TIMELINE:]), active_slots(events)), stack
 
+    def _build_id(self, text: str) -> None:
+        found = grammar.parse_build_id(text)
+        if found is not None and len(self.build_ids) < MAX_BUILD_IDS:
+            self.build_ids[found] = None
+
     # -- problems ---------------------------------------------------------------------------
 
     def _long_line(self) -> None:
@@ -458,6 +469,7 @@ class LogParser:
             config_failures=tuple(self.config_failures),
             slot_events_tail=self.crashes[-1].timeline if self.crashes else (),
             problems=tuple(self.problems), lines=self.lines, bytes=self.bytes,
+            build_ids=tuple(self.build_ids),
         )
 
 

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 
 import msgspec
 
+from kvdiag.errors import InputError
 from kvdiag.model.frames import Frame
-from kvdiag.model.logrecords import Backtrace, Crash, LogScan
+from kvdiag.model.logrecords import Backtrace, BinaryUse, Crash, LogScan, Problem
 from kvdiag.postmortem.backtrace import base_name, is_in_app
+from kvdiag.postmortem.binaries import candidates, log_machine, verify
 from kvdiag.postmortem.fingerprint import fingerprint
 from kvdiag.postmortem.symbolizer import DEFAULT_BUDGET_S, Module, module_key
 
@@ -60,15 +62,22 @@ class Resymbolizer:
                  cache_root: str | None = None) -> None:
         self.modules: dict[str, Module] = {}
         self.main: Module | None = None
+        self._open = (debug_dirs, use_cache, budget_s, cache_root)
         try:
             for path in binaries:
-                mod = Module(path, debug_dirs, use_cache, budget_s, cache_root)
-                self.modules[module_key(path)] = mod
-                if self.main is None and (mod.image.is_exec or mod.image.has_interp):
-                    self.main = mod
+                self.add(self.open(path))
         except BaseException:
             self.close()
             raise
+
+    def open(self, path: str) -> Module:
+        debug_dirs, use_cache, budget_s, cache_root = self._open
+        return Module(path, debug_dirs, use_cache, budget_s, cache_root)
+
+    def add(self, mod: Module) -> None:
+        self.modules[module_key(mod.path)] = mod
+        if self.main is None and is_main(mod):
+            self.main = mod
 
     def close(self) -> None:
         for mod in self.modules.values():
@@ -143,18 +152,54 @@ class Resymbolizer:
         return frames
 
 
+def is_main(mod: Module) -> bool:
+    """An executable (or a PIE with an interpreter): frames without a module are its."""
+    return mod.image.is_exec or mod.image.has_interp
+
+
 def resymbolize(scan: LogScan, binaries: Sequence[str], debug_dir: str | None,
-                use_cache: bool = True, cache_root: str | None = None) -> LogScan:
-    """``scan`` with every crash's backtrace re-symbolized and re-fingerprinted."""
+                use_cache: bool = True, cache_root: str | None = None,
+                auto: bool = False) -> LogScan:
+    """``scan`` with every crash's backtrace re-symbolized and re-fingerprinted, with the
+    ``binaries`` given and (``auto``) those found at the log's module paths, each checked
+    against the log first (``binaries.verify``); refusals become ``binary-mismatch`` problems.
+    An unreadable ``--binary`` is an ``InputError``; an unreadable file at a logged path only
+    a problem."""
     dirs = [debug_dir] if debug_dir else []
-    rs = Resymbolizer(binaries, dirs, use_cache=use_cache, cache_root=cache_root)
+    cands = candidates(scan, binaries, auto)
+    if not cands:
+        return scan
+    machine = log_machine(scan)
+    problems = list(scan.problems)
+    uses: list[BinaryUse] = []
+    rs = Resymbolizer([], dirs, use_cache=use_cache, cache_root=cache_root)
     try:
+        for cand in cands:
+            try:
+                mod = rs.open(cand.path)
+            except InputError as exc:
+                if cand.origin == "option":
+                    raise
+                problems.append(Problem(source=cand.path, code="binary-unreadable",
+                                        message=f"not used for symbolizing: {exc}"))
+                continue
+            refusal, checked_by = verify(scan, mod, is_main(mod) and rs.main is None, machine)
+            if refusal is not None:
+                mod.close()
+                problems.append(Problem(
+                    source=cand.path, code="binary-mismatch",
+                    message=f"binary-mismatch: {cand.path} is not the build the log ran: "
+                            f"{refusal}; its frames are left as logged"))
+                continue
+            rs.add(mod)
+            uses.append(BinaryUse(path=cand.path, origin=cand.origin, checked_by=checked_by))
         crashes: list[Crash] = []
         for crash in scan.crashes:
-            if crash.backtrace is not None:
+            if crash.backtrace is not None and rs.modules:
                 crash = msgspec.structs.replace(crash, backtrace=rs.backtrace(crash.backtrace))
                 crash = msgspec.structs.replace(crash, fingerprint=fingerprint(crash))
             crashes.append(crash)
     finally:
         rs.close()
-    return msgspec.structs.replace(scan, crashes=tuple(crashes))
+    return msgspec.structs.replace(scan, crashes=tuple(crashes), problems=tuple(problems),
+                                   binaries=tuple(uses))
