@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -25,19 +26,70 @@ MAX_SYMBOLS = 2_000_000
 
 
 @contextmanager
-def elf_errors(path: str) -> Iterator[None]:
-    """Turn any parser failure on ``path`` into a one-line ``InputError``."""
+def elf_errors(path: str, where: str = "") -> Iterator[None]:
+    """Turn any parser failure on ``path`` into a one-line ``InputError`` that names the part
+    being read (``where``: a section, a unit's offset) and what was wrong in the file's terms,
+    not the parser's (``explain``)."""
+    at = f" in {where}" if where else ""
     try:
         yield
-    except InputError:
-        raise
+    except InputError as exc:
+        text = str(exc)
+        if text.startswith(path) or text.startswith("cannot open"):
+            raise
+        raise InputError(f"{path}: damaged debug information{at}: {text}") from None
     except RecursionError:
-        raise InputError(f"{path}: debug information nests too deeply") from None
+        raise InputError(f"{path}: debug information nests too deeply{at}") from None
     except MemoryError:
-        raise InputError(f"{path}: debug information too large to read") from None
+        raise InputError(f"{path}: debug information too large to read{at}") from None
     except Exception as exc:  # pyelftools raises many kinds on bad input
-        msg = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise InputError(f"{path}: not a readable ELF/DWARF file ({msg})") from None
+        raise InputError(f"{path}: damaged ELF/DWARF data{at}: {explain(exc)}") from None
+
+
+_MAPPING = re.compile(r"no decoding mapping for (\S+) \[(\w+)\]")
+_EXPECTED = re.compile(r"expected (\S+), found (\S+)")
+_NO_ATTR = re.compile(r"has no attribute '(\w+)'")
+
+
+def explain(exc: BaseException) -> str:
+    """What a parser exception says about the file, in words a user can act on (pyelftools and
+    its construct layer report internal names: ``MappingError``, ``Container``, bare keys)."""
+    text = str(exc)
+    m = _MAPPING.search(text)
+    if m is not None:
+        value, field = m.group(1), m.group(2)
+        if field == "children_flag":
+            return f"an abbreviation's has-children flag is {value} (0 or 1 expected)"
+        if field == "content_type":
+            return f"a line-table file entry has the unknown content type {value}"
+        return f"the field {field} holds the unknown value {value}"
+    m = _EXPECTED.search(text)
+    if m is not None:
+        return f"a header field holds {m.group(2)} where {m.group(1)} was expected"
+    if "unexpected end of stream" in text or isinstance(exc, EOFError):
+        return "it ends in the middle of a record (the data is cut short)"
+    if "Segmentation not implemented" in text:
+        return "it uses segmented addresses (a non-zero segment selector size)"
+    m = _NO_ATTR.search(text)
+    if m is not None:
+        name = m.group(1)
+        if name == "DW_LNCT_path":
+            return "a line-table file entry has no path (DW_LNCT_path missing)"
+        return f"a record lacks its {name} field"
+    if isinstance(exc, KeyError):
+        key = exc.args[0] if exc.args else "?"
+        if isinstance(key, int):
+            return f"an entry uses abbreviation code {key}, which .debug_abbrev does not define"
+        if str(key).startswith("DW_FORM"):
+            return f"an abbreviation gives an attribute the form {key}, which holds no value"
+        return f"it refers to {key}, which is not defined"
+    if isinstance(exc, AssertionError):
+        return "a length, offset or count in it is inconsistent with the data around it"
+    if isinstance(exc, IndexError | ValueError | OverflowError | struct.error):
+        return f"a length, offset or count in it points outside the data ({text.splitlines()[0]})" \
+            if text else "a length, offset or count in it points outside the data"
+    first = text.splitlines()[0][:160] if text else ""
+    return first or "its contents do not follow the ELF/DWARF layout"
 
 
 _SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
