@@ -137,3 +137,22 @@ def test_real_abort_glued_to_model_output(tmp_path: Path) -> None:
     assert crash.abort is not None
     assert (crash.abort.file, crash.abort.line, crash.abort.message) == (
         str(built.src), abort_line, "fatal error")
+
+
+def test_windows_cuda_abort_with_spaces_in_the_path_keeps_function_and_statement() -> None:
+    """Found running a Windows CRLF log by hand: the detail line's path has a space."""
+    src = r"C:\Users\Ana Ruiz\llama.cpp\ggml\src\ggml-cuda\ggml-cuda.cu"
+    log = "\r\n".join([
+        "CUDA error: an illegal memory access was encountered",
+        f"  current device: 0, in function ggml_backend_cuda_synchronize at {src}:2623",
+        "  cudaStreamSynchronize(cuda_ctx->stream())",
+        f"{src}:75: CUDA error",
+        "",
+    ]).encode()
+    (crash,) = scan_bytes(log).crashes
+    assert crash.kind == "cuda_error"
+    assert crash.error is not None and crash.abort is not None
+    assert (crash.error.function, crash.error.location, crash.error.statement) == (
+        "ggml_backend_cuda_synchronize", f"{src}:2623",
+        "cudaStreamSynchronize(cuda_ctx->stream())")
+    assert (crash.abort.file, crash.abort.line) == (src, 75)

@@ -72,7 +72,8 @@ def _is_ggml_source(path: str) -> bool:
 
 _GPU_ERROR = re.compile(r"\b(CUDA|ROCm|HIP|SYCL|MUSA|CANN|cuBLAS|CUBLAS) error: (.*)$")
 _GPU_ERROR_OLD = re.compile(r"\b(CUDA|ROCm|HIP) error (\d+) at (\S+:\d+): (.*)$")
-_CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S+:\d+)")
+# the location may be a Windows path with spaces (C:\Users\Mia Chen\…\ggml-cuda.cu:2623)
+_CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S.*?:\d+)\s*$")
 _FAILED_OP = re.compile(r"^ggml_cuda_compute_forward: (\w+) failed")
 # SYCL (ggml-sycl SYCL_CHECK): "SYCL error: CHECK_TRY_ERROR(<stmt>): <msg>", then
 # "  in function <f> at <file:line>"; before them "Native API failed. Native API returns: <m>"
