@@ -174,3 +174,30 @@ def test_build_id_stated_by_the_log_decides(crash: tuple[native_ggml.Built, Path
     assert code == 1
     (p,) = [p for p in data["problems"] if p.get("code") == "binary-mismatch"]
     assert f"its build-id {real.group(1)[:16]}… is not the log's {wrong[:16]}…" in p["message"]
+
+
+@pytest.mark.skipif(native_ggml.GDB is None, reason="needs gdb for a real gdb capture")
+def test_gdb_frames_without_offsets_refuse_another_build(tmp_path: Path, capsys: Any) -> None:
+    """gdb prints ``0xADDR in f () from lib`` for a library without debug info: one load
+    address must put every such frame inside its named function in the binary, and the return
+    addresses must follow calls there."""
+    built = native_ggml.build(tmp_path / "run")
+    subprocess.run(["strip", "--strip-debug", str(built.lib)], check=True)
+    log = tmp_path / "gdb.log"
+    log.write_bytes(native_ggml.run_gdb(built, "abort"))
+    assert re.search(rb"in ggml_graph_compute_step \(\) from ", log.read_bytes())
+    for opt in ("-O0", "-Os"):
+        other = native_ggml.build(tmp_path / f"other{opt}", opt=opt)
+        code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
+                               "--binary", str(other.lib)], capsys)
+        assert code == 1 and data["binaries"] == [], opt
+        (p,) = [p for p in data["problems"] if p.get("code") == "binary-mismatch"]
+        assert re.search(r"cannot lie inside \w+ in it at any load address|need different load "
+                         r"addresses|do not follow a call instruction", p["message"]), p
+        assert all(f["file"] is None for f in _lib_frames(data, built.lib))
+    same = native_ggml.build(tmp_path / "same")  # the same build, with its DWARF
+    code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
+                           "--binary", str(same.lib)], capsys)
+    assert data["binaries"][0]["checked_by"] == "frames"
+    plan = [f for f in _lib_frames(data, built.lib) if f["function"] == "ggml_kv_stream_plan_pages"]
+    assert [f["line"] for f in plan] == [_abort_line(same)]

@@ -49,6 +49,30 @@ _ARCH_HINTS: tuple[tuple[re.Pattern[str], int], ...] = (
 )
 
 
+PAGE = 0x1000
+
+
+def biases(mod: Module, address: int, function: str, limit: int = 64) -> set[int]:
+    """The load biases (multiples of the page size) that put ``address − 1`` inside a symbol
+    named ``function``; at most ``limit`` of them."""
+    found: set[int] = set()
+    for sym, size in mod.image.symbols_named(base_name(function)):
+        hi = address - 1 - sym
+        lo = hi - max(size, 1) + 1
+        k = -(-lo // PAGE) * PAGE
+        while k <= hi and len(found) < limit:
+            found.add(k)
+            k += PAGE
+    return found
+
+
+def bias_from_name(mod: Module, address: int, function: str) -> int | None:
+    """The load bias implied by a frame that names its function, when exactly one page-size
+    multiple puts ``address − 1`` inside one symbol of that name."""
+    found = biases(mod, address, function, limit=2)
+    return found.pop() if len(found) == 1 else None
+
+
 @dataclass(frozen=True)
 class Candidate:
     path: str
@@ -173,10 +197,52 @@ def _check_frames(scan: LogScan, mod: Module, is_main: bool) -> tuple[str | None
         calls[0 if after_call else 1] += 1
         if not after_call and first_bad is None:
             first_bad = label
+    bias_problem = _check_biases(scan, mod, is_main, calls)
+    if bias_problem is not None:
+        return bias_problem, True
+    if calls != [0, 0]:
+        checked = True
     if calls[1] > calls[0]:
         return (f"{calls[1]} of {sum(calls)} return addresses in the log's frames (first "
                 f"{first_bad}) do not follow a call instruction in it"), True
     return None, checked
+
+
+def _check_biases(scan: LogScan, mod: Module, is_main: bool, calls: list[int]) -> str | None:
+    """Frames with a function name and an absolute address only (gdb's ``0xADDR in f () from
+    lib``): one load bias must put every such address inside its named function; with that
+    bias their return addresses count into ``calls`` like the others."""
+    if mod.image.is_exec:
+        return None  # not relocated: addresses are link-time addresses, checked as they are
+    named: list[tuple[Backtrace, int, Frame, set[int]]] = []
+    common: set[int] | None = None
+    for bt, pos, fr in _frames(scan):
+        if (not _belongs(fr, mod, is_main) or fr.address is None or not fr.function
+                or fr.offset is not None or fr.file is not None
+                or (pos < len(bt.symrefs) and bt.symrefs[pos] is not None)):
+            continue
+        if not mod.image.symbols_named(base_name(fr.function)):
+            continue  # a local function a stripped binary has no symbol for
+        found = biases(mod, fr.address, fr.function)
+        if not found:
+            return (f"the log's frame {fr.function} at 0x{fr.address:x} cannot lie inside "
+                    f"{base_name(fr.function)} in it at any load address")
+        common = found if common is None else common & found
+        if not common:
+            return (f"the log's frames of this module (up to {fr.function} at "
+                    f"0x{fr.address:x}) need different load addresses in it")
+        named.append((bt, pos, fr, found))
+    if common is None or len(common) != 1:
+        return None
+    bias = next(iter(common))
+    for bt, pos, fr, _found in named:
+        if pos == 0 and bt.form in ("gdb", "lldb", "coredump"):
+            continue
+        assert fr.address is not None
+        after_call = follows_call(mod.image, fr.address - bias)
+        if after_call is not None:
+            calls[0 if after_call else 1] += 1
+    return None
 
 
 CheckedBy = Literal["build-id", "frames", "unchecked"]

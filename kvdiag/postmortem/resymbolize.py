@@ -18,15 +18,12 @@ import msgspec
 from kvdiag.errors import InputError
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import Backtrace, BinaryUse, Crash, LogScan, Problem
-from kvdiag.postmortem.backtrace import base_name, is_in_app
-from kvdiag.postmortem.binaries import candidates, log_machine, verify
+from kvdiag.postmortem.backtrace import is_in_app
+from kvdiag.postmortem.binaries import bias_from_name, candidates, log_machine, verify
 from kvdiag.postmortem.fingerprint import fingerprint
 from kvdiag.postmortem.symbolizer import DEFAULT_BUDGET_S, Module, module_key
 
 _CURRENT_PC_FORMS = ("gdb", "lldb", "coredump")
-
-
-PAGE = 0x1000
 
 
 def _load_bases(bt: Backtrace) -> dict[str, int]:
@@ -35,23 +32,6 @@ def _load_bases(bt: Backtrace) -> dict[str, int]:
         if fr.module and fr.offset is not None and fr.address is not None:
             bases.setdefault(module_key(fr.module), fr.address - fr.offset)
     return bases
-
-
-def bias_from_name(mod: Module, address: int, function: str) -> int | None:
-    """The load bias implied by a frame that names its function: the bias is a multiple of the
-    page size and puts ``address − 1`` inside one symbol of that name; usable when exactly one
-    such multiple exists."""
-    found: set[int] = set()
-    for sym, size in mod.image.symbols_named(base_name(function)):
-        hi = address - 1 - sym
-        lo = hi - max(size, 1) + 1
-        k = -(-lo // PAGE) * PAGE
-        while k <= hi:
-            found.add(k)
-            k += PAGE
-            if len(found) > 1:
-                return None
-    return found.pop() if len(found) == 1 else None
 
 
 class Resymbolizer:
