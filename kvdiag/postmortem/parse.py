@@ -53,8 +53,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"kv_stream",  # kv_stream_adapt, ring latency, kv-stream allocation failures
     b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
-    b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
-    b"ggml",  # GGML_ABORT's "<…/ggml/…/x.c>:<line>: <message>" with no other anchor word
+    # GGML_ABORT's "<…/ggml/…/x.c>:<line>: <message>" with no other anchor word, and
+    # ggml_print_backtrace (in every backtrace form): one search finds both
+    b"ggml",
 )
 #: With a helper process (``scanhelper``), the main process searches these and the helper the
 #: rest, plus the newline count; the split balances the measured search costs.
