@@ -22,7 +22,7 @@ FRAME_KEYS = {"index", "module", "offset", "address", "function", "file", "line"
 def test_json_schema_and_exit_code_for_a_crash(capsys: Any) -> None:
     code, data = run_json([str(FIXTURES / "cuda_oom_journald_glibc.log")], capsys)
     assert code == 1
-    assert set(data) == {"crashes", "config", "slots", "findings", "problems"}
+    assert set(data) == {"crashes", "config", "slots", "findings", "problems", "binaries"}
     (crash,) = data["crashes"]
     assert set(crash) == CRASH_KEYS
     assert crash["kind"] == "cuda_error"

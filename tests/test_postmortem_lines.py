@@ -54,3 +54,32 @@ def test_open_log_plain_gzip_and_errors(tmp_path: Path) -> None:
         open_log(str(tmp_path / "missing.log"))
     with pytest.raises(InputError, match="is a directory"):
         open_log(str(tmp_path))
+
+
+def test_short_journald_prefix_is_stripped_from_abort_frames_and_statement() -> None:
+    """``name[pid]: `` without a date (a journal copied without its first columns): the abort,
+    its gdb frames and the CUDA statement are read as if the prefix were not there."""
+    from tests.postmortem_helpers import scan_bytes
+
+    assert clean(b"llama-server[88]: #4  0x1 in g ()") == ("#4  0x1 in g ()", None)
+    assert clean(b"tensor[12]:x") == ("tensor[12]:x", None)  # no space: not a prefix
+    log = b"".join(p + b"\n" for p in (
+        b"kv-svc[40211]: srv  update_slots: all slots are idle",
+        b"kv-svc[40211]: CUDA error: an illegal memory access was encountered",
+        b"kv-svc[40211]:   current device: 1, in function ggml_backend_cuda_synchronize at "
+        b"/b/ggml/src/ggml-cuda/ggml-cuda.cu:2741",
+        b"kv-svc[40211]:   cudaStreamSynchronize(cuda_ctx->stream())",
+        b"kv-svc[40211]: /b/ggml/src/ggml-cuda/ggml-cuda.cu:88: CUDA error",
+        b"kv-svc[40211]: #0  0x00007f3a1c0ea42f in __GI___wait4 (pid=77) at wait4.c:30",
+        b"kv-svc[40211]: #1  0x00007f3a1c6d1a3b in ggml_abort () from /opt/kv/libggml-base.so",
+        b"kv-svc[40211]: #2  0x00007f3a1b2c0f11 in ggml_backend_cuda_synchronize () from "
+        b"/opt/kv/libggml-cuda.so",
+    ))
+    (crash,) = scan_bytes(log).crashes
+    assert crash.kind == "cuda_error"
+    assert crash.error is not None
+    assert crash.error.statement == "cudaStreamSynchronize(cuda_ctx->stream())"
+    assert crash.error.function == "ggml_backend_cuda_synchronize"
+    assert crash.backtrace is not None
+    assert [f.function for f in crash.backtrace.frames] == [
+        "__GI___wait4", "ggml_abort", "ggml_backend_cuda_synchronize"]

@@ -238,7 +238,7 @@ def test_cli_binary_option_symbolizes_json_frames(
     assert inl[0]["file"].endswith("crashprog.cpp") and inl[0]["offset"].startswith("0x")
     assert [f["index"] for f in frames] == list(range(len(frames)))
     with pytest.raises(UsageError):
-        run_json([str(log), "--debug-dir", str(tmp_path)], capsys)
+        run_json([str(log), "--debug-dir", str(tmp_path), "--no-auto-binaries"], capsys)
     bad = tmp_path / "cut"
     bad.write_bytes(binary.read_bytes()[:100])
     with pytest.raises(InputError) as info:

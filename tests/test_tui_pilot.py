@@ -95,7 +95,7 @@ def test_overview_of_a_trace_and_a_log(samples: dict[str, Path]) -> None:
         assert "CRITICAL: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) aborted the server" \
                in screen
         assert "│ n_ctx                         │ 16384" in screen
-        assert "line 38: assert: ggml_cuda_kv_stream_fattn_fits(dst)  [619346cbc30f]" in screen
+        assert "line 38: assert: ggml_cuda_kv_stream_fattn_fits(dst)  [2efab8991a57]" in screen
 
     drive([samples["aliasing"], GDB_LOG], script)
 

@@ -79,11 +79,14 @@ def _groups(crashes: Iterable[Crash]) -> list[list[Crash]]:
 
 
 def _first_app_frame(crash: Crash) -> str | None:
+    """``function file:line`` of the first in-app frame (file without folders), e.g.
+    ``ggml_compute_forward_dup ggml.c:4531``: the frame to blame, past libc and the abort
+    machinery (``postmortem.backtrace.is_in_app`` sets ``in_app``)."""
     if crash.backtrace is None:
         return None
     for fr in crash.backtrace.frames:
         if fr.in_app and fr.function:
-            loc = f" at {fr.file}:{fr.line}" if fr.file else ""
+            loc = f" {_short(fr.file)}:{fr.line}" if fr.file else ""
             return f"{fr.function}{loc}"
     return None
 
@@ -278,12 +281,16 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         crash = group[0]
         ab = crash.abort
         assert ab is not None
-        what = f"assert {ab.condition}" if ab.condition is not None else ab.message
+        if ab.condition is not None:
+            what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
+        elif crash.kind == "ggml_abort":
+            what = f"GGML_ABORT: {ab.message} at {_short(ab.file)}:{ab.line}"
+        else:
+            what = f"{ab.message} failed at {_short(ab.file)}:{ab.line}"
         frame = _first_app_frame(crash)
         yield Finding(
             rule="ggml-assert", severity=Severity.ERROR,
-            title=f"{what} failed at {_short(ab.file)}:{ab.line}"
-                  + (f" (in {frame})" if frame else ""),
+            title=what + (f" (in {frame})" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
             fix="unknown signature: read the condition at that line and the in-app frames; "
                 "report it upstream with this fingerprint if it is not yours",

@@ -17,6 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--binary", action="append", default=[], metavar="PATH",
                         help="ELF binary or shared library the crash ran (repeatable); "
                              "frames in it are symbolized from its DWARF")
+    parser.add_argument("--no-auto-binaries", action="store_true",
+                        help="do not symbolize with the files found at the module paths the "
+                             "log printed (only --binary)")
     parser.add_argument("--debug-dir", metavar="DIR",
                         help="directory with separate debug files (.build-id/xx/yyyy.debug)")
     parser.add_argument("--no-cache", action="store_true",
@@ -42,12 +45,13 @@ def run(args: argparse.Namespace) -> int:
             for c in closers:
                 c.close()
     scan = parser.result()
-    if args.binary:
+    if args.debug_dir and not args.binary and args.no_auto_binaries:
+        raise UsageError("--debug-dir needs at least one --binary")
+    if args.binary or (scan.crashes and not args.no_auto_binaries):
         from kvdiag.postmortem.resymbolize import resymbolize
 
-        scan = resymbolize(scan, args.binary, args.debug_dir, use_cache=not args.no_cache)
-    elif args.debug_dir:
-        raise UsageError("--debug-dir needs at least one --binary")
+        scan = resymbolize(scan, args.binary, args.debug_dir, use_cache=not args.no_cache,
+                           auto=not args.no_auto_binaries)
     findings = evaluate(scan)
     if args.json:
         json.dump(postmortem_to_json(scan, findings), sys.stdout, indent=2)
@@ -56,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         Console().print(postmortem_renderable(scan, findings))
-    if any(p.message.startswith("input breaks") for p in scan.problems):
+    breaks = [p for p in scan.problems if p.message.startswith("input breaks")]
+    for p in breaks:
+        # on stderr in every output mode: a --json consumer may not read "problems"
+        print(f"kvdiag: {p.source}: {p.message}", file=sys.stderr)
+    if breaks:
         return EXIT_USAGE
     return EXIT_FINDINGS if scan.crashes else EXIT_OK

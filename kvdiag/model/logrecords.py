@@ -27,7 +27,8 @@ SlotEventKind = Literal[
     "request_done",
 ]
 AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message"]
-CrashKind = Literal["assert", "abort", "cuda_error", "segfault", "signal", "exception"]
+CrashKind = Literal["assert", "abort", "ggml_abort", "cuda_error", "segfault", "signal",
+                    "exception"]
 BacktraceForm = Literal["gdb", "glibc", "lldb", "macos", "coredump", "android"]
 StreamEventKind = Literal[
     "repartition", "trace", "feedback_error", "layout_error", "latency", "config_failure",
@@ -185,6 +186,19 @@ class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
     source: str
     message: str
     line: int | None = None
+    #: a stable name for the kind of problem where tools may act on it (``binary-mismatch``)
+    code: str | None = None
+
+
+class BinaryUse(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A binary the symbolizer used: given with ``--binary`` (``origin`` "option") or found on
+    this machine at the path the log printed for a module (``origin`` "logged-path")."""
+
+    path: str
+    origin: Literal["option", "logged-path"]
+    #: why it was trusted: "build-id" (matches the log's), "frames" (the log's symbol+offset
+    #: frames land in the symbols they name), or "unchecked" (the log gives nothing to check)
+    checked_by: Literal["build-id", "frames", "unchecked"] = "unchecked"
 
 
 class FirstRequest(msgspec.Struct, frozen=True):
@@ -211,3 +225,8 @@ class LogScan(msgspec.Struct, frozen=True, omit_defaults=True):
     problems: tuple[Problem, ...] = ()
     lines: int = 0
     bytes: int = 0
+    #: ``(module as printed, build-id hex)`` pairs the log states (systemd-coredump's
+    #: "Module <m> with build-id <id>")
+    build_ids: tuple[tuple[str, str], ...] = ()
+    #: binaries the frames were symbolized with
+    binaries: tuple[BinaryUse, ...] = ()

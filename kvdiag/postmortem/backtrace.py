@@ -55,6 +55,8 @@ _NOTES = (
     "Could not attach to process",
     "The program is not being run",
     "warning: process",
+    "error: Could not convert process PID",  # lldb attach failing in ggml_print_backtrace
+    "error: attach failed",
 )
 
 #: Functions that are the abort/backtrace machinery, not the crash site (issue 4 list).
@@ -75,14 +77,32 @@ _RUNTIME_FUNCS = frozenset({
     "execute_native_thread_routine", "start", "thread_start", "_pthread_start",
     "crosscall2", "BaseThreadInitThunk", "RtlUserThreadStart",
 })
+# Matched against the module's FILE NAME only: a library installed under a Python folder
+# (``…/lib/python3.11/site-packages/llama_cpp/lib/libggml-base.so``) is the app, not Python.
 _RUNTIME_MODULE = re.compile(
-    r"(?:^|[/\\])(?:libc(?:-[\d.]+)?\.so|libc\.so\.\d|libpthread|libm\.so|libdl|librt|"
-    r"ld-linux|ld\.so|ld-musl|libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s|libffi|libpython|"
-    r"python\d|libsystem_\w+\.dylib|libdyld\.dylib|dyld|libobjc|libunwind|ntdll\.dll|"
-    r"kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|msvcp\d+\.dll|vcruntime\d+\.dll|"
-    r"libcuda\.so|libcudart|libcublas|libamdhip64|libhsa-runtime|linux-vdso|libgomp|libomp|"
-    r"libiomp|libsycl|libze_|libur_|libOpenCL|libmkl_|libnvidia-|librocblas|libhipblas)",
+    r"^(?:libc(?:-[\d.]+)?\.so|libc\.so\.\d|libc\.musl|libpthread|libm\.so|libm-[\d.]+\.so|"
+    r"libdl|librt|ld-linux|ld\.so|ld-musl|ld64\.so|libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s|"
+    r"libffi|libpython|python(?:\d[\d.]*)?(?:\.exe)?$|python\d+\.dll$|libsystem_\w+\.dylib|"
+    r"libdyld\.dylib|dyld$|libobjc|libunwind|ntdll\.dll|kernel32\.dll|KERNELBASE\.dll|ucrtbase\.dll|"
+    r"msvcp\d+\.dll|vcruntime\d+\.dll|libcuda\.so|libcudart|libcublas|libamdhip64|"
+    r"libhsa-runtime|linux-vdso|libgomp|libomp|libiomp|libsycl|libze_|libur_|libOpenCL|libmkl_|"
+    r"libnvidia-|librocblas|libhipblas)",
     re.IGNORECASE,
+)
+# Folders that hold only a runtime's own modules (CPython's extension modules).
+_RUNTIME_DIR = re.compile(r"(?:^|[/\\])lib-dynload[/\\]")
+# Source paths gdb prints for glibc, libgcc and libstdc++ frames: glibc is built from its source
+# root with relative paths (``../sysdeps/…``, ``./nptl/…``, ``./string/../sysdeps/…``); GCC's
+# runtime sources live under ``libstdc++-v3``/``libgcc``; the C++ headers under
+# ``include/c++/<ver>`` (an inlined std:: frame, whose caller is the app frame to blame).
+_RUNTIME_SOURCE = re.compile(
+    r"^(?:\.\.?/)+(?:[\w-]+/\.\./)?(?:sysdeps|nptl|libio|malloc|string|stdlib|posix|csu|elf|"
+    r"signal|wcsmbs|stdio-common|misc|iconv|dlfcn|resolv|io|time|setjmp|assert|debug)/"
+    r"|libstdc\+\+-v3/|libsupc\+\+/|(?:^|/)libgcc/|(?:^|/)include/c\+\+/\d|(?:^|/)glibc-[\d.]+/"
+)
+# glibc's IFUNC variants of the string functions (``__memmove_avx_unaligned_erms``).
+_LIBC_VARIANT = re.compile(
+    r"^__(?:mem|str|stp|wmem|wcs|raw)\w*_(?:avx|evex|sse|ssse3|erms|unaligned|aligned)"
 )
 _CLONE_SUFFIX = re.compile(r"(?: \[clone [^\]]+\])+$|\.(?:cold|part\.\d+|isra\.\d+|"
                            r"constprop\.\d+|llvm\.\d+|lto_priv\.\d+)$")
@@ -107,15 +127,27 @@ def base_name(function: str) -> str:
     return name.strip()
 
 
-def is_in_app(function: str | None, module: str | None) -> bool:
-    """False for the abort machinery and for system/runtime libraries (see module docstring)."""
-    if module and _RUNTIME_MODULE.search(module):
+def module_file_name(module: str) -> str:
+    """The file name of a module path, POSIX or Windows."""
+    return module.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def is_in_app(function: str | None, module: str | None, file: str | None = None) -> bool:
+    """False for the abort machinery and for system/runtime code: a runtime library by its file
+    name (or a runtime-only folder such as ``lib-dynload``), a frame whose source is glibc's,
+    libgcc's or libstdc++'s (see ``_RUNTIME_SOURCE``), a runtime function name."""
+    if module and (_RUNTIME_MODULE.match(module_file_name(module))
+                   or _RUNTIME_DIR.search(module)):
+        return False
+    if file and _RUNTIME_SOURCE.search(file.replace("\\", "/")):
         return False
     if function:
         base = base_name(function)
         if base in ABORT_MACHINERY or base in _RUNTIME_FUNCS:
             return False
         if base.startswith(("runtime.", "_cgo_", "__GI_", "__libc_")):
+            return False
+        if _LIBC_VARIANT.match(base):
             return False
     return True
 
@@ -186,13 +218,14 @@ def parse_frame(text: str) -> Parsed | None:
                 index=int(m.group(1)), module=module, address=int(m.group(2), 16),
                 function=function, file=m.group(6),
                 line=int(m.group(7)) if m.group(7) else None,
-                in_app=is_in_app(function, module),
+                in_app=is_in_app(function, module, m.group(6)),
             ), True)
     if s.endswith("]"):
         m = _GLIBC.match(s)
         if m is not None and (m.group(1) or m.group(3)):
             module = (m.group(1) or "").strip() or None
-            sym = m.group(2) or None
+            # a versioned dynamic symbol (``memcpy@GLIBC_2.14``, ``f@@V1``): the name is before "@"
+            sym = (m.group(2) or "").split("@", 1)[0] or None
             function = _clean_function(sym)
             off = int(m.group(3), 16) if m.group(3) else None
             frame = Frame(
@@ -252,7 +285,7 @@ def _gdb_frame(index: int, addr: str | None, rest: str) -> Parsed:
     frame = Frame(
         index=index, module=module, address=int(addr, 16) if addr else None,
         function=function, file=file, line=line, inlined=addr is None and index > 0,
-        in_app=is_in_app(function, module),
+        in_app=is_in_app(function, module, file),
     )
     return Parsed("gdb", frame, complete)
 
@@ -340,7 +373,8 @@ class BacktraceBuilder:
             last = self._frames[-1]
             if last.file is None and last.module is None:
                 if m.group(1):
-                    last = _replace(last, file=m.group(1), line=int(m.group(2)))
+                    last = _replace(last, file=m.group(1), line=int(m.group(2)),
+                                    in_app=is_in_app(last.function, None, m.group(1)))
                 else:
                     mod = m.group(3)
                     last = _replace(last, module=mod, in_app=is_in_app(last.function, mod))

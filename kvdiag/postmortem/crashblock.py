@@ -147,7 +147,8 @@ class CrashBlock:
             if errors and (ab.form == "message" or "error" in ab.message.lower()):
                 err = errors.pop(0)
             kind: CrashKind = "assert" if ab.condition is not None else (
-                "cuda_error" if err is not None else "abort")
+                "cuda_error" if err is not None else
+                "ggml_abort" if ab.form == "message" else "abort")
             out.append(Crash(where=ab.where, kind=kind, abort=ab, error=err))
         for err in errors:
             out.append(Crash(where=err.where, kind="cuda_error", error=err))

@@ -107,7 +107,7 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
     dies = 0
 
     def uleb(j: int) -> tuple[int, int]:
-        return uleb128(data, j, end, "DIE scan")
+        return uleb128(data, j, end, f"the unit at offset 0x{base:x}")
 
     while pos < end:
         die_at = pos
@@ -125,13 +125,15 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
             continue
         dies += 1
         if not dies & 0x3FF and (time.monotonic() > deadline or dies > max_dies):
-            raise InputError("DIE scan: time or size budget exceeded")
+            raise InputError("more entries than a unit can plausibly hold, or reading took too "
+                             "long")
         plan = plans.get(code)
         if plan is None:
             try:
                 plan = _plan(abbrevs.get_abbrev(code), version, addr_size, off_size)
             except KeyError:
-                raise InputError(f"DIE scan: unknown abbreviation {code}") from None
+                raise InputError(f"the entry at offset 0x{base + die_at:x} uses abbreviation code "
+                                 f"{code}, which .debug_abbrev does not define") from None
             plans[code] = plan
         want = (not stack) or stack[-1]
         is_sub = want and plan.tag == "DW_TAG_subprogram"
@@ -179,7 +181,8 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
             elif kind == _K_STRING:
                 nul = data.find(b"\0", pos)
                 if nul < 0:
-                    raise InputError("DIE scan: unterminated string")
+                    raise InputError(f"a string in the entry at offset 0x{base + die_at:x} has no "
+                                     "terminating NUL")
                 pos = nul + 1
             else:
                 if kind == _K_BLOCK1:
@@ -192,7 +195,8 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
                     n, pos = uleb(pos)
                 pos += n
             if pos > end:
-                raise InputError("DIE scan: attribute runs past the unit")
+                raise InputError(f"the entry at offset 0x{base + die_at:x} runs past the end of "
+                                 "its unit")
         if is_sub:
             if needs_slow:
                 slow.append(base + die_at)
@@ -207,7 +211,8 @@ def scan_functions(cu: Any, data: bytes, deadline: float,
                 stack.append(True)
             elif sibling > 0:
                 if sibling <= pos:
-                    raise InputError("DIE scan: sibling pointer goes backwards")
+                    raise InputError(f"the entry at offset 0x{base + die_at:x} has a DW_AT_sibling "
+                                     "that points backwards")
                 pos = sibling
             else:
                 stack.append(False)

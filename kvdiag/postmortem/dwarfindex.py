@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Any
+from typing import Any, Literal
 
 from kvdiag.errors import InputError
 from kvdiag.postmortem.cache import CuIndex, DiskCache, Node, UnitRanges
@@ -46,7 +46,7 @@ class DwarfIndex:
         except OSError as exc:
             raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
         try:
-            with elf_errors(path):
+            with elf_errors(path, "the ELF headers"):
                 self._elf: Any = ELFFile(self._fh)
         except BaseException:
             self._fh.close()
@@ -69,7 +69,7 @@ class DwarfIndex:
     @property
     def dwarf(self) -> Any:
         if self._dwarf is None:
-            with elf_errors(self.path):
+            with elf_errors(self.path, "the DWARF sections"):
                 if not self._elf.has_dwarf_info():
                     raise InputError(f"{self.path}: no DWARF debug information")
                 self._dwarf = self._elf.get_dwarf_info(relocate_dwarf_sections=False)
@@ -86,12 +86,15 @@ class DwarfIndex:
                 self._units = got.ranges
                 return self._units
         out: list[tuple[int, int, int]] = []
-        with elf_errors(self.path):
-            aranges = self.dwarf.get_aranges()
+        dwarf = self.dwarf
+        with elf_errors(self.path, ".debug_aranges (the address table of the units)"):
+            self._check_aranges()
+            aranges = dwarf.get_aranges()
             if aranges is not None and aranges.entries:
                 out = [(e.begin_addr, e.begin_addr + e.length, e.info_offset)
                        for e in aranges.entries if e.length]
-            else:
+        if not out:
+            with elf_errors(self.path, ".debug_info (the unit headers)"):
                 for cu in self.dwarf.iter_CUs():
                     self._check()
                     top = cu.get_top_DIE()
@@ -101,6 +104,38 @@ class DwarfIndex:
         if self._cache is not None:
             self._cache.save_units(UnitRanges(ranges=out))
         return out
+
+    def _check_aranges(self) -> None:
+        """The set headers of ``.debug_aranges`` (DWARF 5 §6.1.2), checked before pyelftools
+        reads them: it asserts on an address size other than 4 or 8 and says nothing more."""
+        sec = self._elf.get_section_by_name(".debug_aranges")
+        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            return
+        data = sec.data()
+        little = self._elf.little_endian
+        order: Literal["little", "big"] = "little" if little else "big"
+        at = 0
+        while at + 4 <= len(data):
+            length = int.from_bytes(data[at:at + 4], order)
+            head = 4
+            if length == 0xFFFFFFFF:
+                length = int.from_bytes(data[at + 4:at + 12], order)
+                head = 12
+            fields = at + head + 2 + (8 if head == 12 else 4)
+            if length < 2 or at + head + length > len(data) or fields + 2 > len(data):
+                raise InputError(f"the set at offset 0x{at:x} has length {length}, past the "
+                                 f"section's {len(data)} bytes")
+            version = int.from_bytes(data[at + head:at + head + 2], order)
+            addr_size, seg_size = data[fields], data[fields + 1]
+            if version != 2:
+                raise InputError(f"the set at offset 0x{at:x} has version {version}, 2 expected")
+            if addr_size not in (4, 8):
+                raise InputError(f"the set at offset 0x{at:x} has address size {addr_size}, 4 or "
+                                 "8 expected")
+            if seg_size != 0:
+                raise InputError(f"the set at offset 0x{at:x} has segment selector size "
+                                 f"{seg_size}, 0 expected")
+            at += head + length
 
     def _unit_for(self, pc: int) -> int | None:
         units = self.units()
@@ -174,13 +209,13 @@ class DwarfIndex:
         return idx
 
     def _cu(self, offset: int) -> Any:
-        with elf_errors(self.path):
+        with elf_errors(self.path, f".debug_info, the unit at offset 0x{offset:x}"):
             return self.dwarf.get_CU_at(offset)
 
     def _line_table(self, offset: int, idx: CuIndex) -> LineTable | None:
         if idx.line is None:
             cu = self._cu(offset)
-            with elf_errors(self.path):
+            with elf_errors(self.path, f".debug_line, the line table of the unit at 0x{offset:x}"):
                 lp = self.dwarf.line_program_for_CU(cu)
                 if lp is None:
                     return None
@@ -197,7 +232,8 @@ class DwarfIndex:
             return idx.functions
         cu = self._cu(offset)
         out: list[tuple[int, int, int]] = []
-        with elf_errors(self.path):
+        with elf_errors(self.path, f".debug_info/.debug_abbrev, the functions of the unit at "
+                                   f"0x{offset:x}"):
             try:
                 stream = self.dwarf.debug_info_sec.stream
                 stream.seek(cu.cu_offset)
@@ -248,7 +284,7 @@ class DwarfIndex:
             return tree
         cu = self._cu(cu_offset)
         nodes: list[Node] = []
-        with elf_errors(self.path):
+        with elf_errors(self.path, f".debug_info, the function entry at 0x{die_offset:x}"):
             top = cu.get_top_DIE()
             base = top.attributes["DW_AT_low_pc"].value if (
                 "DW_AT_low_pc" in top.attributes) else 0

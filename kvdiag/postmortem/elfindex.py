@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -19,24 +20,76 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from kvdiag.errors import InputError
+from kvdiag.postmortem.lines import require_regular
 
 MAX_SYMBOLS = 2_000_000
 
 
 @contextmanager
-def elf_errors(path: str) -> Iterator[None]:
-    """Turn any parser failure on ``path`` into a one-line ``InputError``."""
+def elf_errors(path: str, where: str = "") -> Iterator[None]:
+    """Turn any parser failure on ``path`` into a one-line ``InputError`` that names the part
+    being read (``where``: a section, a unit's offset) and what was wrong in the file's terms,
+    not the parser's (``explain``)."""
+    at = f" in {where}" if where else ""
     try:
         yield
-    except InputError:
-        raise
+    except InputError as exc:
+        text = str(exc)
+        if text.startswith(path) or text.startswith("cannot open"):
+            raise
+        raise InputError(f"{path}: damaged debug information{at}: {text}") from None
     except RecursionError:
-        raise InputError(f"{path}: debug information nests too deeply") from None
+        raise InputError(f"{path}: debug information nests too deeply{at}") from None
     except MemoryError:
-        raise InputError(f"{path}: debug information too large to read") from None
+        raise InputError(f"{path}: debug information too large to read{at}") from None
     except Exception as exc:  # pyelftools raises many kinds on bad input
-        msg = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise InputError(f"{path}: not a readable ELF/DWARF file ({msg})") from None
+        raise InputError(f"{path}: damaged ELF/DWARF data{at}: {explain(exc)}") from None
+
+
+_MAPPING = re.compile(r"no decoding mapping for (\S+) \[(\w+)\]")
+_EXPECTED = re.compile(r"expected (\S+), found (\S+)")
+_NO_ATTR = re.compile(r"has no attribute '(\w+)'")
+
+
+def explain(exc: BaseException) -> str:
+    """What a parser exception says about the file, in words a user can act on (pyelftools and
+    its construct layer report internal names: ``MappingError``, ``Container``, bare keys)."""
+    text = str(exc)
+    m = _MAPPING.search(text)
+    if m is not None:
+        value, field = m.group(1), m.group(2)
+        if field == "children_flag":
+            return f"an abbreviation's has-children flag is {value} (0 or 1 expected)"
+        if field == "content_type":
+            return f"a line-table file entry has the unknown content type {value}"
+        return f"the field {field} holds the unknown value {value}"
+    m = _EXPECTED.search(text)
+    if m is not None:
+        return f"a header field holds {m.group(2)} where {m.group(1)} was expected"
+    if "unexpected end of stream" in text or isinstance(exc, EOFError):
+        return "it ends in the middle of a record (the data is cut short)"
+    if "Segmentation not implemented" in text:
+        return "it uses segmented addresses (a non-zero segment selector size)"
+    m = _NO_ATTR.search(text)
+    if m is not None:
+        name = m.group(1)
+        if name == "DW_LNCT_path":
+            return "a line-table file entry has no path (DW_LNCT_path missing)"
+        return f"a record lacks its {name} field"
+    if isinstance(exc, KeyError):
+        key = exc.args[0] if exc.args else "?"
+        if isinstance(key, int):
+            return f"an entry uses abbreviation code {key}, which .debug_abbrev does not define"
+        if str(key).startswith("DW_FORM"):
+            return f"an abbreviation gives an attribute the form {key}, which holds no value"
+        return f"it refers to {key}, which is not defined"
+    if isinstance(exc, AssertionError):
+        return "a length, offset or count in it is inconsistent with the data around it"
+    if isinstance(exc, IndexError | ValueError | OverflowError | struct.error):
+        return f"a length, offset or count in it points outside the data ({text.splitlines()[0]})" \
+            if text else "a length, offset or count in it points outside the data"
+    first = text.splitlines()[0][:160] if text else ""
+    return first or "its contents do not follow the ELF/DWARF layout"
 
 
 _SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
@@ -51,6 +104,7 @@ class ElfImage:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        require_regular(path, "binary")
         try:
             self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
         except OSError as exc:
@@ -88,10 +142,11 @@ class ElfImage:
         self.end = "<" if ident[5] == 1 else ">"
         wide = self.elfclass == 64
         hdr = self._read(16, 48 if wide else 36)
-        (e_type, _mach, _ver, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
+        (e_type, machine, _ver, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
          shentsize, shnum, shstrndx) = struct.unpack(
             self.end + ("HHIQQQIHHHHHH" if wide else "HHIIIIIHHHHHH"), hdr)
         self.is_exec = e_type == 2
+        self.machine: int = machine
         sh_fmt = self.end + ("IIQQQQIIQQ" if wide else "IIIIIIIIII")
         ph_fmt = self.end + ("IIQQQQQQ" if wide else "IIIIIIII")
         if shoff and shnum == 0:  # extended numbering: the count is in section 0's sh_size
@@ -114,6 +169,8 @@ class ElfImage:
             self._by_index.append(entry)
             self.sections.setdefault(name, entry)
         loads: list[int] = []
+        #: PT_LOAD segments as (p_vaddr, p_offset, p_filesz)
+        self.segments: list[tuple[int, int, int]] = []
         self.has_interp = False
         if phoff and phentsize >= struct.calcsize(ph_fmt) and phnum <= MAX_SECTIONS:
             for i in range(phnum):
@@ -123,9 +180,19 @@ class ElfImage:
                 vaddr, align = (ph[3], ph[7]) if wide else (ph[2], ph[7])
                 if p_type == _PT_LOAD:
                     loads.append(vaddr & ~(max(align, 1) - 1))
+                    p_offset, p_filesz = (ph[2], ph[5]) if wide else (ph[1], ph[4])
+                    self.segments.append((vaddr, p_offset, p_filesz))
                 elif p_type == _PT_INTERP:
                     self.has_interp = True
         self.base_vaddr = min(loads) if loads else 0
+
+    def code_bytes(self, vaddr: int, size: int) -> bytes | None:
+        """``size`` bytes of the file image at link-time address ``vaddr`` (None outside the
+        loaded segments' file contents)."""
+        for seg_vaddr, seg_off, seg_size in self.segments:
+            if seg_vaddr <= vaddr and vaddr + size <= seg_vaddr + seg_size:
+                return self._read(seg_off + vaddr - seg_vaddr, size)
+        return None
 
     def section_data(self, name: str) -> bytes | None:
         sec = self.sections.get(name)

@@ -1,10 +1,12 @@
 """Crash fingerprints: what makes two crashes "the same" across logs, builds and runs.
 
 The signature is the assert location (file name without directories, line, condition) or the
-GPU error (function, message) or the signal, followed by the first in-app frames by function
-name. Abort machinery, backtrace helpers, signal trampolines and system libraries are not
-in-app (``backtrace.is_in_app``); raw addresses and offsets are never used because they change
-with ASLR and with every rebuild.
+GPU error (function, message); only a crash without either (a fatal signal, an uncaught
+exception) is told apart by the first in-app frames by function name. A crash that names its
+own site is the same crash whether the log carries gdb frames, glibc frames or no backtrace at
+all, so frames never take part there. Abort machinery, backtrace helpers, signal trampolines
+and system libraries are not in-app (``backtrace.is_in_app``); raw addresses and offsets are
+never used because they change with ASLR and with every rebuild.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def signature(crash: Crash) -> str:
         parts.append(f"{crash.error.function or '?'}: {crash.error.message}")
     if crash.abort is None and crash.error is None and crash.signal is not None:
         parts.append(crash.signal.signal)
+    if crash.abort is not None or crash.error is not None:
+        return " | ".join(parts)
     frames = crash.backtrace.frames if crash.backtrace is not None else ()
     names: list[str] = []
     for fr in frames:

@@ -3,7 +3,8 @@
 Each recogniser is a compiled regex plus a small function that builds one record; ``classify``
 tries them in order of how cheap and how specific they are. Shapes and their sources:
 boot and kv-stream lines (domain brief §5.1–§5.4, §7.2), slot lines (§7.3), the instrumented
-``fits=false`` line (§4.5), ggml aborts in the current, legacy, MSVC and libc forms (§6.1),
+``fits=false`` line (§4.5), ggml aborts in the current, legacy, MSVC and libc forms and
+GGML_ABORT's bare ``<file>:<line>: <message>`` (§6.1),
 GPU errors (§6.5).
 """
 
@@ -37,11 +38,42 @@ _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
 _LEGACY_ASSERT = re.compile(r"GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
 _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
-_ABORT_MESSAGE = re.compile(rf"^{_PATH_AT_START}:(\d+): (\S.*)$")
+# GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
+# on stderr, so the line may be glued to model output that had no newline. __FILE__ is the
+# path the compiler was given: absolute in CMake builds, POSIX or Windows (with spaces).
+_SRC_PATH = rf"(?:[A-Za-z]:[\\/][^:\n]*?|[^\s:]*?)\.{_EXT}"
+_ABORT_AT_START = re.compile(rf"^({_SRC_PATH}):(\d+): (\S.*)$")
+_ABORT_GLUED = re.compile(rf"((?:[A-Za-z]:[\\/][^:\n]*?|/[^\s:]*?)\.{_EXT}):(\d+): (\S.*)$")
+# A location cited inside another message ("CUDA error 2 at <file>:<line>: …"), not glued to it.
+_CITES = re.compile(r"(?:^|\W)(?:at|in|from|file|see|by)\s+$|[=(\[]\s*$")
+# What compilers, linkers and make print after "file:line: " (gcc without columns, GNU ld,
+# nvcc): never an abort, even for a ggml source file.
+_DIAGNOSTIC = re.compile(
+    r"^(?:(?:fatal |internal compiler )?error|warning|note|remark|sorry)\b[^:]{0,40}:|"
+    r"^(?:In (?:member |static member )?function|In file included|In instantiation|"
+    r"undefined reference|multiple definition|more undefined references|first defined here|"
+    r"relocation |required from|instantiated from|recipe for target|\(Each undeclared)"
+)
+# Messages GGML_ABORT is called with across ggml's sources (bare file names need one of these).
+_ABORT_WORDS = re.compile(
+    r"^(?:fatal error|not implemented|unsupported|unreachable|invalid|unknown)\b|"
+    r"\b(?:not (?:supported|implemented)|(?:CUDA|ROCm|HIP|SYCL|MUSA|CANN|Vulkan|Metal|"
+    r"OpenCL|cuBLAS|CUBLAS) error)\b"
+)
+
+
+def _is_ggml_source(path: str) -> bool:
+    """A path in ggml's or llama.cpp's source tree: a folder or file named for ggml, gguf or
+    llama (``…/ggml/src/ggml-cuda/fattn.cu``, ``llama-model.cpp``, ``gguf.cpp``)."""
+    for part in re.split(r"[\\/]", path.lower()):
+        if "ggml" in part or "gguf" in part or part.startswith("llama"):
+            return True
+    return False
 
 _GPU_ERROR = re.compile(r"\b(CUDA|ROCm|HIP|SYCL|MUSA|CANN|cuBLAS|CUBLAS) error: (.*)$")
 _GPU_ERROR_OLD = re.compile(r"\b(CUDA|ROCm|HIP) error (\d+) at (\S+:\d+): (.*)$")
-_CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S+:\d+)")
+# the location may be a Windows path with spaces (C:\Users\Mia Chen\…\ggml-cuda.cu:2623)
+_CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S.*?:\d+)\s*$")
 _FAILED_OP = re.compile(r"^ggml_cuda_compute_forward: (\w+) failed")
 # SYCL (ggml-sycl SYCL_CHECK): "SYCL error: CHECK_TRY_ERROR(<stmt>): <msg>", then
 # "  in function <f> at <file:line>"; before them "Native API failed. Native API returns: <m>"
@@ -52,8 +84,15 @@ _CHECK_TRY = re.compile(r"^CHECK_TRY_ERROR\((.*)\): (.*)$")
 
 _SIGNAL = re.compile(
     r"\b(SIGSEGV|SIGBUS|SIGILL|SIGFPE|SIGABRT|SIGTRAP)\b|(Segmentation fault|Bus error|"
-    r"Illegal instruction|Floating point exception)|status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT)"
+    r"Illegal instruction|Floating point exception)|status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT)|"
+    # how shells and IDEs report an abort(): bash/sh "Aborted (core dumped)" or
+    # "<pid> Aborted  <cmd>", zsh "zsh: abort", macOS "Abort trap: 6", exit status 134
+    r"(Aborted \(core dumped\)|^Aborted$|\b\d+ Aborted\b|^zsh: abort\b|Abort trap: 6|"
+    r"exit code 134\b)"
 )
+# systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
+# newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
+_BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-9a-fA-F]{8,80})\b")
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']*)'")
 
 _SLOT = re.compile(r"^slot +([^:]{0,24}): +id +(\d+) \| task +(-?\d+) \| ?(.*)$")
@@ -347,12 +386,18 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 condition=m.group(3), message=f"Assertion `{m.group(3)}' failed",
             ))
             return out
-    m = _ABORT_MESSAGE.match(text)
+    m = _ABORT_AT_START.match(text)
+    if m is None or not _is_ggml_source(m.group(1)):
+        glued = _ABORT_GLUED.search(text)
+        if (glued is not None and _is_ggml_source(glued.group(1))
+                and not _CITES.search(text, 0, glued.start())):
+            m = glued
     if m is not None:
         msg = m.group(3).strip()
-        if not msg.startswith(("warning:", "note:", "In function", "required from")):
+        if not _DIAGNOSTIC.match(msg) and (_is_ggml_source(m.group(1))
+                                          or _ABORT_WORDS.search(msg)):
             out.append(Abort(where=where, form="message", file=m.group(1), line=int(m.group(2)),
-                             message=msg))
+                             message=msg[:500]))
     return out
 
 
@@ -402,6 +447,8 @@ def parse_signal(where: LogLine, text: str) -> SignalLine | None:
     m = _SIGNAL.search(text)
     if m is None:
         return None
+    if m.group(4):
+        return SignalLine(where=where, signal="SIGABRT")
     name = m.group(1) or m.group(2) or m.group(3)
     canon = {
         "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Illegal instruction": "SIGILL",
@@ -409,6 +456,12 @@ def parse_signal(where: LogLine, text: str) -> SignalLine | None:
         "4/ILL": "SIGILL", "8/FPE": "SIGFPE", "6/ABRT": "SIGABRT",
     }.get(name, name)
     return SignalLine(where=where, signal=canon)
+
+
+def parse_build_id(text: str) -> tuple[str, str] | None:
+    """``(module, build-id)`` from a systemd-coredump module line."""
+    m = _BUILD_ID.match(text)
+    return (m.group(1), m.group(2).lower()) if m else None
 
 
 def parse_terminate(text: str) -> str | None:

@@ -20,7 +20,8 @@ def uleb128(data: bytes | memoryview, j: int, end: int, what: str) -> tuple[int,
             return result, j
         if shift > 70:
             break
-    raise InputError(f"{what}: bad LEB128 number")
+    raise InputError(f"{what}: the variable-length number at byte {j} is cut off or longer "
+                     "than 70 bits")
 
 
 def sleb128(data: bytes | memoryview, j: int, end: int, what: str) -> tuple[int, int]:
@@ -33,7 +34,8 @@ def sleb128(data: bytes | memoryview, j: int, end: int, what: str) -> tuple[int,
         result |= (b & 0x7F) << shift
         shift += 7
         if shift > 70:
-            raise InputError(f"{what}: bad LEB128 number")
+            raise InputError(f"{what}: the variable-length number at byte {j} is longer "
+                             "than 70 bits")
     if b & 0x40:
         result -= 1 << shift
     return result, j

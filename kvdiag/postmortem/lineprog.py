@@ -67,7 +67,10 @@ def _file_names(header: Any, version: int, comp_dir: str) -> list[str]:
     out: list[str] = []
     if version < 5:
         out.append("")  # file register values are 1-based before DWARF 5
-    for entry in entries:
+    for k, entry in enumerate(entries):
+        if entry.get("name") is None:
+            raise InputError(f"file entry {k} of the line table has no path (DW_LNCT_path "
+                             "missing from its entry format)")
         name = _text(entry["name"])
         d = entry.get("dir_index", 0)
         if posixpath.isabs(name) or (len(name) > 2 and name[1] == ":"):
@@ -114,10 +117,10 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
     i = 0
 
     def uleb(j: int) -> tuple[int, int]:
-        return uleb128(data, j, n, "line program")
+        return uleb128(data, j, n, "the line program")
 
     def sleb(j: int) -> tuple[int, int]:
-        return sleb128(data, j, n, "line program")
+        return sleb128(data, j, n, "the line program")
 
     while i < n:
         op = data[i]
@@ -132,7 +135,8 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
         if op == 0:
             length, i = uleb(i)
             if length == 0 or i + length > n:
-                raise InputError("line program: truncated extended opcode")
+                raise InputError(f"an extended opcode at byte {i} of the line program has "
+                                 f"length {length}, past the program's end")
             sub = data[i]
             if sub == 1:  # DW_LNE_end_sequence
                 addrs.append(addr)
@@ -141,9 +145,9 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
                 seqs.append((addrs, lines, files))
                 total += len(addrs)
                 if total > MAX_ROWS:
-                    raise InputError(f"line program: more than {MAX_ROWS} rows")
+                    raise InputError(f"the line program has more than {MAX_ROWS} rows")
                 if time.monotonic() > deadline:
-                    raise InputError("line program: time budget exceeded")
+                    raise InputError("reading the line program took too long")
                 addrs, lines, files = [], [], []
                 addr, file, line = 0, 1, 1
             elif sub == 2:  # DW_LNE_set_address
@@ -170,7 +174,7 @@ def decode(lineprog: Any, version: int, address_size: int, comp_dir: str,
             for _ in range(std_lengths[op - 1] if op - 1 < len(std_lengths) else 0):
                 _v, i = uleb(i)
         if len(addrs) > MAX_ROWS:
-            raise InputError(f"line program: more than {MAX_ROWS} rows")
+            raise InputError(f"the line program has more than {MAX_ROWS} rows")
     seqs.append((addrs, lines, files))  # rows after the last end_sequence, if any
     seqs = [sq for sq in seqs if sq[0]]
     seqs.sort(key=lambda sq: (sq[0][0], sq[0][-1]))

@@ -38,7 +38,7 @@ from kvdiag.postmortem import grammar
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, describe_break
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.slots import active_slots
 
@@ -53,7 +53,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"kv_stream",  # kv_stream_adapt, ring latency, kv-stream allocation failures
     b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
-    b"print_backtrace",  # ggml_print_backtrace: in every backtrace form
+    # GGML_ABORT's "<…/ggml/…/x.c>:<line>: <message>" with no other anchor word, and
+    # ggml_print_backtrace (in every backtrace form): one search finds both
+    b"ggml",
 )
 #: With a helper process (``scanhelper``), the main process searches these and the helper the
 #: rest, plus the newline count; the split balances the measured search costs.
@@ -77,6 +79,7 @@ MAX_PROBLEMS = 100
 MAX_RAW_LINE = 1 << 20
 KEEP_STREAM = 200
 KEEP_FITS = 64
+MAX_BUILD_IDS = 512
 
 
 class LogParser:
@@ -92,6 +95,7 @@ class LogParser:
         self.fits: deque[FitsLine] = deque(maxlen=KEEP_FITS)
         self.config_failures: list[StreamEvent] = []
         self.problems: list[Problem] = []
+        self.build_ids: dict[tuple[str, str], None] = {}
         self.lines = 0
         self.bytes = 0
         self._reset_source("")
@@ -139,7 +143,8 @@ class LogParser:
             try:
                 data = read(BLOCK)
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
-                self._problem(f"input breaks after line {self._lineno}: {exc}", None)
+                self._problem(f"input breaks after line {self._lineno}: {describe_break(exc)}",
+                              None)
                 break
             if not data:
                 break
@@ -291,6 +296,8 @@ class LogParser:
 
     def _window_line(self, raw: bytes, data: bytes, ls: int) -> None:
         where, text = self._where(raw)
+        if "build-id" in text:
+            self._build_id(text)
         if self._crash is not None and self._crash_feed(where, text):
             return
         recs = grammar.classify(where, text)
@@ -413,6 +420,8 @@ class LogParser:
                         stack_open = False
             elif stack_open:
                 stack_open = False
+            if b"build-id" in raw and k < PRE_STACK_LINES:
+                self._build_id(clean(raw)[0])
             if b"fits=false" in raw and len(fits) < KEEP_FITS:
                 text, _ = clean(raw)
                 fl = grammar.parse_fits(LogLine(self._name, n, text), text)
@@ -435,6 +444,11 @@ class LogParser:
         self.fits.extend(f for f in reversed(fits) if (f.where.source, f.where.line) not in known)
         return (tuple(events[-TIMELINE:]), active_slots(events)), stack
 
+    def _build_id(self, text: str) -> None:
+        found = grammar.parse_build_id(text)
+        if found is not None and len(self.build_ids) < MAX_BUILD_IDS:
+            self.build_ids[found] = None
+
     # -- problems ---------------------------------------------------------------------------
 
     def _long_line(self) -> None:
@@ -456,6 +470,7 @@ class LogParser:
             config_failures=tuple(self.config_failures),
             slot_events_tail=self.crashes[-1].timeline if self.crashes else (),
             problems=tuple(self.problems), lines=self.lines, bytes=self.bytes,
+            build_ids=tuple(self.build_ids),
         )
 
 

@@ -15,16 +15,15 @@ from collections.abc import Sequence
 
 import msgspec
 
+from kvdiag.errors import InputError
 from kvdiag.model.frames import Frame
-from kvdiag.model.logrecords import Backtrace, Crash, LogScan
-from kvdiag.postmortem.backtrace import base_name, is_in_app
+from kvdiag.model.logrecords import Backtrace, BinaryUse, Crash, LogScan, Problem
+from kvdiag.postmortem.backtrace import is_in_app
+from kvdiag.postmortem.binaries import bias_from_name, candidates, log_machine, verify
 from kvdiag.postmortem.fingerprint import fingerprint
 from kvdiag.postmortem.symbolizer import DEFAULT_BUDGET_S, Module, module_key
 
 _CURRENT_PC_FORMS = ("gdb", "lldb", "coredump")
-
-
-PAGE = 0x1000
 
 
 def _load_bases(bt: Backtrace) -> dict[str, int]:
@@ -35,23 +34,6 @@ def _load_bases(bt: Backtrace) -> dict[str, int]:
     return bases
 
 
-def bias_from_name(mod: Module, address: int, function: str) -> int | None:
-    """The load bias implied by a frame that names its function: the bias is a multiple of the
-    page size and puts ``address − 1`` inside one symbol of that name; usable when exactly one
-    such multiple exists."""
-    found: set[int] = set()
-    for sym, size in mod.image.symbols_named(base_name(function)):
-        hi = address - 1 - sym
-        lo = hi - max(size, 1) + 1
-        k = -(-lo // PAGE) * PAGE
-        while k <= hi:
-            found.add(k)
-            k += PAGE
-            if len(found) > 1:
-                return None
-    return found.pop() if len(found) == 1 else None
-
-
 class Resymbolizer:
     """Holds the opened binaries for one run."""
 
@@ -60,15 +42,22 @@ class Resymbolizer:
                  cache_root: str | None = None) -> None:
         self.modules: dict[str, Module] = {}
         self.main: Module | None = None
+        self._open = (debug_dirs, use_cache, budget_s, cache_root)
         try:
             for path in binaries:
-                mod = Module(path, debug_dirs, use_cache, budget_s, cache_root)
-                self.modules[module_key(path)] = mod
-                if self.main is None and (mod.image.is_exec or mod.image.has_interp):
-                    self.main = mod
+                self.add(self.open(path))
         except BaseException:
             self.close()
             raise
+
+    def open(self, path: str) -> Module:
+        debug_dirs, use_cache, budget_s, cache_root = self._open
+        return Module(path, debug_dirs, use_cache, budget_s, cache_root)
+
+    def add(self, mod: Module) -> None:
+        self.modules[module_key(mod.path)] = mod
+        if self.main is None and is_main(mod):
+            self.main = mod
 
     def close(self) -> None:
         for mod in self.modules.values():
@@ -115,7 +104,10 @@ class Resymbolizer:
         elif ref is not None:
             sym = mod.image.symbol_address(ref[0])
             if sym is not None:
+                # glibc printed dladdr's nearest symbol: its value plus the printed offset is
+                # the module offset a "(+0xOFF)" frame would have shown
                 vaddr = sym + ref[1]
+                fr = msgspec.structs.replace(fr, offset=vaddr - mod.image.base_vaddr)
         elif fr.address is not None:
             base = bases.get(module_key(fr.module or mod.path))
             if base is not None:
@@ -132,25 +124,62 @@ class Resymbolizer:
         frames: list[Frame] = []
         for k, (func, file, line) in enumerate(found):
             function = func if func is not None else fr.function
+            src = file if file is not None else fr.file
             frames.append(msgspec.structs.replace(
-                fr, function=function, file=file if file is not None else fr.file,
+                fr, function=function, file=src,
                 line=line if line is not None else fr.line, inlined=k < len(found) - 1,
-                in_app=is_in_app(function, module)))
+                in_app=is_in_app(function, module, src)))
         return frames
 
 
+def is_main(mod: Module) -> bool:
+    """An executable (or a PIE with an interpreter): frames without a module are its."""
+    return mod.image.is_exec or mod.image.has_interp
+
+
 def resymbolize(scan: LogScan, binaries: Sequence[str], debug_dir: str | None,
-                use_cache: bool = True, cache_root: str | None = None) -> LogScan:
-    """``scan`` with every crash's backtrace re-symbolized and re-fingerprinted."""
+                use_cache: bool = True, cache_root: str | None = None,
+                auto: bool = False) -> LogScan:
+    """``scan`` with every crash's backtrace re-symbolized and re-fingerprinted, with the
+    ``binaries`` given and (``auto``) those found at the log's module paths, each checked
+    against the log first (``binaries.verify``); refusals become ``binary-mismatch`` problems.
+    An unreadable ``--binary`` is an ``InputError``; an unreadable file at a logged path only
+    a problem."""
     dirs = [debug_dir] if debug_dir else []
-    rs = Resymbolizer(binaries, dirs, use_cache=use_cache, cache_root=cache_root)
+    cands = candidates(scan, binaries, auto)
+    if not cands:
+        return scan
+    machine = log_machine(scan)
+    problems = list(scan.problems)
+    uses: list[BinaryUse] = []
+    rs = Resymbolizer([], dirs, use_cache=use_cache, cache_root=cache_root)
     try:
+        for cand in cands:
+            try:
+                mod = rs.open(cand.path)
+            except InputError as exc:
+                if cand.origin == "option":
+                    raise
+                problems.append(Problem(source=cand.path, code="binary-unreadable",
+                                        message=f"not used for symbolizing: {exc}"))
+                continue
+            refusal, checked_by = verify(scan, mod, is_main(mod) and rs.main is None, machine)
+            if refusal is not None:
+                mod.close()
+                problems.append(Problem(
+                    source=cand.path, code="binary-mismatch",
+                    message=f"binary-mismatch: {cand.path} is not the build the log ran: "
+                            f"{refusal}; its frames are left as logged"))
+                continue
+            rs.add(mod)
+            uses.append(BinaryUse(path=cand.path, origin=cand.origin, checked_by=checked_by))
         crashes: list[Crash] = []
         for crash in scan.crashes:
-            if crash.backtrace is not None:
+            if crash.backtrace is not None and rs.modules:
                 crash = msgspec.structs.replace(crash, backtrace=rs.backtrace(crash.backtrace))
                 crash = msgspec.structs.replace(crash, fingerprint=fingerprint(crash))
             crashes.append(crash)
     finally:
         rs.close()
-    return msgspec.structs.replace(scan, crashes=tuple(crashes))
+    return msgspec.structs.replace(scan, crashes=tuple(crashes), problems=tuple(problems),
+                                   binaries=tuple(uses))

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from kvdiag.model.findings import Finding
 from kvdiag.model.frames import Frame
-from kvdiag.model.logrecords import BootConfig, Crash, LogScan, SlotEvent
+from kvdiag.model.logrecords import BinaryUse, BootConfig, Crash, LogScan, SlotEvent
 from kvdiag.report.findings import findings_table, findings_to_json
 
 _CONFIG_ROWS: tuple[tuple[str, str], ...] = (
@@ -97,6 +97,7 @@ def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, 
         "slots": [slot_to_json(e) for e in scan.slot_events_tail],
         "findings": findings_to_json(findings),
         "problems": [msgspec.to_builtins(p) for p in scan.problems],
+        "binaries": [msgspec.to_builtins(b) for b in scan.binaries],
     }
 
 
@@ -201,6 +202,14 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int) -> Rende
     return Group(*parts)
 
 
+def binary_line(use: BinaryUse) -> str:
+    """One line saying which file the frames were symbolized with and why it was trusted."""
+    where = "found at the logged path" if use.origin == "logged-path" else "(--binary)"
+    why = {"build-id": "build-id matches the log", "frames": "the log's frames match it",
+           "unchecked": "nothing in the log to check it against"}[use.checked_by]
+    return f"symbolized with {use.path} {where}; {why}"
+
+
 def postmortem_renderable(scan: LogScan, findings: Sequence[Finding]) -> RenderableType:
     parts: list[RenderableType] = []
     groups: dict[str, list[Crash]] = {}
@@ -215,6 +224,8 @@ def postmortem_renderable(scan: LogScan, findings: Sequence[Finding]) -> Rendera
         parts.append(config_table(boot))
     for i, group in enumerate(groups.values(), 1):
         parts.append(crash_renderable(group[-1], i, len(group), len(groups)))
+    for b in scan.binaries:
+        parts.append(Text(binary_line(b), style="dim"))
     parts.append(findings_table(findings))
     for p in scan.problems:
         loc = f"{p.source}:{p.line}" if p.line is not None else p.source

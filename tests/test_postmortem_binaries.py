@@ -1,0 +1,203 @@
+"""Which binaries symbolize a log (issue 11 #4, #5): files found at the module paths the log
+printed are used unless ``--no-auto-binaries`` (``--binary`` overrides them), and every binary is
+checked against the log first: by build-id when the log states one, else by the log's
+symbol+offset frames, and by ELF machine. A binary from another build or machine is refused for
+its module with one ``binary-mismatch`` problem and the frames stay as logged."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import native_ggml
+from tests.postmortem_helpers import run_command, run_json
+
+READELF = shutil.which("readelf")
+pytestmark = pytest.mark.skipif(native_ggml.GCC is None, reason="needs gcc to build binaries")
+
+
+@pytest.fixture
+def crash(tmp_path: Path) -> tuple[native_ggml.Built, Path]:
+    built = native_ggml.build(tmp_path / "build")
+    log = tmp_path / "server.log"
+    log.write_bytes(native_ggml.run(built, "abort", backtrace=True) + b"Aborted (core dumped)\n")
+    return built, log
+
+
+def _lib_frames(data: dict[str, Any], lib: Path) -> list[dict[str, Any]]:
+    (c,) = data["crashes"]
+    return [f for f in c["frames"] if f["module"] == str(lib)]
+
+
+def _abort_line(built: native_ggml.Built) -> int:
+    src = built.src.read_text().splitlines()
+    return 1 + next(i for i, t in enumerate(src) if 'GGML_ABORT("fatal error")' in t)
+
+
+# -- #4 binaries at the logged paths ---------------------------------------------------------
+
+
+def test_module_at_the_logged_path_is_used_and_named(crash: tuple[native_ggml.Built, Path],
+                                                     capsys: Any) -> None:
+    built, log = crash
+    code, data = run_json([str(log), "--no-cache"], capsys)
+    assert code == 1
+    plan = [f for f in _lib_frames(data, built.lib)
+            if f["function"] == "ggml_kv_stream_plan_pages"]
+    assert [(f["file"], f["line"]) for f in plan] == [(str(built.src), _abort_line(built))]
+    assert {"path": str(built.lib), "origin": "logged-path", "checked_by": "frames"} in \
+        data["binaries"]
+    assert not any(b["path"].endswith("libc.so.6") for b in data["binaries"])  # runtime lib
+    code, text = run_command([str(log), "--no-cache"], capsys)
+    # rich folds long paths: compare without whitespace
+    want = f"symbolized with {built.lib} found at the logged path"
+    assert "".join(want.split()) in "".join(text.split())
+    # turned off: the frames stay as logged
+    code, data = run_json([str(log), "--no-auto-binaries"], capsys)
+    assert data["binaries"] == []
+    assert all(f["file"] is None for f in _lib_frames(data, built.lib))
+
+
+def test_binary_option_overrides_the_logged_path(crash: tuple[native_ggml.Built, Path],
+                                                 tmp_path: Path, capsys: Any) -> None:
+    built, log = crash
+    copy = tmp_path / "elsewhere" / "libggml-base.so.0.9.7"
+    copy.parent.mkdir()
+    shutil.copy(built.lib, copy)
+    code, data = run_json([str(log), "--no-cache", "--binary", str(copy)], capsys)
+    assert code == 1
+    paths = {b["path"]: b["origin"] for b in data["binaries"]}
+    assert paths[str(copy)] == "option" and str(built.lib) not in paths
+    assert any(f["line"] == _abort_line(built) for f in _lib_frames(data, built.lib))
+
+
+# -- #5 cross-checking ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("opt", ["-Os", "-O0"])
+def test_binary_from_another_build_is_refused(crash: tuple[native_ggml.Built, Path],
+                                              tmp_path: Path, capsys: Any, opt: str) -> None:
+    built, log = crash
+    other = native_ggml.build(tmp_path / "other", opt=opt)
+    logged = re.search(rb"\(ggml_abort\+0x([0-9a-f]+)\)", log.read_bytes())
+    assert logged is not None
+    nm = subprocess.run(["nm", "-S", str(other.lib)], capture_output=True, text=True,
+                        check=True).stdout
+    size = re.search(r"^[0-9a-f]+ ([0-9a-f]+) T ggml_abort$", nm, re.M)
+    assert size is not None
+    if int(logged.group(1), 16) > int(size.group(1), 16):
+        # (gcc 12 -Os) the log's offset falls outside that build's ggml_abort
+        why = rf"the log's frame ggml_abort\+0x{logged.group(1).decode()} lands in "
+    else:
+        # (gcc 12 -O0) every offset still falls inside its function, not after a call
+        why = (r"\d of \d return addresses in the log's frames \(first ggml_\w+\+0x[0-9a-f]+\)"
+               r" do not follow a call instruction")
+    code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
+                           "--binary", str(other.lib)], capsys)
+    assert code == 1
+    assert data["binaries"] == []
+    (p,) = [p for p in data["problems"] if p.get("code") == "binary-mismatch"]
+    assert p["source"] == str(other.lib)
+    assert re.search(r"is not the build the log ran: " + why, p["message"]), p["message"]
+    assert "\n" not in p["message"]
+    frames = _lib_frames(data, built.lib)
+    assert frames and all(f["file"] is None for f in frames)  # raw frames kept
+    assert [f["function"] for f in frames][:2] == ["ggml_print_backtrace", "ggml_abort"]
+    # the same file rebuilt at the logged path after the crash is refused the same way
+    shutil.copy(other.lib, built.lib)
+    code, data = run_json([str(log), "--no-cache"], capsys)
+    assert any(p.get("code") == "binary-mismatch" and p["source"] == str(built.lib)
+               for p in data["problems"])
+    code, text = run_command([str(log), "--no-cache"], capsys)
+    assert "binary-mismatch" in text
+
+
+@pytest.mark.parametrize(("machine", "name"), [(183, "AArch64"), (243, "RISC-V"), (40, "ARM")])
+def test_elf_for_another_machine_is_refused(crash: tuple[native_ggml.Built, Path],
+                                            tmp_path: Path, capsys: Any, machine: int,
+                                            name: str) -> None:
+    built, log = crash
+    assert b"/x86_64-linux-gnu/" in log.read_bytes()  # the log shows its machine
+    foreign = tmp_path / "foreign" / "libggml-base.so"
+    foreign.parent.mkdir()
+    data = bytearray(built.lib.read_bytes())
+    data[18:20] = struct.pack("<H", machine)  # e_machine (ELF header, gABI)
+    foreign.write_bytes(bytes(data))
+    code, out = run_json([str(log), "--no-cache", "--binary", str(foreign)], capsys)
+    assert code == 1  # refused, not an input error: the log is still analysed
+    (p,) = [p for p in out["problems"] if p.get("code") == "binary-mismatch"]
+    assert f"it is an ELF for {name}, the log comes from x86-64" in p["message"]
+    assert all(f["file"] is None for f in _lib_frames(out, built.lib))
+
+
+@pytest.mark.skipif(READELF is None, reason="needs binutils readelf for the build-id")
+def test_build_id_stated_by_the_log_decides(crash: tuple[native_ggml.Built, Path],
+                                            tmp_path: Path, capsys: Any) -> None:
+    built, _log = crash
+    assert READELF is not None
+    notes = subprocess.run([READELF, "-n", str(built.lib)], capture_output=True, text=True,
+                           check=True).stdout
+    real = re.search(r"Build ID: ([0-9a-f]+)", notes)
+    assert real is not None
+    nm = subprocess.run(["nm", "-D", str(built.lib)], capture_output=True, text=True,
+                        check=True).stdout
+    step = int(re.search(r"([0-9a-f]+) T ggml_graph_compute_step", nm).group(1), 16)  # type: ignore[union-attr]
+
+    def coredump(build_id: str) -> Path:
+        log = tmp_path / f"core-{build_id[:6]}.log"
+        log.write_text(
+            "Process 4411 (minserver) of user 1000 dumped core.\n\n"
+            f"Module {built.lib} with build-id {build_id}\n"
+            "Stack trace of thread 4411:\n"
+            "#0  0x00007f2b1c49e95c __pthread_kill_implementation (libc.so.6 + 0x8e95c)\n"
+            "#1  0x00007f2b1c44cfb2 raise (libc.so.6 + 0x3cfb2)\n"
+            f"#2  0x00007f2b1c7a{step + 0x13 & 0xfff:03x} ggml_graph_compute_step "
+            f"(libggml-base.so + 0x{step + 0x13:x})\n")
+        return log
+
+    code, data = run_json([str(coredump(real.group(1))), "--no-cache", "--no-auto-binaries",
+                           "--binary", str(built.lib)], capsys)
+    assert data["binaries"] == [{"path": str(built.lib), "origin": "option",
+                                 "checked_by": "build-id"}]
+    (c,) = data["crashes"]
+    assert any(f["function"] == "ggml_graph_compute_step" and f["file"] == str(built.src)
+               for f in c["frames"])
+    wrong = "".join(reversed(real.group(1)))
+    code, data = run_json([str(coredump(wrong)), "--no-cache", "--no-auto-binaries",
+                           "--binary", str(built.lib)], capsys)
+    assert code == 1
+    (p,) = [p for p in data["problems"] if p.get("code") == "binary-mismatch"]
+    assert f"its build-id {real.group(1)[:16]}… is not the log's {wrong[:16]}…" in p["message"]
+
+
+@pytest.mark.skipif(native_ggml.GDB is None, reason="needs gdb for a real gdb capture")
+def test_gdb_frames_without_offsets_refuse_another_build(tmp_path: Path, capsys: Any) -> None:
+    """gdb prints ``0xADDR in f () from lib`` for a library without debug info: one load
+    address must put every such frame inside its named function in the binary, and the return
+    addresses must follow calls there."""
+    built = native_ggml.build(tmp_path / "run")
+    subprocess.run(["strip", "--strip-debug", str(built.lib)], check=True)
+    log = tmp_path / "gdb.log"
+    log.write_bytes(native_ggml.run_gdb(built, "abort"))
+    assert re.search(rb"in ggml_graph_compute_step \(\) from ", log.read_bytes())
+    for opt in ("-O0", "-Os"):
+        other = native_ggml.build(tmp_path / f"other{opt}", opt=opt)
+        code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
+                               "--binary", str(other.lib)], capsys)
+        assert code == 1 and data["binaries"] == [], opt
+        (p,) = [p for p in data["problems"] if p.get("code") == "binary-mismatch"]
+        assert re.search(r"cannot lie inside \w+ in it at any load address|need different load "
+                         r"addresses|do not follow a call instruction", p["message"]), p
+        assert all(f["file"] is None for f in _lib_frames(data, built.lib))
+    same = native_ggml.build(tmp_path / "same")  # the same build, with its DWARF
+    code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
+                           "--binary", str(same.lib)], capsys)
+    assert data["binaries"][0]["checked_by"] == "frames"
+    plan = [f for f in _lib_frames(data, built.lib) if f["function"] == "ggml_kv_stream_plan_pages"]
+    assert [f["line"] for f in plan] == [_abort_line(same)]
