@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from kvdiag.errors import InputError, open_input
+from kvdiag.errors import STDIN_NAME, InputError, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
@@ -83,10 +83,14 @@ class TraceReader:
 
     @classmethod
     def open(cls, path: str | Path, **options: Any) -> TraceReader:
-        """Open ``path``; every failure to open or to recognise it is an :class:`InputError`.
+        """Open ``path`` (``"-"``: standard input); every failure to open or to recognise it
+        is an :class:`InputError`.
 
         The file is closed when iteration reaches its end, or by ``close()`` / ``with``.
         """
+        if str(path) == STDIN_NAME:
+            # standard input: read, not closed (the process owns it)
+            return cls(open_input(STDIN_NAME, stdin=True), "<stdin>", **options)
         p = Path(path)
         stream = open_input(p, directory="is a directory, not a trace file")
         try:
