@@ -57,3 +57,59 @@ def test_dash_reads_standard_input(tmp_path: Path) -> None:
 
 def test_dash_with_nothing_on_standard_input_says_so(tmp_path: Path) -> None:
     one_line_error(run_cli("trace", "info", "-", stdin=b""), "<stdin>: empty file")
+
+
+def _huge_trace(path: Path, line: bytes) -> None:
+    from trace_samples import end_line, header_line, write_line
+
+    path.write_bytes(header_line("1.1") + write_line(1) + line + write_line(3) + end_line(4, 3))
+
+
+@pytest.mark.parametrize(("field", "value", "bits"), [
+    ("bytes", 10**45, 150),  # a known kind's own field
+    ("layer", -(2**63) - 1, 64),  # one below the signed range
+    ("t_ns", 10**500, 1661),  # beyond what a float can hold: the original OverflowError
+])
+def test_out_of_range_integers_are_a_problem_on_their_line(
+    tmp_path: Path, field: str, value: int, bits: int
+) -> None:
+    fields = {"layer": 0, "stream": 0, "pages": [0, 1], "slot": 0, "target": "ring",
+              "bytes": 4096, "reason": "ring", "t_ns": 200}
+    fields[field] = value
+    body = ",".join(f'"{k}":{v if not isinstance(v, str) else repr(v).replace(chr(39), chr(34))}'
+                    for k, v in fields.items()).replace(" ", "")
+    line = b'{"kind":"upload","seq":2,"step":0,' + body.encode() + b"}\n"
+    trace = tmp_path / "huge.kvtrace"
+    _huge_trace(trace, line)
+    validate = run_cli("trace", "validate", str(trace))
+    assert validate.returncode == 1
+    sign = "negative " if value < 0 else ""
+    assert validate.stdout.decode().splitlines()[0] == (
+        f"{trace}:3: corrupt: field {field}: {sign}integer of {bits} bits is outside the "
+        "64-bit range [-2^63, 2^64-1]")
+    # the rest of the file is still read, and nothing downstream meets the number
+    for cmd in (["trace", "info", "--json"], ["check", "--json"]):
+        proc = run_cli(*cmd, str(trace))
+        assert proc.returncode == 0, proc.stderr
+        assert b'"write": 2' in proc.stdout
+    export = run_cli("trace", "export", str(trace), "-o", str(tmp_path / "x.json"))
+    assert export.returncode == 0, export.stderr
+
+
+def test_largest_64_bit_values_still_read(tmp_path: Path) -> None:
+    """Pointers are unsigned 64-bit: 2^64-1 is a value, not damage."""
+    trace = tmp_path / "ptr.kvtrace"
+    _huge_trace(trace, b'{"kind":"learn","seq":2,"t_ns":5,"step":0,"layer":1,"k_ptr":'
+                + str(2**64 - 1).encode() + b"}\n")
+    proc = run_cli("trace", "validate", str(trace))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.decode().endswith("valid: format 1.1, 4 events, ended completed after 1 step\n")
+
+
+def test_out_of_range_integer_in_the_header_is_one_line(tmp_path: Path) -> None:
+    from trace_samples import end_line, header_line
+
+    trace = tmp_path / "h.kvtrace"
+    trace.write_bytes(header_line("1.1", plan={"pool_pages": 10**30}) + end_line(1, 0))
+    one_line_error(run_cli("trace", "info", str(trace)),
+                   "invalid trace header: field plan.pool_pages: integer of 100 bits")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,14 @@ _DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)
 _COMMON = ("seq", "t_ns", "step")
 _json_decode = msgspec.json.decode
 _SEQ = operator.attrgetter("seq")
+# Integers are 64-bit on both writers (kvtrace.h writes int64/uint64; pointers are unsigned),
+# while msgspec decodes any JSON integer into a Python int of any size; one beyond this range
+# later breaks float conversion and encoding (issue 11 #19), so such a line is a problem.
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 64) - 1
+# Any integer outside the range has at least 19 digits; lines without such a digit run (almost
+# all) skip the exact check.
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 
 class TraceReader:
@@ -150,6 +159,9 @@ class TraceReader:
             if not line.endswith(b"\n") and line.startswith(b'{"format":"kvtrace"'):
                 raise InputError(f"{name}: truncated header, no events written") from None
             raise InputError(f"{name}: not a kvtrace trace (line 1 is not JSON)") from None
+        huge = _huge_integer(line) if _LONG_DIGITS.search(line) else None
+        if huge is not None:
+            raise InputError(f"{name}: invalid trace header: {huge}")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise InputError(f"{name}: not a kvtrace trace (line 1 is not a kvtrace header)")
         try:
@@ -240,7 +252,7 @@ class TraceReader:
     def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
         n = block.count(b"\n")
-        if not self.newer_minor and self.end is None:
+        if not self.newer_minor and self.end is None and _LONG_DIGITS.search(block) is None:
             try:
                 events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
@@ -287,6 +299,11 @@ class TraceReader:
         if not text.strip():
             self._problem(number, "corrupt", "empty line")
             return None
+        if _LONG_DIGITS.search(text) is not None:
+            huge = _huge_integer(text)
+            if huge is not None:
+                self._problem(number, "corrupt", huge)
+                return None
         try:
             event = self._decode(text)
         except _DECODE_ERRORS as exc:
@@ -364,3 +381,24 @@ class TraceReader:
 
     def _problem(self, line: int, kind: ProblemKind, message: str) -> None:
         self.problems.append(Problem(line, kind, message))
+
+
+def _huge_integer(text: bytes) -> str | None:
+    """The first integer of a JSON line outside the 64-bit range, as a problem message."""
+    try:
+        raw = _json_decode(text)
+    except _DECODE_ERRORS:
+        return None  # not JSON: the caller's own decode reports it
+    stack: list[tuple[str, object]] = [("", raw)]
+    while stack:
+        path, value = stack.pop()
+        if type(value) is int and not INT_MIN <= value <= INT_MAX:
+            # bit_length, not str(): Python refuses to print ints of over 4300 digits
+            return (f"field {path or 'value'}: {'negative ' if value < 0 else ''}integer of "
+                    f"{value.bit_length()} bits is outside the 64-bit range [-2^63, 2^64-1]")
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v)
+                         for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
