@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvdiag.errors import DeviceUnavailable, InputError, UsageError
+from kvdiag.errors import DeviceUnavailable, InputError, Terminated, UsageError
 from kvdiag.kvstream.backend import Executor
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
@@ -69,6 +69,7 @@ def capture(
         raise InputError(f"directory {out.parent} does not exist")
     executor, device = make_executor(executor_name)
     sampler = _telemetry(executor.name, telemetry_ms)
+    restore = _raise_on_termination()
     try:
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
@@ -87,9 +88,37 @@ def capture(
             writer.close(result.status, steps=result.steps)
             return CaptureResult(out, result, writer.seq, executor.name)
     finally:
+        restore()
         if sampler is not None:
             sampler.stop()
         executor.close()
+
+
+def _raise_on_termination() -> Callable[[], None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` while a capture runs, so the writer's
+    ``with`` block ends the trace with status error and the signal as End.reason (SIGINT
+    already raises KeyboardInterrupt); returns what puts the previous handlers back.
+    Signal handlers can only be set from the main thread; elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    saved: dict[int, Any] = {}
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signal.Signals(signum).name, signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            saved[number] = signal.signal(number, handler)
+
+    def restore() -> None:
+        for number, previous in saved.items():
+            signal.signal(number, previous)
+
+    return restore
 
 
 def _telemetry(executor_name: str, interval_ms: int) -> Any:

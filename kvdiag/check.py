@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kvdiag.analysis.trace_rules import TraceAnalyzer
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvdiag.model.events import Header
@@ -36,12 +38,22 @@ def analyse_file(path: str | Path) -> CheckResult:
     return CheckResult(header, analyzer.findings(), summary, problems)
 
 
-def check_file(path: str, json_out: bool = False, fail_on: str = "error") -> int:
+def _allow_incomplete(result: CheckResult) -> CheckResult:
+    """``--allow-incomplete``: a run that did not complete is a warning, not an error."""
+    findings = [msgspec.structs.replace(f, severity=Severity.WARNING)
+                if f.rule == "trace-incomplete" else f for f in result.findings]
+    return CheckResult(result.header, findings, result.summary, result.problems)
+
+
+def check_file(path: str, json_out: bool = False, fail_on: str = "error",
+               allow_incomplete: bool = False) -> int:
     try:
         threshold = Severity.parse(fail_on)
     except ValueError as exc:
         raise UsageError(f"--fail-on: {exc}") from None
     result = analyse_file(path)
+    if allow_incomplete:
+        result = _allow_incomplete(result)
     failing = [f for f in result.findings if f.severity >= threshold]
     if json_out:
         from kvdiag.report.findings import findings_to_json

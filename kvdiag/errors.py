@@ -48,6 +48,16 @@ class DeviceFault(KvdiagError):
         self.cuda_error = cuda_error
 
 
+class Terminated(KvdiagError):
+    """A termination signal arrived (SIGTERM, SIGHUP): raised by the handler that a long
+    command installs so that its ``finally`` blocks run (a capture writes its End event);
+    exit 128 + the signal number, as a shell reports it."""
+
+    def __init__(self, signal_name: str, signum: int) -> None:
+        super().__init__(f"terminated by {signal_name}", 128 + signum)
+        self.signal_name = signal_name
+
+
 STDIN_NAME = "-"
 
 

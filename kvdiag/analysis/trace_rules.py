@@ -108,6 +108,26 @@ class Residency:
         }
 
 
+def _incomplete(end: ev.End | None, last_seq: int, last_step: int | None) -> Finding:
+    """``trace-incomplete`` (error): the run did not complete — killed before its End event,
+    or ended with status error (End.reason says why where the writer knew, format 1.1).
+    ``kvdiag check --allow-incomplete`` lowers it to a warning."""
+    at = f"step {last_step}" if last_step is not None else "before the first step"
+    if end is None:
+        why = "no End event: the capture was killed or is still running"
+        title = f"the run did not complete ({why}) at {at}; analysed up to event #{last_seq}"
+        evidence = Evidence(seq=last_seq, step=last_step, text=why)
+    else:
+        why = end.reason or "no reason recorded"
+        title = f"the run did not complete: ended with status error at {at} ({why})"
+        evidence = Evidence(seq=end.seq, step=last_step, text=why)
+    return Finding(
+        rule="trace-incomplete", severity=Severity.ERROR, title=title, evidence=(evidence,),
+        fix="rerun the capture to the end; findings cover only what ran before it stopped",
+        details={"status": end.status if end else "incomplete", "reason": end.reason if end
+                 else "", "last_step": last_step, "last_seq": last_seq})
+
+
 class TraceAnalyzer:
     """Feed events in file order; ask for findings at the end."""
 
@@ -260,12 +280,8 @@ class TraceAnalyzer:
                 evidence=tuple(g.evidence), fix=FIX_ALIAS,
                 details={"stream": stream, "first_step": g.first_step, "count": g.count,
                          **g.extra}))
-        if self.end is None:
-            out.append(Finding(
-                rule="trace-incomplete", severity=Severity.WARNING,
-                title=f"the trace has no end record (the capture died); analysed up to event "
-                      f"#{self.last_seq}",
-                evidence=(Evidence(seq=self.last_seq),)))
+        if self.end is None or self.end.status == "error":
+            out.append(_incomplete(self.end, self.last_seq, max(self.steps, default=None)))
         return out
 
     def summary(self) -> dict[str, Any]:

@@ -67,6 +67,12 @@ def _validate(path: str) -> int:
             return EXIT_FINDINGS
         end = reader.end
         ended = f"ended {end.status} after {_plural(end.steps, 'step')}" if end else "ended"
+        if end is not None and end.status == "error":
+            why = f": {_short(end.reason)}" if end.reason else " (no reason recorded)"
+            print(f"{path}:{reader.lines_read}: error: the run did not complete: End status "
+                  f"error at step {end.step}{why}")
+            print(f"{path}: invalid: the run ended with an error, {events} events read")
+            return EXIT_FINDINGS
         print(f"{path}: valid: format {reader.version_text}, {events} events, {ended}")
         return EXIT_OK
 
