@@ -71,6 +71,7 @@ def capture(
     sampler = _telemetry(executor.name, telemetry_ms)
     restore = _raise_on_termination()
     try:
+        check_scenario_fits(cfg, scenario)
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
                             on_step_end=_emit_telemetry(sampler) if sampler else None)
@@ -153,11 +154,60 @@ def scenario_from_args(args: Any) -> Scenario:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if value < (0 if field == "decode" else 1):
+        if value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
         scenario = dataclasses.replace(scenario, requests=tuple(
             dataclasses.replace(r, **{field: value}) for r in scenario.requests))
     return scenario
+
+
+def stream_cells_needed(scenario: Scenario, n_stream: int) -> dict[int, int]:
+    """Cells each KV stream must hold at once for ``scenario``, without running it.
+
+    A request takes one cell per prompt and decode token and keeps them until the next request
+    on its slot starts (the scheduler's find_slot / memory_seq_rm), so a slot never holds more
+    than its largest request, and a stream at most the sum of that over the slots it serves:
+    with one stream per slot this is exact; with a unified stream it is reached whenever the
+    slots' largest requests overlap, as in every built-in scenario.
+    """
+    largest: dict[int, int] = {}
+    for r in scenario.requests:
+        largest[r.slot] = max(largest.get(r.slot, 0), r.prompt + r.decode)
+    needed: dict[int, int] = {}
+    for slot, cells in largest.items():
+        stream = slot if n_stream > 1 else 0
+        needed[stream] = needed.get(stream, 0) + cells
+    return needed
+
+
+def check_scenario_fits(cfg: RuntimeConfig, scenario: Scenario) -> None:
+    """Refuse, before anything runs, a scenario whose requests cannot fit the KV cells of the
+    shape: one line naming the flags that change it (was an internal error mid-run)."""
+    needed = stream_cells_needed(scenario, cfg.n_stream)
+    stream, cells = max(needed.items(), key=lambda kv: (kv[1], -kv[0]))
+    if cells <= cfg.kv_size:
+        return
+    from kvdiag.kvstream.pages import pad_ctx
+
+    # kv_size is n_ctx / np padded to 256 per stream when not unified, n_ctx when unified
+    ctx = pad_ctx(cells) * (cfg.np if cfg.n_stream > 1 else 1)
+    tokens = sorted({(r.prompt, r.decode) for r in scenario.requests})
+    what = ", ".join(f"{p} prompt + {d} decode" for p, d in tokens)
+    raise UsageError(
+        f"scenario {scenario.name} needs {cells} KV cells in stream {stream} ({what} tokens "
+        f"per request) but --ctx {cfg.ctx} gives {cfg.kv_size} per stream"
+        f"{f' (np {cfg.np})' if cfg.n_stream > 1 else ''}: raise --ctx to {ctx} or lower "
+        f"--steps / --prompt-tokens")
+
+
+def ctx_rounding_note(ctx: int | None) -> str | None:
+    """The note printed when ``--ctx`` is not a multiple of 256 (it is rounded up, as
+    llama_context pads n_ctx: brief §1.3)."""
+    from kvdiag.kvstream.pages import pad_ctx
+
+    if ctx is None or ctx <= 0 or ctx == pad_ctx(ctx):
+        return None
+    return f"note: --ctx {ctx} is rounded up to {pad_ctx(ctx)} (n_ctx is padded to a multiple of 256)"
 
 
 def capture_from_args(args: Any) -> int:
@@ -172,7 +222,11 @@ def capture_from_args(args: Any) -> int:
         raise UsageError(f"--telemetry-ms must be 0 (off) or positive, got {args.telemetry_ms}")
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+    check_scenario_fits(cfg, scenario)
     console = Console(stderr=True)
+    note = ctx_rounding_note(args.ctx)
+    if note is not None:
+        console.print(note, style="dim", highlight=False)
     out = Path(args.output)
     if args.quiet or not console.is_terminal:
         result = capture(cfg, scenario, out, args.executor, args.seed,
