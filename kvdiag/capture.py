@@ -189,8 +189,9 @@ def check_scenario_fits(cfg: RuntimeConfig, scenario: Scenario) -> None:
         return
     from kvdiag.kvstream.pages import pad_ctx
 
-    # kv_size is n_ctx / np padded to 256 per stream when not unified, n_ctx when unified
-    ctx = pad_ctx(cells) * (cfg.np if cfg.n_stream > 1 else 1)
+    # kv_size = pad(n_ctx // np) when not unified (n_ctx when unified): the smallest n_ctx
+    # whose share pads up to pad(cells) is np * (pad(cells) - 255), itself padded
+    ctx = pad_ctx((cfg.np if cfg.n_stream > 1 else 1) * (pad_ctx(cells) - 255))
     tokens = sorted({(r.prompt, r.decode) for r in scenario.requests})
     what = ", ".join(f"{p} prompt + {d} decode" for p, d in tokens)
     raise UsageError(

@@ -24,7 +24,7 @@ def capture(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (["--scenario", "slot1-first", "--ctx", "700"],
      "scenario slot1-first needs 616 KV cells in stream 0 (500 prompt + 8 decode, 600 prompt "
      "+ 16 decode tokens per request) but --ctx 700 gives 512 per stream (np 2): raise --ctx "
-     "to 1536 or lower --steps / --prompt-tokens"),
+     "to 1280 or lower --steps / --prompt-tokens"),
     (["--scenario", "single-slot", "--prompt-tokens", "9000"],
      "scenario single-slot needs 9016 KV cells in stream 0 (9000 prompt + 16 decode tokens per "
      "request) but --ctx 4096 gives 4096 per stream: raise --ctx to 9216 or lower --steps / "
@@ -54,10 +54,11 @@ def test_ctx_not_a_multiple_of_256_is_rounded_with_a_note(tmp_path: Path) -> Non
 
 
 def test_the_bound_is_exactly_what_the_smallest_ctx_that_runs_needs(tmp_path: Path) -> None:
-    # late-join with np 2 needs 624 cells on slot 1's stream: pad to 768, times 2 streams
+    # late-join with np 2 needs 624 cells on slot 1's stream: 768 after padding, which
+    # n_ctx 1280 gives (1280 // 2 = 640, padded) and n_ctx 1024 does not (512)
     assert stream_cells_needed(SCENARIOS["late-join"], 2) == {1: 624, 0: 304}
     assert stream_cells_needed(SCENARIOS["late-join"], 1) == {0: 928}
-    ran = capture(tmp_path, "--scenario", "late-join", "--ctx", "1536")
+    ran = capture(tmp_path, "--scenario", "late-join", "--ctx", "1280")
     # 3: the run reached the modelled upstream abort, i.e. it ran rather than being refused
     assert ran.returncode in (0, 3) and ran.stdout.startswith("late-join on numpy"), ran.stderr
-    assert capture(tmp_path, "--scenario", "late-join", "--ctx", "1280").returncode == 2
+    assert capture(tmp_path, "--scenario", "late-join", "--ctx", "1024").returncode == 2
