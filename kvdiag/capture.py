@@ -213,6 +213,8 @@ def ctx_rounding_note(ctx: int | None) -> str | None:
 
 def capture_from_args(args: Any) -> int:
     """The ``capture`` subcommand: exit 0 ran to the end, 3 modelled abort, 2 usage error."""
+    import sys
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -225,9 +227,12 @@ def capture_from_args(args: Any) -> int:
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
     check_scenario_fits(cfg, scenario)
     console = Console(stderr=True)
-    note = ctx_rounding_note(args.ctx)
-    if note is not None:
-        console.print(note, style="dim", highlight=False)
+    from kvdiag.kvstream.plan import multiseq_warning
+
+    warning = multiseq_warning(cfg)
+    for line in (ctx_rounding_note(args.ctx), f"warning: {warning}" if warning else None):
+        if line is not None:
+            print(line, file=sys.stderr)  # one line each, never wrapped
     out = Path(args.output)
     if args.quiet or not console.is_terminal:
         result = capture(cfg, scenario, out, args.executor, args.seed,
