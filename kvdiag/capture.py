@@ -62,11 +62,12 @@ def capture(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     telemetry_ms: int = 100,
+    on_start: Callable[[], None] | None = None,
 ) -> CaptureResult:
-    if out.is_dir():
-        raise InputError(f"{out} is a directory")
-    if not out.parent.exists():
-        raise InputError(f"directory {out.parent} does not exist")
+    """Run ``scenario`` and write its trace; ``on_start`` is called once the executor and
+    runner exist, just before the first event (so notes are not printed for a run that a
+    missing device or a bad option refuses)."""
+    check_output(out)
     executor, device = make_executor(executor_name)
     sampler = _telemetry(executor.name, telemetry_ms)
     restore = _raise_on_termination()
@@ -84,6 +85,8 @@ def capture(
                       "requests": [vars(r) for r in scenario.requests]},
             plan=runner.plan.as_json(),
         )
+        if on_start is not None:
+            on_start()
         with TraceWriter.create(out, header) as writer:
             result = runner.run(writer)
             writer.close(result.status, steps=result.steps)
@@ -93,6 +96,14 @@ def capture(
         if sampler is not None:
             sampler.stop()
         executor.close()
+
+
+def check_output(out: Path) -> None:
+    """The trace can be created at ``out`` (checked before anything is printed or run)."""
+    if out.is_dir():
+        raise InputError(f"{out} is a directory")
+    if not out.parent.exists():
+        raise InputError(f"directory {out.parent} does not exist")
 
 
 def _raise_on_termination() -> Callable[[], None]:
@@ -226,17 +237,21 @@ def capture_from_args(args: Any) -> int:
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
     check_scenario_fits(cfg, scenario)
+    out = Path(args.output)
+    check_output(out)
     console = Console(stderr=True)
     from kvdiag.kvstream.plan import multiseq_warning
 
     warning = multiseq_warning(cfg)
-    for line in (ctx_rounding_note(args.ctx), f"warning: {warning}" if warning else None):
-        if line is not None:
+    notes = [line for line in (ctx_rounding_note(args.ctx),
+                               f"warning: {warning}" if warning else None) if line is not None]
+
+    def print_notes() -> None:
+        for line in notes:
             print(line, file=sys.stderr)  # one line each, never wrapped
-    out = Path(args.output)
     if args.quiet or not console.is_terminal:
         result = capture(cfg, scenario, out, args.executor, args.seed,
-                         telemetry_ms=args.telemetry_ms)
+                         telemetry_ms=args.telemetry_ms, on_start=print_notes)
     else:
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -245,7 +260,7 @@ def capture_from_args(args: Any) -> int:
             result = capture(cfg, scenario, out, args.executor, args.seed,
                              progress=lambda done, total: bar.update(task, completed=done,
                                                                      total=total),
-                             telemetry_ms=args.telemetry_ms)
+                             telemetry_ms=args.telemetry_ms, on_start=print_notes)
     r = result.result
     line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
             f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")

@@ -5,22 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.check_output import verdict_line
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table
 
 
 def verdict(findings: Sequence[Finding]) -> Text:
     """One line saying what went wrong, if anything."""
     worst = max((f.severity for f in findings), default=None)
+    text = verdict_line(findings)
     if worst is None:
-        return Text("OK — no findings", style="bold green")
-    top = [f for f in findings if f.severity == worst]
-    return Text(f"{worst.label.upper()}: {top[0].title}", style=SEVERITY_STYLE[worst])
+        return Text(text, style="bold green")
+    return Text(text, style=SEVERITY_STYLE[worst])
 
 
 def header_table(path: str, header: Header) -> Table:
@@ -71,15 +72,18 @@ def residency_table(summary: dict[str, Any]) -> Table:
 
 def check_report(
     path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
-) -> RenderableType:
+) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
     parts.append(Text(f"{summary['events']} events over {summary['steps']} step(s) "
                       f"[{summary['status']}]: {counts}", style="dim"))
     for p in summary.get("problems", []):
         parts.append(Text(f"trace problem at line {p['line']}: {p['message']}", style="yellow"))
-    parts += [residency_table(summary), findings_table(findings), verdict(findings)]
-    return Group(*parts)
+    parts.append(residency_table(summary))
+    if findings:  # without findings the verdict alone says so (once)
+        parts.append(findings_table(findings))
+    parts.append(verdict(findings))
+    return parts
 
 
 __all__ = ["Severity", "check_report", "verdict"]
