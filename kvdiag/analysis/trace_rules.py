@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdiag.model import events as ev
+from kvdiag.model.conditions import observed
 from kvdiag.model.findings import Evidence, Finding, Severity
 
 MAX_EVIDENCE = 20
@@ -205,12 +206,19 @@ class TraceAnalyzer:
 
     def _fits(self, e: ev.Fits) -> None:
         self.residency.routes[e.route] += 1
+        # each failed condition with the logged values it tested: "Q.ne[3]==1 (Q.ne[3]=2)"
+        tensors = {"Q": e.q, "K": e.k, "V": e.v, "mask": e.mask, "dst": e.dst}
+        shown = ", ".join(observed(c, tensors) for c in e.failed)
         evidence = Evidence(seq=e.seq, step=e.step, layer=e.layer,
-                            text=f"{e.node}: {', '.join(e.failed)}" if e.failed else e.node)
+                            text=f"{e.node}: failed: {shown}" if e.failed else e.node)
+        group: _Group | None = None
         if not e.result and e.route in ("streamed", "abort"):
-            self.mismatch.setdefault(e.failed, _Group()).add(evidence)
+            group = self.mismatch.setdefault(e.failed, _Group())
         elif e.route == "fallback":
-            self.fallback.setdefault(e.failed, _Group()).add(evidence)
+            group = self.fallback.setdefault(e.failed, _Group())
+        if group is not None:
+            group.add(evidence)
+            group.extra.setdefault("shown", shown)  # the first node's values, for the title
 
     def _read(self, e: ev.Read) -> None:
         r = self.residency
@@ -243,7 +251,7 @@ class TraceAnalyzer:
             out.append(Finding(
                 rule="fits-dispatch-mismatch", severity=Severity.CRITICAL,
                 title=(f"FA node routed to the streamed kernel while fits() was false "
-                       f"({', '.join(failed)}) — {g.count} node(s)"),
+                       f"(failed: {g.extra['shown']}) — {g.count} node(s)"),
                 evidence=tuple(g.evidence), fix=FIX_DISPATCH,
                 details={"failed": list(failed), "count": g.count, "first_step": g.first_step}))
         for a in self.aborts:
@@ -257,7 +265,7 @@ class TraceAnalyzer:
             out.append(Finding(
                 rule="fallback", severity=Severity.WARNING,
                 title=(f"{g.count} FA node(s) fell back to ordinary flash attention over the "
-                       f"host buffer (zero-copy): {', '.join(failed)}"),
+                       f"host buffer (zero-copy): failed: {g.extra['shown']}"),
                 evidence=tuple(g.evidence),
                 fix="expected with several KV streams per ubatch; use --kv-unified to keep "
                     "the streamed path",
