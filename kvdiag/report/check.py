@@ -13,6 +13,7 @@ from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check_output import verdict_line
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table
+from kvdiag.report.text import cap, cap_value
 
 
 def verdict(findings: Sequence[Finding]) -> Text:
@@ -31,16 +32,20 @@ def header_table(path: str, header: Header) -> Table:
     sc = header.scenario
     cfg: dict[str, Any] = sc.get("config", {})
     t.add_row("trace", path)
-    t.add_row("scenario", f"{sc.get('name', '?')} — {sc.get('description', '')}")
-    t.add_row("executor", f"{header.backend} on {header.device.name}")
-    if cfg:
+    t.add_row("scenario", f"{cap_value(sc.get('name', '?'))} — "
+                          f"{cap_value(sc.get('description', ''))}")
+    t.add_row("executor", f"{cap(header.backend)} on {cap(header.device.name)}")
+    if isinstance(cfg, dict) and cfg:
+        unified = cfg.get("kv_unified") is True
+        cfg = {k: cap_value(v, 100) for k, v in cfg.items()}
         t.add_row("runtime", (
-            f"np {cfg.get('np')}{' (kv unified)' if cfg.get('kv_unified') else ''}, ctx "
+            f"np {cfg.get('np')}{' (kv unified)' if unified else ''}, ctx "
             f"{cfg.get('ctx')}, {cfg.get('layers')} layers, K {cfg.get('type_k')} / V "
             f"{cfg.get('type_v')}, stage {cfg.get('stage_mib')} MiB, layout {cfg.get('layout')}, "
             f"dispatch {cfg.get('dispatch')}"))
     plan = header.plan
     if plan:
+        plan = {k: cap_value(v, 100) for k, v in plan.items()}
         t.add_row("pool", (
             f"{plan.get('pool_pages')} pages of {plan.get('page_bytes')} B: "
             f"{plan.get('resident_pages_per_layer')} resident/layer + {plan.get('ring_slots')} "
@@ -74,11 +79,12 @@ def check_report(
     path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
 ) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+    counts = ", ".join(f"{cap(k, 100)} {v}" for k, v in sorted(summary["counts"].items()))
     parts.append(Text(f"{summary['events']} events over {summary['steps']} step(s) "
                       f"[{summary['status']}]: {counts}", style="dim"))
     for p in summary.get("problems", []):
-        parts.append(Text(f"trace problem at line {p['line']}: {p['message']}", style="yellow"))
+        parts.append(Text(f"trace problem at line {p['line']}: {cap(p['message'])}",
+                          style="yellow"))
     parts.append(residency_table(summary))
     if findings:  # without findings the verdict alone says so (once)
         parts.append(findings_table(findings))

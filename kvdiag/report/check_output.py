@@ -12,6 +12,7 @@ from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.findings import findings_to_json
 from kvdiag.report.formats import findings_junit, findings_markdown, findings_sarif
+from kvdiag.report.text import cap
 
 
 def verdict_line(findings: Sequence[Finding]) -> str:
@@ -19,7 +20,7 @@ def verdict_line(findings: Sequence[Finding]) -> str:
     if worst is None:
         return "OK — no findings"
     top = [f for f in findings if f.severity == worst]
-    return f"{worst.label.upper()}: {top[0].title}"
+    return f"{worst.label.upper()}: {cap(top[0].title)}"
 
 
 def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding],
