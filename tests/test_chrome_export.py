@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -168,6 +170,34 @@ def test_sample_traces_flows_follow_the_layout(tmp_path: Path) -> None:
     fixed = export(TRACES / "slot1-first-per-stream.kvtrace", tmp_path)
     assert sum(e["ph"] == "s" for e in shared) > 0
     assert sum(e["ph"] == "s" for e in fixed) == 0
+
+
+def test_newer_minor_fields_and_kinds_are_carried(tmp_path: Path) -> None:
+    trace = every_kind_trace(tmp_path / "newer.kvtrace", version="1.7", gpu_uuid="GPU-42",
+                             dirty_mask="0xff")
+    doc = export(trace, tmp_path)
+    write4 = next(e for e in doc if e["ph"] == "X" and e["args"].get("seq") == 4)
+    assert write4["args"]["unknown_fields"] == {"gpu_uuid": "GPU-42", "dirty_mask": "0xff"}
+    prefetch = next(e for e in doc if e.get("cat") == "unknown")
+    assert prefetch["name"] == "prefetch (unknown kind)" and prefetch["args"]["pages"] == [1, 3]
+    header = next(e for e in doc if e.get("cat") == "header")
+    assert header["args"]["unknown_fields"] == {"writer_build": "b77"}
+    # the llama-server log keeps them as debug lines, which postmortem reads past
+    log = tmp_path / "newer.log"
+    assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(log)]) == 0
+    text = log.read_text()
+    assert 'D kvtrace: seq 4 fields unknown to this version: {"gpu_uuid":"GPU-42",' in text
+    assert "D kvtrace: event of unknown kind 'prefetch' seq 21 step 1: " in text
+    pm = subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", "--json", str(log)],
+                        capture_output=True, text=True, timeout=120)
+    assert pm.returncode in (0, 1) and json.loads(pm.stdout)["problems"] == []
+    # and trace info lists them
+    info = subprocess.run([sys.executable, "-m", "kvdiag", "trace", "info", "--json", str(trace)],
+                          capture_output=True, text=True, timeout=120)
+    summary = json.loads(info.stdout)
+    assert summary["unknown_kinds"] == ["prefetch"]
+    assert summary["extra_fields"] == {"write.dirty_mask": 1, "write.gpu_uuid": 1}
+    assert summary["header_extras"] == {"writer_build": "b77"}
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in TRACES.glob("*.kvtrace")))

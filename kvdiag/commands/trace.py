@@ -91,7 +91,7 @@ def _export(path: str, output: str, fmt: str) -> int:
         if fmt == "llama-log":
             from kvdiag.trace.export_log import LogExporter
 
-            lines = [line.encode() + b"\n" for line in LogExporter(reader.header).lines(reader)]
+            lines = [line.encode() + b"\n" for line in LogExporter(reader.header, reader.extras).lines(reader)]
             out.writelines(lines)
             n = len(lines)
             what = "log lines"
@@ -99,8 +99,10 @@ def _export(path: str, output: str, fmt: str) -> int:
             from kvdiag.trace.export_chrome import ChromeExporter
 
             title = f"kvdiag {reader.header.scenario.get('name', path)}"
-            n = ChromeExporter().write(reader, out, title=title)
-            what = "trace events"
+            exporter = ChromeExporter(reader.extras, reader.header_extras)
+            n = exporter.write(reader, out, title=title)
+            what = f"trace events ({_plural(exporter.flows, 'flow')} from writes to reads " \
+                   f"that missed them)"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
     print(f"{output}: {n} {what}{note}")
