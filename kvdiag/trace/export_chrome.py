@@ -108,18 +108,28 @@ class ChromeExporter:
         return pid, ltid
 
     def _slice(self, track: Track, ts: float, name: str, cat: str, args: dict[str, Any],
-               out: list[dict[str, Any]], *, cap: float = MAX_SLICE_US) -> None:
-        """Open a slice on ``track``; the one it replaces ends where this one starts."""
-        self._close(track, ts, out, cap)
+               out: list[dict[str, Any]], *, cap: float = MAX_SLICE_US) -> float:
+        """Open a slice on ``track``; the one it replaces ends where this one starts.
+
+        Returns the slice's start: ``ts``, or where the track's previous slice ended when a
+        damaged file goes back in time (slices of one track must not overlap; ``args`` keep
+        the event's own ``t_ns``)."""
+        end = self._close(track, ts, out, cap)
+        ts = max(ts, end)
         self._pending[track] = {"ph": "X", "pid": track[0], "tid": track[1], "ts": ts,
                                 "name": name, "cat": cat, "args": args}
+        return ts
 
     def _close(self, track: Track, ts: float, out: list[dict[str, Any]],
-               cap: float = MAX_SLICE_US) -> None:
+               cap: float = MAX_SLICE_US) -> float:
+        """End the track's open slice at ``ts`` (at most ``cap`` long); returns its end."""
         prev = self._pending.pop(track, None)
-        if prev is not None:
-            prev["dur"] = max(0.0, min(ts - prev["ts"], cap))
-            out.append(prev)
+        if prev is None:
+            return 0.0
+        prev["dur"] = max(0.0, min(ts - prev["ts"], cap))
+        out.append(prev)
+        end: float = prev["ts"] + prev["dur"]
+        return end
 
     # -- events ---------------------------------------------------------------------------
 
@@ -149,8 +159,9 @@ class ChromeExporter:
             case ev.Write():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 c0, c1 = event.cells
-                self._slice(track, ts, f"write cells {c0}..{c1 - 1}", "write", args, out)
-                self._written(event, ts, track)
+                start = self._slice(track, ts, f"write cells {c0}..{c1 - 1}", "write", args,
+                                    out)
+                self._written(event, start, track)
             case ev.Upload():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 p0, p1 = event.pages
@@ -164,9 +175,10 @@ class ChromeExporter:
                 classes, missed = self._served(event)
                 bad = sorted(classes - {"exact"})
                 name = f"read stream {event.stream}" + (f" ({', '.join(bad)})" if bad else "")
-                self._slice(track, ts, name, "alias" if bad else "read", args, out)
+                start = self._slice(track, ts, name, "alias" if bad else "read", args, out)
                 for write in missed:
-                    out += self._flow(write, ts, track)
+                    if write[0] <= start:  # a damaged file's later write cannot be missed
+                        out += self._flow(write, start, track)
             case ev.Evict():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 self._slice(track, ts, f"evict slot {event.slot}", "evict", args, out)
