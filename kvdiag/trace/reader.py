@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -44,9 +43,15 @@ _SEQ = operator.attrgetter("seq")
 # later breaks float conversion and encoding (issue 11 #19), so such a line is a problem.
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 64) - 1
-# Any integer outside the range has at least 19 digits; lines without such a digit run (almost
-# all) skip the exact check.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# Any integer outside the range has at least 19 digits; text without such a digit run (almost
+# all) skips the exact check. Mapping every digit to "0" and searching for 19 of them runs at
+# C speed (about 1 ms per MB, where a regular expression took 16).
+_DIGITS_TO_ZERO = bytes(48 if 48 <= i <= 57 else i for i in range(256))
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _long_digits(text: bytes) -> bool:
+    return text.translate(_DIGITS_TO_ZERO).find(_NINETEEN_DIGITS) >= 0
 
 
 class TraceReader:
@@ -159,7 +164,7 @@ class TraceReader:
             if not line.endswith(b"\n") and line.startswith(b'{"format":"kvtrace"'):
                 raise InputError(f"{name}: truncated header, no events written") from None
             raise InputError(f"{name}: not a kvtrace trace (line 1 is not JSON)") from None
-        huge = _huge_integer(line) if _LONG_DIGITS.search(line) else None
+        huge = _huge_integer(line) if _long_digits(line) else None
         if huge is not None:
             raise InputError(f"{name}: invalid trace header: {huge}")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
@@ -252,7 +257,7 @@ class TraceReader:
     def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
         n = block.count(b"\n")
-        if not self.newer_minor and self.end is None and _LONG_DIGITS.search(block) is None:
+        if not self.newer_minor and self.end is None and not _long_digits(block):
             try:
                 events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
@@ -299,7 +304,7 @@ class TraceReader:
         if not text.strip():
             self._problem(number, "corrupt", "empty line")
             return None
-        if _LONG_DIGITS.search(text) is not None:
+        if _long_digits(text):
             huge = _huge_integer(text)
             if huge is not None:
                 self._problem(number, "corrupt", huge)
