@@ -162,3 +162,17 @@ def test_markdown_and_the_json_alias(aborted: Path) -> None:
     assert json.loads(a.stdout)["findings"] == json.loads(b.stdout)["findings"]
     clash = run_cli("check", "--json", "--format", "sarif", str(aborted))
     assert clash.returncode == 2 and "--json and --format sarif disagree" in clash.stderr
+
+
+def test_postmortem_junit_and_markdown_name_the_crash() -> None:
+    log = LOGS / "kvstream_np2_gdb.log"
+    junit = run_cli("postmortem", "--format", "junit", str(log))
+    assert junit.returncode == 1
+    suite = ET.fromstring(junit.stdout).find("testsuite")
+    assert suite is not None and int(suite.attrib["failures"]) >= 1
+    failed = [c.attrib["classname"] for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert "kvdiag.postmortem.kvstream-fits-dispatch-abort" in failed
+    md = run_cli("postmortem", "--format", "markdown", str(log))
+    assert md.returncode == 1
+    assert "`kvstream-fits-dispatch-abort`" in md.stdout
+    assert md.stdout.rstrip().endswith("crash(es) found**")
