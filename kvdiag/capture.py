@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from kvdiag.errors import DeviceUnavailable, InputError, UsageError
+from kvdiag.errors import DeviceUnavailable, InputError, Terminated, UsageError
 from kvdiag.kvstream.backend import Executor
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
@@ -66,14 +66,17 @@ def capture(
     progress: Callable[[int, int], None] | None = None,
     telemetry_ms: int = 100,
     profile: DeviceProfile = H200,
+    on_start: Callable[[], None] | None = None,
 ) -> CaptureResult:
-    if out.is_dir():
-        raise InputError(f"{out} is a directory")
-    if not out.parent.exists():
-        raise InputError(f"directory {out.parent} does not exist")
+    """Run ``scenario`` and write its trace; ``on_start`` is called once the executor and
+    runner exist, just before the first event (so notes are not printed for a run that a
+    missing device or a bad option refuses)."""
+    check_output(out)
     executor, device = make_executor(executor_name)
     sampler = _telemetry(executor.name, telemetry_ms)
+    restore = _raise_on_termination()
     try:
+        check_scenario_fits(cfg, scenario)
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
                             on_step_end=_emit_telemetry(sampler) if sampler else None,
@@ -89,14 +92,52 @@ def capture(
             extra={"feedback": {"kind": "modelled", "profile": msgspec.to_builtins(profile)}}
             if cfg.adaptive else {},
         )
+        if on_start is not None:
+            on_start()
         with TraceWriter.create(out, header) as writer:
             result = runner.run(writer)
             writer.close(result.status, steps=result.steps)
             return CaptureResult(out, result, writer.seq, executor.name)
     finally:
+        restore()
         if sampler is not None:
             sampler.stop()
         executor.close()
+
+
+def check_output(out: Path) -> None:
+    """The trace can be created at ``out`` (checked before anything is printed or run)."""
+    if out.is_dir():
+        raise InputError(f"{out} is a directory")
+    if not out.parent.exists():
+        raise InputError(f"directory {out.parent} does not exist")
+
+
+def _raise_on_termination() -> Callable[[], None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` while a capture runs, so the writer's
+    ``with`` block ends the trace with status error and the signal as End.reason (SIGINT
+    already raises KeyboardInterrupt); returns what puts the previous handlers back.
+    Signal handlers can only be set from the main thread; elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    saved: dict[int, Any] = {}
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signal.Signals(signum).name, signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            saved[number] = signal.signal(number, handler)
+
+    def restore() -> None:
+        for number, previous in saved.items():
+            signal.signal(number, previous)
+
+    return restore
 
 
 def _telemetry(executor_name: str, interval_ms: int) -> Any:
@@ -131,15 +172,67 @@ def scenario_from_args(args: Any) -> Scenario:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if value < (0 if field == "decode" else 1):
+        if value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
         scenario = dataclasses.replace(scenario, requests=tuple(
             dataclasses.replace(r, **{field: value}) for r in scenario.requests))
     return scenario
 
 
+def stream_cells_needed(scenario: Scenario, n_stream: int) -> dict[int, int]:
+    """Cells each KV stream must hold at once for ``scenario``, without running it.
+
+    A request takes one cell per prompt and decode token and keeps them until the next request
+    on its slot starts (the scheduler's find_slot / memory_seq_rm), so a slot never holds more
+    than its largest request, and a stream at most the sum of that over the slots it serves:
+    with one stream per slot this is exact; with a unified stream it is reached whenever the
+    slots' largest requests overlap, as in every built-in scenario.
+    """
+    largest: dict[int, int] = {}
+    for r in scenario.requests:
+        largest[r.slot] = max(largest.get(r.slot, 0), r.prompt + r.decode)
+    needed: dict[int, int] = {}
+    for slot, cells in largest.items():
+        stream = slot if n_stream > 1 else 0
+        needed[stream] = needed.get(stream, 0) + cells
+    return needed
+
+
+def check_scenario_fits(cfg: RuntimeConfig, scenario: Scenario) -> None:
+    """Refuse, before anything runs, a scenario whose requests cannot fit the KV cells of the
+    shape: one line naming the flags that change it (was an internal error mid-run)."""
+    needed = stream_cells_needed(scenario, cfg.n_stream)
+    stream, cells = max(needed.items(), key=lambda kv: (kv[1], -kv[0]))
+    if cells <= cfg.kv_size:
+        return
+    from kvdiag.kvstream.pages import pad_ctx
+
+    # kv_size = pad(n_ctx // np) when not unified (n_ctx when unified): the smallest n_ctx
+    # whose share pads up to pad(cells) is np * (pad(cells) - 255), itself padded
+    ctx = pad_ctx((cfg.np if cfg.n_stream > 1 else 1) * (pad_ctx(cells) - 255))
+    tokens = sorted({(r.prompt, r.decode) for r in scenario.requests})
+    what = ", ".join(f"{p} prompt + {d} decode" for p, d in tokens)
+    raise UsageError(
+        f"scenario {scenario.name} needs {cells} KV cells in stream {stream} ({what} tokens "
+        f"per request) but --ctx {cfg.ctx} gives {cfg.kv_size} per stream"
+        f"{f' (np {cfg.np})' if cfg.n_stream > 1 else ''}: raise --ctx to {ctx} or lower "
+        f"--steps / --prompt-tokens")
+
+
+def ctx_rounding_note(ctx: int | None) -> str | None:
+    """The note printed when ``--ctx`` is not a multiple of 256 (it is rounded up, as
+    llama_context pads n_ctx: brief §1.3)."""
+    from kvdiag.kvstream.pages import pad_ctx
+
+    if ctx is None or ctx <= 0 or ctx == pad_ctx(ctx):
+        return None
+    return f"note: --ctx {ctx} is rounded up to {pad_ctx(ctx)} (n_ctx is padded to a multiple of 256)"
+
+
 def capture_from_args(args: Any) -> int:
     """The ``capture`` subcommand: exit 0 ran to the end, 3 modelled abort, 2 usage error."""
+    import sys
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -152,12 +245,24 @@ def capture_from_args(args: Any) -> int:
 
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+    check_scenario_fits(cfg, scenario)
     profile = load_profile(args.profile)
-    console = Console(stderr=True)
     out = Path(args.output)
+    check_output(out)
+    console = Console(stderr=True)
+    from kvdiag.kvstream.plan import multiseq_warning
+
+    warning = multiseq_warning(cfg)
+    notes = [line for line in (ctx_rounding_note(args.ctx),
+                               f"warning: {warning}" if warning else None) if line is not None]
+
+    def print_notes() -> None:
+        for line in notes:
+            print(line, file=sys.stderr)  # one line each, never wrapped
     if args.quiet or not console.is_terminal:
         result = capture(cfg, scenario, out, args.executor, args.seed,
-                         telemetry_ms=args.telemetry_ms, profile=profile)
+                         telemetry_ms=args.telemetry_ms, on_start=print_notes,
+                         profile=profile)
     else:
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -166,7 +271,8 @@ def capture_from_args(args: Any) -> int:
             result = capture(cfg, scenario, out, args.executor, args.seed,
                              progress=lambda done, total: bar.update(task, completed=done,
                                                                      total=total),
-                             telemetry_ms=args.telemetry_ms, profile=profile)
+                             telemetry_ms=args.telemetry_ms, on_start=print_notes,
+                             profile=profile)
     r = result.result
     line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
             f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")

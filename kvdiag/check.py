@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from kvdiag.analysis.trace_rules import TraceAnalyzer
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
@@ -36,31 +36,27 @@ def analyse_file(path: str | Path) -> CheckResult:
     return CheckResult(header, analyzer.findings(), summary, problems)
 
 
-def check_file(path: str, json_out: bool = False, fail_on: str = "error") -> int:
+def _allow_incomplete(result: CheckResult) -> CheckResult:
+    """``--allow-incomplete``: a run that did not complete is a warning, not an error."""
+    findings = [msgspec.structs.replace(f, severity=Severity.WARNING)
+                if f.rule == "trace-incomplete" else f for f in result.findings]
+    return CheckResult(result.header, findings, result.summary, result.problems)
+
+
+def check_file(path: str, json_out: bool = False, fail_on: str = "error",
+               allow_incomplete: bool = False, fmt: str | None = None) -> int:
     try:
         threshold = Severity.parse(fail_on)
     except ValueError as exc:
         raise UsageError(f"--fail-on: {exc}") from None
     result = analyse_file(path)
+    if allow_incomplete:
+        result = _allow_incomplete(result)
     failing = [f for f in result.findings if f.severity >= threshold]
-    if json_out:
-        from kvdiag.report.findings import findings_to_json
+    code = EXIT_FINDINGS if failing else EXIT_OK
+    from kvdiag.report.check_output import write_check
 
-        doc = {
-            "file": str(path),
-            "scenario": result.header.scenario.get("name"),
-            "backend": result.header.backend,
-            "findings": findings_to_json(result.findings),
-            "summary": result.summary,
-            "fail_on": threshold.label,
-            "failing": len(failing),
-        }
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from rich.console import Console
-
-        from kvdiag.report.check import check_report
-
-        Console().print(check_report(str(path), result.header, result.findings, result.summary))
-    return EXIT_FINDINGS if failing else EXIT_OK
+    name = "<stdin>" if path == "-" else str(path)
+    write_check(fmt or ("json" if json_out else "text"), name, result.header, result.findings,
+                result.summary, threshold, code)
+    return code

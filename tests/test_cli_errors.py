@@ -42,7 +42,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, tex
 def test_usage_errors(args: list[str], text: str, tmp_path: Path,
                       capsys: pytest.CaptureFixture[str]) -> None:
     if args[0] == "check":
-        assert main(["capture", "--scenario", "single-slot", "--steps", "0", "--prompt-tokens",
+        assert main(["capture", "--scenario", "single-slot", "--steps", "1", "--prompt-tokens",
                      "8", "-q", "-o", str(tmp_path / "t.kvtrace")]) == 0
         args = ["check", str(tmp_path / "t.kvtrace"), *args[2:]]
     proc = subprocess.run([*KVDIAG, *args], capture_output=True, text=True, cwd=tmp_path,
@@ -101,7 +101,7 @@ def test_sigkill_mid_capture_leaves_a_readable_trace(tmp_path: Path) -> None:
 
 def test_check_imports_neither_textual_nor_cupy_nor_pynvml(tmp_path: Path) -> None:
     trace = tmp_path / "t.kvtrace"
-    assert main(["capture", "--scenario", "single-slot", "--steps", "0", "--prompt-tokens", "8",
+    assert main(["capture", "--scenario", "single-slot", "--steps", "1", "--prompt-tokens", "8",
                  "--executor", "numpy", "-q", "-o", str(trace)]) == 0
     code = (
         "import sys\n"

@@ -12,8 +12,8 @@ from kvdiag.kvstream.pages import PageGeometry
 from kvdiag.kvstream.pool import PoolError, plan_pool
 
 
-def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
-    assert main(["plan", "--json", *args]) == 0
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> dict[str, object]:
+    assert main(["plan", "--json", *args]) == code
     doc: dict[str, object] = json.loads(capsys.readouterr().out)
     return doc
 
@@ -102,7 +102,7 @@ def test_f16_mode_reserves_a_conversion_workspace(capsys: pytest.CaptureFixture[
 
 
 def test_multi_stream_outlook_and_validator_gate(capsys: pytest.CaptureFixture[str]) -> None:
-    doc = plan_json(capsys, *ARM, "--stage-mib", "2048", "--np", "2")
+    doc = plan_json(capsys, *ARM, "--stage-mib", "2048", "--np", "2", code=1)
     assert doc["n_stream"] == 2 and doc["kv_size"] == 32768
     assert doc["fits_outlook"] == "single-stream ubatches only"
     assert "block KV streaming requires exactly one sequence (-np 1)" in doc["gates"]

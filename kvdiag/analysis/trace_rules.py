@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdiag.model import events as ev
+from kvdiag.model.conditions import observed
 from kvdiag.model.findings import Evidence, Finding, Severity
 
 MAX_EVIDENCE = 20
@@ -108,6 +109,26 @@ class Residency:
         }
 
 
+def _incomplete(end: ev.End | None, last_seq: int, last_step: int | None) -> Finding:
+    """``trace-incomplete`` (error): the run did not complete — killed before its End event,
+    or ended with status error (End.reason says why where the writer knew, format 1.1).
+    ``kvdiag check --allow-incomplete`` lowers it to a warning."""
+    at = f"step {last_step}" if last_step is not None else "before the first step"
+    if end is None:
+        why = "no End event: the capture was killed or is still running"
+        title = f"the run did not complete ({why}) at {at}; analysed up to event #{last_seq}"
+        evidence = Evidence(seq=last_seq, step=last_step, text=why)
+    else:
+        why = end.reason or "no reason recorded"
+        title = f"the run did not complete: ended with status error at {at} ({why})"
+        evidence = Evidence(seq=end.seq, step=last_step, text=why)
+    return Finding(
+        rule="trace-incomplete", severity=Severity.ERROR, title=title, evidence=(evidence,),
+        fix="rerun the capture to the end; findings cover only what ran before it stopped",
+        details={"status": end.status if end else "incomplete", "reason": end.reason if end
+                 else "", "last_step": last_step, "last_seq": last_seq})
+
+
 class TraceAnalyzer:
     """Feed events in file order; ask for findings at the end."""
 
@@ -185,12 +206,19 @@ class TraceAnalyzer:
 
     def _fits(self, e: ev.Fits) -> None:
         self.residency.routes[e.route] += 1
+        # each failed condition with the logged values it tested: "Q.ne[3]==1 (Q.ne[3]=2)"
+        tensors = {"Q": e.q, "K": e.k, "V": e.v, "mask": e.mask, "dst": e.dst}
+        shown = ", ".join(observed(c, tensors) for c in e.failed)
         evidence = Evidence(seq=e.seq, step=e.step, layer=e.layer,
-                            text=f"{e.node}: {', '.join(e.failed)}" if e.failed else e.node)
+                            text=f"{e.node}: failed: {shown}" if e.failed else e.node)
+        group: _Group | None = None
         if not e.result and e.route in ("streamed", "abort"):
-            self.mismatch.setdefault(e.failed, _Group()).add(evidence)
+            group = self.mismatch.setdefault(e.failed, _Group())
         elif e.route == "fallback":
-            self.fallback.setdefault(e.failed, _Group()).add(evidence)
+            group = self.fallback.setdefault(e.failed, _Group())
+        if group is not None:
+            group.add(evidence)
+            group.extra.setdefault("shown", shown)  # the first node's values, for the title
 
     def _read(self, e: ev.Read) -> None:
         r = self.residency
@@ -223,7 +251,7 @@ class TraceAnalyzer:
             out.append(Finding(
                 rule="fits-dispatch-mismatch", severity=Severity.CRITICAL,
                 title=(f"FA node routed to the streamed kernel while fits() was false "
-                       f"({', '.join(failed)}) — {g.count} node(s)"),
+                       f"(failed: {g.extra['shown']}) — {g.count} node(s)"),
                 evidence=tuple(g.evidence), fix=FIX_DISPATCH,
                 details={"failed": list(failed), "count": g.count, "first_step": g.first_step}))
         for a in self.aborts:
@@ -237,7 +265,7 @@ class TraceAnalyzer:
             out.append(Finding(
                 rule="fallback", severity=Severity.WARNING,
                 title=(f"{g.count} FA node(s) fell back to ordinary flash attention over the "
-                       f"host buffer (zero-copy): {', '.join(failed)}"),
+                       f"host buffer (zero-copy): failed: {g.extra['shown']}"),
                 evidence=tuple(g.evidence),
                 fix="expected with several KV streams per ubatch; use --kv-unified to keep "
                     "the streamed path",
@@ -260,12 +288,8 @@ class TraceAnalyzer:
                 evidence=tuple(g.evidence), fix=FIX_ALIAS,
                 details={"stream": stream, "first_step": g.first_step, "count": g.count,
                          **g.extra}))
-        if self.end is None:
-            out.append(Finding(
-                rule="trace-incomplete", severity=Severity.WARNING,
-                title=f"the trace has no end record (the capture died); analysed up to event "
-                      f"#{self.last_seq}",
-                evidence=(Evidence(seq=self.last_seq),)))
+        if self.end is None or self.end.status == "error":
+            out.append(_incomplete(self.end, self.last_seq, max(self.steps, default=None)))
         return out
 
     def summary(self) -> dict[str, Any]:

@@ -26,7 +26,9 @@ def add_shape_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) 
     g.add_argument("--preset", choices=PRESET_NAMES, help="named model shape (default: small)")
     g.add_argument("--layers", type=int, help="attention layers")
     g.add_argument("--streamed-layers", type=int, help="how many layers stream (default: all)")
-    g.add_argument("--ctx", type=int, help="context size (-c)")
+    g.add_argument("--ctx", type=int,
+                   help="context size (-c); a value that is not a multiple of 256 is rounded "
+                        "up to one (as llama_context pads n_ctx) and a note says so")
     g.add_argument("--np", type=int, help="server slots / sequences (-np)")
     g.add_argument("--kv-unified", action="store_true", default=None,
                    help="unified KV cache (-kvu): one stream for all slots")

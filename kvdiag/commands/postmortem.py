@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvdiag.commands._formats import add_format_args, chosen_format
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
 
 
@@ -24,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="directory with separate debug files (.build-id/xx/yyyy.debug)")
     parser.add_argument("--no-cache", action="store_true",
                         help="do not read or write the symbolizer's on-disk index cache")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a report")
+    add_format_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,17 +54,23 @@ def run(args: argparse.Namespace) -> int:
         scan = resymbolize(scan, args.binary, args.debug_dir, use_cache=not args.no_cache,
                            auto=not args.no_auto_binaries)
     findings = evaluate(scan)
-    if args.json:
+    code = EXIT_FINDINGS if scan.crashes else EXIT_OK
+    if any(p.message.startswith("input breaks") for p in scan.problems):
+        code = EXIT_USAGE
+    fmt = chosen_format(args)
+    if fmt == "json":
         json.dump(postmortem_to_json(scan, findings), sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
-        from rich.console import Console
+    elif fmt == "text":
+        from kvdiag.report.console import is_terminal, print_renderables
 
-        Console().print(postmortem_renderable(scan, findings))
-    breaks = [p for p in scan.problems if p.message.startswith("input breaks")]
-    for p in breaks:
-        # on stderr in every output mode: a --json consumer may not read "problems"
-        print(f"kvdiag: {p.source}: {p.message}", file=sys.stderr)
-    if breaks:
-        return EXIT_USAGE
-    return EXIT_FINDINGS if scan.crashes else EXIT_OK
+        print_renderables([postmortem_renderable(scan, findings, full_paths=not is_terminal())])
+    else:
+        from kvdiag.report.postmortem_formats import write_postmortem
+
+        write_postmortem(fmt, args.logs, scan, findings, code)
+    for p in scan.problems:
+        if p.message.startswith("input breaks"):
+            # on stderr in every output mode: a --json consumer may not read "problems"
+            print(f"kvdiag: {p.source}: {p.message}", file=sys.stderr)
+    return code

@@ -13,6 +13,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
+from kvdiag.report.text import cap, cap_value
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -59,7 +60,7 @@ def _validate(path: str) -> int:
     with TraceReader.open(path) as reader:
         events = sum(1 for _ in reader)
         for problem in reader.problems:
-            print(f"{path}:{problem.line}: {problem.kind}: {problem.message}")
+            print(f"{path}:{problem.line}: {problem.kind}: {cap(problem.message)}")
         if reader.problems:
             print(
                 f"{path}: invalid: {_plural(len(reader.problems), 'problem')}, {events} events read"
@@ -67,6 +68,12 @@ def _validate(path: str) -> int:
             return EXIT_FINDINGS
         end = reader.end
         ended = f"ended {end.status} after {_plural(end.steps, 'step')}" if end else "ended"
+        if end is not None and end.status == "error":
+            why = f": {_short(end.reason)}" if end.reason else " (no reason recorded)"
+            print(f"{path}:{reader.lines_read}: error: the run did not complete: End status "
+                  f"error at step {end.step}{why}")
+            print(f"{path}: invalid: the run ended with an error, {events} events read")
+            return EXIT_FINDINGS
         print(f"{path}: valid: format {reader.version_text}, {events} events, {ended}")
         return EXIT_OK
 
@@ -84,7 +91,7 @@ def _export(path: str, output: str, fmt: str) -> int:
         if fmt == "llama-log":
             from kvdiag.trace.export_log import LogExporter
 
-            lines = [line.encode() + b"\n" for line in LogExporter(reader.header).lines(reader)]
+            lines = [line.encode() + b"\n" for line in LogExporter(reader.header, reader.extras).lines(reader)]
             out.writelines(lines)
             n = len(lines)
             what = "log lines"
@@ -92,8 +99,10 @@ def _export(path: str, output: str, fmt: str) -> int:
             from kvdiag.trace.export_chrome import ChromeExporter
 
             title = f"kvdiag {reader.header.scenario.get('name', path)}"
-            n = ChromeExporter().write(reader, out, title=title)
-            what = "trace events"
+            exporter = ChromeExporter(reader.extras, reader.header_extras)
+            n = exporter.write(reader, out, title=title)
+            what = f"trace events ({_plural(exporter.flows, 'flow')} from writes to reads " \
+                   f"that missed them)"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
     print(f"{output}: {n} {what}{note}")
@@ -111,11 +120,9 @@ def _info(path: str, *, as_json: bool) -> int:
 
         print(msgspec.json.format(msgspec.json.encode(summary.to_dict()), indent=2).decode())
         return EXIT_OK
-    from rich.console import Console
+    from kvdiag.report.console import print_renderables
 
-    console = Console()
-    for part in _info_renderables(summary):
-        console.print(part)
+    print_renderables(_info_renderables(summary))
     return EXIT_OK
 
 
@@ -131,16 +138,16 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     if s.newer_minor:
         fmt += " (newer minor version: unknown kinds and fields kept)"
     head.add_row("format", fmt)
-    head.add_row("kvdiag", h.kvdiag_version)
-    head.add_row("created", h.created)
-    head.add_row("backend", h.backend)
+    head.add_row("kvdiag", cap(h.kvdiag_version))
+    head.add_row("created", cap(h.created))
+    head.add_row("backend", cap(h.backend))
     head.add_row("device", _device_text(h.device))
     for key, value in _flatten("scenario", h.scenario):
         head.add_row(key, value)
     if h.plan:
         head.add_row("plan", _count(h.plan))
     for key, value in s.header_extras.items():
-        head.add_row(f"{key} (unknown)", _short(value))
+        head.add_row(f"{cap(key)} (unknown)", _short(value))
     parts: list[RenderableType] = [head]
 
     counts = Table(title="events", title_justify="left")
@@ -148,7 +155,7 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     counts.add_column("count", justify="right")
     counts.add_column("share", justify="right")
     for kind, n in s.counts.items():
-        label = f"{kind} (unknown kind)" if kind in s.unknown_kinds else kind
+        label = f"{cap(kind)} (unknown kind)" if kind in s.unknown_kinds else kind
         counts.add_row(label, f"{n:,}", f"{n / s.events:.1%}" if s.events else "-")
     counts.add_row(Text("total", style="bold"), f"{s.events:,}", "")
     parts.append(counts)
@@ -183,7 +190,7 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
         extra.add_column("kind.field", overflow="fold")
         extra.add_column("events", justify="right")
         for path, n in s.extra_fields.items():
-            extra.add_row(path, f"{n:,}")
+            extra.add_row(cap(path), f"{n:,}")
         parts.append(extra)
 
     if s.problems:
@@ -192,7 +199,7 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
         problems.add_column("kind", no_wrap=True)
         problems.add_column("message", overflow="fold")
         for p in s.problems[:MAX_PROBLEMS_SHOWN]:
-            problems.add_row(str(p.line), Text(p.kind, style="red"), p.message)
+            problems.add_row(str(p.line), Text(p.kind, style="red"), cap(p.message))
         if len(s.problems) > MAX_PROBLEMS_SHOWN:
             problems.add_row("", "", f"… and {len(s.problems) - MAX_PROBLEMS_SHOWN} more")
         parts.append(problems)
@@ -202,7 +209,7 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
 
 
 def _device_text(device: Device) -> str:
-    parts = [device.name]
+    parts = [cap(device.name)]
     if device.memory_bytes is not None:
         parts.append(f"{device.memory_bytes / 2**30:.1f} GiB")
     for label, value in (
@@ -211,7 +218,7 @@ def _device_text(device: Device) -> str:
         ("cc", device.compute_capability),
     ):
         if value is not None:
-            parts.append(f"{label} {value}")
+            parts.append(f"{label} {cap(value)}")
     return ", ".join(parts)
 
 
@@ -227,11 +234,12 @@ def _flatten(prefix: str, mapping: dict[str, object]) -> list[tuple[str, str]]:
     """Scalars as they are, one level of nested mappings spelt out, larger values counted."""
     rows: list[tuple[str, str]] = []
     for key, value in mapping.items():
-        name = f"{prefix}.{key}"
+        name = f"{prefix}.{cap(key)}"
         if isinstance(value, dict) and prefix.count(".") == 0:
             rows.extend(_flatten(name, value))
         elif isinstance(value, dict | list):
-            rows.append((name, _short(value) if len(repr(value)) <= 40 else _count(value)))
+            small = len(value) <= 40 and len(repr(value)) <= 40
+            rows.append((name, _short(value) if small else _count(value)))
         else:
             rows.append((name, _short(value)))
     return rows
@@ -245,10 +253,9 @@ def _count(value: dict[str, Any] | list[Any]) -> str:
 
 
 def _short(value: object) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) > _SCENARIO_VALUE_WIDTH:
-        text = text[: _SCENARIO_VALUE_WIDTH - 1] + "…"
-    return text
+    """A header value in the info table: short ones whole, long ones capped with their
+    length (a string from input can be megabytes long)."""
+    return cap_value(value, _SCENARIO_VALUE_WIDTH)
 
 
 def _plural(n: int, word: str) -> str:

@@ -38,6 +38,22 @@ class Plan:
     fits_notes: tuple[str, ...]
 
     @property
+    def ctx_pages_per_layer(self) -> int:
+        """Pages one layer of this context occupies (all streams): what the resident window
+        could use, however large the pool's capacity."""
+        return self.pages_per_stream * self.n_stream
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the runtime would not boot with this plan (pool constructor, then validator);
+        None when it would."""
+        if self.pool_error is not None:
+            return f"pool refused: {self.pool_error}"
+        if self.gates:
+            return f"the validator refuses: {'; '.join(self.gates)}"
+        return None
+
+    @property
     def host_kv_buffer_mib(self) -> float:
         return self.host_kv_bytes / MIB
 
@@ -70,6 +86,20 @@ class Plan:
         }
 
 
+MULTISEQ_GATE = "block KV streaming requires exactly one sequence (-np 1)"
+
+
+def multiseq_warning(cfg: RuntimeConfig) -> str | None:
+    """The warning ``plan`` and ``capture`` both print for several sequences in separate
+    streams: the upstream validator refuses that boot (brief §1.1) unless the arm117 port's
+    opt-in is set, and capture always models the port with it set."""
+    if cfg.np <= 1 or cfg.kv_unified:
+        return None
+    return (f"-np {cfg.np} without --kv-unified: the validator refuses to boot "
+            f"('{MULTISEQ_GATE}') unless LLAMA_KV_STREAM_ALLOW_MULTISEQ=1; capture models the "
+            "port with that opt-in set (plan --allow-multiseq)")
+
+
 def make_plan(cfg: RuntimeConfig, allow_multiseq: bool = False) -> Plan:
     geom = PageGeometry(cfg.type_k, cfg.type_v, cfg.head_dim, cfg.head_dim, cfg.n_head_kv)
     mode = attention_mode(cfg.type_k, cfg.type_v, cfg.native_quants)
@@ -86,7 +116,7 @@ def make_plan(cfg: RuntimeConfig, allow_multiseq: bool = False) -> Plan:
 
     gates: list[str] = []
     if cfg.np > 1 and not cfg.kv_unified and not allow_multiseq:
-        gates.append("block KV streaming requires exactly one sequence (-np 1)")
+        gates.append(MULTISEQ_GATE)
     if mode == AttentionMode.UNSUPPORTED:
         gates.append(f"block KV streaming does not support K {cfg.type_k} and V {cfg.type_v}")
     if stage_bytes < geom.minimum_stage_bytes:

@@ -5,6 +5,11 @@ The runtime model (kvdiag.kvstream.fits) evaluates them; reports and the viewer 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
+from kvdiag.model.geometry import Tensor
+
 #: Plain-words explanations of each condition, for reports and the TUI detail pane.
 EXPLAIN: dict[str, str] = {
     "K.runtime!=NULL": "K is not in a CUDA_KV_Stream_Host buffer (runtime_from_tensor is null)",
@@ -34,3 +39,29 @@ EXPLAIN: dict[str, str] = {
     "sinks==NULL": "attention sinks are not supported on the streamed path",
     "block_tokens(stage_bytes)>0": "not even one 256-token page of K and V fits in stage_bytes",
 }
+
+
+_OPERAND = re.compile(r"\b(Q|K|V|mask|dst)\.(ne|nb)\[([0-3])\]|\b(Q|K|V|mask|dst)\.(type|runtime)\b")
+
+
+def observed(condition: str, tensors: Mapping[str, Tensor | None]) -> str:
+    """``condition`` with the logged values of the tensor fields it tests, as
+    ``"Q.ne[3]==1 (Q.ne[3]=2)"``; the bare name where the event does not hold a field it
+    names (``tensors`` maps ``Q``, ``K``, ``V``, ``mask``, ``dst`` to the fits event's
+    tensors)."""
+    values: dict[str, str] = {}
+    for m in _OPERAND.finditer(condition):
+        if m.group(1):
+            name, field, index = m.group(1), m.group(2), int(m.group(3))
+            tensor = tensors.get(name)
+            if tensor is not None:
+                values[m.group(0)] = str(getattr(tensor, field)[index])
+        else:
+            name, field = m.group(4), m.group(5)
+            tensor = tensors.get(name)
+            if tensor is not None:
+                value = getattr(tensor, field)
+                values[m.group(0)] = "NULL" if value is None else str(value)
+    if not values:
+        return condition
+    return f"{condition} ({', '.join(f'{k}={v}' for k, v in values.items())})"

@@ -5,22 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.check_output import verdict_line
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table
+from kvdiag.report.text import cap, cap_value
 
 
 def verdict(findings: Sequence[Finding]) -> Text:
     """One line saying what went wrong, if anything."""
     worst = max((f.severity for f in findings), default=None)
+    text = verdict_line(findings)
     if worst is None:
-        return Text("OK — no findings", style="bold green")
-    top = [f for f in findings if f.severity == worst]
-    return Text(f"{worst.label.upper()}: {top[0].title}", style=SEVERITY_STYLE[worst])
+        return Text(text, style="bold green")
+    return Text(text, style=SEVERITY_STYLE[worst])
 
 
 def header_table(path: str, header: Header) -> Table:
@@ -30,16 +32,20 @@ def header_table(path: str, header: Header) -> Table:
     sc = header.scenario
     cfg: dict[str, Any] = sc.get("config", {})
     t.add_row("trace", path)
-    t.add_row("scenario", f"{sc.get('name', '?')} — {sc.get('description', '')}")
-    t.add_row("executor", f"{header.backend} on {header.device.name}")
-    if cfg:
+    t.add_row("scenario", f"{cap_value(sc.get('name', '?'))} — "
+                          f"{cap_value(sc.get('description', ''))}")
+    t.add_row("executor", f"{cap(header.backend)} on {cap(header.device.name)}")
+    if isinstance(cfg, dict) and cfg:
+        unified = cfg.get("kv_unified") is True
+        cfg = {k: cap_value(v, 100) for k, v in cfg.items()}
         t.add_row("runtime", (
-            f"np {cfg.get('np')}{' (kv unified)' if cfg.get('kv_unified') else ''}, ctx "
+            f"np {cfg.get('np')}{' (kv unified)' if unified else ''}, ctx "
             f"{cfg.get('ctx')}, {cfg.get('layers')} layers, K {cfg.get('type_k')} / V "
             f"{cfg.get('type_v')}, stage {cfg.get('stage_mib')} MiB, layout {cfg.get('layout')}, "
             f"dispatch {cfg.get('dispatch')}"))
     plan = header.plan
     if plan:
+        plan = {k: cap_value(v, 100) for k, v in plan.items()}
         t.add_row("pool", (
             f"{plan.get('pool_pages')} pages of {plan.get('page_bytes')} B: "
             f"{plan.get('resident_pages_per_layer')} resident/layer + {plan.get('ring_slots')} "
@@ -71,15 +77,19 @@ def residency_table(summary: dict[str, Any]) -> Table:
 
 def check_report(
     path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
-) -> RenderableType:
+) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+    counts = ", ".join(f"{cap(k, 100)} {v}" for k, v in sorted(summary["counts"].items()))
     parts.append(Text(f"{summary['events']} events over {summary['steps']} step(s) "
                       f"[{summary['status']}]: {counts}", style="dim"))
     for p in summary.get("problems", []):
-        parts.append(Text(f"trace problem at line {p['line']}: {p['message']}", style="yellow"))
-    parts += [residency_table(summary), findings_table(findings), verdict(findings)]
-    return Group(*parts)
+        parts.append(Text(f"trace problem at line {p['line']}: {cap(p['message'])}",
+                          style="yellow"))
+    parts.append(residency_table(summary))
+    if findings:  # without findings the verdict alone says so (once)
+        parts.append(findings_table(findings))
+    parts.append(verdict(findings))
+    return parts
 
 
 __all__ = ["Severity", "check_report", "verdict"]

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.report.text import cap
 
 SEVERITY_STYLE = {
     Severity.INFO: "cyan",
@@ -35,7 +36,8 @@ def evidence_text(ev: Evidence) -> str:
             parts.append(f"{name} {value}")
     text = " ".join(parts)
     if ev.text:
-        text = f"{text}: {ev.text}" if text else ev.text
+        shown = cap(ev.text)
+        text = f"{text}: {shown}" if text else shown
     return text
 
 
@@ -51,9 +53,9 @@ def findings_table(findings: Sequence[Finding], max_evidence: int = 3) -> Render
         shown = [evidence_text(e) for e in f.evidence[:max_evidence]]
         if len(f.evidence) > max_evidence:
             shown.append(f"… and {len(f.evidence) - max_evidence} more")
-        body: list[RenderableType] = [Text(f.title)]
+        body: list[RenderableType] = [Text(cap(f.title))]
         if f.fix:
-            body.append(Text(f"fix: {f.fix}", style="dim"))
+            body.append(Text(f"fix: {cap(f.fix)}", style="dim"))
         table.add_row(
             Text(f.severity.label, style=SEVERITY_STYLE[f.severity]),
             f.rule,

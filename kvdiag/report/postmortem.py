@@ -18,6 +18,7 @@ from kvdiag.model.findings import Finding
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import BinaryUse, BootConfig, Crash, LogScan, SlotEvent
 from kvdiag.report.findings import findings_table, findings_to_json
+from kvdiag.report.text import cap
 
 _CONFIG_ROWS: tuple[tuple[str, str], ...] = (
     ("model", "model"), ("n_ctx", "n_ctx"), ("n_ctx_seq", "n_ctx_seq"),
@@ -140,7 +141,7 @@ def timeline_table(events: Sequence[SlotEvent], active: Sequence[int]) -> Table:
             detail.append(f"progress {ev.progress:.2f}")
         table.add_row(str(ev.where.line), "" if ev.slot is None else str(ev.slot),
                       "" if ev.task is None else str(ev.task), ev.kind,
-                      ", ".join(detail) or ev.message[:80])
+                      ", ".join(detail) or cap(ev.message))
     return table
 
 
@@ -149,7 +150,9 @@ def _short_path(path: str, keep: int = 2) -> str:
     return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
 
 
-def backtrace_table(frames: Sequence[Frame]) -> Table:
+def backtrace_table(frames: Sequence[Frame], *, full_paths: bool = False) -> Table:
+    """``full_paths``: source files whole (output that is not a terminal); otherwise the last
+    directory and the file name."""
     table = Table(title="Backtrace (in-app frames bold)", expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("function", ratio=4, overflow="fold")
@@ -160,7 +163,7 @@ def backtrace_table(frames: Sequence[Frame]) -> Table:
         name = fr.function or "??"
         if fr.inlined:
             name = f"(inlined) {name}"
-        src = f"{_short_path(fr.file, 1)}:{fr.line}" if fr.file else ""
+        src = f"{fr.file if full_paths else _short_path(fr.file, 1)}:{fr.line}" if fr.file else ""
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
@@ -171,7 +174,8 @@ def backtrace_table(frames: Sequence[Frame]) -> Table:
     return table
 
 
-def crash_renderable(crash: Crash, number: int, count: int, total: int) -> RenderableType:
+def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
+                     full_paths: bool = False) -> RenderableType:
     parts: list[RenderableType] = []
     head = Text(f"Crash {number} of {total}: {crash.kind}", style="bold red")
     if count > 1:
@@ -181,20 +185,21 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int) -> Rende
     parts.append(Text(f"  at {crash.where.source}:{crash.where.line}", style="dim"))
     if crash.abort is not None:
         ab = crash.abort
-        parts.append(Text(f"  {ab.file}:{ab.line}: {ab.message}", style="red"))
+        file = cap(ab.file) if ab.file else ""
+        parts.append(Text(f"  {file}:{ab.line}: {cap(ab.message)}", style="red"))
     if crash.error is not None:
         err = crash.error
-        parts.append(Text(f"  {err.backend} error: {err.message}", style="red"))
+        parts.append(Text(f"  {err.backend} error: {cap(err.message)}", style="red"))
         if err.function or err.location:
             parts.append(Text(f"    device {err.device}, in {err.function} at {err.location}"))
         if err.statement:
-            parts.append(Text(f"    {err.statement}", style="italic"))
+            parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
         parts.append(Text(f"  signal: {crash.signal.signal}", style="red"))
     if crash.timeline:
         parts.append(timeline_table(crash.timeline, crash.active_slots))
     if crash.backtrace is not None and crash.backtrace.frames:
-        parts.append(backtrace_table(crash.backtrace.frames))
+        parts.append(backtrace_table(crash.backtrace.frames, full_paths=full_paths))
         for note in crash.backtrace.notes:
             parts.append(Text(f"  note: {note}", style="yellow"))
     elif crash.backtrace is None:
@@ -210,7 +215,8 @@ def binary_line(use: BinaryUse) -> str:
     return f"symbolized with {use.path} {where}; {why}"
 
 
-def postmortem_renderable(scan: LogScan, findings: Sequence[Finding]) -> RenderableType:
+def postmortem_renderable(scan: LogScan, findings: Sequence[Finding], *,
+                          full_paths: bool = False) -> RenderableType:
     parts: list[RenderableType] = []
     groups: dict[str, list[Crash]] = {}
     for c in scan.crashes:
@@ -223,11 +229,12 @@ def postmortem_renderable(scan: LogScan, findings: Sequence[Finding]) -> Rendera
     if boot is not None:
         parts.append(config_table(boot))
     for i, group in enumerate(groups.values(), 1):
-        parts.append(crash_renderable(group[-1], i, len(group), len(groups)))
+        parts.append(crash_renderable(group[-1], i, len(group), len(groups),
+                                      full_paths=full_paths))
     for b in scan.binaries:
         parts.append(Text(binary_line(b), style="dim"))
     parts.append(findings_table(findings))
     for p in scan.problems:
         loc = f"{p.source}:{p.line}" if p.line is not None else p.source
-        parts.append(Text(f"problem: {loc}: {p.message}", style="yellow"))
+        parts.append(Text(f"problem: {loc}: {cap(p.message)}", style="yellow"))
     return Group(*parts)

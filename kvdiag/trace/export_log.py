@@ -12,8 +12,10 @@ llama.cpp's ``<min>.<ss>.<ms>.<us> <L>`` prefix (§7.1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+import msgspec
 
 from kvdiag.model import events as ev
 
@@ -77,8 +79,13 @@ def boot_lines(cfg: dict[str, Any], plan: dict[str, Any], model: str = "model") 
 
 
 class LogExporter:
-    def __init__(self, header: ev.Header) -> None:
+    def __init__(self, header: ev.Header,
+                 extras: Mapping[int, dict[str, Any]] | None = None) -> None:
+        """``extras``: the reader's fields unknown to this version, by seq; they and events
+        of unknown kinds are kept as ``D kvtrace:`` debug lines (a debug line of a component
+        the post-mortem parser does not know is skipped by it, like any other)."""
         self.header = header
+        self.extras = extras if extras is not None else {}
         sc = header.scenario
         self.cfg: dict[str, Any] = sc.get("config", {})
         self.requests: list[dict[str, Any]] = list(sc.get("requests", []))
@@ -181,7 +188,15 @@ class LogExporter:
                     return
                 case ev.End():
                     batch = self.after_step()
+                case ev.Unknown():
+                    fields = msgspec.json.encode(e.fields).decode()
+                    batch = [f"D kvtrace: event of unknown kind {e.kind!r} seq {e.seq} step "
+                             f"{e.step}: {fields}"]
                 case _:
-                    continue
+                    batch = []
+            extra = self.extras.get(e.seq)
+            if extra:
+                batch.append(f"D kvtrace: seq {e.seq} fields unknown to this version: "
+                             f"{msgspec.json.encode(extra).decode()}")
             for text in batch:
                 yield _stamp(self.t, text[0]) + text[2:]

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from kvdiag.errors import InputError, open_input
+from kvdiag.errors import STDIN_NAME, InputError, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
@@ -38,6 +38,20 @@ _DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)
 _COMMON = ("seq", "t_ns", "step")
 _json_decode = msgspec.json.decode
 _SEQ = operator.attrgetter("seq")
+# Integers are 64-bit on both writers (kvtrace.h writes int64/uint64; pointers are unsigned),
+# while msgspec decodes any JSON integer into a Python int of any size; one beyond this range
+# later breaks float conversion and encoding (issue 11 #19), so such a line is a problem.
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 64) - 1
+# Any integer outside the range has at least 19 digits; text without such a digit run (almost
+# all) skips the exact check. Mapping every digit to "0" and searching for 19 of them runs at
+# C speed (about 1 ms per MB, where a regular expression took 16).
+_DIGITS_TO_ZERO = bytes(48 if 48 <= i <= 57 else i for i in range(256))
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _long_digits(text: bytes) -> bool:
+    return text.translate(_DIGITS_TO_ZERO).find(_NINETEEN_DIGITS) >= 0
 
 
 class TraceReader:
@@ -83,10 +97,14 @@ class TraceReader:
 
     @classmethod
     def open(cls, path: str | Path, **options: Any) -> TraceReader:
-        """Open ``path``; every failure to open or to recognise it is an :class:`InputError`.
+        """Open ``path`` (``"-"``: standard input); every failure to open or to recognise it
+        is an :class:`InputError`.
 
         The file is closed when iteration reaches its end, or by ``close()`` / ``with``.
         """
+        if str(path) == STDIN_NAME:
+            # standard input: read, not closed (the process owns it)
+            return cls(open_input(STDIN_NAME, stdin=True), "<stdin>", **options)
         p = Path(path)
         stream = open_input(p, directory="is a directory, not a trace file")
         try:
@@ -146,6 +164,9 @@ class TraceReader:
             if not line.endswith(b"\n") and line.startswith(b'{"format":"kvtrace"'):
                 raise InputError(f"{name}: truncated header, no events written") from None
             raise InputError(f"{name}: not a kvtrace trace (line 1 is not JSON)") from None
+        huge = _huge_integer(line) if _long_digits(line) else None
+        if huge is not None:
+            raise InputError(f"{name}: invalid trace header: {huge}")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise InputError(f"{name}: not a kvtrace trace (line 1 is not a kvtrace header)")
         try:
@@ -236,7 +257,7 @@ class TraceReader:
     def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
         n = block.count(b"\n")
-        if not self.newer_minor and self.end is None:
+        if not self.newer_minor and self.end is None and not _long_digits(block):
             try:
                 events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
@@ -283,6 +304,11 @@ class TraceReader:
         if not text.strip():
             self._problem(number, "corrupt", "empty line")
             return None
+        if _long_digits(text):
+            huge = _huge_integer(text)
+            if huge is not None:
+                self._problem(number, "corrupt", huge)
+                return None
         try:
             event = self._decode(text)
         except _DECODE_ERRORS as exc:
@@ -360,3 +386,24 @@ class TraceReader:
 
     def _problem(self, line: int, kind: ProblemKind, message: str) -> None:
         self.problems.append(Problem(line, kind, message))
+
+
+def _huge_integer(text: bytes) -> str | None:
+    """The first integer of a JSON line outside the 64-bit range, as a problem message."""
+    try:
+        raw = _json_decode(text)
+    except _DECODE_ERRORS:
+        return None  # not JSON: the caller's own decode reports it
+    stack: list[tuple[str, object]] = [("", raw)]
+    while stack:
+        path, value = stack.pop()
+        if type(value) is int and not INT_MIN <= value <= INT_MAX:
+            # bit_length, not str(): Python refuses to print ints of over 4300 digits
+            return (f"field {path or 'value'}: {'negative ' if value < 0 else ''}integer of "
+                    f"{value.bit_length()} bits is outside the 64-bit range [-2^63, 2^64-1]")
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v)
+                         for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None

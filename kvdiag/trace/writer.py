@@ -22,11 +22,13 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from kvdiag import __version__
+from kvdiag.errors import Terminated
 from kvdiag.model.events import Abort, Device, End, Event, Header, Warn
 from kvdiag.trace.version import FORMAT_NAME, FORMAT_VERSION
 
 E = TypeVar("E", bound=Event)
 EndStatus = Literal["completed", "aborted", "error"]
+MAX_REASON = 1000
 
 _NEWLINE = 10
 
@@ -166,7 +168,7 @@ class TraceWriter:
                 status=status,
                 steps=self._max_step + 1 if steps is None else steps,
                 events=self._seq,
-                reason=reason,
+                reason=reason[:MAX_REASON],
             )
             with self._lock:
                 self._flush()
@@ -185,7 +187,10 @@ class TraceWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close("completed" if exc_type is None else "error")
+        if exc_type is None:
+            self.close("completed")
+        else:
+            self.close("error", reason=end_reason(exc))
 
     def _flush(self) -> None:
         """Write the whole buffer; called with the lock held."""
@@ -203,6 +208,18 @@ class TraceWriter:
                 del buf[:done]
         if self._fsync:
             os.fsync(self._fd)
+
+
+def end_reason(exc: BaseException | None) -> str:
+    """End.reason for a run cut short by ``exc``: which signal, or the exception's one line."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    if isinstance(exc, Terminated):
+        return f"terminated by {exc.signal_name}"
+    if exc is None:
+        return ""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _tag(cls: type[Event]) -> str:

@@ -1,0 +1,65 @@
+"""``kvdiag check`` output in each ``--format``: text (rich on a terminal, natural width
+elsewhere), JSON, Markdown, SARIF 2.1.0 and JUnit XML."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvdiag.model.events import Header
+from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.findings import findings_to_json
+from kvdiag.report.formats import findings_junit, findings_markdown, findings_sarif
+from kvdiag.report.text import cap
+
+
+def verdict_line(findings: Sequence[Finding]) -> str:
+    worst = max((f.severity for f in findings), default=None)
+    if worst is None:
+        return "OK — no findings"
+    top = [f for f in findings if f.severity == worst]
+    return f"{worst.label.upper()}: {cap(top[0].title)}"
+
+
+def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding],
+                summary: dict[str, Any], threshold: Severity, exit_code: int) -> None:
+    """Print the check result of ``path`` in ``fmt`` (one of report.formats.FORMATS)."""
+    failing = sum(1 for f in findings if f.severity >= threshold)
+    if fmt == "json":
+        doc = {
+            "file": path,
+            "scenario": header.scenario.get("name"),
+            "backend": header.backend,
+            "findings": findings_to_json(findings),
+            "summary": summary,
+            "fail_on": threshold.label,
+            "failing": failing,
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif fmt == "sarif":
+        doc = findings_sarif(findings, path, command=f"kvdiag check {path}",
+                             exit_code=exit_code)
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif fmt == "junit":
+        sys.stdout.write(findings_junit(findings, path, suite="check", threshold=threshold))
+        sys.stdout.write("\n")
+    elif fmt == "markdown":
+        sc = header.scenario
+        facts = [("trace", path), ("scenario", str(sc.get("name", "?"))),
+                 ("executor", f"{header.backend} on {header.device.name}"),
+                 ("events", f"{summary['events']} over {summary['steps']} step(s) "
+                            f"[{summary['status']}]"),
+                 ("fail on", f"{threshold.label} ({failing} finding(s) at or above)")]
+        facts += [(f"trace problem (line {p['line']})", str(p["message"]))
+                  for p in summary.get("problems", [])]
+        sys.stdout.write(findings_markdown(f"kvdiag check {path}", facts, findings,
+                                           verdict_line(findings)))
+    else:
+        from kvdiag.report.check import check_report
+        from kvdiag.report.console import print_renderables
+
+        print_renderables(check_report(path, header, findings, summary))
