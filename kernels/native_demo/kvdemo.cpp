@@ -46,7 +46,7 @@ using namespace kvdemo;
 
 namespace {
 
-constexpr float TOLERANCE = 1e-3f;
+constexpr double TOLERANCE = 1e-3;
 
 struct Options {
     std::string schedule, layout, dispatch;
@@ -439,7 +439,7 @@ struct Demo {
             }
         }
         for (int s : ub.streams) {
-            KVTRACE_OUTPUT(s, crc[s], ref_crc[s], 1, (double) delta[s], (double) TOLERANCE);
+            KVTRACE_OUTPUT(s, crc[s], ref_crc[s], 1, (double) delta[s], TOLERANCE);
             std::printf("step %d stream %d max|delta| %.6g\n", ub.index, s, (double) delta[s]);
         }
         ggml_backend_buffer_free(compute);
