@@ -156,7 +156,7 @@ typedef struct kvtrace_read {
 typedef struct kvtrace_state_11_ {
     pthread_mutex_t lock;
     int inited, header_done, ended, fd, warned;
-    int64_t seq, step, t0, stage_bytes;
+    int64_t seq, step, t0, stage_bytes, offset;
     long pid;
     void (*abort_prev)(const char *);
     int abort_installed;
@@ -165,20 +165,31 @@ typedef struct kvtrace_state_11_ {
 /* -1: not decided yet (the next macro decides), 0: off, 1: on. */
 KVTRACE_VAR_ int kvtrace_11_enabled = -1;
 KVTRACE_VAR_ kvtrace_state_11_ kvtrace_11_state = {
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, 0, -1, 0, 0, 0, 0, 0};
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, 0, -1, 0, 0, 0, 0, 0, 0};
 
 #define KVTRACE_ON_() KVTRACE_UNLIKELY(__atomic_load_n(&kvtrace_11_enabled, __ATOMIC_RELAXED))
 
 /* ---- line formatting (stack buffer; no allocation) ------------------------------------------ */
 
-/* The event body is formatted after a gap of KVTRACE_GAP_ bytes; under the lock the common
- * prefix {"kind":..,"seq":..,"t_ns":..,"step":.. is written right-aligned into the gap. */
-#define KVTRACE_GAP_ 112
+/* Line layout on disk. Each write() is "<pad>\n<event JSON>": the newline that ends the
+ * previous line is written with the next event (the last event of a file written by END,
+ * the abort hook or exit gets its own newline). Linux copies a write() into the page cache
+ * page by page and a fatal signal can stop it between two pages, so a line that crossed a
+ * 4 KiB file page could be cut by SIGKILL. When "\n<event>" would cross one, <pad> spaces fill
+ * the rest of the page first: trailing blanks of the previous line, which JSON ignores, and a
+ * cut between the pages leaves only them. Lines longer than 4 KiB can still be cut.
+ *
+ * The body is formatted after a gap of KVTRACE_GAP_ bytes; under the lock the prefix
+ * \n{"kind":..,"seq":..,"t_ns":..,"step":.. goes right-aligned into the gap, and the pad before
+ * it. */
+#define KVTRACE_PAGE_ 4096
+#define KVTRACE_PREFIX_ 112
+#define KVTRACE_GAP_ (KVTRACE_PAGE_ + KVTRACE_PREFIX_)
 #define KVTRACE_RESERVE_ 8
 #define KVTRACE_TAIL_ 256
 
 typedef struct kvtrace_buf_ {
-    char *p, *end; /* end leaves KVTRACE_RESERVE_ bytes for the closing "}\n" */
+    char *p, *end; /* end leaves KVTRACE_RESERVE_ bytes for the closing brace */
     int over;
 } kvtrace_buf_;
 
@@ -468,6 +479,17 @@ static inline void kvtrace_fail_(kvtrace_state_11_ *S) {
     kvtrace_stderr_("kvtrace: write failed: ", strerror(err), "; tracing off\n");
 }
 
+/* Writes [start, stop) -- "\n<event>" -- with the pad described at KVTRACE_PAGE_; start has
+ * KVTRACE_PAGE_ writable bytes before it. Lock held. */
+static inline void kvtrace_emit_locked_(kvtrace_state_11_ *S, char *start, const char *stop) {
+    size_t n = (size_t)(stop - start), in_page = (size_t)(S->offset % KVTRACE_PAGE_), pad = 0;
+    if (n <= KVTRACE_PAGE_ && in_page + n > KVTRACE_PAGE_) pad = KVTRACE_PAGE_ - in_page;
+    start -= pad;
+    memset(start, ' ', pad);
+    if (kvtrace_write_all_(S->fd, start, n + pad)) S->offset += (int64_t)(n + pad);
+    else kvtrace_fail_(S);
+}
+
 /* The header line: called with the lock held. plan NULL -> the minimal header. */
 static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_plan *p) {
     char line[8192], created[40];
@@ -529,20 +551,21 @@ static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_pl
             b.p--;
         }
     }
-    KVTRACE_LIT_(&b, "},\"extra\":{}}\n");
+    KVTRACE_LIT_(&b, "},\"extra\":{}}"); /* its newline comes with the first event */
     if (b.over) { /* only absurd strings get here: fall back to the minimal header */
         kvtrace_header_locked_(S, NULL);
         return;
     }
     S->header_done = 1;
-    if (!kvtrace_write_all_(S->fd, line, (size_t)(b.p - line))) kvtrace_fail_(S);
+    if (kvtrace_write_all_(S->fd, line, (size_t)(b.p - line))) S->offset = (int64_t)(b.p - line);
+    else kvtrace_fail_(S);
 }
 
 /* Stamps kind/seq/t_ns/step into the gap before the body and writes the line (one write()).
  * advance: 1 for a step event (the step counter moves first). */
 KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b, int advance) {
     kvtrace_state_11_ *S = &kvtrace_11_state;
-    char pre[KVTRACE_GAP_];
+    char pre[KVTRACE_PREFIX_];
     kvtrace_buf_ h;
     char *body = line + KVTRACE_GAP_, *start;
     size_t plen;
@@ -555,7 +578,7 @@ KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b
     }
     b->end += KVTRACE_RESERVE_;
     b->over = 0;
-    KVTRACE_LIT_(b, "}\n");
+    KVTRACE_LIT_(b, "}");
     h.p = pre;
     h.end = pre + sizeof pre;
     h.over = 0;
@@ -566,7 +589,7 @@ KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b
     }
     if (!S->header_done) kvtrace_header_locked_(S, NULL);
     if (advance) S->step++;
-    KVTRACE_LIT_(&h, "{\"kind\":\"");
+    KVTRACE_LIT_(&h, "\n{\"kind\":\"");
     kvtrace_put_(&h, kind, strlen(kind));
     KVTRACE_LIT_(&h, "\",\"seq\":");
     kvtrace_i64_(&h, ++S->seq);
@@ -577,16 +600,16 @@ KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b
     plen = (size_t)(h.p - pre);
     start = body - plen;
     memcpy(start, pre, plen);
-    if (!S->ended && !kvtrace_write_all_(S->fd, start, (size_t)(b->p - start))) kvtrace_fail_(S);
+    kvtrace_emit_locked_(S, start, b->p);
     pthread_mutex_unlock(&S->lock);
 }
 
 /* Every event builder starts like this: a stack line with the gap, the body after it. */
 #define KVTRACE_BEGIN_(line, b)                                                    \
-    char line[KVTRACE_LINE_MAX];                                                   \
+    char line[KVTRACE_GAP_ + KVTRACE_LINE_MAX];                                    \
     kvtrace_buf_ b;                                                                \
     b.p = line + KVTRACE_GAP_;                                                     \
-    b.end = line + KVTRACE_LINE_MAX - KVTRACE_RESERVE_;                            \
+    b.end = b.p + KVTRACE_LINE_MAX - KVTRACE_PREFIX_ - KVTRACE_RESERVE_;           \
     b.over = 0
 
 static inline void kvtrace_dropped_(const char *what, int64_t dropped, int64_t total) {
@@ -635,11 +658,11 @@ KVTRACE_FN_ void kvtrace_11_warn(const char *code, const char *message) {
 KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
     static const char *const statuses[] = {"completed", "aborted", "error", NULL};
     kvtrace_state_11_ *S = &kvtrace_11_state;
-    char line[2048];
+    char line[KVTRACE_PAGE_ + 2048];
     kvtrace_buf_ b;
     if (!kvtrace_11_start()) return;
     if (!kvtrace_is_one_of_(status, statuses)) status = "error";
-    b.p = line;
+    b.p = line + KVTRACE_PAGE_;
     b.end = line + sizeof line - KVTRACE_RESERVE_;
     b.over = 0;
     pthread_mutex_lock(&S->lock);
@@ -648,7 +671,7 @@ KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
         return;
     }
     if (!S->header_done) kvtrace_header_locked_(S, NULL);
-    KVTRACE_LIT_(&b, "{\"kind\":\"end\"");
+    KVTRACE_LIT_(&b, "\n{\"kind\":\"end\"");
     KVTRACE_KEYI_(&b, "seq", S->seq + 1);
     KVTRACE_KEYI_(&b, "t_ns", kvtrace_11_now() - S->t0);
     KVTRACE_KEYI_(&b, "step", S->step < 0 ? 0 : S->step);
@@ -660,12 +683,10 @@ KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
         kvtrace_str_(&b, reason, 512);
     }
     b.end += KVTRACE_RESERVE_;
-    KVTRACE_LIT_(&b, "}\n");
-    if (!S->ended) {
-        S->ended = 1;
-        S->seq++;
-        if (!kvtrace_write_all_(S->fd, line, (size_t)(b.p - line))) kvtrace_fail_(S);
-    }
+    KVTRACE_LIT_(&b, "}\n"); /* the file's final newline */
+    S->ended = 1;
+    S->seq++;
+    kvtrace_emit_locked_(S, line + KVTRACE_PAGE_, b.p);
     __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&S->lock);
 }
@@ -1262,9 +1283,12 @@ static inline void kvtrace_plan_defaults(kvtrace_plan *p) {
 
 /* C before C23 does not convert int32_t (*)[3] to const int32_t (*)[3] implicitly */
 #define KVTRACE_KEYS_(keys) ((const int32_t(*)[3])(keys))
-#define KVTRACE_CALL_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
-
 #ifndef KVTRACE_DISABLE
+#define KVTRACE_CALL_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
+#else /* compiled away; the arguments still type-check and count as used */
+#define KVTRACE_CALL_(call) do { if (0) { call; } } while (0)
+#endif
+
 #define KVTRACE_BOOT(plan) KVTRACE_CALL_(kvtrace_11_boot(plan))
 #define KVTRACE_STEP(phase, streams, n_streams, tokens, n_kv)                                  \
     KVTRACE_CALL_(kvtrace_11_step((phase), (streams), (int64_t)(n_streams), (int64_t)(tokens), \
@@ -1321,29 +1345,5 @@ static inline void kvtrace_plan_defaults(kvtrace_plan *p) {
 #define KVTRACE_WARN(code, message) KVTRACE_CALL_(kvtrace_11_warn((code), (message)))
 #define KVTRACE_END(status) KVTRACE_CALL_(kvtrace_11_end((status), ""))
 #define KVTRACE_END_REASON(status, reason) KVTRACE_CALL_(kvtrace_11_end((status), (reason)))
-#else /* KVTRACE_DISABLE: nothing is compiled in and no argument is evaluated */
-#define KVTRACE_NOTHING_() do { } while (0)
-#define KVTRACE_BOOT(...) KVTRACE_NOTHING_()
-#define KVTRACE_STEP(...) KVTRACE_NOTHING_()
-#define KVTRACE_LEARN(...) KVTRACE_NOTHING_()
-#define KVTRACE_FITS_RAW(...) KVTRACE_NOTHING_()
-#define KVTRACE_FITS(...) KVTRACE_NOTHING_()
-#define KVTRACE_INSTALL_ABORT_HOOK() KVTRACE_NOTHING_()
-#define KVTRACE_MARK_OUTSIDE(...) KVTRACE_NOTHING_()
-#define KVTRACE_MARK(...) KVTRACE_NOTHING_()
-#define KVTRACE_WRITE(...) KVTRACE_NOTHING_()
-#define KVTRACE_UPLOAD(...) KVTRACE_NOTHING_()
-#define KVTRACE_READ_BEGIN(...) KVTRACE_NOTHING_()
-#define KVTRACE_READ_PAGE(...) KVTRACE_NOTHING_()
-#define KVTRACE_READ_END(...) KVTRACE_NOTHING_()
-#define KVTRACE_INVALIDATE(...) KVTRACE_NOTHING_()
-#define KVTRACE_REPARTITION(...) KVTRACE_NOTHING_()
-#define KVTRACE_ADAPT_EX(...) KVTRACE_NOTHING_()
-#define KVTRACE_ADAPT(...) KVTRACE_NOTHING_()
-#define KVTRACE_OUTPUT(...) KVTRACE_NOTHING_()
-#define KVTRACE_WARN(...) KVTRACE_NOTHING_()
-#define KVTRACE_END(...) KVTRACE_NOTHING_()
-#define KVTRACE_END_REASON(...) KVTRACE_NOTHING_()
-#endif
 
 #endif /* KVTRACE_H */

@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "devices",
     "tui",
     "demo",
+    "native",
 )
 
 
