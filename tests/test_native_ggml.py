@@ -308,6 +308,48 @@ def test_tui_findings_screen_of_the_diverging_run(run: Callable[..., DemoRun],
     assert "stream 1 output diverges" in text
 
 
+RUNS = (("two-slot-concurrent", "shared", "membership"), ("slot1-first", "shared", "membership"),
+        ("slot1-first", "per-stream", "fits"), ("two-slot-concurrent", "per-stream", "fits"))
+
+
+@pytest.mark.parametrize("config", RUNS, ids="-".join)
+def test_program_predicate_agrees_with_kvdiag_on_the_real_geometry(
+        run: Callable[..., DemoRun], config: tuple[str, str, str]) -> None:
+    """Every fits() the C++ program evaluated on the ggml node gives the same verdict and the
+    same failed conditions when kvdiag's own predicate (kvstream.fits) reads the logged
+    tensors; and the trace reads back with no problem."""
+    from kvdiag.kvstream.fits import fits
+    from kvdiag.kvstream.views import AttentionNode
+    from kvdiag.model import events as ev
+    from kvdiag.trace.reader import TraceReader
+
+    r = run(*config)
+    reader = TraceReader.open(r.trace)
+    decisions = [e for e in reader if isinstance(e, ev.Fits)]
+    assert reader.problems == [] and reader.complete
+    assert decisions
+    for e in decisions:
+        assert e.evaluated and e.mask is not None
+        node = AttentionNode(layer=e.layer, q=e.q, k=e.k, v=e.v, mask=e.mask, dst=e.dst, s0=0,
+                             ns=e.q.ne[3])
+        verdict = fits(node, e.stage_bytes)
+        assert (verdict.ok, verdict.failed, verdict.membership) == (e.result, e.failed, True)
+
+
+def test_bad_usage_is_one_line_and_exit_2(kvdemo: Path) -> None:
+    proc = subprocess.run([str(kvdemo), "--schedule", "three-slots", "--layout", "shared",
+                           "--dispatch", "fits"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (
+        "kvdemo: --schedule must be two-slot-concurrent or slot1-first")
+    proc = subprocess.run([str(kvdemo), "--schedule", "slot1-first", "--layout", "shared",
+                           "--dispatch", "fits", "--pool-mib", "1"], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("kvdemo: the runtime would refuse this pool: pool of 4 pages")
+
+
 def test_concurrent_first_runs_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs racing on an empty cache: the flock lets one build; the other waits and reuses
     the renamed tree (the build itself is replaced by a slow stand-in: no network here)."""

@@ -393,7 +393,10 @@ struct Demo {
             for (const auto & s : f.failed) {
                 failed.push_back(s.c_str());
             }
-            KVTRACE_FITS(node, il, f.ok ? 1 : 0, route, failed.data(), (int) failed.size(), f.k_runtime, f.v_runtime);
+            // never NULL: the program evaluated every condition (NULL would log evaluated:false)
+            static const char * const none[1] = {nullptr};
+            KVTRACE_FITS(node, il, f.ok ? 1 : 0, route, failed.empty() ? none : failed.data(), (int) failed.size(),
+                         f.k_runtime, f.v_runtime);
             std::vector<std::vector<PageSource>> sources((size_t) ns);
             if (opt.dispatch == "membership" ? f.membership() : f.ok) {
                 sources[0] = kv_stream_fattn(node, ub.tokens, first_fa);
