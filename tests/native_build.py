@@ -26,7 +26,6 @@ the build time.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -191,6 +190,8 @@ def _build_into(tmp: Path) -> dict[str, object]:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    import fcntl  # POSIX only, like the rest of the native build
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

@@ -344,10 +344,12 @@ def test_bad_usage_is_one_line_and_exit_2(kvdemo: Path) -> None:
     assert proc.stderr.splitlines()[0] == (
         "kvdemo: --schedule must be two-slot-concurrent or slot1-first")
     proc = subprocess.run([str(kvdemo), "--schedule", "slot1-first", "--layout", "shared",
-                           "--dispatch", "fits", "--pool-mib", "1"], capture_output=True,
-                          text=True, timeout=30, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("kvdemo: the runtime would refuse this pool: pool of 4 pages")
+                           "--dispatch", "fits", "--pool-mib", "1", "--layers", "5"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2  # 1 MiB holds 4 pages of 237568 B: not one per layer plus a ring
+    assert proc.stderr.splitlines()[0] == (
+        "kvdemo: the runtime would refuse this pool: pool of 4 pages cannot hold one page per "
+        "layer for 5 layers plus a ring")
 
 
 def test_concurrent_first_runs_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

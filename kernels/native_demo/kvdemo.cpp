@@ -21,6 +21,7 @@
 #include "attend.h"
 #include "fits.h"
 #include "kv_stream.h"
+#include "options.h"
 #include "schedule.h"
 
 #include "ggml-alloc.h"
@@ -47,66 +48,6 @@ using namespace kvdemo;
 namespace {
 
 constexpr double TOLERANCE = 1e-3;
-
-struct Options {
-    std::string schedule, layout, dispatch;
-    int layers = 2, ctx = 2048, np = 2, ubatch = 512, head_dim = 256, n_head = 4, n_head_kv = 2;
-    int pool_mib = 4, prompt = 600, decode = 8;
-    uint32_t seed = 1;
-};
-
-[[noreturn]] void usage(const std::string & msg) {
-    std::fprintf(stderr, "kvdemo: %s\n", msg.c_str());
-    std::fprintf(stderr, "usage: kvdemo --schedule two-slot-concurrent|slot1-first --layout shared|per-stream "
-                         "--dispatch membership|fits [--layers N] [--ctx N] [--pool-mib N] [--prompt N] "
-                         "[--decode N] [--ubatch N] [--n-head N] [--n-head-kv N] [--seed N]\n");
-    std::exit(2);
-}
-
-Options parse(int argc, char ** argv) {
-    Options o;
-    std::map<std::string, int *> ints = {
-        {"--layers", &o.layers}, {"--ctx", &o.ctx}, {"--pool-mib", &o.pool_mib}, {"--prompt", &o.prompt},
-        {"--decode", &o.decode}, {"--ubatch", &o.ubatch}, {"--n-head", &o.n_head}, {"--n-head-kv", &o.n_head_kv}};
-    std::map<std::string, std::string *> strs = {
-        {"--schedule", &o.schedule}, {"--layout", &o.layout}, {"--dispatch", &o.dispatch}};
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (i + 1 >= argc) {
-            usage(a + " needs a value");
-        }
-        const std::string val = argv[++i];
-        if (strs.count(a)) {
-            *strs[a] = val;
-        } else if (ints.count(a) || a == "--seed") {
-            char * end = nullptr;
-            const long n = std::strtol(val.c_str(), &end, 10);
-            if (*end != '\0' || n <= 0 || n > 1 << 20) {
-                usage(a + ": " + val + " is not a positive integer");
-            }
-            if (a == "--seed") {
-                o.seed = (uint32_t) n;
-            } else {
-                *ints[a] = (int) n;
-            }
-        } else {
-            usage("unknown option " + a);
-        }
-    }
-    if (o.schedule != "two-slot-concurrent" && o.schedule != "slot1-first") {
-        usage("--schedule must be two-slot-concurrent or slot1-first");
-    }
-    if (o.layout != "shared" && o.layout != "per-stream") {
-        usage("--layout must be shared or per-stream");
-    }
-    if (o.dispatch != "membership" && o.dispatch != "fits") {
-        usage("--dispatch must be membership or fits");
-    }
-    if (o.n_head % o.n_head_kv != 0) {
-        usage("--n-head must be a multiple of --n-head-kv");
-    }
-    return o;
-}
 
 int64_t pad256(int64_t n) { return (n + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS; }
 
