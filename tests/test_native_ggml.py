@@ -336,13 +336,15 @@ def test_program_predicate_agrees_with_kvdiag_on_the_real_geometry(
         assert (verdict.ok, verdict.failed, verdict.membership) == (e.result, e.failed, True)
 
 
-def test_bad_usage_is_one_line_and_exit_2(kvdemo: Path) -> None:
+def test_bad_usage_is_one_line_and_exit_2(kvdemo: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "refused.kvtrace"
     proc = subprocess.run([str(kvdemo), "--schedule", "three-slots", "--layout", "shared",
                            "--dispatch", "fits"], capture_output=True, text=True, timeout=30,
-                          check=False)
+                          check=False, env={**os.environ, "KVTRACE_FILE": str(trace)})
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == (
         "kvdemo: --schedule must be two-slot-concurrent or slot1-first")
+    assert not trace.exists()  # the trace opens only after the command line was accepted
     proc = subprocess.run([str(kvdemo), "--schedule", "slot1-first", "--layout", "shared",
                            "--dispatch", "fits", "--pool-mib", "1", "--layers", "5"],
                           capture_output=True, text=True, timeout=30, check=False)

@@ -394,7 +394,6 @@ struct Demo {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    KVTRACE_INSTALL_ABORT_HOOK();
     Demo demo;
     demo.opt = parse(argc, argv);
     const Options & o = demo.opt;
@@ -451,6 +450,8 @@ int main(int argc, char ** argv) {
     plan.n_head_kv = o.n_head_kv;
     plan.type_k = ggml_type_name(demo.type_k);
     plan.type_v = ggml_type_name(demo.type_v);
+    // the trace opens here, after every usage check: a refused command line leaves no trace
+    KVTRACE_INSTALL_ABORT_HOOK();
     KVTRACE_BOOT(&plan);
     KVTRACE_WARN("multiseq-opt-in", "block KV streaming with 2 KV streams (-np 2 without --kv-unified): "
                                     "the G1 validator refuses this boot; kvdemo runs it as the arm117 port's opt-in did");
