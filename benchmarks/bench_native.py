@@ -15,8 +15,11 @@ baseline from the same run:
   (a decode-shaped mix: step, mark, per layer write/upload/read, outputs, fits every 64th
   step), wall time as a ratio to ``kvdiag trace validate`` on the same file. Target: < 2x.
 
-Timings are wall clock, best of ``--repeat``; the load average is printed because the
-machine may be shared.
+Timings are best of ``--repeat``, wall clock with this process's CPU time (all threads)
+beside it in parentheses: on a shared machine, or a VM where system calls exit to the
+hypervisor, the two differ a lot and the CPU figure is the steadier. The load average is
+printed. The off cost is judged on CPU time (it is a property of the instructions), the
+on and check targets on wall clock.
 """
 
 from __future__ import annotations
@@ -85,26 +88,28 @@ def main() -> int:
         n, r = args.events, max(1, args.repeat)
 
         offs = [run(exe, "off", str(args.off_iters)) for _ in range(r)]
-        empty = min(o[0] for o in offs)
-        macro = min(o[1] for o in offs)
-        spread = max(o[0] for o in offs) - empty
+        empty, macro = min(o[0] for o in offs), min(o[1] for o in offs)
+        empty_cpu, macro_cpu = min(o[2] for o in offs), min(o[3] for o in offs)
+        spread = max(o[2] for o in offs) - empty_cpu
 
         trace = tmp / "on.kvtrace"
         one = [run(exe, "on", str(n), "1", trace=trace) for _ in range(r)]
-        t1 = min(o[0] for o in one)
+        t1, c1 = min(o[0] for o in one), min(o[2] for o in one)
         line_bytes = one[0][1]
         eight = [run(exe, "on", str(n), "8", trace=trace) for _ in range(r)]
-        t8 = min(o[0] for o in eight)
-        plain = min(run(exe, "write", str(n), str(round(line_bytes)), str(tmp / "plain.txt"))[0]
-                    for _ in range(r))
+        t8, c8 = min(o[0] for o in eight), min(o[2] for o in eight)
+        plains = [run(exe, "write", str(n), str(round(line_bytes)), str(tmp / "plain.txt"))
+                  for _ in range(r)]
+        plain, plain_c = min(o[0] for o in plains), min(o[1] for o in plains)
         trace.unlink()
         (tmp / "plain.txt").unlink()
         # the same into /dev/null: the system call costs little there, so the difference is
         # kvtrace.h's own work per event (format, lock, clock)
         null = Path(os.devnull)
-        t_null = min(run(exe, "on", str(n), "1", trace=null)[0] for _ in range(r))
-        plain_null = min(run(exe, "write", str(n), str(round(line_bytes)), str(null))[0]
-                         for _ in range(r))
+        nulls = [run(exe, "on", str(n), "1", trace=null) for _ in range(r)]
+        t_null, c_null = min(o[0] for o in nulls), min(o[2] for o in nulls)
+        pnulls = [run(exe, "write", str(n), str(round(line_bytes)), str(null)) for _ in range(r)]
+        plain_null, plain_null_c = min(o[0] for o in pnulls), min(o[1] for o in pnulls)
 
         check = validate = None
         check_rc = 0
@@ -129,21 +134,26 @@ def main() -> int:
     print(f"machine   {platform.machine()}, {os.cpu_count()} cores, no GPU used, "
           f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"off       empty loop {empty:.3f} ns/iter, with KVTRACE_UPLOAD {macro:.3f} ns/iter: "
-          f"+{macro - empty:.3f} ns per call (empty loop spread over {r} runs: {spread:.3f} ns)"
-          f"  best of {r}, {args.off_iters:,} iterations")
-    print(f"on 1 thr  {n / t1:12,.0f} events/s, {line_bytes:.1f} B/event; plain write() of "
-          f"the same line {n / plain:12,.0f} /s; ratio {t1 / plain:.2f}x the write() time")
-    print(f"on null   {n / t_null:12,.0f} events/s into /dev/null; plain write() "
-          f"{n / plain_null:12,.0f} /s; kvtrace.h's own work "
-          f"{(t_null - plain_null) / n * 1e9:.0f} ns/event")
-    print(f"on 8 thr  {n / t8:12,.0f} events/s (all threads), ratio {t8 / plain:.2f}x the "
-          f"single-thread write() time")
+    print("          wall clock (this process's CPU time)")
+    print(f"off       empty loop {empty:.3f} ({empty_cpu:.3f}) ns/iter, with KVTRACE_UPLOAD "
+          f"{macro:.3f} ({macro_cpu:.3f}) ns/iter: +{macro - empty:.3f} "
+          f"({macro_cpu - empty_cpu:.3f}) ns per call; CPU spread of the empty loop over "
+          f"{r} runs {spread:.3f} ns; {args.off_iters:,} iterations")
+    print(f"on 1 thr  {n / t1:11,.0f} ({n / c1:11,.0f}) events/s, {line_bytes:.1f} B/event; "
+          f"plain write() of the same line {n / plain:11,.0f} ({n / plain_c:11,.0f}) /s; "
+          f"ratio {t1 / plain:.2f}x ({c1 / plain_c:.2f}x) the write() time")
+    print(f"on null   {n / t_null:11,.0f} ({n / c_null:11,.0f}) events/s into /dev/null; plain "
+          f"write() {n / plain_null:11,.0f} ({n / plain_null_c:11,.0f}) /s; kvtrace.h's own "
+          f"work {(t_null - plain_null) / n * 1e9:.0f} ({(c_null - plain_null_c) / n * 1e9:.0f})"
+          f" ns/event")
+    print(f"on 8 thr  {n / t8:11,.0f} ({n / c8:11,.0f}) events/s (all threads); ratio "
+          f"{t8 / plain:.2f}x ({c8 / plain_c:.2f}x) the single-thread write() time")
     if check is not None and validate is not None:
         print(f"check     {events_written:,} events ({size / 1e6:.1f} MB): kvdiag check "
               f"{check:.2f} s (exit {check_rc}), kvdiag trace validate {validate:.2f} s; "
               f"ratio {check / validate:.2f}x")
-    print(f"target    off < {OFF_TARGET_NS} ns per call: {verdict(macro - empty < OFF_TARGET_NS)}")
+    off_ok = macro_cpu - empty_cpu < OFF_TARGET_NS
+    print(f"target    off < {OFF_TARGET_NS} ns per call (CPU): {verdict(off_ok)}")
     print(f"target    on >= {ON_TARGET:,} events/s single-threaded: {verdict(n / t1 >= ON_TARGET)}")
     if check is not None and validate is not None:
         print(f"target    check < {CHECK_TARGET}x validate: "

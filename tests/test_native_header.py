@@ -32,8 +32,13 @@ CC = shutil.which("gcc")
 CXX = shutil.which("g++")
 _LOCAL_NVCC = Path("/usr/local/bin/nvcc")
 NVCC = shutil.which("nvcc") or (str(_LOCAL_NVCC) if _LOCAL_NVCC.exists() else None)
-STRICT_C = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"]
-STRICT_CXX = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic"]
+# -pedantic, plus the warnings ggml's own build turns on (ggml/cmake/common.cmake: -Wcast-qual,
+# -Wshadow, -Wstrict-prototypes, -Wpointer-arith, -Wmissing-prototypes for C,
+# -Wmissing-declarations for C++): the header must not add warnings to a fork's build.
+STRICT_C = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-Wcast-qual", "-Wshadow",
+            "-Wstrict-prototypes", "-Wpointer-arith", "-Wmissing-prototypes"]
+STRICT_CXX = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic", "-Wcast-qual",
+              "-Wshadow", "-Wmissing-declarations"]
 
 needs_cc = pytest.mark.skipif(CC is None, reason="gcc not found")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")

@@ -1,11 +1,15 @@
 /* kvtrace.h cost measurements; benchmarks/bench_native.py builds it with gcc -O2 and runs it.
  *
  *   kvtrace_bench off N        ns per iteration: empty loop vs a loop with one KVTRACE_UPLOAD,
- *                              tracing off (KVTRACE_FILE unset); prints "empty_ns macro_ns"
+ *                              tracing off (KVTRACE_FILE unset); prints "empty_ns macro_ns
+ *                              empty_cpu_ns macro_cpu_ns"
  *   kvtrace_bench on N T       T threads emit N upload events in total into $KVTRACE_FILE;
- *                              prints "seconds bytes_per_line"
+ *                              prints "seconds bytes_per_line cpu_seconds"
  *   kvtrace_bench write N LEN  baseline: N plain write() calls of a LEN-byte line to an
- *                              O_APPEND file (argument 4); prints "seconds"
+ *                              O_APPEND file (argument 4); prints "seconds cpu_seconds"
+ *
+ * Times are wall clock and, beside them, this process's CPU time (all threads): on a shared
+ * machine the CPU figures are the steadier ones.
  *   kvtrace_bench gen N        a native trace of about N events into $KVTRACE_FILE, shaped
  *                              like a decode run: per step a step and a mark, per layer a write,
  *                              an upload and a read, per stream an output; fits (large lines)
@@ -20,30 +24,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+static double cpu_s(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 /* The barrier keeps both loops real (the compiler cannot drop or merge iterations) and makes
  * the macro reload its flag each time, as in a runtime where other code runs in between. */
 #define BARRIER(i) __asm__ __volatile__("" : : "r"(i) : "memory")
 
-static double loop_empty(long n) {
+static double loop_empty(long n, double *cpu_ns) {
     long i;
-    double t = now_s();
+    double t = now_s(), c = cpu_s();
     for (i = 0; i < n; i++) BARRIER(i);
+    *cpu_ns = (cpu_s() - c) * 1e9 / (double)n;
     return (now_s() - t) * 1e9 / (double)n;
 }
 
-static double loop_macro(long n) {
+static double loop_macro(long n, double *cpu_ns) {
     long i;
-    double t = now_s();
+    double t = now_s(), c = cpu_s();
     for (i = 0; i < n; i++) {
         BARRIER(i);
         KVTRACE_UPLOAD(3, 1, i, i + 1, 7, "resident", 73728, "miss", -1);
     }
+    *cpu_ns = (cpu_s() - c) * 1e9 / (double)n;
     return (now_s() - t) * 1e9 / (double)n;
 }
 
@@ -58,7 +67,7 @@ static void *emit(void *arg) {
 
 static int on(long n, int threads) {
     pthread_t tid[64];
-    double t;
+    double t, c;
     int i;
     kvtrace_plan p;
     kvtrace_plan_defaults(&p);
@@ -67,30 +76,35 @@ static int on(long n, int threads) {
     if (threads < 1 || threads > 64) return 2;
     per_thread = n / threads;
     t = now_s();
+    c = cpu_s();
     if (threads == 1) emit(NULL);
     else {
         for (i = 0; i < threads; i++) pthread_create(&tid[i], NULL, emit, (void *)(intptr_t)i);
         for (i = 0; i < threads; i++) pthread_join(tid[i], NULL);
     }
     t = now_s() - t;
-    printf("%.9f %.2f\n", t, (double)kvtrace_11_state.offset / (double)(per_thread * threads));
+    c = cpu_s() - c;
+    printf("%.9f %.2f %.9f\n", t, (double)kvtrace_11_state.offset / (double)(per_thread * threads),
+           c);
     return 0;
 }
 
 static int plain_write(long n, int len, const char *path) {
     char line[4096];
     long i;
-    double t;
+    double t, c;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0 || len < 2 || len > (int)sizeof line) return 2;
     memset(line, 'x', (size_t)len);
     line[len - 1] = '\n';
     t = now_s();
+    c = cpu_s();
     for (i = 0; i < n; i++)
         if (write(fd, line, (size_t)len) != len) return 1;
     t = now_s() - t;
+    c = cpu_s() - c;
     close(fd);
-    printf("%.9f\n", t);
+    printf("%.9f %.9f\n", t, c);
     return 0;
 }
 
@@ -169,8 +183,8 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     long n = argc > 2 ? atol(argv[2]) : 0;
     if (strcmp(mode, "off") == 0 && n > 0) {
-        double e = loop_empty(n), m = loop_macro(n);
-        printf("%.4f %.4f\n", e, m);
+        double ec, mc, e = loop_empty(n, &ec), m = loop_macro(n, &mc);
+        printf("%.4f %.4f %.4f %.4f\n", e, m, ec, mc);
         return kvtrace_11_enabled == 0 ? 0 : 1;
     }
     if (strcmp(mode, "on") == 0 && n > 0 && argc > 3) return on(n, atoi(argv[3]));
