@@ -155,7 +155,7 @@ typedef struct kvtrace_read {
 
 typedef struct kvtrace_state_11_ {
     pthread_mutex_t lock;
-    int inited, header_done, ended, fd, warned;
+    int inited, header_done, ended, fd;
     int64_t seq, step, t0, stage_bytes, offset;
     long pid;
     void (*abort_prev)(const char *);
@@ -165,7 +165,7 @@ typedef struct kvtrace_state_11_ {
 /* -1: not decided yet (the next macro decides), 0: off, 1: on. */
 KVTRACE_VAR_ int kvtrace_11_enabled = -1;
 KVTRACE_VAR_ kvtrace_state_11_ kvtrace_11_state = {
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, 0, -1, 0, 0, 0, 0, 0, 0};
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0};
 
 #define KVTRACE_ON_() KVTRACE_UNLIKELY(__atomic_load_n(&kvtrace_11_enabled, __ATOMIC_RELAXED))
 

@@ -127,7 +127,46 @@ def test_cuda_demo_compiles_with_nvcc(tmp_path: Path) -> None:
     assert " W kvtrace_11_commit" in symbols
 
 
+MIXED = {
+    "a.cpp": '#include "kvtrace.h"\nextern "C" void a_emit();\n'
+             'extern "C" void a_emit() { KVTRACE_WARN("a", "from C++"); }\n',
+    "b.cu": '#include "kvtrace.h"\n__global__ void k(int *x) { *x = 1; }\nextern "C" void b_emit();\n'
+            'extern "C" void b_emit() { KVTRACE_WARN("b", "from CUDA"); }\n',
+    "m.c": '#include "kvtrace.h"\nvoid a_emit(void);\nvoid b_emit(void);\n'
+           'int main(void) { KVTRACE_WARN("m", "from C"); a_emit(); b_emit(); return 0; }\n',
+}
+
+
+@needs_nvcc
 @needs_cc
+@needs_cxx
+@pytest.mark.slow
+def test_c_cxx_and_cuda_translation_units_share_one_writer(tmp_path: Path) -> None:
+    """No GPU needed: the kernel is compiled and linked, never launched."""
+    assert NVCC is not None and CC is not None and CXX is not None
+    for name, text in MIXED.items():
+        (tmp_path / name).write_text(text)
+    inc = ["-I", str(KERNELS)]
+    _build([CXX, "-std=c++17", "-O2", *inc, "-c", str(tmp_path / "a.cpp"), "-o",
+            str(tmp_path / "a.o")])
+    _build([NVCC, "-std=c++17", "-O2", *inc, "-c", str(tmp_path / "b.cu"), "-o",
+            str(tmp_path / "b.o")])
+    _build([CC, "-std=c99", "-O2", *inc, "-c", str(tmp_path / "m.c"), "-o",
+            str(tmp_path / "m.o")])
+    exe = tmp_path / "prog"
+    _build([NVCC, *(str(tmp_path / o) for o in ("a.o", "b.o", "m.o")), "-o", str(exe)])
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _run(exe, out).returncode == 0
+    reader, events = _read(_one_trace(out))
+    assert reader.problems == []
+    assert [(e.seq, e.code) for e in events if isinstance(e, ev.Warn)] == [
+        (1, "m"), (2, "a"), (3, "b")]
+    assert isinstance(events[-1], ev.End) and events[-1].events == 3
+
+
+@needs_cc
+@pytest.mark.slow
 def test_one_writer_across_shared_objects(tmp_path: Path) -> None:
     """Two shared objects built with -fvisibility=hidden and the program each include the
     header: one header line and one seq sequence (the weak default-visibility symbols bind to
