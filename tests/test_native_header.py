@@ -312,7 +312,7 @@ def test_overlong_arrays_are_cut_and_said_so(selftest: Path, tmp_path: Path) -> 
     reader, events = _read(path)
     assert reader.problems == []
     assert max(len(line) for line in path.read_bytes().splitlines()) <= 16384
-    mark, w1, w2, write, w3, end = events
+    mark, w1, w2, write, w3, *reads, end = events
     assert isinstance(mark, ev.Mark) and isinstance(write, ev.Write)
     assert 0 < len(mark.rows) < 20000 and mark.rows[:2] == ((0, 1), (2, 3))
     assert mark.keys == () or mark.keys[0] == (0, None, 0)
@@ -322,7 +322,35 @@ def test_overlong_arrays_are_cut_and_said_so(selftest: Path, tmp_path: Path) -> 
     assert w2.message.startswith(f"mark keys: {20000 - kept_keys} of 20000 elements")
     assert 0 < len(write.dirty) < 20000
     assert w3.message.startswith(f"write dirty: {20000 - len(write.dirty)} of 20000")
-    assert end.events == 5
+    # a read of 300 runs goes out as 128 + 128 + 44 runs, counts split with them
+    assert [len(r.served) for r in reads] == [128, 128, 44]
+    served = [s for r in reads for s in r.served]
+    assert served == [ev.Served(i, i + 1, "host" if i % 2 else "pool", -1 if i % 2 else 1000 + i)
+                      for i in range(300)]
+    assert [(r.pool, r.host, r.layer, r.stream) for r in reads] == [
+        (64, 64, 2, 1), (64, 64, 2, 1), (22, 22, 2, 1)]
+    assert end.events == 8
+
+
+def test_bad_arguments_become_warnings_not_broken_events(selftest: Path, tmp_path: Path) -> None:
+    assert _run(selftest, tmp_path, "bad-args").returncode == 0
+    reader, events = _read(_one_trace(tmp_path))
+    assert reader.problems == []
+    # the first event came before BOOT: a minimal header, and BOOT's plan is refused loudly
+    assert reader.header.plan == {} and reader.header.scenario["name"] == ""
+    assert all(isinstance(e, ev.Warn) for e in events[:7])
+    assert [(e.code, e.step) for e in events[:7]] == [
+        ("first", 0), ("kvtrace-late-boot", 0), ("kvtrace-bad-arg", 0), ("kvtrace-bad-arg", 0),
+        ("kvtrace-bad-arg", 0), ("kvtrace-bad-arg", 0), ("kvtrace-bad-arg", 0)]
+    assert "invalid phase" in events[2].message
+    assert events[3].message == "KVTRACE_UPLOAD: invalid target 'pool'; event not written"
+    assert events[4].message == "KVTRACE_UPLOAD: invalid reason 'because'; event not written"
+    assert events[5].message == "KVTRACE_FITS: invalid route 'maybe'; event not written"
+    assert "NULL q/k/v/dst" in events[6].message
+    # the bad STEP still advanced the step counter
+    step, end = events[7:]
+    assert isinstance(step, ev.Step) and step.step == 1
+    assert (end.status, end.steps, end.events) == ("error", 2, 8)
 
 
 def test_abort_text_becomes_an_abort_and_an_aborted_end(selftest: Path, tmp_path: Path) -> None:

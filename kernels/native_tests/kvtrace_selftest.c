@@ -5,7 +5,9 @@
  *   kvtrace_selftest threads T N  T threads emit N upload events each, concurrently
  *   kvtrace_selftest forever      emit until killed (the SIGKILL test)
  *   kvtrace_selftest strings      awkward strings: quotes, backslashes, control bytes, UTF-8
- *   kvtrace_selftest overflow     arrays longer than KVTRACE_LINE_MAX allows
+ *   kvtrace_selftest overflow     arrays longer than KVTRACE_LINE_MAX allows, and a read of more
+ *                                 runs than one kvtrace_read builder holds
+ *   kvtrace_selftest bad-args     invalid enumeration arguments, an event before KVTRACE_BOOT
  *   kvtrace_selftest abort-text   the abort event parser, fed ggml_abort's text directly
  *   kvtrace_selftest off          every macro with KVTRACE_FILE unset: writes nothing
  *
@@ -168,10 +170,32 @@ static int overflow(void) {
         keys[i][1] = -1;
         keys[i][2] = i;
     }
+    kvtrace_read r;
     boot("selftest overflow");
     KVTRACE_MARK(rows, N, keys, N, 0);
     KVTRACE_WRITE(0, 0, 0, 1, 0, 1, keys, N);
+    /* 300 pages alternating pool/host: 300 runs, more than one builder's 128 */
+    KVTRACE_READ_BEGIN(&r, 2, 1);
+    for (i = 0; i < 300; i++)
+        KVTRACE_READ_PAGE(&r, i, i % 2 ? KVTRACE_HOST : KVTRACE_POOL, 1000 + i);
+    KVTRACE_READ_END(&r);
     KVTRACE_END("completed");
+    return 0;
+}
+
+static int bad_args(void) {
+    static const int32_t s[1] = {0};
+    kvtrace_tensor t;
+    memset(&t, 0, sizeof t);
+    KVTRACE_WARN("first", "before BOOT: a minimal header is written");
+    boot("too late");
+    KVTRACE_STEP("warmup", s, 1, 1, 1);
+    KVTRACE_UPLOAD(0, 0, 0, 1, 0, "pool", 1, "miss", -1);
+    KVTRACE_UPLOAD(0, 0, 0, 1, 0, "ring", 1, "because", -1);
+    KVTRACE_FITS_RAW("n", 0, &t, &t, &t, NULL, &t, 1, "maybe", NULL, 0);
+    KVTRACE_FITS_RAW("n", 0, &t, NULL, &t, NULL, &t, 1, "streamed", NULL, 0);
+    KVTRACE_STEP("decode", s, 1, 1, 2);
+    KVTRACE_END("finished");
     return 0;
 }
 
@@ -203,7 +227,8 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "strings") == 0) return strings();
     if (strcmp(mode, "overflow") == 0) return overflow();
     if (strcmp(mode, "abort-text") == 0) return abort_text();
+    if (strcmp(mode, "bad-args") == 0) return bad_args();
     if (strcmp(mode, "off") == 0) return off();
-    fprintf(stderr, "usage: %s all|threads T N|forever|strings|overflow|abort-text|off\n", argv[0]);
+    fprintf(stderr, "usage: %s all|threads T N|forever|strings|overflow|bad-args|abort-text|off\n", argv[0]);
     return 2;
 }
