@@ -368,6 +368,90 @@ def test_abort_text_becomes_an_abort_and_an_aborted_end(selftest: Path, tmp_path
     assert (end.status, end.steps, end.events) == ("aborted", 0, 1)
 
 
+@pytest.fixture(scope="module")
+def ggml_hook(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kvtrace_ggml_hook.c built against the real ggml-base of tests/native_build.py."""
+    from tests import native_build as nb
+
+    try:
+        ggml = nb.ensure_ggml()
+    except nb.NativeUnavailable as exc:
+        pytest.skip(f"no real ggml: {exc}")
+    if CC is None:
+        pytest.skip("gcc not found")
+    exe = tmp_path_factory.mktemp("hook") / "kvtrace_ggml_hook"
+    # C11 and ggml's own warning set: ggml.h is C11
+    _build([CC, "-std=c11", "-D_GNU_SOURCE", *STRICT_C[1:], "-I",
+            str(ggml.source / "include"), "-I", str(KERNELS),
+            str(TESTS_C / "kvtrace_ggml_hook.c"), "-o", str(exe), str(ggml.library), "-lm",
+            "-pthread", "-lstdc++"])
+    return exe
+
+
+def _hook_run(exe: Path, cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
+                                                         list[Any]]:
+    env = {k: v for k, v in os.environ.items() if k != "KVTRACE_FILE"}
+    env.update(KVTRACE_FILE="hook.kvtrace", GGML_NO_BACKTRACE="1")
+    proc = subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+    reader, events = _read(cwd / "hook.kvtrace")
+    assert reader.problems == []
+    return proc, events
+
+
+HOOK_ASSERT = 'GGML_ASSERT(ggml_nelements(k) == 1 && "kvtrace hook test") failed'
+
+
+@pytest.mark.slow
+def test_ggml_fits_logs_the_real_tensors(ggml_hook: Path, tmp_path: Path) -> None:
+    proc, events = _hook_run(ggml_hook, tmp_path)
+    cache, k_data, v_data = (int(x.split("=")[1]) for x in proc.stdout.split())
+    fits, raw, _abort, _end = events
+    assert isinstance(fits, ev.Fits) and isinstance(raw, ev.Fits)
+    assert (fits.node, fits.layer, fits.result, fits.route, fits.failed) == (
+        "__fattn__-0", 0, False, "abort", ("Q->ne[3] == 1", "K->ne[3] == 1"))
+    assert fits.membership and fits.evaluated and fits.mask is None
+    k, v, q = fits.k, fits.v, fits.q
+    # ggml's own numbers: a q8_0 row of 1024 values is 32 blocks of 34 bytes
+    assert (k.type, k.ne, k.nb) == ("q8_0", (256, 512, 4, 1), (34, 1088, 272, 1088 * 512))
+    assert (k.data, k.base, k.view_offs) == (k_data, cache, 1088 * 512)
+    assert (v.data, v.base, v.view_offs) == (v_data, cache, 0)
+    assert k.name == "cache_k_l0 (view)" and not k.contiguous and k.runtime == 0x5000
+    assert (q.name, q.type, q.ne, q.runtime, q.contiguous) == (
+        "Qcur-0", "f32", (256, 1, 24, 1), None, True)
+    assert q.buffer == q.buffer_name == "" and q.base == q.data  # no backend buffer here
+    assert fits.dst.name == "__fattn__-0" and fits.dst.ne == (256, 24, 1, 1)
+    # failed == NULL: the conditions were not evaluated; K's runtime alone makes membership
+    assert (raw.evaluated, raw.failed, raw.membership, raw.v.runtime) == (False, (), True, None)
+
+
+@pytest.mark.slow
+def test_ggml_abort_hook_chains_the_prior_callback(ggml_hook: Path, tmp_path: Path) -> None:
+    proc, events = _hook_run(ggml_hook, tmp_path, "prior")
+    assert proc.returncode == -signal.SIGABRT
+    abort, end = events[2:]
+    assert isinstance(abort, ev.Abort) and isinstance(end, ev.End)
+    assert abort.file == str(TESTS_C / "kvtrace_ggml_hook.c") and abort.line > 0
+    assert abort.message == f"{abort.file}:{abort.line}: {HOOK_ASSERT}"
+    assert abort.condition == 'ggml_nelements(k) == 1 && "kvtrace hook test"'
+    assert (end.status, end.events) == ("aborted", 3)
+    # the callback installed before the hook ran once, with ggml's text (installed twice, the
+    # hook did not become its own prior)
+    assert proc.stderr.splitlines() == [f"prior callback 1: {abort.message}"]
+
+
+@pytest.mark.slow
+def test_ggml_abort_hook_without_prior_keeps_ggmls_own_message(ggml_hook: Path,
+                                                               tmp_path: Path) -> None:
+    proc, events = _hook_run(ggml_hook, tmp_path)
+    assert proc.returncode == -signal.SIGABRT
+    abort = events[2]
+    assert isinstance(abort, ev.Abort) and isinstance(events[3], ev.End)
+    # re-raised through ggml_abort with no callback: ggml prints the line itself, as without
+    # kvtrace (GGML_NO_BACKTRACE=1 leaves out the gdb backtrace)
+    assert proc.stderr.splitlines() == [abort.message]
+
+
 # -- concurrency, crashes, switches ------------------------------------------------------------
 
 
