@@ -204,32 +204,54 @@ static inline void kvtrace_put_(kvtrace_buf_ *b, const char *s, size_t n) {
 
 #define KVTRACE_LIT_(b, s) kvtrace_put_((b), (s), sizeof(s) - 1)
 
+/* Decimal digits of v at out (up to 20), two at a time from the right; returns the count.
+ * Numbers are most of every event, so this is the formatter's hot loop. */
 static inline size_t kvtrace_u64_text_(char *out, uint64_t v) {
-    char tmp[24];
-    size_t n = 0, i;
-    do {
-        tmp[n++] = (char)('0' + (int)(v % 10u));
-        v /= 10u;
-    } while (v);
-    for (i = 0; i < n; i++) out[i] = tmp[n - 1 - i];
+    static const char pairs[201] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
+    size_t n = 1;
+    uint64_t t = 10;
+    char *p;
+    while (n < 20 && v >= t) {
+        n++;
+        t *= 10u;
+    }
+    p = out + n;
+    while (v >= 100u) {
+        unsigned r = (unsigned)(v % 100u);
+        v /= 100u;
+        p -= 2;
+        p[0] = pairs[2 * r];
+        p[1] = pairs[2 * r + 1];
+    }
+    if (v >= 10u) {
+        p -= 2;
+        p[0] = pairs[2 * v];
+        p[1] = pairs[2 * v + 1];
+    } else {
+        *--p = (char)('0' + (int)v);
+    }
     return n;
 }
 
 static inline void kvtrace_u64_(kvtrace_buf_ *b, uint64_t v) {
-    char t[24];
-    kvtrace_put_(b, t, kvtrace_u64_text_(t, v));
+    if (b->over || b->end - b->p < 20) {
+        char t[24];
+        kvtrace_put_(b, t, kvtrace_u64_text_(t, v));
+        return;
+    }
+    b->p += kvtrace_u64_text_(b->p, v);
 }
 
 static inline void kvtrace_i64_(kvtrace_buf_ *b, int64_t v) {
-    char t[24];
-    size_t n = 0;
-    uint64_t u = (uint64_t)v;
     if (v < 0) {
-        t[n++] = '-';
-        u = 0u - u;
+        KVTRACE_LIT_(b, "-");
+        kvtrace_u64_(b, 0u - (uint64_t)v);
+    } else {
+        kvtrace_u64_(b, (uint64_t)v);
     }
-    n += kvtrace_u64_text_(t + n, u);
-    kvtrace_put_(b, t, n);
 }
 
 /* v < 0 -> null (the API's "unknown" for counts and ids) */
@@ -300,6 +322,20 @@ static inline void kvtrace_str_(kvtrace_buf_ *b, const char *str, size_t max) {
     *b->p++ = '"';
     while (i < max && s[i]) {
         char esc[8];
+        size_t run = 0, room;
+        /* printable ASCII without quote or backslash goes through in one copy */
+        while (i + run < max && s[i + run] >= 0x20 && s[i + run] < 0x7F && s[i + run] != '"' &&
+               s[i + run] != '\\')
+            run++;
+        if (run) {
+            room = (size_t)(b->end - b->p) - 1; /* keep room for the closing quote */
+            if (run > room) run = room;
+            memcpy(b->p, s + i, run);
+            b->p += run;
+            i += run;
+            if (!room || run == room) break;
+            continue;
+        }
         const char *out = esc;
         size_t n = 1, take = 1;
         unsigned char c = s[i];
@@ -339,16 +375,13 @@ static inline void kvtrace_str_(kvtrace_buf_ *b, const char *str, size_t max) {
     *b->p++ = '"';
 }
 
-static inline void kvtrace_key_(kvtrace_buf_ *b, const char *key) {
-    KVTRACE_LIT_(b, ",\"");
-    kvtrace_put_(b, key, strlen(key));
-    KVTRACE_LIT_(b, "\":");
-}
+/* ,"key": -- key is always a string literal, so this is one copy of a constant */
+#define KVTRACE_KEY_(b, key) KVTRACE_LIT_((b), ",\"" key "\":")
 
-#define KVTRACE_KEYSTR_(b, k, s) (kvtrace_key_((b), (k)), kvtrace_str_((b), (s), KVTRACE_STRING_MAX))
-#define KVTRACE_KEYI_(b, k, v) (kvtrace_key_((b), (k)), kvtrace_i64_((b), (int64_t)(v)))
-#define KVTRACE_KEYU_(b, k, v) (kvtrace_key_((b), (k)), kvtrace_u64_((b), (uint64_t)(v)))
-#define KVTRACE_KEYB_(b, k, v) (kvtrace_key_((b), (k)), kvtrace_bool_((b), (v)))
+#define KVTRACE_KEYSTR_(b, k, s) (KVTRACE_KEY_((b), k), kvtrace_str_((b), (s), KVTRACE_STRING_MAX))
+#define KVTRACE_KEYI_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_i64_((b), (int64_t)(v)))
+#define KVTRACE_KEYU_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_u64_((b), (uint64_t)(v)))
+#define KVTRACE_KEYB_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_bool_((b), (v)))
 
 static inline void kvtrace_pair_(kvtrace_buf_ *b, int64_t x, int64_t y) {
     KVTRACE_LIT_(b, "[");
@@ -679,7 +712,7 @@ KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
     KVTRACE_KEYI_(&b, "steps", S->step + 1);
     KVTRACE_KEYI_(&b, "events", S->seq);
     if (reason && *reason) {
-        kvtrace_key_(&b, "reason");
+        KVTRACE_KEY_(&b, "reason");
         kvtrace_str_(&b, reason, 512);
     }
     b.end += KVTRACE_RESERVE_;
@@ -778,13 +811,13 @@ static inline void kvtrace_tensor_json_(kvtrace_buf_ *b, const kvtrace_tensor *t
     }
     KVTRACE_LIT_(b, "]");
     KVTRACE_KEYU_(b, "data", t->data);
-    kvtrace_key_(b, "buffer");
+    KVTRACE_KEY_(b, "buffer");
     kvtrace_str_(b, t->buffer, 256);
-    kvtrace_key_(b, "runtime");
+    KVTRACE_KEY_(b, "runtime");
     if (t->runtime) kvtrace_u64_(b, t->runtime);
     else KVTRACE_LIT_(b, "null");
     KVTRACE_KEYB_(b, "contiguous", t->contiguous);
-    kvtrace_key_(b, "buffer_name");
+    KVTRACE_KEY_(b, "buffer_name");
     kvtrace_str_(b, t->buffer_name, 256);
     KVTRACE_KEYU_(b, "view_offs", t->view_offs);
     KVTRACE_KEYU_(b, "base", t->base);
@@ -817,16 +850,16 @@ KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYSTR_(&b, "node", node);
         KVTRACE_KEYI_(&b, "layer", layer);
-        kvtrace_key_(&b, "q");
+        KVTRACE_KEY_(&b, "q");
         kvtrace_tensor_json_(&b, q);
-        kvtrace_key_(&b, "k");
+        KVTRACE_KEY_(&b, "k");
         kvtrace_tensor_json_(&b, k);
-        kvtrace_key_(&b, "v");
+        KVTRACE_KEY_(&b, "v");
         kvtrace_tensor_json_(&b, v);
-        kvtrace_key_(&b, "dst");
+        KVTRACE_KEY_(&b, "dst");
         kvtrace_tensor_json_(&b, dst);
         if (mask) {
-            kvtrace_key_(&b, "mask");
+            KVTRACE_KEY_(&b, "mask");
             kvtrace_tensor_json_(&b, mask);
         }
         KVTRACE_KEYI_(&b, "stage_bytes",
@@ -1053,7 +1086,7 @@ KVTRACE_FN_ void kvtrace_11_invalidate(const char *reason, int64_t generation) {
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYSTR_(&b, "reason", reason);
-        kvtrace_key_(&b, "generation");
+        KVTRACE_KEY_(&b, "generation");
         kvtrace_i64_or_null_(&b, generation);
         kvtrace_11_commit("invalidate", line, &b, 0);
     }
@@ -1072,9 +1105,9 @@ KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_
         kvtrace_pair_(&b, res_from, res_to);
         KVTRACE_LIT_(&b, ",\"ring\":");
         kvtrace_pair_(&b, ring_from, ring_to);
-        kvtrace_key_(&b, "miss_pct");
+        KVTRACE_KEY_(&b, "miss_pct");
         kvtrace_f64_or_null_(&b, miss_pct);
-        kvtrace_key_(&b, "busy_pct");
+        KVTRACE_KEY_(&b, "busy_pct");
         kvtrace_f64_or_null_(&b, busy_pct);
         KVTRACE_KEYSTR_(&b, "reason", reason ? reason : "");
         kvtrace_11_commit("repartition", line, &b, 0);
@@ -1095,13 +1128,13 @@ KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring
         KVTRACE_KEYI_(&b, "active", active);
         KVTRACE_KEYI_(&b, "resident", resident);
         KVTRACE_KEYI_(&b, "ring", ring);
-        kvtrace_key_(&b, "samples");
+        KVTRACE_KEY_(&b, "samples");
         kvtrace_i64_or_null_(&b, samples);
-        kvtrace_key_(&b, "misses");
+        KVTRACE_KEY_(&b, "misses");
         kvtrace_i64_or_null_(&b, misses);
-        kvtrace_key_(&b, "busy_pct");
+        KVTRACE_KEY_(&b, "busy_pct");
         kvtrace_f64_or_null_(&b, busy_pct);
-        kvtrace_key_(&b, "peak");
+        KVTRACE_KEY_(&b, "peak");
         kvtrace_i64_or_null_(&b, peak);
         if (layout >= 0) KVTRACE_KEYI_(&b, "layout", layout);
         if (skipped >= 0) KVTRACE_KEYI_(&b, "skipped", skipped);
@@ -1128,15 +1161,15 @@ KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t r
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "stream", stream);
-        kvtrace_key_(&b, "checksum");
+        KVTRACE_KEY_(&b, "checksum");
         kvtrace_crc_(&b, checksum);
         if (has_ref) {
-            kvtrace_key_(&b, "ref_checksum");
+            KVTRACE_KEY_(&b, "ref_checksum");
             kvtrace_crc_(&b, ref_checksum);
         }
-        kvtrace_key_(&b, "max_abs_delta");
+        KVTRACE_KEY_(&b, "max_abs_delta");
         kvtrace_f64_or_null_(&b, max_abs_delta);
-        kvtrace_key_(&b, "tolerance");
+        KVTRACE_KEY_(&b, "tolerance");
         kvtrace_f64_or_null_(&b, tolerance);
         kvtrace_11_commit("output", line, &b, 0);
     }
@@ -1176,12 +1209,12 @@ KVTRACE_FN_ void kvtrace_11_abort(const char *msg) {
         if (at) {
             const char *rest = msg + at;
             size_t n = strlen(rest);
-            kvtrace_key_(&b, "file");
+            KVTRACE_KEY_(&b, "file");
             kvtrace_str_(&b, msg, file_len < 512 ? file_len : 512);
             KVTRACE_KEYI_(&b, "line", line_no);
             if (n > sizeof pre - 1 + sizeof post - 1 && memcmp(rest, pre, sizeof pre - 1) == 0 &&
                 memcmp(rest + n - (sizeof post - 1), post, sizeof post - 1) == 0) {
-                kvtrace_key_(&b, "condition");
+                KVTRACE_KEY_(&b, "condition");
                 kvtrace_str_(&b, rest + sizeof pre - 1, n - (sizeof pre - 1) - (sizeof post - 1));
             }
         }

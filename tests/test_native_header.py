@@ -332,6 +332,21 @@ def test_overlong_arrays_are_cut_and_said_so(selftest: Path, tmp_path: Path) -> 
     assert end.events == 8
 
 
+def test_integers_at_every_digit_count(selftest: Path, tmp_path: Path) -> None:
+    assert _run(selftest, tmp_path, "numbers").returncode == 0
+    reader, events = _read(_one_trace(tmp_path))
+    assert reader.problems == []
+    learned = [e.k_ptr for e in events if isinstance(e, ev.Learn)]
+    expected = [0]
+    for i in range(20):
+        expected += [10**i - 1, 10**i]
+    assert learned == [*expected, 2**64 - 1]
+    write = events[-2]
+    assert isinstance(write, ev.Write)
+    assert (write.layer, write.stream, write.cells, write.rows) == (
+        -(2**31), -1, (-(2**63), 2**63 - 1), (-9, -10))
+
+
 def test_bad_arguments_become_warnings_not_broken_events(selftest: Path, tmp_path: Path) -> None:
     assert _run(selftest, tmp_path, "bad-args").returncode == 0
     reader, events = _read(_one_trace(tmp_path))

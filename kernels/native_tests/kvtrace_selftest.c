@@ -7,6 +7,7 @@
  *   kvtrace_selftest strings      awkward strings: quotes, backslashes, control bytes, UTF-8
  *   kvtrace_selftest overflow     arrays longer than KVTRACE_LINE_MAX allows, and a read of more
  *                                 runs than one kvtrace_read builder holds
+ *   kvtrace_selftest numbers      integers at the digit-count boundaries, 0 to 2^64-1 and negative
  *   kvtrace_selftest bad-args     invalid enumeration arguments, an event before KVTRACE_BOOT
  *   kvtrace_selftest abort-text   the abort event parser, fed ggml_abort's text directly
  *   kvtrace_selftest off          every macro with KVTRACE_FILE unset: writes nothing
@@ -183,6 +184,22 @@ static int overflow(void) {
     return 0;
 }
 
+static int numbers(void) {
+    uint64_t v = 1;
+    int i;
+    boot("selftest numbers");
+    KVTRACE_LEARN(0, (uintptr_t)0, 0);
+    for (i = 0; i < 20; i++) { /* 10^i - 1 and 10^i: every digit count */
+        KVTRACE_LEARN(i, v - 1, 0);
+        KVTRACE_LEARN(i, v, 0);
+        v *= 10u;
+    }
+    KVTRACE_LEARN(20, UINT64_MAX, 1);
+    KVTRACE_WRITE(INT32_MIN, -1, INT64_MIN, INT64_MAX, -9, -10, NULL, 0);
+    KVTRACE_END("completed");
+    return 0;
+}
+
 static int bad_args(void) {
     static const int32_t s[1] = {0};
     kvtrace_tensor t;
@@ -228,7 +245,8 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "overflow") == 0) return overflow();
     if (strcmp(mode, "abort-text") == 0) return abort_text();
     if (strcmp(mode, "bad-args") == 0) return bad_args();
+    if (strcmp(mode, "numbers") == 0) return numbers();
     if (strcmp(mode, "off") == 0) return off();
-    fprintf(stderr, "usage: %s all|threads T N|forever|strings|overflow|bad-args|abort-text|off\n", argv[0]);
+    fprintf(stderr, "usage: %s all|threads T N|forever|strings|overflow|numbers|bad-args|abort-text|off\n", argv[0]);
     return 2;
 }
