@@ -560,6 +560,20 @@ def test_native_include_dir_holds_the_header(capsys: pytest.CaptureFixture[str])
     assert '#define KVTRACE_H_VERSION "1.1"' in (folder / "kvtrace.h").read_text()
 
 
+def test_native_with_the_header_missing_is_one_line_and_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    from kvdiag.executors import cuda_kernels
+
+    monkeypatch.setattr(cuda_kernels, "kernel_dir", lambda: tmp_path)
+    for action in ("--include-dir", "--example"):
+        assert main(["native", action]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err == (f"kvdiag: error: {tmp_path / 'kvtrace.h'} is missing from this "
+                                "kvdiag installation\n")
+
+
 def test_native_without_an_action_is_a_usage_error() -> None:
     proc = subprocess.run([sys.executable, "-m", "kvdiag", "native"], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
