@@ -493,6 +493,17 @@ def test_eight_threads_keep_lines_whole_and_seq_in_file_order(selftest: Path,
     assert (end.status, end.events) == ("completed", 8 * per)
 
 
+def test_end_while_threads_emit_is_the_last_line(selftest: Path, tmp_path: Path) -> None:
+    assert _run(selftest, tmp_path, "end-race").returncode == 0
+    path = _one_trace(tmp_path)
+    reader, events = _read(path)
+    assert reader.problems == []  # no event after the end, the count matches
+    end = events[-1]
+    assert isinstance(end, ev.End) and end.reason == "ended while threads emit"
+    assert 0 < end.events == len(events) - 1 < 4 * 200000
+    assert path.read_bytes().endswith(b"}\n")
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_sigkill_leaves_only_complete_lines(selftest: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KVTRACE_FILE"}

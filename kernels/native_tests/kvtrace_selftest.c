@@ -3,6 +3,7 @@
  *
  *   kvtrace_selftest all          every event kind the header offers, fixed values
  *   kvtrace_selftest threads T N  T threads emit N upload events each, concurrently
+ *   kvtrace_selftest end-race     KVTRACE_END while 4 threads are still emitting
  *   kvtrace_selftest forever      emit until killed (the SIGKILL test)
  *   kvtrace_selftest strings      awkward strings: quotes, backslashes, control bytes, UTF-8
  *   kvtrace_selftest overflow     arrays longer than KVTRACE_LINE_MAX allows, and a read of more
@@ -137,6 +138,19 @@ static int threads(int n, long each) {
     return 0; /* atexit writes the end event */
 }
 
+static int end_race(void) {
+    pthread_t tid[4];
+    struct timespec pause = {0, 1000 * 1000};
+    int i;
+    per_thread = 200000;
+    boot("selftest end-race");
+    for (i = 0; i < 4; i++) pthread_create(&tid[i], NULL, worker, (void *)(intptr_t)i);
+    while (__atomic_load_n(&kvtrace_11_state.seq, __ATOMIC_RELAXED) < 1000) nanosleep(&pause, NULL);
+    KVTRACE_END_REASON("completed", "ended while threads emit");
+    for (i = 0; i < 4; i++) pthread_join(tid[i], NULL);
+    return 0;
+}
+
 static int forever(void) {
     static const int32_t s[1] = {0};
     static const int32_t keys[3][3] = {{0, 0, 1}, {1, 0, 1}, {2, 0, 1}};
@@ -241,12 +255,13 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "all") == 0) return all_kinds();
     if (strcmp(mode, "threads") == 0 && argc > 3) return threads(atoi(argv[2]), atol(argv[3]));
     if (strcmp(mode, "forever") == 0) return forever();
+    if (strcmp(mode, "end-race") == 0) return end_race();
     if (strcmp(mode, "strings") == 0) return strings();
     if (strcmp(mode, "overflow") == 0) return overflow();
     if (strcmp(mode, "abort-text") == 0) return abort_text();
     if (strcmp(mode, "bad-args") == 0) return bad_args();
     if (strcmp(mode, "numbers") == 0) return numbers();
     if (strcmp(mode, "off") == 0) return off();
-    fprintf(stderr, "usage: %s all|threads T N|forever|strings|overflow|numbers|bad-args|abort-text|off\n", argv[0]);
+    fprintf(stderr, "usage: %s all|threads T N|end-race|forever|strings|overflow|numbers|bad-args|abort-text|off\n", argv[0]);
     return 2;
 }
