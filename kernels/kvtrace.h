@@ -25,9 +25,9 @@
  *   runs; "%p" in it becomes the process id, "%%" a percent sign. Off, every macro is one
  *   load of a global int and one not-taken branch; its arguments are not evaluated.
  *   On, each event is formatted on the caller's stack and written with ONE write() to an
- *   O_APPEND descriptor while a mutex is held, so file order == seq order and a process
- *   killed at any instant leaves only complete lines (the kernel appends a write() to a
- *   regular file as a unit).
+ *   O_APPEND descriptor while a mutex is held, so file order == seq order; lines are laid out
+ *   so that a process killed at any instant leaves only complete lines (see KVTRACE_PAGE_:
+ *   Linux can stop a write() between two file pages on SIGKILL, never inside one).
  *
  *   Tensor-taking calls (KVTRACE_FITS) and the abort hook (KVTRACE_INSTALL_ABORT_HOOK) exist
  *   only when ggml.h was included BEFORE this header (detected by GGML_MAX_DIMS), or when
@@ -173,9 +173,11 @@ KVTRACE_VAR_ kvtrace_state_11_ kvtrace_11_state = {
 
 /* Line layout on disk. Each write() is "<pad>\n<event JSON>": the newline that ends the
  * previous line is written with the next event (the last event of a file written by END,
- * the abort hook or exit gets its own newline). Linux copies a write() into the page cache
- * page by page and a fatal signal can stop it between two pages, so a line that crossed a
- * 4 KiB file page could be cut by SIGKILL. When "\n<event>" would cross one, <pad> spaces fill
+ * the abort hook or exit gets its own newline). Linux copies a buffered write() into the page
+ * cache one page-sized chunk at a time and checks for a fatal signal before each chunk
+ * (mm/filemap.c, generic_perform_write), so a line that crossed a 4 KiB file page could be
+ * cut by SIGKILL (seen: 2 kills in 60, each cut at a multiple of 4096; with large folios the
+ * chunks are larger and still page-aligned). When "\n<event>" would cross one, <pad> spaces fill
  * the rest of the page first: trailing blanks of the previous line, which JSON ignores, and a
  * cut between the pages leaves only them. Lines longer than 4 KiB can still be cut.
  *
