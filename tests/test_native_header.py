@@ -434,7 +434,10 @@ def test_ggml_fits_logs_the_real_tensors(ggml_hook: Path, tmp_path: Path) -> Non
     assert k.name == "cache_k_l0 (view)" and not k.contiguous and k.runtime == 0x5000
     assert (q.name, q.type, q.ne, q.runtime, q.contiguous) == (
         "Qcur-0", "f32", (256, 1, 24, 1), None, True)
-    assert q.buffer == q.buffer_name == "" and q.base == q.data  # no backend buffer here
+    assert q.base == q.data and q.view_offs == 0
+    # every tensor, views included, sits in one real buffer of ggml-base's CPU buffer type
+    for t in (q, k, v, fits.dst):
+        assert (t.buffer, t.buffer_name) == ("CPU", "CPU")
     assert fits.dst.name == "__fattn__-0" and fits.dst.ne == (256, 24, 1, 1)
     # failed == NULL: the conditions were not evaluated; K's runtime alone makes membership
     assert (raw.evaluated, raw.failed, raw.membership, raw.v.runtime) == (False, (), True, None)

@@ -1,11 +1,14 @@
 /* kvtrace.h with a real ggml (C11): KVTRACE_FITS on a real GGML_OP_FLASH_ATTN_EXT node over
- * ggml_view_4d views, then a failing GGML_ASSERT through the abort hook.
+ * ggml_view_4d views, all in a real backend buffer (ggml-base's CPU buffer type), then a
+ * failing GGML_ASSERT through the abort hook.
  * tests/test_native_header.py builds it against the ggml-base that tests/native_build.py
  * caches, and runs it with and without a callback installed before the hook ("prior").
  *
  * SPDX-License-Identifier: MIT
  */
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "kvtrace.h"
 
 #include <stdio.h>
@@ -20,7 +23,7 @@ static void prior(const char *message) {
 
 int main(int argc, char **argv) {
     static const char *const failed[2] = {"Q->ne[3] == 1", "K->ne[3] == 1"};
-    struct ggml_init_params params = {16u << 20, NULL, false};
+    struct ggml_init_params params = {1u << 20, NULL, true}; /* tensors go in a buffer */
     struct ggml_context *ctx = ggml_init(params);
     /* K/V cache of one layer: 1024 q8_0 values per cell (4 heads x 256), 512 cells, 2 streams;
      * the per-stream 4-D view of stream 1 starts at nb[2] of the 3-D tensor */
@@ -33,6 +36,9 @@ int main(int argc, char **argv) {
     v = ggml_view_4d(ctx, cache, 256, 512, 4, 1, cache->nb[1], 272, cache->nb[2], 0);
     fa = ggml_flash_attn_ext(ctx, q, k, v, NULL, 0.0625f, 0.0f, 0.0f);
     ggml_set_name(fa, "__fattn__-0");
+    /* allocates cache, q and the node, and points the views into the same buffer */
+    if (ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type()) == NULL)
+        return 3;
     if (argc > 1 && strcmp(argv[1], "prior") == 0) ggml_set_abort_callback(prior);
     KVTRACE_INSTALL_ABORT_HOOK();
     KVTRACE_INSTALL_ABORT_HOOK(); /* a second install must not make the hook its own prior */
