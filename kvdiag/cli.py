@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "devices",
     "tui",
     "demo",
+    "native",
 )
 
 

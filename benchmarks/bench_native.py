@@ -1,0 +1,165 @@
+"""Cost of kernels/kvtrace.h, off and on, and of checking a native trace.
+
+Run: ``.venv/bin/python benchmarks/bench_native.py [--events N] [--repeat R] [--dir D]``.
+
+Builds kernels/native_tests/kvtrace_bench.c with ``gcc -O2`` and measures, each against a
+baseline from the same run:
+
+- OFF (KVTRACE_FILE unset): ns per iteration of a loop holding one ``KVTRACE_UPLOAD`` vs the
+  same loop empty. Target (issue 10): indistinguishable, < 1 ns per call.
+- ON, one thread and 8 threads: events/s written to a file in ``--dir`` and bytes per event,
+  vs a loop of plain ``write()`` calls of a line of the same size to an O_APPEND file (the
+  floor: kvtrace.h does one write() per event). Target: >= 1,000,000 events/s single-threaded.
+  The same two into /dev/null give kvtrace.h's own cost per event without the file system.
+- ``kvdiag check`` on a native trace of ``--events`` events written by the same program
+  (a decode-shaped mix: step, mark, per layer write/upload/read, outputs, fits every 64th
+  step), wall time as a ratio to ``kvdiag trace validate`` on the same file. Target: < 2x.
+
+Timings are best of ``--repeat``, wall clock with this process's CPU time (all threads)
+beside it in parentheses: on a shared machine, or a VM where system calls exit to the
+hypervisor, the two differ a lot and the CPU figure is the steadier. The load average is
+printed. The off cost is judged on CPU time (it is a property of the instructions), the
+on and check targets on wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "kernels" / "native_tests" / "kvtrace_bench.c"
+OFF_TARGET_NS = 1.0
+ON_TARGET = 1_000_000
+CHECK_TARGET = 2.0
+
+
+def build(out: Path) -> Path:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        sys.exit("bench_native: no C compiler (gcc) found")
+    exe = out / "kvtrace_bench"
+    subprocess.run([cc, "-std=c99", "-O2", "-I", str(ROOT / "kernels"), str(SOURCE), "-o",
+                    str(exe), "-pthread"], check=True)
+    return exe
+
+
+def run(exe: Path, *args: str, trace: Path | None = None) -> list[float]:
+    env = {k: v for k, v in os.environ.items() if k != "KVTRACE_FILE"}
+    if trace is not None:
+        env["KVTRACE_FILE"] = str(trace)
+    proc = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, check=True)
+    return [float(x) for x in proc.stdout.split()]
+
+
+def timed(cmd: list[str]) -> tuple[float, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - t, proc.returncode, proc.stdout + proc.stderr
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--off-iters", type=int, default=300_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="where trace files go (default: the system temp folder)")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the kvdiag check/validate part (C figures only)")
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp_name:
+        tmp = Path(tmp_name)
+        exe = build(tmp)
+        n, r = args.events, max(1, args.repeat)
+
+        offs = [run(exe, "off", str(args.off_iters)) for _ in range(r)]
+        empty, macro = min(o[0] for o in offs), min(o[1] for o in offs)
+        empty_cpu, macro_cpu = min(o[2] for o in offs), min(o[3] for o in offs)
+        spread = max(o[2] for o in offs) - empty_cpu
+
+        trace = tmp / "on.kvtrace"
+        one = [run(exe, "on", str(n), "1", trace=trace) for _ in range(r)]
+        t1, c1 = min(o[0] for o in one), min(o[2] for o in one)
+        line_bytes = one[0][1]
+        eight = [run(exe, "on", str(n), "8", trace=trace) for _ in range(r)]
+        t8, c8 = min(o[0] for o in eight), min(o[2] for o in eight)
+        plains = [run(exe, "write", str(n), str(round(line_bytes)), str(tmp / "plain.txt"))
+                  for _ in range(r)]
+        plain, plain_c = min(o[0] for o in plains), min(o[1] for o in plains)
+        trace.unlink()
+        (tmp / "plain.txt").unlink()
+        # the same into /dev/null: the system call costs little there, so the difference is
+        # kvtrace.h's own work per event (format, lock, clock)
+        null = Path(os.devnull)
+        nulls = [run(exe, "on", str(n), "1", trace=null) for _ in range(r)]
+        t_null, c_null = min(o[0] for o in nulls), min(o[2] for o in nulls)
+        pnulls = [run(exe, "write", str(n), str(round(line_bytes)), str(null)) for _ in range(r)]
+        plain_null, plain_null_c = min(o[0] for o in pnulls), min(o[1] for o in pnulls)
+
+        check = validate = None
+        check_rc = 0
+        events_written = 0
+        if not args.no_check:
+            gen = tmp / "gen.kvtrace"
+            events_written = int(run(exe, "gen", str(n), trace=gen)[0])
+            size = gen.stat().st_size
+            validate_runs = [timed([sys.executable, "-m", "kvdiag", "trace", "validate",
+                                    str(gen)]) for _ in range(r)]
+            check_runs = [timed([sys.executable, "-m", "kvdiag", "check", str(gen)])
+                          for _ in range(r)]
+            if validate_runs[0][1] != 0:
+                print(validate_runs[0][2], file=sys.stderr)
+                sys.exit("bench_native: the generated trace does not validate")
+            validate = min(v[0] for v in validate_runs)
+            check = min(c[0] for c in check_runs)
+            check_rc = check_runs[0][1]
+
+    load_after = os.getloadavg()
+    print(f"date      {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
+    print(f"machine   {platform.machine()}, {os.cpu_count()} cores, no GPU used, "
+          f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print("          wall clock (this process's CPU time)")
+    print(f"off       empty loop {empty:.3f} ({empty_cpu:.3f}) ns/iter, with KVTRACE_UPLOAD "
+          f"{macro:.3f} ({macro_cpu:.3f}) ns/iter: +{macro - empty:.3f} "
+          f"({macro_cpu - empty_cpu:.3f}) ns per call; CPU spread of the empty loop over "
+          f"{r} runs {spread:.3f} ns; {args.off_iters:,} iterations")
+    print(f"on 1 thr  {n / t1:11,.0f} ({n / c1:11,.0f}) events/s, {line_bytes:.1f} B/event; "
+          f"plain write() of the same line {n / plain:11,.0f} ({n / plain_c:11,.0f}) /s; "
+          f"ratio {t1 / plain:.2f}x ({c1 / plain_c:.2f}x) the write() time")
+    print(f"on null   {n / t_null:11,.0f} ({n / c_null:11,.0f}) events/s into /dev/null; plain "
+          f"write() {n / plain_null:11,.0f} ({n / plain_null_c:11,.0f}) /s; kvtrace.h's own "
+          f"work {(t_null - plain_null) / n * 1e9:.0f} ({(c_null - plain_null_c) / n * 1e9:.0f})"
+          f" ns/event")
+    print(f"on 8 thr  {n / t8:11,.0f} ({n / c8:11,.0f}) events/s (all threads); ratio "
+          f"{t8 / plain:.2f}x ({c8 / plain_c:.2f}x) the single-thread write() time")
+    if check is not None and validate is not None:
+        print(f"check     {events_written:,} events ({size / 1e6:.1f} MB): kvdiag check "
+              f"{check:.2f} s (exit {check_rc}), kvdiag trace validate {validate:.2f} s; "
+              f"ratio {check / validate:.2f}x")
+    off_ok = macro_cpu - empty_cpu < OFF_TARGET_NS
+    print(f"target    off < {OFF_TARGET_NS} ns per call (CPU): {verdict(off_ok)}")
+    print(f"target    on >= {ON_TARGET:,} events/s single-threaded: {verdict(n / t1 >= ON_TARGET)}")
+    if check is not None and validate is not None:
+        print(f"target    check < {CHECK_TARGET}x validate: "
+              f"{verdict(check / validate < CHECK_TARGET)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

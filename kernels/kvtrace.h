@@ -1,0 +1,1384 @@
+/* kvtrace.h — write kvdiag traces (kvtrace format 1.1) from a C/C++/CUDA runtime.
+ *
+ * SPDX-License-Identifier: MIT
+ * Copyright (c) 2026 the kvdiag authors
+ *
+ * Permission is hereby granted, free of charge, to any person obtaining a copy of this
+ * software and associated documentation files (the "Software"), to deal in the Software
+ * without restriction, including without limitation the rights to use, copy, modify, merge,
+ * publish, distribute, sublicense, and/or sell copies of the Software, and to permit persons
+ * to whom the Software is furnished to do so, subject to the following conditions:
+ * The above copyright notice and this permission notice shall be included in all copies or
+ * substantial portions of the Software.
+ * THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED,
+ * INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR
+ * PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE
+ * FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR
+ * OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER
+ * DEALINGS IN THE SOFTWARE.
+ *
+ * One header, libc + pthreads only (plus ggml.h / ggml-backend.h for the tensor-taking calls).
+ * C99, C++17, and host code of .cu files. Field meanings: kvdiag docs/trace-format.md; where
+ * each macro goes in a kv-stream runtime: kvdiag docs/native-bridge.md.
+ *
+ *   Off unless the environment variable KVTRACE_FILE is set (non-empty) when the first macro
+ *   runs; "%p" in it becomes the process id, "%%" a percent sign. Off, every macro is one
+ *   load of a global int and one not-taken branch; its arguments are not evaluated.
+ *   On, each event is formatted on the caller's stack and written with ONE write() to an
+ *   O_APPEND descriptor while a mutex is held, so file order == seq order; lines are laid out
+ *   so that a process killed at any instant leaves only complete lines (see KVTRACE_PAGE_:
+ *   Linux can stop a write() between two file pages on SIGKILL, never inside one).
+ *
+ *   Tensor-taking calls (KVTRACE_FITS) and the abort hook (KVTRACE_INSTALL_ABORT_HOOK) exist
+ *   only when ggml.h was included BEFORE this header (detected by GGML_MAX_DIMS), or when
+ *   KVTRACE_WITH_GGML is defined (this header then includes "ggml.h" itself). Everything
+ *   else, including KVTRACE_FITS_RAW, needs no ggml.
+ *
+ *   Process-wide state is one per process: its symbols are weak with default visibility, so
+ *   copies from several translation units and shared objects (libggml-cuda.so, libllama.so)
+ *   bind to one definition. Define KVTRACE_STATIC for per-translation-unit state (a
+ *   single-TU program), KVTRACE_DISABLE to compile every macro away.
+ */
+#ifndef KVTRACE_H
+#define KVTRACE_H
+
+#define KVTRACE_H_VERSION "1.1"
+
+/* clock_gettime, O_CLOEXEC and gmtime_r are POSIX 2008: ask for it when nothing has decided
+ * the feature set yet (strict -std=c99 with this header included first). */
+#if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) \
+    && !defined(_DEFAULT_SOURCE) && !defined(_XOPEN_SOURCE) && !defined(_FEATURES_H)
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if !defined(CLOCK_MONOTONIC) || !defined(O_CLOEXEC)
+#error "kvtrace.h needs POSIX 2008: compile with -D_POSIX_C_SOURCE=200809L (or -std=gnu99/gnu11), or include kvtrace.h before any system header"
+#endif
+
+#if defined(GGML_MAX_DIMS) || defined(KVTRACE_WITH_GGML)
+#  ifndef GGML_MAX_DIMS
+#    include "ggml.h"
+#  endif
+#  include "ggml-backend.h"
+#  define KVTRACE_HAVE_GGML 1
+#else
+#  define KVTRACE_HAVE_GGML 0
+#endif
+
+#ifndef KVTRACE_LINE_MAX
+/* bytes of one event line, on the caller's stack; longer arrays are cut and a warn event
+ * (code "kvtrace-truncated") says how many elements were dropped */
+#define KVTRACE_LINE_MAX 16384
+#endif
+#ifndef KVTRACE_READ_RUNS
+/* served runs one kvtrace_read builder holds before it emits what it has as one read event */
+#define KVTRACE_READ_RUNS 128
+#endif
+#ifndef KVTRACE_STRING_MAX
+/* input bytes of one string argument that are logged; the rest is cut at a UTF-8 boundary */
+#define KVTRACE_STRING_MAX 1024
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVTRACE_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#  define KVTRACE_UNLIKELY(x) (x)
+#endif
+
+#if defined(KVTRACE_STATIC)
+#  define KVTRACE_FN_ static __attribute__((unused))
+#  define KVTRACE_VAR_ static __attribute__((unused))
+#else
+#  define KVTRACE_FN_ __attribute__((weak, visibility("default")))
+#  define KVTRACE_VAR_ __attribute__((weak, visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- public types ----------------------------------------------------------------------- */
+
+/* What KVTRACE_BOOT puts in the header line. Any int/int64 field < 0 or string NULL is left
+ * out; start from kvtrace_plan_defaults() so unset fields are -1/NULL, not 0. */
+typedef struct kvtrace_plan {
+    const char *run_name, *build, *device_name;
+    const char *layout;   /* "shared" | "per-stream" */
+    const char *dispatch; /* "membership" | "fits" */
+    int np, kv_unified;
+    int64_t page_bytes, v_offset, pool_pages, resident_pages_per_layer, ring_slots, stage_bytes,
+        kv_size;
+    int streamed_layers, layers, n_stream, head_dim, n_head, n_head_kv;
+    const char *type_k, *type_v;
+    int64_t pages_per_stream; /* not in the first API draft; the format's plan names it */
+} kvtrace_plan;
+
+/* One tensor of a fits decision without ggml (KVTRACE_FITS_RAW). Strings may be NULL (""). */
+typedef struct kvtrace_tensor {
+    const char *name, *type;   /* type: ggml_type_name words, "f32", "f16", "q8_0", ... */
+    const char *buffer;        /* buffer TYPE name: "CUDA0", "CUDA_KV_Stream_Host", "" */
+    const char *buffer_name;   /* ggml_backend_buffer_name of the tensor's buffer, "" */
+    int64_t ne[4];
+    uint64_t nb[4];
+    uint64_t data, view_offs, base; /* base: data of view_src, or of the tensor itself */
+    uint64_t runtime;          /* kv-stream runtime handle; 0 = none (null) */
+    int contiguous;
+} kvtrace_tensor;
+
+enum { KVTRACE_POOL = 0, KVTRACE_RING = 1, KVTRACE_HOST = 2 };
+
+typedef struct kvtrace_read_run_ {
+    int64_t begin, end, slot;
+    int source;
+} kvtrace_read_run_;
+
+/* Builder of one read event, on the caller's stack (KVTRACE_READ_BEGIN/PAGE/END). */
+typedef struct kvtrace_read {
+    int64_t layer, stream;
+    int64_t count[3];
+    int n;
+    kvtrace_read_run_ runs[KVTRACE_READ_RUNS];
+} kvtrace_read;
+
+/* ---- process-wide state (one per process, see the top comment) ---------------------------- */
+
+typedef struct kvtrace_state_11_ {
+    pthread_mutex_t lock;
+    int inited, header_done, ended, fd;
+    int64_t seq, step, t0, stage_bytes, offset;
+    long pid;
+    void (*abort_prev)(const char *);
+    int abort_installed;
+} kvtrace_state_11_;
+
+/* -1: not decided yet (the next macro decides), 0: off, 1: on. */
+KVTRACE_VAR_ int kvtrace_11_enabled = -1;
+KVTRACE_VAR_ kvtrace_state_11_ kvtrace_11_state = {
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0};
+
+#define KVTRACE_ON_() KVTRACE_UNLIKELY(__atomic_load_n(&kvtrace_11_enabled, __ATOMIC_RELAXED))
+
+/* ---- line formatting (stack buffer; no allocation) ------------------------------------------ */
+
+/* Line layout on disk. Each write() is "<pad>\n<event JSON>": the newline that ends the
+ * previous line is written with the next event (the last event of a file written by END,
+ * the abort hook or exit gets its own newline). Linux copies a buffered write() into the page
+ * cache one page-sized chunk at a time and checks for a fatal signal before each chunk
+ * (mm/filemap.c, generic_perform_write), so a line that crossed a 4 KiB file page could be
+ * cut by SIGKILL (seen: 2 kills in 60, each cut at a multiple of 4096; with large folios the
+ * chunks are larger and still page-aligned). When "\n<event>" would cross one, <pad> spaces fill
+ * the rest of the page first: trailing blanks of the previous line, which JSON ignores, and a
+ * cut between the pages leaves only them. Lines longer than 4 KiB can still be cut.
+ *
+ * The body is formatted after a gap of KVTRACE_GAP_ bytes; under the lock the prefix
+ * \n{"kind":..,"seq":..,"t_ns":..,"step":.. goes right-aligned into the gap, and the pad before
+ * it. */
+#define KVTRACE_PAGE_ 4096
+#define KVTRACE_PREFIX_ 112
+#define KVTRACE_GAP_ (KVTRACE_PAGE_ + KVTRACE_PREFIX_)
+#define KVTRACE_RESERVE_ 8
+#define KVTRACE_TAIL_ 256
+
+typedef struct kvtrace_buf_ {
+    char *p, *end; /* end leaves KVTRACE_RESERVE_ bytes for the closing brace */
+    int over;
+} kvtrace_buf_;
+
+static inline void kvtrace_put_(kvtrace_buf_ *b, const char *s, size_t n) {
+    if (b->over || (size_t)(b->end - b->p) < n) {
+        b->over = 1;
+        return;
+    }
+    memcpy(b->p, s, n);
+    b->p += n;
+}
+
+#define KVTRACE_LIT_(b, s) kvtrace_put_((b), (s), sizeof(s) - 1)
+
+/* Decimal digits of v at out (up to 20), two at a time from the right; returns the count.
+ * Numbers are most of every event, so this is the formatter's hot loop. */
+static inline size_t kvtrace_u64_text_(char *out, uint64_t v) {
+    static const char pairs[201] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
+    size_t n = 1;
+    uint64_t t = 10;
+    char *p;
+    while (n < 20 && v >= t) {
+        n++;
+        t *= 10u;
+    }
+    p = out + n;
+    while (v >= 100u) {
+        unsigned r = (unsigned)(v % 100u);
+        v /= 100u;
+        p -= 2;
+        p[0] = pairs[2 * r];
+        p[1] = pairs[2 * r + 1];
+    }
+    if (v >= 10u) {
+        p -= 2;
+        p[0] = pairs[2 * v];
+        p[1] = pairs[2 * v + 1];
+    } else {
+        *--p = (char)('0' + (int)v);
+    }
+    return n;
+}
+
+static inline void kvtrace_u64_(kvtrace_buf_ *b, uint64_t v) {
+    if (b->over || b->end - b->p < 20) {
+        char t[24];
+        kvtrace_put_(b, t, kvtrace_u64_text_(t, v));
+        return;
+    }
+    b->p += kvtrace_u64_text_(b->p, v);
+}
+
+static inline void kvtrace_i64_(kvtrace_buf_ *b, int64_t v) {
+    if (v < 0) {
+        KVTRACE_LIT_(b, "-");
+        kvtrace_u64_(b, 0u - (uint64_t)v);
+    } else {
+        kvtrace_u64_(b, (uint64_t)v);
+    }
+}
+
+/* v < 0 -> null (the API's "unknown" for counts and ids) */
+static inline void kvtrace_i64_or_null_(kvtrace_buf_ *b, int64_t v) {
+    if (v < 0) KVTRACE_LIT_(b, "null");
+    else kvtrace_i64_(b, v);
+}
+
+static inline void kvtrace_bool_(kvtrace_buf_ *b, int v) {
+    if (v) KVTRACE_LIT_(b, "true");
+    else KVTRACE_LIT_(b, "false");
+}
+
+/* negative, NaN or infinite -> null; otherwise %.17g with the decimal point forced to '.'
+ * whatever LC_NUMERIC says (JSON has one decimal point). */
+static inline void kvtrace_f64_or_null_(kvtrace_buf_ *b, double v) {
+    char t[40];
+    int n, i;
+    if (!(v >= 0.0) || v - v != 0.0) {
+        KVTRACE_LIT_(b, "null");
+        return;
+    }
+    n = snprintf(t, sizeof t, "%.17g", v);
+    if (n <= 0 || n >= (int)sizeof t) {
+        KVTRACE_LIT_(b, "null");
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= '0' && c <= '9') || c == 'e' || c == 'E' || c == '+' || c == '-')) t[i] = '.';
+    }
+    kvtrace_put_(b, t, (size_t)n);
+}
+
+/* Length of the valid UTF-8 sequence at s (at most `left` bytes), 0 if invalid. */
+static inline size_t kvtrace_utf8_len_(const unsigned char *s, size_t left) {
+    unsigned char c = s[0];
+    size_t n, i;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F; /* no UTF-16 surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else return 0;
+    if (left < n) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return n;
+}
+
+/* A JSON string: quotes, backslash and control characters escaped, invalid UTF-8 replaced
+ * by U+FFFD, at most `max` input bytes, and cut at a character boundary when the line is
+ * full (the string is still closed). NULL -> "". */
+static inline void kvtrace_str_(kvtrace_buf_ *b, const char *str, size_t max) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *s = (const unsigned char *)(str ? str : "");
+    size_t i = 0;
+    if (b->over || b->end - b->p < 2) {
+        b->over = 1;
+        return;
+    }
+    *b->p++ = '"';
+    while (i < max && s[i]) {
+        char esc[8];
+        size_t run = 0, room;
+        /* printable ASCII without quote or backslash goes through in one copy */
+        while (i + run < max && s[i + run] >= 0x20 && s[i + run] < 0x7F && s[i + run] != '"' &&
+               s[i + run] != '\\')
+            run++;
+        if (run) {
+            room = (size_t)(b->end - b->p) - 1; /* keep room for the closing quote */
+            if (run > room) run = room;
+            memcpy(b->p, s + i, run);
+            b->p += run;
+            i += run;
+            if (!room || run == room) break;
+            continue;
+        }
+        const char *out = esc;
+        size_t n = 1, take = 1;
+        unsigned char c = s[i];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            n = 2;
+        } else if (c == '\n') {
+            esc[0] = '\\'; esc[1] = 'n'; n = 2;
+        } else if (c == '\t') {
+            esc[0] = '\\'; esc[1] = 't'; n = 2;
+        } else if (c == '\r') {
+            esc[0] = '\\'; esc[1] = 'r'; n = 2;
+        } else if (c < 0x20 || c == 0x7F) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            n = 6;
+        } else if (c < 0x80) {
+            esc[0] = (char)c;
+        } else {
+            size_t left = max - i, len;
+            len = kvtrace_utf8_len_(s + i, left < 4 ? left : 4);
+            if (len) {
+                out = (const char *)(s + i);
+                n = take = len;
+            } else {
+                out = "\xEF\xBF\xBD";
+                n = 3;
+            }
+        }
+        if ((size_t)(b->end - b->p) < n + 1) break; /* keep room for the closing quote */
+        memcpy(b->p, out, n);
+        b->p += n;
+        i += take;
+    }
+    *b->p++ = '"';
+}
+
+/* ,"key": -- key is always a string literal, so this is one copy of a constant */
+#define KVTRACE_KEY_(b, key) KVTRACE_LIT_((b), ",\"" key "\":")
+
+#define KVTRACE_KEYSTR_(b, k, s) (KVTRACE_KEY_((b), k), kvtrace_str_((b), (s), KVTRACE_STRING_MAX))
+#define KVTRACE_KEYI_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_i64_((b), (int64_t)(v)))
+#define KVTRACE_KEYU_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_u64_((b), (uint64_t)(v)))
+#define KVTRACE_KEYB_(b, k, v) (KVTRACE_KEY_((b), k), kvtrace_bool_((b), (v)))
+
+static inline void kvtrace_pair_(kvtrace_buf_ *b, int64_t x, int64_t y) {
+    KVTRACE_LIT_(b, "[");
+    kvtrace_i64_(b, x);
+    KVTRACE_LIT_(b, ",");
+    kvtrace_i64_(b, y);
+    KVTRACE_LIT_(b, "]");
+}
+
+/* Appends one array element; on overflow rolls the element back and reports it (the caller
+ * stops and counts the rest as dropped). */
+static inline int kvtrace_elem_ok_(kvtrace_buf_ *b, char *mark) {
+    /* an array stops KVTRACE_TAIL_ bytes early: the fields after it always fit */
+    if (!b->over && b->end - b->p >= KVTRACE_TAIL_) return 1;
+    b->p = mark;
+    b->over = 0;
+    return 0;
+}
+
+static inline int kvtrace_is_one_of_(const char *s, const char *const *words) {
+    if (!s) return 0;
+    for (; *words; words++)
+        if (strcmp(s, *words) == 0) return 1;
+    return 0;
+}
+
+/* ---- the writer (weak: one per process) ------------------------------------------------------ */
+
+KVTRACE_FN_ int64_t kvtrace_11_now(void);
+KVTRACE_FN_ int kvtrace_11_start(void);
+KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b, int advance);
+KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason);
+KVTRACE_FN_ void kvtrace_11_warn(const char *code, const char *message);
+KVTRACE_FN_ void kvtrace_11_atexit(void);
+KVTRACE_FN_ void kvtrace_11_atfork_child(void);
+
+KVTRACE_FN_ int64_t kvtrace_11_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+/* Writes everything; a short write is continued (never seen for a regular file), EINTR is
+ * retried. Returns 0 on failure. */
+static inline int kvtrace_write_all_(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return 0;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 1;
+}
+
+static inline void kvtrace_stderr_(const char *a, const char *b2, const char *c) {
+    /* write(), not stdio: this also runs from the abort path */
+    if (a) { ssize_t r = write(2, a, strlen(a)); (void)r; }
+    if (b2) { ssize_t r = write(2, b2, strlen(b2)); (void)r; }
+    if (c) { ssize_t r = write(2, c, strlen(c)); (void)r; }
+}
+
+/* Decides on/off once per process: open KVTRACE_FILE (%p -> pid) or stay off. */
+KVTRACE_FN_ int kvtrace_11_start(void) {
+    kvtrace_state_11_ *S = &kvtrace_11_state;
+    const char *env;
+    char path[4096];
+    size_t n = 0;
+    int on = __atomic_load_n(&kvtrace_11_enabled, __ATOMIC_ACQUIRE);
+    if (on >= 0) return on;
+    pthread_mutex_lock(&S->lock);
+    if (S->inited) {
+        pthread_mutex_unlock(&S->lock);
+        return __atomic_load_n(&kvtrace_11_enabled, __ATOMIC_ACQUIRE);
+    }
+    S->inited = 1;
+    on = 0;
+    env = getenv("KVTRACE_FILE");
+    if (env && *env) {
+        S->pid = (long)getpid();
+        for (; *env && n + 24 < sizeof path; env++) {
+            if (env[0] == '%' && env[1] == 'p') {
+                n += kvtrace_u64_text_(path + n, (uint64_t)S->pid);
+                env++;
+            } else if (env[0] == '%' && env[1] == '%') {
+                path[n++] = '%';
+                env++;
+            } else {
+                path[n++] = *env;
+            }
+        }
+        path[n] = 0;
+        if (*env) {
+            kvtrace_stderr_("kvtrace: KVTRACE_FILE is too long; tracing off\n", NULL, NULL);
+        } else {
+            /* O_TRUNC: a rerun with the same name starts a fresh trace instead of appending
+             * a second header mid-file. */
+            S->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+            if (S->fd < 0) {
+                kvtrace_stderr_("kvtrace: cannot open ", path, ": ");
+                kvtrace_stderr_(strerror(errno), "; tracing off\n", NULL);
+            } else {
+                S->t0 = kvtrace_11_now();
+                S->step = -1;
+                atexit(kvtrace_11_atexit);
+                pthread_atfork(NULL, NULL, kvtrace_11_atfork_child);
+                on = 1;
+            }
+        }
+    }
+    __atomic_store_n(&kvtrace_11_enabled, on, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&S->lock);
+    return on;
+}
+
+/* A forked child shares the descriptor: it must not write into the parent's trace. */
+KVTRACE_FN_ void kvtrace_11_atfork_child(void) {
+    kvtrace_11_state.ended = 1;
+    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+}
+
+static inline void kvtrace_fail_(kvtrace_state_11_ *S) {
+    int err = errno;
+    S->ended = 1;
+    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+    kvtrace_stderr_("kvtrace: write failed: ", strerror(err), "; tracing off\n");
+}
+
+/* Writes [start, stop) -- "\n<event>" -- with the pad described at KVTRACE_PAGE_; start has
+ * KVTRACE_PAGE_ writable bytes before it. Lock held. */
+static inline void kvtrace_emit_locked_(kvtrace_state_11_ *S, char *start, const char *stop) {
+    size_t n = (size_t)(stop - start), in_page = (size_t)(S->offset % KVTRACE_PAGE_), pad = 0;
+    if (n <= KVTRACE_PAGE_ && in_page + n > KVTRACE_PAGE_) pad = KVTRACE_PAGE_ - in_page;
+    start -= pad;
+    memset(start, ' ', pad);
+    if (kvtrace_write_all_(S->fd, start, n + pad)) S->offset += (int64_t)(n + pad);
+    else kvtrace_fail_(S);
+}
+
+/* The header line: called with the lock held. plan NULL -> the minimal header. */
+static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_plan *p) {
+    char line[8192], created[40];
+    kvtrace_buf_ b;
+    struct tm tm;
+    time_t now = time(NULL);
+    b.p = line;
+    b.end = line + sizeof line - KVTRACE_RESERVE_;
+    b.over = 0;
+    if (gmtime_r(&now, &tm) == NULL ||
+        strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%S+00:00", &tm) == 0)
+        strcpy(created, "1970-01-01T00:00:00+00:00");
+    KVTRACE_LIT_(&b, "{\"format\":\"kvtrace\",\"version\":\"" KVTRACE_H_VERSION
+                     "\",\"kvdiag_version\":\"kvtrace.h " KVTRACE_H_VERSION "\"");
+    KVTRACE_KEYSTR_(&b, "created", created);
+    KVTRACE_KEYSTR_(&b, "backend", "native");
+    KVTRACE_LIT_(&b, ",\"device\":{\"name\":");
+    kvtrace_str_(&b, p && p->device_name ? p->device_name : "unknown", KVTRACE_STRING_MAX);
+    KVTRACE_LIT_(&b, "},\"scenario\":{\"name\":");
+    kvtrace_str_(&b, p && p->run_name ? p->run_name : "", KVTRACE_STRING_MAX);
+    KVTRACE_LIT_(&b, ",\"source\":\"native\"");
+    KVTRACE_KEYI_(&b, "pid", S->pid);
+    KVTRACE_KEYSTR_(&b, "build", p && p->build ? p->build : "");
+    KVTRACE_LIT_(&b, ",\"config\":{");
+    if (p) {
+        char *start = b.p;
+        if (p->np >= 0) KVTRACE_KEYI_(&b, "np", p->np);
+        if (p->kv_unified >= 0) KVTRACE_KEYB_(&b, "kv_unified", p->kv_unified);
+        if (p->layout) KVTRACE_KEYSTR_(&b, "layout", p->layout);
+        if (p->dispatch) KVTRACE_KEYSTR_(&b, "dispatch", p->dispatch);
+        if (b.p > start && !b.over) { /* drop the first key's leading comma */
+            memmove(start, start + 1, (size_t)(b.p - start - 1));
+            b.p--;
+        }
+    }
+    KVTRACE_LIT_(&b, "}},\"plan\":{");
+    if (p) {
+        char *start = b.p;
+#define KVTRACE_PLAN_I_(f) if (p->f >= 0) KVTRACE_KEYI_(&b, #f, p->f)
+        KVTRACE_PLAN_I_(page_bytes);
+        KVTRACE_PLAN_I_(v_offset);
+        KVTRACE_PLAN_I_(pool_pages);
+        KVTRACE_PLAN_I_(resident_pages_per_layer);
+        KVTRACE_PLAN_I_(ring_slots);
+        KVTRACE_PLAN_I_(stage_bytes);
+        KVTRACE_PLAN_I_(streamed_layers);
+        KVTRACE_PLAN_I_(layers);
+        KVTRACE_PLAN_I_(kv_size);
+        KVTRACE_PLAN_I_(n_stream);
+        KVTRACE_PLAN_I_(head_dim);
+        KVTRACE_PLAN_I_(n_head);
+        KVTRACE_PLAN_I_(n_head_kv);
+        KVTRACE_PLAN_I_(pages_per_stream);
+#undef KVTRACE_PLAN_I_
+        if (p->type_k) KVTRACE_KEYSTR_(&b, "type_k", p->type_k);
+        if (p->type_v) KVTRACE_KEYSTR_(&b, "type_v", p->type_v);
+        if (b.p > start && !b.over) {
+            memmove(start, start + 1, (size_t)(b.p - start - 1));
+            b.p--;
+        }
+    }
+    KVTRACE_LIT_(&b, "},\"extra\":{}}"); /* its newline comes with the first event */
+    if (b.over) { /* only absurd strings get here: fall back to the minimal header */
+        kvtrace_header_locked_(S, NULL);
+        return;
+    }
+    S->header_done = 1;
+    if (kvtrace_write_all_(S->fd, line, (size_t)(b.p - line))) S->offset = (int64_t)(b.p - line);
+    else kvtrace_fail_(S);
+}
+
+/* Stamps kind/seq/t_ns/step into the gap before the body and writes the line (one write()).
+ * advance: 1 for a step event (the step counter moves first). */
+KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b, int advance) {
+    kvtrace_state_11_ *S = &kvtrace_11_state;
+    char pre[KVTRACE_PREFIX_];
+    kvtrace_buf_ h;
+    char *body = line + KVTRACE_GAP_, *start;
+    size_t plen;
+    if (b->over) { /* cannot happen with the builders here; never write a broken line */
+        b->p = body;
+        b->over = 0;
+        kind = "warn";
+        KVTRACE_LIT_(b, ",\"message\":\"kvtrace: an event longer than KVTRACE_LINE_MAX was "
+                        "left out\",\"code\":\"kvtrace-truncated\"");
+    }
+    b->end += KVTRACE_RESERVE_;
+    b->over = 0;
+    KVTRACE_LIT_(b, "}");
+    h.p = pre;
+    h.end = pre + sizeof pre;
+    h.over = 0;
+    pthread_mutex_lock(&S->lock);
+    if (S->ended || S->fd < 0) {
+        pthread_mutex_unlock(&S->lock);
+        return;
+    }
+    if (!S->header_done) kvtrace_header_locked_(S, NULL);
+    if (advance) S->step++;
+    KVTRACE_LIT_(&h, "\n{\"kind\":\"");
+    kvtrace_put_(&h, kind, strlen(kind));
+    KVTRACE_LIT_(&h, "\",\"seq\":");
+    kvtrace_i64_(&h, ++S->seq);
+    KVTRACE_LIT_(&h, ",\"t_ns\":");
+    kvtrace_i64_(&h, kvtrace_11_now() - S->t0);
+    KVTRACE_LIT_(&h, ",\"step\":");
+    kvtrace_i64_(&h, S->step < 0 ? 0 : S->step);
+    plen = (size_t)(h.p - pre);
+    start = body - plen;
+    memcpy(start, pre, plen);
+    kvtrace_emit_locked_(S, start, b->p);
+    pthread_mutex_unlock(&S->lock);
+}
+
+/* Every event builder starts like this: a stack line with the gap, the body after it. */
+#define KVTRACE_BEGIN_(line, b)                                                    \
+    char line[KVTRACE_GAP_ + KVTRACE_LINE_MAX];                                    \
+    kvtrace_buf_ b;                                                                \
+    b.p = line + KVTRACE_GAP_;                                                     \
+    b.end = b.p + KVTRACE_LINE_MAX - KVTRACE_PREFIX_ - KVTRACE_RESERVE_;           \
+    b.over = 0
+
+static inline void kvtrace_dropped_(const char *what, int64_t dropped, int64_t total) {
+    char msg[256];
+    kvtrace_buf_ b;
+    b.p = msg;
+    b.end = msg + sizeof msg - 1;
+    b.over = 0;
+    kvtrace_put_(&b, what, strlen(what));
+    KVTRACE_LIT_(&b, ": ");
+    kvtrace_i64_(&b, dropped);
+    KVTRACE_LIT_(&b, " of ");
+    kvtrace_i64_(&b, total);
+    KVTRACE_LIT_(&b, " elements did not fit in KVTRACE_LINE_MAX and were left out");
+    *b.p = 0;
+    kvtrace_11_warn("kvtrace-truncated", msg);
+}
+
+static inline void kvtrace_bad_arg_(const char *macro, const char *arg, const char *value) {
+    char msg[256];
+    kvtrace_buf_ b;
+    b.p = msg;
+    b.end = msg + sizeof msg - 1;
+    b.over = 0;
+    kvtrace_put_(&b, macro, strlen(macro));
+    KVTRACE_LIT_(&b, ": invalid ");
+    kvtrace_put_(&b, arg, strlen(arg));
+    KVTRACE_LIT_(&b, " '");
+    value = value ? value : "(null)";
+    kvtrace_put_(&b, value, strnlen(value, 64));
+    KVTRACE_LIT_(&b, "'; event not written");
+    *b.p = 0;
+    kvtrace_11_warn("kvtrace-bad-arg", msg);
+}
+
+KVTRACE_FN_ void kvtrace_11_warn(const char *code, const char *message) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYSTR_(&b, "message", message);
+        KVTRACE_KEYSTR_(&b, "code", code ? code : "");
+        kvtrace_11_commit("warn", line, &b, 0);
+    }
+}
+
+KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
+    static const char *const statuses[] = {"completed", "aborted", "error", NULL};
+    kvtrace_state_11_ *S = &kvtrace_11_state;
+    char line[KVTRACE_PAGE_ + 2048];
+    kvtrace_buf_ b;
+    if (!kvtrace_11_start()) return;
+    if (!kvtrace_is_one_of_(status, statuses)) status = "error";
+    b.p = line + KVTRACE_PAGE_;
+    b.end = line + sizeof line - KVTRACE_RESERVE_;
+    b.over = 0;
+    pthread_mutex_lock(&S->lock);
+    if (S->ended || S->fd < 0) {
+        pthread_mutex_unlock(&S->lock);
+        return;
+    }
+    if (!S->header_done) kvtrace_header_locked_(S, NULL);
+    KVTRACE_LIT_(&b, "\n{\"kind\":\"end\"");
+    KVTRACE_KEYI_(&b, "seq", S->seq + 1);
+    KVTRACE_KEYI_(&b, "t_ns", kvtrace_11_now() - S->t0);
+    KVTRACE_KEYI_(&b, "step", S->step < 0 ? 0 : S->step);
+    KVTRACE_KEYSTR_(&b, "status", status);
+    KVTRACE_KEYI_(&b, "steps", S->step + 1);
+    KVTRACE_KEYI_(&b, "events", S->seq);
+    if (reason && *reason) {
+        KVTRACE_KEY_(&b, "reason");
+        kvtrace_str_(&b, reason, 512);
+    }
+    b.end += KVTRACE_RESERVE_;
+    KVTRACE_LIT_(&b, "}\n"); /* the file's final newline */
+    S->ended = 1;
+    S->seq++;
+    kvtrace_emit_locked_(S, line + KVTRACE_PAGE_, b.p);
+    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&S->lock);
+}
+
+KVTRACE_FN_ void kvtrace_11_atexit(void) { kvtrace_11_end("completed", ""); }
+
+/* ---- events ---------------------------------------------------------------------------------- */
+
+KVTRACE_FN_ void kvtrace_11_boot(const kvtrace_plan *plan);
+KVTRACE_FN_ void kvtrace_11_boot(const kvtrace_plan *plan) {
+    kvtrace_state_11_ *S = &kvtrace_11_state;
+    int late;
+    if (!kvtrace_11_start()) return;
+    pthread_mutex_lock(&S->lock);
+    late = S->header_done;
+    if (!late && !S->ended && S->fd >= 0) {
+        __atomic_store_n(&S->stage_bytes, plan && plan->stage_bytes > 0 ? plan->stage_bytes : 0,
+                         __ATOMIC_RELAXED);
+        kvtrace_header_locked_(S, plan);
+    }
+    pthread_mutex_unlock(&S->lock);
+    if (late)
+        kvtrace_11_warn("kvtrace-late-boot",
+                        "KVTRACE_BOOT after the header was written (an event came first, or a "
+                        "second BOOT): this plan is not in the header");
+}
+
+KVTRACE_FN_ void kvtrace_11_step(const char *phase, const int32_t *streams, int64_t n_streams,
+                                 int64_t tokens, int64_t n_kv);
+KVTRACE_FN_ void kvtrace_11_step(const char *phase, const int32_t *streams, int64_t n_streams,
+                                 int64_t tokens, int64_t n_kv) {
+    static const char *const phases[] = {"prefill", "decode", NULL};
+    int64_t i, dropped = 0;
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        if (!kvtrace_is_one_of_(phase, phases)) {
+            /* the step still advances so later events keep their step numbers */
+            KVTRACE_KEYSTR_(&b, "message", "KVTRACE_STEP: invalid phase (want prefill|decode)");
+            KVTRACE_KEYSTR_(&b, "code", "kvtrace-bad-arg");
+            kvtrace_11_commit("warn", line, &b, 1);
+            return;
+        }
+        KVTRACE_KEYSTR_(&b, "phase", phase);
+        KVTRACE_LIT_(&b, ",\"streams\":[");
+        for (i = 0; i < n_streams; i++) {
+            char *mark = b.p;
+            if (i) KVTRACE_LIT_(&b, ",");
+            kvtrace_i64_(&b, streams[i]);
+            if (!kvtrace_elem_ok_(&b, mark)) {
+                dropped = n_streams - i;
+                break;
+            }
+        }
+        KVTRACE_LIT_(&b, "]");
+        KVTRACE_KEYI_(&b, "tokens", tokens);
+        KVTRACE_KEYI_(&b, "n_kv", n_kv);
+        kvtrace_11_commit("step", line, &b, 1);
+    }
+    if (dropped) kvtrace_dropped_("step streams", dropped, n_streams);
+}
+
+KVTRACE_FN_ void kvtrace_11_learn(int64_t layer, uint64_t k_ptr, int relearn);
+KVTRACE_FN_ void kvtrace_11_learn(int64_t layer, uint64_t k_ptr, int relearn) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "layer", layer);
+        KVTRACE_KEYU_(&b, "k_ptr", k_ptr);
+        KVTRACE_KEYB_(&b, "relearn", relearn);
+        kvtrace_11_commit("learn", line, &b, 0);
+    }
+}
+
+static inline void kvtrace_tensor_json_(kvtrace_buf_ *b, const kvtrace_tensor *t) {
+    int i;
+    KVTRACE_LIT_(b, "{\"name\":");
+    kvtrace_str_(b, t->name, 256);
+    KVTRACE_KEYSTR_(b, "type", t->type);
+    KVTRACE_LIT_(b, ",\"ne\":[");
+    for (i = 0; i < 4; i++) {
+        if (i) KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, t->ne[i]);
+    }
+    KVTRACE_LIT_(b, "],\"nb\":[");
+    for (i = 0; i < 4; i++) {
+        if (i) KVTRACE_LIT_(b, ",");
+        kvtrace_u64_(b, t->nb[i]);
+    }
+    KVTRACE_LIT_(b, "]");
+    KVTRACE_KEYU_(b, "data", t->data);
+    KVTRACE_KEY_(b, "buffer");
+    kvtrace_str_(b, t->buffer, 256);
+    KVTRACE_KEY_(b, "runtime");
+    if (t->runtime) kvtrace_u64_(b, t->runtime);
+    else KVTRACE_LIT_(b, "null");
+    KVTRACE_KEYB_(b, "contiguous", t->contiguous);
+    KVTRACE_KEY_(b, "buffer_name");
+    kvtrace_str_(b, t->buffer_name, 256);
+    KVTRACE_KEYU_(b, "view_offs", t->view_offs);
+    KVTRACE_KEYU_(b, "base", t->base);
+    KVTRACE_LIT_(b, "}");
+}
+
+/* failed == NULL: the caller did not evaluate the conditions ("evaluated": false). */
+KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
+                                 const kvtrace_tensor *k, const kvtrace_tensor *v,
+                                 const kvtrace_tensor *mask, const kvtrace_tensor *dst,
+                                 int result, const char *route, const char *const *failed,
+                                 int64_t n_failed);
+KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
+                                 const kvtrace_tensor *k, const kvtrace_tensor *v,
+                                 const kvtrace_tensor *mask, const kvtrace_tensor *dst,
+                                 int result, const char *route, const char *const *failed,
+                                 int64_t n_failed) {
+    static const char *const routes[] = {"streamed", "fallback", "abort", "ordinary", NULL};
+    int64_t i, dropped = 0;
+    if (!kvtrace_11_start()) return;
+    if (!kvtrace_is_one_of_(route, routes)) {
+        kvtrace_bad_arg_("KVTRACE_FITS", "route", route);
+        return;
+    }
+    if (!q || !k || !v || !dst) {
+        kvtrace_bad_arg_("KVTRACE_FITS", "tensor", "NULL q/k/v/dst");
+        return;
+    }
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYSTR_(&b, "node", node);
+        KVTRACE_KEYI_(&b, "layer", layer);
+        KVTRACE_KEY_(&b, "q");
+        kvtrace_tensor_json_(&b, q);
+        KVTRACE_KEY_(&b, "k");
+        kvtrace_tensor_json_(&b, k);
+        KVTRACE_KEY_(&b, "v");
+        kvtrace_tensor_json_(&b, v);
+        KVTRACE_KEY_(&b, "dst");
+        kvtrace_tensor_json_(&b, dst);
+        if (mask) {
+            KVTRACE_KEY_(&b, "mask");
+            kvtrace_tensor_json_(&b, mask);
+        }
+        KVTRACE_KEYI_(&b, "stage_bytes",
+                      __atomic_load_n(&kvtrace_11_state.stage_bytes, __ATOMIC_RELAXED));
+        KVTRACE_KEYB_(&b, "result", result);
+        KVTRACE_KEYSTR_(&b, "route", route);
+        KVTRACE_KEYB_(&b, "membership", k->runtime != 0 || v->runtime != 0);
+        if (failed) {
+            KVTRACE_LIT_(&b, ",\"failed\":[");
+            for (i = 0; i < n_failed; i++) {
+                char *mark = b.p;
+                if (i) KVTRACE_LIT_(&b, ",");
+                kvtrace_str_(&b, failed[i], 256);
+                if (!kvtrace_elem_ok_(&b, mark)) {
+                    dropped = n_failed - i;
+                    break;
+                }
+            }
+            KVTRACE_LIT_(&b, "]");
+        } else {
+            KVTRACE_LIT_(&b, ",\"evaluated\":false");
+        }
+        if (b.over) { /* only pathological tensor strings get here */
+            kvtrace_bad_arg_("KVTRACE_FITS", "size", "event longer than KVTRACE_LINE_MAX");
+            return;
+        }
+        kvtrace_11_commit("fits", line, &b, 0);
+    }
+    if (dropped) kvtrace_dropped_("fits failed", dropped, n_failed);
+}
+
+/* keys: {layer, stream (-1 = null), page} */
+static inline int64_t kvtrace_keys_(kvtrace_buf_ *b, const int32_t (*keys)[3], int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        char *mark = b->p;
+        if (i) KVTRACE_LIT_(b, ",");
+        KVTRACE_LIT_(b, "[");
+        kvtrace_i64_(b, keys[i][0]);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_or_null_(b, keys[i][1]);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, keys[i][2]);
+        KVTRACE_LIT_(b, "]");
+        if (!kvtrace_elem_ok_(b, mark)) return n - i;
+    }
+    return 0;
+}
+
+KVTRACE_FN_ void kvtrace_11_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
+                                 int64_t n_keys, int all, const int32_t (*outside)[2],
+                                 int64_t n_outside);
+KVTRACE_FN_ void kvtrace_11_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
+                                 int64_t n_keys, int all, const int32_t (*outside)[2],
+                                 int64_t n_outside) {
+    int64_t i = 0, d_rows = 0, d_keys = 0, d_out = 0, runs = 0;
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_LIT_(&b, ",\"rows\":[");
+        while (i < n_rows) {
+            int64_t j = i + 1;
+            char *mark = b.p;
+            while (j < n_rows && rows[j] == rows[j - 1] + 1) j++;
+            if (runs) KVTRACE_LIT_(&b, ",");
+            kvtrace_pair_(&b, rows[i], rows[j - 1] + 1);
+            if (!kvtrace_elem_ok_(&b, mark)) {
+                d_rows = n_rows - i;
+                break;
+            }
+            runs++;
+            i = j;
+        }
+        KVTRACE_LIT_(&b, "],\"keys\":[");
+        d_keys = kvtrace_keys_(&b, keys, n_keys);
+        KVTRACE_LIT_(&b, "]");
+        KVTRACE_KEYB_(&b, "all", all);
+        if (n_outside > 0) {
+            KVTRACE_LIT_(&b, ",\"outside\":[");
+            for (i = 0; i < n_outside; i++) {
+                char *mark = b.p;
+                if (i) KVTRACE_LIT_(&b, ",");
+                KVTRACE_LIT_(&b, "[");
+                kvtrace_i64_or_null_(&b, outside[i][0]);
+                KVTRACE_LIT_(&b, ",");
+                kvtrace_i64_(&b, outside[i][1]);
+                KVTRACE_LIT_(&b, "]");
+                if (!kvtrace_elem_ok_(&b, mark)) {
+                    d_out = n_outside - i;
+                    break;
+                }
+            }
+            KVTRACE_LIT_(&b, "]");
+        }
+        kvtrace_11_commit("mark", line, &b, 0);
+    }
+    if (d_rows) kvtrace_dropped_("mark rows", d_rows, n_rows);
+    if (d_keys) kvtrace_dropped_("mark keys", d_keys, n_keys);
+    if (d_out) kvtrace_dropped_("mark outside", d_out, n_outside);
+}
+
+KVTRACE_FN_ void kvtrace_11_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
+                                  int64_t row0, int64_t row1, const int32_t (*keys)[3],
+                                  int64_t n_keys);
+KVTRACE_FN_ void kvtrace_11_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
+                                  int64_t row0, int64_t row1, const int32_t (*keys)[3],
+                                  int64_t n_keys) {
+    int64_t dropped;
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "layer", layer);
+        KVTRACE_KEYI_(&b, "stream", stream);
+        KVTRACE_LIT_(&b, ",\"cells\":");
+        kvtrace_pair_(&b, cell0, cell1);
+        KVTRACE_LIT_(&b, ",\"rows\":");
+        kvtrace_pair_(&b, row0, row1);
+        KVTRACE_LIT_(&b, ",\"dirty\":[");
+        dropped = kvtrace_keys_(&b, keys, n_keys);
+        KVTRACE_LIT_(&b, "]");
+        kvtrace_11_commit("write", line, &b, 0);
+    }
+    if (dropped) kvtrace_dropped_("write dirty", dropped, n_keys);
+}
+
+KVTRACE_FN_ void kvtrace_11_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
+                                   int64_t slot, const char *target, int64_t bytes,
+                                   const char *reason, int64_t key_stream);
+KVTRACE_FN_ void kvtrace_11_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
+                                   int64_t slot, const char *target, int64_t bytes,
+                                   const char *reason, int64_t key_stream) {
+    static const char *const targets[] = {"resident", "ring", NULL};
+    static const char *const reasons[] = {"miss", "dirty", "wide-query", "last-chunk", "ring",
+                                          NULL};
+    if (!kvtrace_11_start()) return;
+    if (!kvtrace_is_one_of_(target, targets)) {
+        kvtrace_bad_arg_("KVTRACE_UPLOAD", "target", target);
+        return;
+    }
+    if (!kvtrace_is_one_of_(reason, reasons)) {
+        kvtrace_bad_arg_("KVTRACE_UPLOAD", "reason", reason);
+        return;
+    }
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "layer", layer);
+        KVTRACE_KEYI_(&b, "stream", stream);
+        KVTRACE_LIT_(&b, ",\"pages\":");
+        kvtrace_pair_(&b, page0, page1);
+        KVTRACE_KEYI_(&b, "slot", slot);
+        KVTRACE_KEYSTR_(&b, "target", target);
+        KVTRACE_KEYI_(&b, "bytes", bytes);
+        KVTRACE_KEYSTR_(&b, "reason", reason);
+        if (key_stream >= 0) KVTRACE_KEYI_(&b, "key_stream", key_stream);
+        kvtrace_11_commit("upload", line, &b, 0);
+    }
+}
+
+KVTRACE_FN_ void kvtrace_11_read_emit(kvtrace_read *r);
+KVTRACE_FN_ void kvtrace_11_read_emit(kvtrace_read *r) {
+    static const char *const names[] = {"pool", "ring", "host"};
+    int i;
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "layer", r->layer);
+        KVTRACE_KEYI_(&b, "stream", r->stream);
+        KVTRACE_KEYI_(&b, "pool", r->count[KVTRACE_POOL]);
+        KVTRACE_KEYI_(&b, "ring", r->count[KVTRACE_RING]);
+        KVTRACE_KEYI_(&b, "host", r->count[KVTRACE_HOST]);
+        KVTRACE_LIT_(&b, ",\"served\":[");
+        for (i = 0; i < r->n; i++) {
+            const kvtrace_read_run_ *run = &r->runs[i];
+            if (i) KVTRACE_LIT_(&b, ",");
+            KVTRACE_LIT_(&b, "[");
+            kvtrace_i64_(&b, run->begin);
+            KVTRACE_LIT_(&b, ",");
+            kvtrace_i64_(&b, run->end);
+            KVTRACE_LIT_(&b, ",\"");
+            kvtrace_put_(&b, names[run->source], strlen(names[run->source]));
+            KVTRACE_LIT_(&b, "\",");
+            kvtrace_i64_(&b, run->slot);
+            KVTRACE_LIT_(&b, "]");
+        }
+        KVTRACE_LIT_(&b, "]");
+        kvtrace_11_commit("read", line, &b, 0);
+    }
+}
+
+static inline void kvtrace_read_begin_(kvtrace_read *r, int64_t layer, int64_t stream) {
+    r->layer = layer;
+    r->stream = stream;
+    r->count[0] = r->count[1] = r->count[2] = 0;
+    r->n = 0;
+}
+
+/* Consecutive pages in consecutive slots (any slot for the host) from one source share a run. */
+static inline void kvtrace_read_page_(kvtrace_read *r, int64_t page, int source, int64_t slot) {
+    kvtrace_read_run_ *last;
+    if (source < KVTRACE_POOL || source > KVTRACE_HOST) return;
+    if (source == KVTRACE_HOST) slot = -1;
+    last = r->n ? &r->runs[r->n - 1] : NULL;
+    if (last && last->source == source && last->end == page &&
+        (source == KVTRACE_HOST || slot == last->slot + (last->end - last->begin))) {
+        last->end++;
+    } else {
+        if (r->n == KVTRACE_READ_RUNS) { /* full: emit this part and carry on */
+            kvtrace_11_read_emit(r);
+            r->count[0] = r->count[1] = r->count[2] = 0;
+            r->n = 0;
+        }
+        last = &r->runs[r->n++];
+        last->begin = page;
+        last->end = page + 1;
+        last->slot = slot;
+        last->source = source;
+    }
+    r->count[source]++;
+}
+
+KVTRACE_FN_ void kvtrace_11_invalidate(const char *reason, int64_t generation);
+KVTRACE_FN_ void kvtrace_11_invalidate(const char *reason, int64_t generation) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYSTR_(&b, "reason", reason);
+        KVTRACE_KEY_(&b, "generation");
+        kvtrace_i64_or_null_(&b, generation);
+        kvtrace_11_commit("invalidate", line, &b, 0);
+    }
+}
+
+KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
+                                        int64_t ring_to, double miss_pct, double busy_pct,
+                                        const char *reason);
+KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
+                                        int64_t ring_to, double miss_pct, double busy_pct,
+                                        const char *reason) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_LIT_(&b, ",\"resident\":");
+        kvtrace_pair_(&b, res_from, res_to);
+        KVTRACE_LIT_(&b, ",\"ring\":");
+        kvtrace_pair_(&b, ring_from, ring_to);
+        KVTRACE_KEY_(&b, "miss_pct");
+        kvtrace_f64_or_null_(&b, miss_pct);
+        KVTRACE_KEY_(&b, "busy_pct");
+        kvtrace_f64_or_null_(&b, busy_pct);
+        KVTRACE_KEYSTR_(&b, "reason", reason ? reason : "");
+        kvtrace_11_commit("repartition", line, &b, 0);
+    }
+}
+
+KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring,
+                                  int64_t samples, int64_t misses, double busy_pct,
+                                  int64_t peak, int64_t layout, int64_t skipped,
+                                  int64_t resident_attended);
+KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring,
+                                  int64_t samples, int64_t misses, double busy_pct,
+                                  int64_t peak, int64_t layout, int64_t skipped,
+                                  int64_t resident_attended) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "active", active);
+        KVTRACE_KEYI_(&b, "resident", resident);
+        KVTRACE_KEYI_(&b, "ring", ring);
+        KVTRACE_KEY_(&b, "samples");
+        kvtrace_i64_or_null_(&b, samples);
+        KVTRACE_KEY_(&b, "misses");
+        kvtrace_i64_or_null_(&b, misses);
+        KVTRACE_KEY_(&b, "busy_pct");
+        kvtrace_f64_or_null_(&b, busy_pct);
+        KVTRACE_KEY_(&b, "peak");
+        kvtrace_i64_or_null_(&b, peak);
+        if (layout >= 0) KVTRACE_KEYI_(&b, "layout", layout);
+        if (skipped >= 0) KVTRACE_KEYI_(&b, "skipped", skipped);
+        if (resident_attended >= 0) KVTRACE_KEYI_(&b, "resident_attended", resident_attended);
+        kvtrace_11_commit("adapt", line, &b, 0);
+    }
+}
+
+static inline void kvtrace_crc_(kvtrace_buf_ *b, uint32_t v) {
+    static const char hex[] = "0123456789abcdef";
+    char t[10];
+    int i;
+    t[0] = '"';
+    for (i = 0; i < 8; i++) t[1 + i] = hex[(v >> (28 - 4 * i)) & 15u];
+    t[9] = '"';
+    kvtrace_put_(b, t, 10);
+}
+
+KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
+                                   int has_ref, double max_abs_delta, double tolerance);
+KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
+                                   int has_ref, double max_abs_delta, double tolerance) {
+    if (!kvtrace_11_start()) return;
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYI_(&b, "stream", stream);
+        KVTRACE_KEY_(&b, "checksum");
+        kvtrace_crc_(&b, checksum);
+        if (has_ref) {
+            KVTRACE_KEY_(&b, "ref_checksum");
+            kvtrace_crc_(&b, ref_checksum);
+        }
+        KVTRACE_KEY_(&b, "max_abs_delta");
+        kvtrace_f64_or_null_(&b, max_abs_delta);
+        KVTRACE_KEY_(&b, "tolerance");
+        kvtrace_f64_or_null_(&b, tolerance);
+        kvtrace_11_commit("output", line, &b, 0);
+    }
+}
+
+/* ggml_abort's text is "<file>:<line>: <message>"; GGML_ASSERT's message is
+ * "GGML_ASSERT(<condition>) failed". Returns the offset of <message>, 0 if the shape differs;
+ * *line_no and *file_len describe the prefix. */
+static inline size_t kvtrace_abort_split_(const char *msg, size_t *file_len, int64_t *line_no) {
+    size_t i;
+    for (i = 0; msg[i]; i++) {
+        size_t j = i + 1;
+        int64_t v = 0;
+        if (msg[i] != ':' || i == 0) continue;
+        while (msg[j] >= '0' && msg[j] <= '9' && j - i < 12) v = v * 10 + (msg[j++] - '0');
+        if (j > i + 1 && msg[j] == ':' && msg[j + 1] == ' ') {
+            *file_len = i;
+            *line_no = v;
+            return j + 2;
+        }
+    }
+    return 0;
+}
+
+/* The abort event and the end {status "aborted"}; one write() each, no allocation. */
+KVTRACE_FN_ void kvtrace_11_abort(const char *msg);
+KVTRACE_FN_ void kvtrace_11_abort(const char *msg) {
+    static const char pre[] = "GGML_ASSERT(", post[] = ") failed";
+    size_t file_len = 0, at;
+    int64_t line_no = 0;
+    if (!kvtrace_11_start()) return;
+    msg = msg ? msg : "";
+    at = kvtrace_abort_split_(msg, &file_len, &line_no);
+    {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_KEYSTR_(&b, "message", msg);
+        if (at) {
+            const char *rest = msg + at;
+            size_t n = strlen(rest);
+            KVTRACE_KEY_(&b, "file");
+            kvtrace_str_(&b, msg, file_len < 512 ? file_len : 512);
+            KVTRACE_KEYI_(&b, "line", line_no);
+            if (n > sizeof pre - 1 + sizeof post - 1 && memcmp(rest, pre, sizeof pre - 1) == 0 &&
+                memcmp(rest + n - (sizeof post - 1), post, sizeof post - 1) == 0) {
+                KVTRACE_KEY_(&b, "condition");
+                kvtrace_str_(&b, rest + sizeof pre - 1, n - (sizeof pre - 1) - (sizeof post - 1));
+            }
+        }
+        kvtrace_11_commit("abort", line, &b, 0);
+    }
+    kvtrace_11_end("aborted", "");
+}
+
+#if KVTRACE_HAVE_GGML
+/* ggml's abort callback: record, then behave as if kvtrace were not there: chain the callback
+ * that was installed before, or (none) re-raise through ggml_abort with no callback so ggml
+ * prints the message and its backtrace to stderr as usual (the log kvdiag postmortem reads). */
+KVTRACE_FN_ void kvtrace_11_on_abort(const char *msg);
+KVTRACE_FN_ void kvtrace_11_on_abort(const char *msg) {
+    void (*prev)(const char *) = kvtrace_11_state.abort_prev;
+    size_t file_len = 0, at;
+    int64_t line_no = 0;
+    kvtrace_11_abort(msg);
+    if (prev) {
+        prev(msg);
+        return;
+    }
+    at = msg ? kvtrace_abort_split_(msg, &file_len, &line_no) : 0;
+    if (at && file_len < 4096) {
+        char file[4096];
+        memcpy(file, msg, file_len);
+        file[file_len] = 0;
+        ggml_set_abort_callback(NULL);
+        ggml_abort(file, (int)line_no, "%s", msg + at);
+    }
+    kvtrace_stderr_(msg ? msg : "", "\n", NULL);
+}
+
+KVTRACE_FN_ void kvtrace_11_install_abort_hook(void);
+KVTRACE_FN_ void kvtrace_11_install_abort_hook(void) {
+    kvtrace_state_11_ *S = &kvtrace_11_state;
+    if (!kvtrace_11_start()) return;
+    pthread_mutex_lock(&S->lock);
+    if (!S->abort_installed) { /* twice would make the hook its own predecessor */
+        S->abort_installed = 1;
+        S->abort_prev = ggml_set_abort_callback(kvtrace_11_on_abort);
+    }
+    pthread_mutex_unlock(&S->lock);
+}
+
+static inline void kvtrace_from_ggml_(kvtrace_tensor *o, const struct ggml_tensor *t,
+                                      const void *runtime) {
+    int i;
+    o->name = t->name;
+    o->type = ggml_type_name(t->type);
+    for (i = 0; i < 4; i++) {
+        o->ne[i] = t->ne[i];
+        o->nb[i] = (uint64_t)t->nb[i];
+    }
+    o->data = (uint64_t)(uintptr_t)t->data;
+    o->view_offs = (uint64_t)t->view_offs;
+    o->base = (uint64_t)(uintptr_t)(t->view_src ? t->view_src->data : t->data);
+    o->buffer = t->buffer ? ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer)) : "";
+    o->buffer_name = t->buffer ? ggml_backend_buffer_name(t->buffer) : "";
+    o->runtime = (uint64_t)(uintptr_t)runtime;
+    o->contiguous = ggml_is_contiguous(t) ? 1 : 0;
+}
+
+/* dst: the FLASH_ATTN_EXT node; Q/K/V/mask = dst->src[0..3]. */
+static inline void kvtrace_fits_ggml_(const struct ggml_tensor *dst, int64_t layer, int result,
+                                      const char *route, const char *const *failed,
+                                      int64_t n_failed, const void *k_runtime,
+                                      const void *v_runtime) {
+    kvtrace_tensor q, k, v, m, d;
+    if (!dst || !dst->src[0] || !dst->src[1] || !dst->src[2]) {
+        kvtrace_11_fits(dst ? dst->name : "", layer, NULL, NULL, NULL, NULL, NULL, result, route,
+                        failed, n_failed);
+        return;
+    }
+    kvtrace_from_ggml_(&q, dst->src[0], NULL);
+    kvtrace_from_ggml_(&k, dst->src[1], k_runtime);
+    kvtrace_from_ggml_(&v, dst->src[2], v_runtime);
+    kvtrace_from_ggml_(&d, dst, NULL);
+    if (dst->src[3]) kvtrace_from_ggml_(&m, dst->src[3], NULL);
+    kvtrace_11_fits(dst->name, layer, &q, &k, &v, dst->src[3] ? &m : NULL, &d, result, route,
+                    failed, n_failed);
+}
+#endif /* KVTRACE_HAVE_GGML */
+
+/* Sets every field to "unknown" (left out of the header). */
+static inline void kvtrace_plan_defaults(kvtrace_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->np = p->kv_unified = -1;
+    p->page_bytes = p->v_offset = p->pool_pages = p->resident_pages_per_layer = -1;
+    p->ring_slots = p->stage_bytes = p->kv_size = p->pages_per_stream = -1;
+    p->streamed_layers = p->layers = p->n_stream = p->head_dim = p->n_head = p->n_head_kv = -1;
+}
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+/* ---- the macros ------------------------------------------------------------------------------ */
+
+/* C before C23 does not convert int32_t (*)[3] to const int32_t (*)[3] implicitly */
+#define KVTRACE_KEYS_(keys) ((const int32_t(*)[3])(keys))
+#ifndef KVTRACE_DISABLE
+#define KVTRACE_CALL_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
+#else /* compiled away; the arguments still type-check and count as used */
+#define KVTRACE_CALL_(call) do { if (0) { call; } } while (0)
+#endif
+
+#define KVTRACE_BOOT(plan) KVTRACE_CALL_(kvtrace_11_boot(plan))
+#define KVTRACE_STEP(phase, streams, n_streams, tokens, n_kv)                                  \
+    KVTRACE_CALL_(kvtrace_11_step((phase), (streams), (int64_t)(n_streams), (int64_t)(tokens), \
+                                  (int64_t)(n_kv)))
+#define KVTRACE_LEARN(layer, k_ptr, relearn) \
+    KVTRACE_CALL_(kvtrace_11_learn((int64_t)(layer), (uint64_t)(uintptr_t)(k_ptr), (relearn)))
+#define KVTRACE_FITS_RAW(node, layer, q, k, v, mask, dst, result, route, failed, n_failed)      \
+    KVTRACE_CALL_(kvtrace_11_fits((node), (int64_t)(layer), (q), (k), (v), (mask), (dst),        \
+                                  (result), (route), (failed), (int64_t)(n_failed)))
+#if KVTRACE_HAVE_GGML
+#define KVTRACE_FITS(dst, layer, result, route, failed, n_failed, k_runtime, v_runtime)          \
+    KVTRACE_CALL_(kvtrace_fits_ggml_((dst), (int64_t)(layer), (result), (route), (failed),       \
+                                     (int64_t)(n_failed), (k_runtime), (v_runtime)))
+#define KVTRACE_INSTALL_ABORT_HOOK() KVTRACE_CALL_(kvtrace_11_install_abort_hook())
+#endif
+#define KVTRACE_MARK_OUTSIDE(rows, n_rows, keys, n_keys, all, outside, n_outside)               \
+    KVTRACE_CALL_(kvtrace_11_mark((rows), (int64_t)(n_rows), KVTRACE_KEYS_(keys),             \
+                                  (int64_t)(n_keys), (all),                                     \
+                                  (const int32_t(*)[2])(outside), (int64_t)(n_outside)))
+#define KVTRACE_MARK(rows, n_rows, keys, n_keys, all) \
+    KVTRACE_MARK_OUTSIDE(rows, n_rows, keys, n_keys, all, NULL, 0)
+#define KVTRACE_WRITE(layer, stream, cell0, cell1, row0, row1, keys, n_keys)                    \
+    KVTRACE_CALL_(kvtrace_11_write((int64_t)(layer), (int64_t)(stream), (int64_t)(cell0),       \
+                                   (int64_t)(cell1), (int64_t)(row0), (int64_t)(row1),          \
+                                   KVTRACE_KEYS_(keys),                                         \
+                                   (int64_t)(n_keys)))
+#define KVTRACE_UPLOAD(layer, stream, page0, page1, slot, target, bytes, reason, key_stream)    \
+    KVTRACE_CALL_(kvtrace_11_upload((int64_t)(layer), (int64_t)(stream), (int64_t)(page0),      \
+                                    (int64_t)(page1), (int64_t)(slot), (target),                 \
+                                    (int64_t)(bytes), (reason), (int64_t)(key_stream)))
+#define KVTRACE_READ_BEGIN(r, layer, stream) \
+    KVTRACE_CALL_(kvtrace_read_begin_((r), (int64_t)(layer), (int64_t)(stream)))
+#define KVTRACE_READ_PAGE(r, page, source, slot) \
+    KVTRACE_CALL_(kvtrace_read_page_((r), (int64_t)(page), (source), (int64_t)(slot)))
+#define KVTRACE_READ_END(r) KVTRACE_CALL_(kvtrace_11_read_emit(r))
+#define KVTRACE_INVALIDATE(reason, generation) \
+    KVTRACE_CALL_(kvtrace_11_invalidate((reason), (int64_t)(generation)))
+#define KVTRACE_REPARTITION(res_from, res_to, ring_from, ring_to, miss_pct, busy_pct, reason)   \
+    KVTRACE_CALL_(kvtrace_11_repartition((int64_t)(res_from), (int64_t)(res_to),                \
+                                         (int64_t)(ring_from), (int64_t)(ring_to),              \
+                                         (double)(miss_pct), (double)(busy_pct), (reason)))
+#define KVTRACE_ADAPT_EX(active, resident, ring, samples, misses, busy_pct, peak, layout,       \
+                         skipped, resident_attended)                                            \
+    KVTRACE_CALL_(kvtrace_11_adapt((int64_t)(active), (int64_t)(resident), (int64_t)(ring),     \
+                                   (int64_t)(samples), (int64_t)(misses), (double)(busy_pct),   \
+                                   (int64_t)(peak), (int64_t)(layout), (int64_t)(skipped),      \
+                                   (int64_t)(resident_attended)))
+#define KVTRACE_ADAPT(active, resident, ring, samples, misses, busy_pct, peak) \
+    KVTRACE_ADAPT_EX(active, resident, ring, samples, misses, busy_pct, peak, -1, -1, -1)
+#define KVTRACE_OUTPUT(stream, checksum, ref_checksum, has_ref, max_abs_delta, tolerance)       \
+    KVTRACE_CALL_(kvtrace_11_output((int64_t)(stream), (uint32_t)(checksum),                    \
+                                    (uint32_t)(ref_checksum), (has_ref),                        \
+                                    (double)(max_abs_delta), (double)(tolerance)))
+#define KVTRACE_WARN(code, message) KVTRACE_CALL_(kvtrace_11_warn((code), (message)))
+#define KVTRACE_END(status) KVTRACE_CALL_(kvtrace_11_end((status), ""))
+#define KVTRACE_END_REASON(status, reason) KVTRACE_CALL_(kvtrace_11_end((status), (reason)))
+
+#endif /* KVTRACE_H */
