@@ -70,4 +70,4 @@ def run(args: argparse.Namespace) -> int:
                          "kvdiag check / kvdiag postmortem for text reports)")
     from kvdiag.tui.app import run_tui
 
-    return run_tui(list(args.files), symbols)
+    return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)))

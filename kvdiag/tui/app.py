@@ -20,6 +20,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from kvdiag.errors import KvdiagError
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc
 from kvdiag.tui.loading import NO_SYMBOLS, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
@@ -35,6 +36,8 @@ from kvdiag.tui.screens.telemetry import TelemetryScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 
 MAX_HISTORY = 100
+EXIT_INTERNAL = 70
+"""The exit code of an internal error (kvdiag.cli.main uses the same for any other command)."""
 FIRST_PAINT_WAIT_S = 0.5
 
 
@@ -50,7 +53,8 @@ class KvdiagApp(App[int]):
         *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i))
           for i, name in enumerate(SCREENS, 1)),
         Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("o", "next_file", "Other file", show=False),
+        Binding("o", "next_file(1)", "Other file", show=False),
+        Binding("O", "next_file(-1)", "Previous file", show=False),
         Binding("backspace", "go_back", "Back", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -59,8 +63,11 @@ class KvdiagApp(App[int]):
     """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
 
     def __init__(self, paths: list[str], *, start_screen: str = "overview",
-                 symbols: Symbols = NO_SYMBOLS) -> None:
+                 symbols: Symbols = NO_SYMBOLS, debug: bool = False) -> None:
         super().__init__()
+        self.show_tracebacks = debug
+        self.crash: Exception | None = None
+        """The first unhandled exception: the app exits on it (see :func:`run_tui`)."""
         self.paths = list(paths)
         self.symbols = symbols
         self.docs: list[Document] = [PendingDoc(p) for p in self.paths]
@@ -138,9 +145,9 @@ class KvdiagApp(App[int]):
         mode = self.current_mode
         self.push_screen(HelpScreen(mode))
 
-    def action_next_file(self) -> None:
+    def action_next_file(self, delta: int = 1) -> None:
         if len(self.docs) > 1:
-            self.select_doc((self.current + 1) % len(self.docs))
+            self.select_doc((self.current + delta) % len(self.docs))
 
     def select_doc(self, index: int) -> None:
         self.current = index
@@ -178,8 +185,38 @@ class KvdiagApp(App[int]):
         self.jump(self.history.pop(), remember=False)
 
 
-def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS) -> int:
-    """Run the viewer on ``paths`` (traces and/or logs) until the user quits."""
-    app = KvdiagApp(paths, symbols=symbols)
+    # -- unhandled exceptions --------------------------------------------------------------
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual exits on it and prints a full-screen traceback with locals; kvdiag's rule is
+        # one line and a non-zero exit (run_tui), the traceback only with --debug.
+        if self.crash is None:
+            self.crash = error
+        super()._handle_exception(error)
+        if not self.show_tracebacks:
+            self._exit_renderables.clear()
+
+
+def crash_error(error: Exception) -> KvdiagError:
+    """The one-line error the CLI reports for an exception that stopped the viewer."""
+    first = next(iter(str(error).splitlines()), "")
+    if len(first) > 300:
+        first = first[:300] + "…"
+    return KvdiagError(f"the viewer stopped on an internal error: {type(error).__name__}"
+                       f"{': ' + first if first else ''} (rerun with --debug for the traceback)",
+                       EXIT_INTERNAL)
+
+
+def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS, *, debug: bool = False) -> int:
+    """Run the viewer on ``paths`` (traces and/or logs) until the user quits.
+
+    An exception that stopped it is a :class:`KvdiagError` (one line, exit 70); with ``debug``
+    Textual prints its traceback instead and the exit code is still 70.
+    """
+    app = KvdiagApp(paths, symbols=symbols, debug=debug)
     result = app.run()
+    if app.crash is not None:
+        if debug:
+            return EXIT_INTERNAL
+        raise crash_error(app.crash)
     return result if isinstance(result, int) else 0

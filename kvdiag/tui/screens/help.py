@@ -14,7 +14,7 @@ GLOBAL = """\
 | key | everywhere |
 |---|---|
 | `1`…`7` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings |
-| `o` | next file given on the command line |
+| `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
 | `?` | this help · `q` quit |

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 import numpy as np
@@ -54,6 +55,8 @@ class PagesScreen(KvScreen):
         self.shown_step = -1
         self.cursor = (0, 0, 0)  # (stream position, layer, page)
         self.timer: Timer | None = None
+        self._arranging = asyncio.Lock()
+        self._wanted: tuple[tuple[int, ...], bool] = ((), False)
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="pages-info")
@@ -65,9 +68,7 @@ class PagesScreen(KvScreen):
     # -- drawing ------------------------------------------------------------------------
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
-        grids = self.query_one("#pages-grids", Horizontal)
         if not isinstance(doc, TraceDoc) or doc.pages is None or doc.geometry is None:
-            grids.remove_children()
             self.snapshot = None
             self.shown_step = -1
             self.query_one("#pages-info", Static).update(
@@ -75,15 +76,36 @@ class PagesScreen(KvScreen):
                 if isinstance(doc, TraceDoc) else unavailable(doc) or
                 "no page bookkeeping in this file (Pages replays traces; a log has none)")
             self.query_one("#pages-cell", Static).update("")
+            self._arrange(())
             return
-        streams = doc.geometry.streams
-        existing = [g.stream for g in self.query(PagesGrid)]
-        if existing != list(streams) or old is None:
-            grids.remove_children()
-            grids.mount_all(PagesGrid(s, id=f"pages-grid-{s}") for s in streams)
+        streams = tuple(doc.geometry.streams)
+        if old is None or [g.stream for g in self.query(PagesGrid)] != list(streams):
+            self._arrange(streams, rebuild=True)
             self.cursor = (min(self.cursor[0], len(streams) - 1), 0, 0)
         self.shown_step = -1
         self.call_after_refresh(self.render_step)
+
+    def _arrange(self, streams: tuple[int, ...], *, rebuild: bool = False) -> None:
+        """Have one grid per stream in ``streams`` (new grids when ``rebuild``).
+
+        Removing and mounting widgets completes later, so a second switch of file could mount a
+        grid while the old one with its id is still there (Textual's DuplicateIds): each
+        arrangement runs after the previous one has finished, and does what the latest asked.
+        """
+        self._wanted = (streams, rebuild or self._wanted[1])
+        self.run_worker(self._arrange_now(), group="pages-grids")
+
+    async def _arrange_now(self) -> None:
+        async with self._arranging:
+            streams, rebuild = self._wanted
+            self._wanted = (streams, False)
+            grids = self.query_one("#pages-grids", Horizontal)
+            if rebuild or [g.stream for g in grids.query(PagesGrid)] != list(streams):
+                await grids.remove_children()
+                await grids.mount_all(PagesGrid(s, id=f"pages-grid-{s}") for s in streams)
+            if streams:
+                self.shown_step = -1
+                self.render_step()
 
     @property
     def last_step(self) -> int:
