@@ -3,11 +3,14 @@ viewer ends with (one line and a non-zero exit, not a Textual traceback)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
+from kvdiag.cli import main
 from kvdiag.errors import KvdiagError
 from kvdiag.tui.app import KvdiagApp, crash_error
 from kvdiag.tui.navigation import SCREENS, TITLES
@@ -105,3 +108,36 @@ def test_an_unhandled_exception_ends_with_one_line(samples: dict[str, Path],
     assert isinstance(error, KvdiagError) and error.exit_code == 70
     assert str(error) == ("the viewer stopped on an internal error: RuntimeError: a bug "
                           "(rerun with --debug for the traceback)")
+
+
+# -- files the viewer cannot show are refused before it starts (issue 11 item 15) -------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary", "empty", "fifo"])
+def test_tui_refuses_what_it_cannot_show(kind: str, tmp_path: Path, samples: dict[str, Path],
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a good trace and a bad FILE WHEN ``kvdiag tui`` runs (even on a terminal) THEN it
+    refuses with one line naming the bad file and exit code 2, and the app never starts."""
+    bad = tmp_path / f"bad-{kind}"
+    if kind == "directory":
+        bad.mkdir()
+    elif kind == "binary":
+        bad.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    elif kind == "empty":
+        bad.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(bad)  # opening it would block until a writer came
+    started: list[object] = []
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(KvdiagApp, "run", lambda self, *a, **k: started.append(self))
+    assert main(["tui", str(samples["aliasing"]), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"kvdiag: error: {bad}: ")
+    assert {"missing": "no such file", "directory": "is a directory",
+            "binary": "binary data, neither a kvtrace trace nor a text log",
+            "empty": "empty file", "fifo": "a FIFO (named pipe), not a file"}[kind] in err
+    assert started == []
+    assert main(["tui", str(bad), "--export-svg", str(tmp_path / "x.svg")]) == 2
+    assert not (tmp_path / "x.svg").exists()
+    assert main(["tui", str(samples["aliasing"])]) == 0 and len(started) == 1  # a good file runs
