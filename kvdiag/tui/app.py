@@ -35,6 +35,7 @@ from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.screens.telemetry import TelemetryScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 
+SCREEN_KEYS = Binding.Group("Screens", compact=True)
 MAX_HISTORY = 100
 EXIT_INTERNAL = 70
 """The exit code of an internal error (kvdiag.cli.main uses the same for any other command)."""
@@ -50,7 +51,9 @@ class KvdiagApp(App[int]):
         "findings": FindingsScreen,
     }
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i))
+        # one footer entry for the seven screen keys ("1234567 Screens"): seven entries
+        # overflowed an 80-column footer
+        *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i), group=SCREEN_KEYS)
           for i, name in enumerate(SCREENS, 1)),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("o", "next_file(1)", "Other file", show=False),

@@ -47,8 +47,10 @@ SCREEN_KEYS = {
 | `↑↓` layer · `[` `]` page · `tab` stream panel | move the cell cursor (or click a cell) |
 
 Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as
-`stream:page v version`; `*` the key was marked dirty this step. Red: foreign read (another
-stream's bytes); yellow: stale read (an older version); bold: read at this step.
+`stream:page v version`; `*` the key was marked dirty this step. `!` (red): foreign read
+(another stream's bytes); `~` (yellow): stale read (an older version); `^` (underlined): a
+`mark` at this step put the page's rows outside every resident window, so its resident copy is
+never refreshed; bold: read at this step. A layer the plan does not stream is labelled so.
 """,
     "backtrace": """\
 | key | Backtrace |

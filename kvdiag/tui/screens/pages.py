@@ -15,31 +15,33 @@ from textual.widgets import Static
 
 from kvdiag.analysis.replay import PagesSnapshot
 from kvdiag.tui.document import Document, TraceDoc
+from kvdiag.tui.marks import StepMarks, step_marks
 from kvdiag.tui.messages import CellSelected, SeekStep
 from kvdiag.tui.navigation import Target
-from kvdiag.tui.pagestext import cell_words, window_words
+from kvdiag.tui.pagestext import LEGEND, cell_words, window_words
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.scrubber import Scrubber
 
 PLAY_INTERVAL_S = 0.3
-LEGEND = ("P pool · R ring · H host · · not in the latest read · s:pVv slot holds stream s page p "
-          "version v · * dirty · [red]foreign[/] · [yellow]stale[/] · bold: read now · ? help")
+
+STEP_KEYS = Binding.Group("Step")
+"""One footer entry for ← and →, so that the footer fits 80 columns."""
 
 
 class PagesScreen(KvScreen):
     MODE = "pages"
     AUTO_FOCUS = None
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left", "step(-1)", "Step back", key_display="←"),
-        Binding("right", "step(1)", "Step", key_display="→"),
+        Binding("left", "step(-1)", "Step back", key_display="←", group=STEP_KEYS),
+        Binding("right", "step(1)", "Step", key_display="→", group=STEP_KEYS),
         Binding("shift+left", "step(-10)", "-10", show=False),
         Binding("shift+right", "step(10)", "+10", show=False),
-        Binding("space", "play", "Play/pause"),
+        Binding("space", "play", "Play"),
         Binding("home", "edge(0)", "First", show=False),
         Binding("end", "edge(1)", "Last", show=False),
-        Binding("n", "flagged(1)", "Next bad read"),
+        Binding("n", "flagged(1)", "Bad read"),
         Binding("N", "flagged(-1)", "Prev bad read", key_display="N", show=False),
         Binding("up", "cell(-1, 0)", "Layer up", show=False),
         Binding("down", "cell(1, 0)", "Layer down", show=False),
@@ -55,6 +57,7 @@ class PagesScreen(KvScreen):
         self.shown_step = -1
         self.cursor = (0, 0, 0)  # (stream position, layer, page)
         self.timer: Timer | None = None
+        self.step_marks = StepMarks()
         self._arranging = asyncio.Lock()
         self._wanted: tuple[tuple[int, ...], bool] = ((), False)
 
@@ -118,6 +121,17 @@ class PagesScreen(KvScreen):
             return doc.digest.marks
         return {}
 
+    def streamed_layers(self) -> int | None:
+        """Layers 0..n-1 are streamed (plan ``streamed_layers``); None when the plan does not
+        say or streams every layer."""
+        doc = self.doc
+        if not isinstance(doc, TraceDoc) or doc.geometry is None:
+            return None
+        n = (doc.header.plan or {}).get("streamed_layers")
+        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < doc.geometry.layers:
+            return n
+        return None
+
     def render_step(self) -> None:
         """Compute the snapshot at the app's step and show it."""
         doc = self.doc
@@ -130,16 +144,21 @@ class PagesScreen(KvScreen):
             self.snapshot = doc.pages.snapshot(step)
             self.shown_step = step
         snap = self.snapshot
+        streamed = self.streamed_layers()
+        marks = self.step_marks = step_marks(doc.index, doc.source, snap.geometry, step)
         for grid in self.query(PagesGrid):
-            grid.show(snap)
+            grid.show(snap, streamed, marks.cells(grid.stream))
         self.query_one("#pages-scrubber", Scrubber).show(self.last_step + 1, step, self.marks())
         playing = " ▶ playing" if self.timer is not None else ""
         flagged = snap.flagged()
         now = [f for f in flagged if f[3].step == step]
         bad = (f" · [red]{len(now)} stale/foreign page read(s) at this step[/]" if now else
                (f" · {len(flagged)} page(s) last read stale/foreign" if flagged else ""))
+        outside = (f" · {len(marks.outside)} page(s) marked outside the window (^)"
+                   if marks.outside else "")
         self.query_one("#pages-info", Static).update(
-            f"step {step} of {self.last_step}{playing}{bad}\n{window_words(snap)}", layout=False)
+            f"step {step} of {self.last_step}{playing}{bad}{outside}\n{window_words(snap)}",
+            layout=False)
         self._show_cursor()
 
     def _show_cursor(self) -> None:
@@ -150,8 +169,12 @@ class PagesScreen(KvScreen):
         streams = snap.geometry.streams
         for grid in self.query(PagesGrid):
             grid.cursor = (layer, page) if grid.stream == streams[si] else None
-        self.query_one("#pages-cell", Static).update(cell_words(snap, streams[si], layer, page),
-                                                     layout=False)
+        words = cell_words(snap, streams[si], layer, page, self.streamed_layers())
+        mark = self.step_marks.at(streams[si], page)
+        if mark is not None:
+            words += (f" Marked at this step (mark #{mark.seq}) as {mark.words()}: outside the "
+                      "window: this page's resident copy is never refreshed.")
+        self.query_one("#pages-cell", Static).update(words)
 
     # -- keys ---------------------------------------------------------------------------
 

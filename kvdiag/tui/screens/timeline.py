@@ -29,14 +29,18 @@ from kvdiag.tui.widgets.virtual_table import VirtualTable
 FILTER_HINT = "filter (f): kind:read,upload layer:0-3 stream:1 slot:10 step:5-9"
 
 
+MATCH_KEYS = Binding.Group("Match")
+"""One footer entry for n and N, so that the footer fits 80 columns."""
+
+
 class TimelineScreen(KvScreen):
     MODE = "timeline"
     AUTO_FOCUS = "#timeline"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "focus_filter", "Filter"),
         Binding("slash", "focus_search", "Search", key_display="/"),
-        Binding("n", "match(1)", "Next match"),
-        Binding("N", "match(-1)", "Prev match", key_display="N"),
+        Binding("n", "match(1)", "Next match", group=MATCH_KEYS),
+        Binding("N", "match(-1)", "Prev match", key_display="N", group=MATCH_KEYS),
         Binding("c", "clear", "Clear"),
         Binding("escape", "leave_input", "Table", show=False),
     ]

@@ -1,0 +1,94 @@
+"""The Pages screen and footer at 80×24 (issue 11 item 16) and dirty marks outside the resident
+window (item 11): glyphs as well as colours, a legend, labelled non-streamed layers, and a
+marker on the page a 1.1 ``mark`` put outside every window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.tui.app import KvdiagApp
+from kvdiag.tui.marks import place
+from kvdiag.tui.navigation import SCREENS
+from tests.test_tui_pilot import drive, lines, show, text
+from tests.tui_samples import write_aliasing, write_marks
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("marks")
+    mp = pytest.MonkeyPatch()
+    try:
+        return {"aliasing": write_aliasing(root / "aliasing.kvtrace", mp),
+                "marks": write_marks(root / "marks.kvtrace", mp)}
+    finally:
+        mp.undo()
+
+
+def grid_row(app: KvdiagApp, label: str) -> str:
+    return next(r for r in lines(app) if r.startswith(f"│{label} "))
+
+
+def test_the_footer_fits_80_columns_on_every_screen(samples: dict[str, Path]) -> None:
+    """Every screen's footer ends with the palette key in the last columns (nothing cut, no
+    stray character from overflowing text in the last column) and keeps Help and Quit."""
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        for key, screen in zip("1234567", SCREENS, strict=True):
+            await show(pilot, key)
+            footer = lines(app)[-1]
+            assert len(footer) == 80 and footer.endswith("▏^p palette "), (screen, footer)
+            assert "1234567 Screens ? Help q Quit" in footer, (screen, footer)
+
+    drive([samples["aliasing"]], script, size=(80, 24))
+
+
+def test_pages_marks_stale_and_foreign_by_glyph_with_a_legend(samples: dict[str, Path]) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "4", "right", "right")
+        row = grid_row(app, "L0")
+        left, right = row.split("││")
+        assert "  P0:0v1" in left and "!P0:0v1" in right  # read exactly at step 1; foreign now
+        assert "! foreign read (another stream's bytes) · ~ stale read (older version)" in \
+            text(app)
+
+    drive([samples["aliasing"]], script, size=(80, 24))
+
+
+def test_pages_shows_marks_outside_the_window(samples: dict[str, Path]) -> None:
+    """GIVEN slot 1's rows marked as global pages 4-5 (outside a 2-page window) THEN the pages
+    they belong to (stream 1 pages 0-1) carry ``^``, the info line counts them, the cell says
+    the resident copy is never refreshed, and layer 2 (not streamed) is labelled."""
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "4")
+        screen = text(app)
+        assert "2 page(s) marked outside the window (^)" in screen
+        left, right = grid_row(app, "L0").split("││")
+        assert "P1:0v1^" in right and "P1:1v1^" in right and "^" not in left
+        assert grid_row(app, "L2").count("L2  not streamed: K/V in device memory") == 2
+        await show(pilot, "right", "tab", "right_square_bracket")
+        screen = " ".join(text(app).split())
+        assert "1 page(s) marked outside the window (^)" in screen
+        left, right = grid_row(app, "L1").split("││")
+        assert "~P1:1v1^" in right and "P1:0v1 " in right
+        assert ("step 1 · layer 0 · stream 1 · page 1: in the resident window" in screen)
+        assert ("Marked at this step (mark #10) as global page 5 (stream 1 page 1): outside "
+                "the window: this page's resident copy is never refreshed.") in screen
+        await show(pilot, "down", "down")
+        assert "layer 2 is not streamed (the plan streams layers 0-1)" in " ".join(
+            text(app).split())
+
+    drive([samples["marks"]], script, size=(100, 30))
+
+
+def test_outside_pairs_land_on_their_grid_cells() -> None:
+    shared = PagesGeometry(layers=2, streams=(0, 1), pages=4, resident_per_layer=2,
+                           layout="shared")
+    assert place(shared, None, 5) == (1, 1)  # global page 5 = stream 1's page 1
+    assert place(shared, None, 2) == (0, 2)
+    assert place(shared, None, 8) == (None, None)  # beyond the last stream
+    per = PagesGeometry(layers=2, streams=(0, 1), pages=4, resident_per_layer=2,
+                        layout="per-stream")
+    assert place(per, 1, 3) == (1, 3) and place(per, 2, 0) == (None, None)
