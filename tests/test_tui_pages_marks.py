@@ -10,9 +10,13 @@ import pytest
 from textual.pilot import Pilot
 
 from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.model import events as ev
+from kvdiag.model.findings import Evidence, Finding, Severity
 from kvdiag.tui.app import KvdiagApp
+from kvdiag.tui.eventtext import describe
 from kvdiag.tui.marks import place
 from kvdiag.tui.navigation import SCREENS
+from kvdiag.tui.screens.findings import FindingRows, evidence_count
 from tests.test_tui_pilot import drive, lines, show, text
 from tests.tui_samples import write_aliasing, write_marks
 
@@ -92,3 +96,44 @@ def test_outside_pairs_land_on_their_grid_cells() -> None:
     per = PagesGeometry(layers=2, streams=(0, 1), pages=4, resident_per_layer=2,
                         layout="per-stream")
     assert place(per, 1, 3) == (1, 3) and place(per, 2, 0) == (None, None)
+
+
+def test_timeline_text_of_marks_and_writes() -> None:
+    mark = ev.Mark(seq=2, t_ns=0, step=0, rows=((1024, 1324),),
+                   outside=((None, 4), (None, 5)))
+    assert describe(mark) == ("rows 1024-1323: marked no key; outside the window: (-,4) (-,5): "
+                              "their resident copies are never refreshed", "outside")
+    inside = ev.Mark(seq=3, t_ns=0, step=0, rows=((0, 300), (700, 701)),
+                     keys=((0, None, 0), (0, None, 1), (1, None, 0)))
+    assert describe(inside) == ("rows 0-299 700: marked (0,-,0) (0,-,1) (1,-,0)", "")
+    everything = ev.Mark(seq=4, t_ns=0, step=0, rows=((-1, 0),), all=True)
+    assert describe(everything)[0] == "rows -1: a negative row: EVERY page dirty"
+    many = ev.Mark(seq=5, t_ns=0, step=0, rows=tuple((i, i + 1) for i in range(0, 40, 2)),
+                   outside=tuple((1, p) for p in range(30)))
+    text_, _ = describe(many)
+    assert "0 2 4 6 8 10 12 14 … (first 8 of 20 runs)" in text_
+    assert "(1,7) … (first 8 of 30 pages)" in text_
+    write = ev.Write(seq=6, t_ns=0, step=0, layer=0, stream=1, cells=(0, 1), rows=(1024, 1025),
+                     dirty=((0, 1, 0),))
+    assert describe(write)[0] == "cells 0-1 rows 1024-1025 marked (0,1,0)"
+
+
+def test_timeline_shows_mark_events(samples: dict[str, Path]) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "2")
+        screen = text(app)
+        assert "mark" in screen
+        assert "rows 1024-1323: marked no key; outside the window: (-,4) (-,5)" in screen
+
+    drive([samples["marks"]], script, size=(160, 30))
+
+
+def test_evidence_counts_say_when_they_are_the_first_of_more() -> None:
+    evidence = tuple(Evidence(seq=i, step=i) for i in range(20))
+    cut = Finding("foreign-page-read", Severity.ERROR, "t", evidence, details={"count": 144})
+    whole = Finding("stale-page-read", Severity.ERROR, "t", evidence[:3], details={"count": 3})
+    plain = Finding("abort", Severity.ERROR, "t", evidence[:2])
+    assert evidence_count(cut) == (20, 144) and evidence_count(whole) == (3, 3)
+    assert evidence_count(plain) == (2, 2)
+    rows = FindingRows([cut, whole, plain])
+    assert [rows.row(i)[0][3] for i in range(3)] == ["20 of 144", "3", "2"]

@@ -28,7 +28,7 @@ from kvdiag.tui.rowsource import Cells, Column, EmptySource, RowSource
 MARKS: tuple[str, ...] = (
     "abort", "warn", "foreign", "stale", "fits-false", "diverged", "corrupt", "crash",
     "backtrace", "boot", "slot", "stream", "fits", "problem", "match", "inapp", "system",
-    "critical", "error", "warning", "info",
+    "critical", "error", "warning", "info", "outside",
 )
 _CACHE = 512
 
