@@ -13,10 +13,14 @@ from kvdiag.analysis.replay import PagesGeometry
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
 from kvdiag.tui.app import KvdiagApp
+from kvdiag.tui.compare import Alignment, aligned_step
 from kvdiag.tui.eventtext import describe
 from kvdiag.tui.marks import place
 from kvdiag.tui.navigation import SCREENS
 from kvdiag.tui.screens.findings import FindingRows, evidence_count
+from kvdiag.tui.screens.pages import PagesScreen
+from kvdiag.tui.widgets.pages_grid import PagesGrid
+from tests.conftest import Capture
 from tests.test_tui_pilot import drive, lines, show, text
 from tests.tui_samples import write_aliasing, write_marks
 
@@ -137,3 +141,47 @@ def test_evidence_counts_say_when_they_are_the_first_of_more() -> None:
     assert evidence_count(plain) == (2, 2)
     rows = FindingRows([cut, whole, plain])
     assert [rows.row(i)[0][3] for i in range(3)] == ["20 of 144", "3", "2"]
+
+
+# -- two traces of one schedule side by side (issue 10 §4) -----------------------------------
+
+
+def test_aligned_step_is_the_same_number_while_the_other_has_it() -> None:
+    assert aligned_step(3, 14) == Alignment(3, True)
+    assert aligned_step(20, 14) == Alignment(14, False)
+
+
+def test_pages_compares_two_traces_of_one_schedule(captured: Capture) -> None:
+    """GIVEN slot1-first captured with shared and with per-stream bookkeeping WHEN c is pressed
+    on Pages THEN the selected stream of both is shown side by side at the same step, the info
+    line counts the cells read differently, tab changes the stream of both, o swaps the sides,
+    and c again goes back to one file's streams."""
+    shared, _ = captured("slot1-first", "shared", "membership")
+    per_stream, _ = captured("slot1-first", "per-stream", "membership")
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "4", "c")
+        screen = app.screen
+        assert isinstance(screen, PagesScreen)
+        titles = [str(g.border_title) for g in screen.query(PagesGrid)]
+        assert titles == [f"{shared.name} · stream 0", f"{per_stream.name} · stream 0"]
+        await show(pilot, "tab", "n")  # stream 1, the first step with a bad read
+        titles = [str(g.border_title) for g in screen.query(PagesGrid)]
+        assert titles == [f"{shared.name} · stream 1", f"{per_stream.name} · stream 1"]
+        step = app.step
+        rows = [r.split("││") for r in lines(app) if r.startswith("│L")]
+        left, right = "".join(r[0] for r in rows), "".join(r[1] for r in rows)
+        assert "~P" in left or "!P" in left  # the shared layout reads stale/foreign pages here
+        assert "~" not in right and "!" not in right  # the per-stream one does not
+        words = " ".join(text(app).split())
+        flagged = sum(1 for f in screen.snapshot.flagged()  # type: ignore[union-attr]
+                      if f[0] == 1 and f[3].step == step)
+        assert (f"compared with {per_stream.name} at step {step} · stream 1: {flagged} cell(s) "
+                "read differently") in words
+        await show(pilot, "o")
+        titles = [str(g.border_title) for g in screen.query(PagesGrid)]
+        assert titles == [f"{per_stream.name} · stream 1", f"{shared.name} · stream 1"]
+        await show(pilot, "c")
+        assert [g.border_title for g in screen.query(PagesGrid)] == ["stream 0", "stream 1"]
+
+    drive([shared, per_stream], script, size=(120, 36))

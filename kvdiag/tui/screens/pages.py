@@ -14,6 +14,7 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from kvdiag.analysis.replay import PagesSnapshot
+from kvdiag.tui.compare import aligned_step, differing_cells
 from kvdiag.tui.document import Document, TraceDoc
 from kvdiag.tui.marks import StepMarks, step_marks
 from kvdiag.tui.messages import CellSelected, SeekStep
@@ -25,9 +26,15 @@ from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.scrubber import Scrubber
 
 PLAY_INTERVAL_S = 0.3
+Panel = tuple[int, int]
+"""(open file, stream) that one grid shows."""
 
 STEP_KEYS = Binding.Group("Step")
 """One footer entry for ← and →, so that the footer fits 80 columns."""
+
+
+def _replayed(doc: Document) -> bool:
+    return isinstance(doc, TraceDoc) and doc.pages is not None
 
 
 class PagesScreen(KvScreen):
@@ -49,6 +56,7 @@ class PagesScreen(KvScreen):
         Binding("right_square_bracket", "cell(0, 1)", "Page right", show=False),
         Binding("tab", "stream(1)", "Next stream", show=False),
         Binding("shift+tab", "stream(-1)", "Prev stream", show=False),
+        Binding("c", "compare", "Compare", show=False),
     ]
 
     def __init__(self) -> None:
@@ -59,7 +67,10 @@ class PagesScreen(KvScreen):
         self.timer: Timer | None = None
         self.step_marks = StepMarks()
         self._arranging = asyncio.Lock()
-        self._wanted: tuple[tuple[int, ...], bool] = ((), False)
+        self._wanted: tuple[tuple[Panel, ...], bool] = ((), False)
+        self.compare: int | None = None
+        self._last_doc = -1
+        """The other open trace shown next to this one (key c), aligned by step."""
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="pages-info")
@@ -82,31 +93,65 @@ class PagesScreen(KvScreen):
             self._arrange(())
             return
         streams = tuple(doc.geometry.streams)
-        if old is None or [g.stream for g in self.query(PagesGrid)] != list(streams):
-            self._arrange(streams, rebuild=True)
+        if old is None:
             self.cursor = (min(self.cursor[0], len(streams) - 1), 0, 0)
+            if self.compare == self.doc_index:  # switched to the compared file: swap sides
+                self.compare = self._last_doc if self._last_doc >= 0 else None
+            if self.compare is not None and self.compare_doc() is None:
+                self.compare = None
+        self._last_doc = self.doc_index
+        panels = self.panels()
+        if old is None or self._shown_panels() != list(panels):
+            self._arrange(panels, rebuild=True)
         self.shown_step = -1
         self.call_after_refresh(self.render_step)
 
-    def _arrange(self, streams: tuple[int, ...], *, rebuild: bool = False) -> None:
-        """Have one grid per stream in ``streams`` (new grids when ``rebuild``).
+    def panels(self) -> tuple[Panel, ...]:
+        """(file, stream) of each grid: every stream of the current file, or in comparison the
+        selected stream of this file and of the other."""
+        doc = self.doc
+        if not isinstance(doc, TraceDoc) or doc.geometry is None:
+            return ()
+        streams = doc.geometry.streams
+        if self.compare is None:
+            return tuple((self.doc_index, s) for s in streams)
+        s = streams[min(self.cursor[0], len(streams) - 1)]
+        return ((self.doc_index, s), (self.compare, s))
+
+    def _shown_panels(self) -> list[Panel]:
+        return [(g.doc_index, g.stream) for g in self.query(PagesGrid)]
+
+    def compare_doc(self) -> TraceDoc | None:
+        """The other trace of the comparison, while it is open and replayable."""
+        if self.compare is None or self.compare == self.doc_index:
+            return None
+        other = self.kv.docs[self.compare] if self.compare < len(self.kv.docs) else None
+        return other if isinstance(other, TraceDoc) and other.pages is not None else None
+
+    def _arrange(self, panels: tuple[Panel, ...], *, rebuild: bool = False) -> None:
+        """Have one grid per panel in ``panels`` (new grids when ``rebuild``).
 
         Removing and mounting widgets completes later, so a second switch of file could mount a
         grid while the old one with its id is still there (Textual's DuplicateIds): each
         arrangement runs after the previous one has finished, and does what the latest asked.
         """
-        self._wanted = (streams, rebuild or self._wanted[1])
+        self._wanted = (panels, rebuild or self._wanted[1])
         self.run_worker(self._arrange_now(), group="pages-grids")
 
     async def _arrange_now(self) -> None:
         async with self._arranging:
-            streams, rebuild = self._wanted
-            self._wanted = (streams, False)
+            panels, rebuild = self._wanted
+            self._wanted = (panels, False)
             grids = self.query_one("#pages-grids", Horizontal)
-            if rebuild or [g.stream for g in grids.query(PagesGrid)] != list(streams):
+            if rebuild or self._shown_panels() != list(panels):
                 await grids.remove_children()
-                await grids.mount_all(PagesGrid(s, id=f"pages-grid-{s}") for s in streams)
-            if streams:
+                comparing = len({d for d, _ in panels}) > 1
+                await grids.mount_all(
+                    PagesGrid(s, doc_index=d, id=f"pages-cmp-{i}" if comparing else
+                              f"pages-grid-{s}",
+                              title=f"{self.kv.docs[d].name} · stream {s}" if comparing else "")
+                    for i, (d, s) in enumerate(panels))
+            if panels:
                 self.shown_step = -1
                 self.render_step()
 
@@ -146,8 +191,25 @@ class PagesScreen(KvScreen):
         snap = self.snapshot
         streamed = self.streamed_layers()
         marks = self.step_marks = step_marks(doc.index, doc.source, snap.geometry, step)
+        other = self.compare_doc()
+        other_snap = None
+        compared = ""
+        if other is not None and other.pages is not None:
+            aligned = aligned_step(step, other.index.last_step)
+            other_snap = other.pages.snapshot(aligned.step)
+            other_marks = step_marks(other.index, other.source, other_snap.geometry,
+                                     aligned.step)
+            stream = self.panels()[0][1]
+            differ = differing_cells(snap, other_snap, stream)
+            compared = (f"\ncompared with {other.name} at step {aligned.step}" +
+                        ("" if aligned.exact else f" (its last; it has no step {step})") +
+                        (f" · stream {stream}: {differ} cell(s) read differently"
+                         if differ is not None else " · grids of different shape"))
         for grid in self.query(PagesGrid):
-            grid.show(snap, streamed, marks.cells(grid.stream))
+            if grid.doc_index == self.doc_index:
+                grid.show(snap, streamed, marks.cells(grid.stream))
+            elif other_snap is not None:
+                grid.show(other_snap, None, other_marks.cells(grid.stream))
         self.query_one("#pages-scrubber", Scrubber).show(self.last_step + 1, step, self.marks())
         playing = " ▶ playing" if self.timer is not None else ""
         flagged = snap.flagged()
@@ -157,8 +219,8 @@ class PagesScreen(KvScreen):
         outside = (f" · {len(marks.outside)} page(s) marked outside the window (^)"
                    if marks.outside else "")
         self.query_one("#pages-info", Static).update(
-            f"step {step} of {self.last_step}{playing}{bad}{outside}\n{window_words(snap)}",
-            layout=False)
+            f"step {step} of {self.last_step}{playing}{bad}{outside}\n{window_words(snap)}"
+            f"{compared}")
         self._show_cursor()
 
     def _show_cursor(self) -> None:
@@ -254,7 +316,28 @@ class PagesScreen(KvScreen):
             return
         si, layer, page = self.cursor
         self.cursor = ((si + delta) % len(snap.geometry.streams), layer, page)
+        if self.compare is not None:
+            self._arrange(self.panels())  # the pair of grids follows the stream
         self._show_cursor()
+
+    def action_compare(self) -> None:
+        """Show the other open trace next to this one (the next trace after this file), or
+        stop comparing."""
+        if self.compare is not None:
+            self.compare = None
+            self.notify("comparison off", timeout=2)
+        else:
+            docs = self.kv.docs
+            n = len(docs)
+            others = [(self.doc_index + k) % n for k in range(1, n)]
+            pick = next((i for i in others if _replayed(docs[i])), None)
+            if pick is None or self.snapshot is None:
+                self.notify("comparing needs this file and another open trace, both replayed",
+                            timeout=3)
+                return
+            self.compare = pick
+            self.notify(f"comparing with {docs[pick].name}, aligned by step number", timeout=3)
+        self._arrange(self.panels())
 
     @on(CellSelected)
     def cell_clicked(self, message: CellSelected) -> None:

@@ -32,15 +32,18 @@ class PagesGrid(ScrollView, can_focus=False):
     cursor: reactive[tuple[int, int] | None] = reactive(None, always_update=True)
     """(layer, page) of the selected cell, when this panel has the cursor."""
 
-    def __init__(self, stream: int, *, id: str | None = None) -> None:
+    def __init__(self, stream: int, *, id: str | None = None, doc_index: int = -1,
+                 title: str = "") -> None:
         super().__init__(id=id, classes="pages-grid")
         self.stream = stream
+        self.doc_index = doc_index
+        """The open file whose state this grid shows (-1: the current one)."""
         self.snapshot: PagesSnapshot | None = None
         self.streamed: int | None = None
         """Layers from this one on are not streamed (plan ``streamed_layers``), when known."""
         self.outside: frozenset[int] = frozenset()
         """Pages of this stream that a mark at this step put outside the window (all layers)."""
-        self.border_title = f"stream {stream}"
+        self.border_title = title or f"stream {stream}"
         self._styles: dict[tuple[str, ...], Style] = {}
 
     def show(self, snapshot: PagesSnapshot, streamed: int | None = None,
