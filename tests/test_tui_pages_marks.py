@@ -178,6 +178,7 @@ def test_pages_compares_two_traces_of_one_schedule(captured: Capture) -> None:
                       if f[0] == 1 and f[3].step == step)
         assert (f"compared with {per_stream.name} at step {step} · stream 1: {flagged} cell(s) "
                 "read differently") in words
+        assert "different scenarios" not in words
         await show(pilot, "o")
         titles = [str(g.border_title) for g in screen.query(PagesGrid)]
         assert titles == [f"{per_stream.name} · stream 1", f"{shared.name} · stream 1"]
@@ -185,3 +186,14 @@ def test_pages_compares_two_traces_of_one_schedule(captured: Capture) -> None:
         assert [g.border_title for g in screen.query(PagesGrid)] == ["stream 0", "stream 1"]
 
     drive([shared, per_stream], script, size=(120, 36))
+
+
+def test_comparing_different_scenarios_says_so(samples: dict[str, Path]) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "4", "c")
+        words = " ".join(text(app).split())
+        assert "compared with marks.kvtrace at step 0" in words
+        assert ("different scenarios (aliasing vs marks): the steps need not correspond"
+                in words)
+
+    drive([samples["aliasing"], samples["marks"]], script, size=(120, 36))

@@ -14,6 +14,7 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from kvdiag.analysis.replay import PagesSnapshot
+from kvdiag.tui.clip import clip
 from kvdiag.tui.compare import aligned_step, differing_cells
 from kvdiag.tui.document import Document, TraceDoc
 from kvdiag.tui.marks import StepMarks, step_marks
@@ -205,6 +206,10 @@ class PagesScreen(KvScreen):
                         ("" if aligned.exact else f" (its last; it has no step {step})") +
                         (f" · stream {stream}: {differ} cell(s) read differently"
                          if differ is not None else " · grids of different shape"))
+            names = [str((d.header.scenario or {}).get("name", "?")) for d in (doc, other)]
+            if names[0] != names[1]:
+                compared += (f" · different scenarios ({clip(names[0], 40)} vs "
+                             f"{clip(names[1], 40)}): the steps need not correspond")
         for grid in self.query(PagesGrid):
             if grid.doc_index == self.doc_index:
                 grid.show(snap, streamed, marks.cells(grid.stream))
