@@ -12,6 +12,8 @@ from textual.pilot import Pilot
 from kvdiag.analysis.replay import PagesGeometry
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.trace import writer as writer_module
+from kvdiag.trace.writer import TraceWriter
 from kvdiag.tui.app import KvdiagApp
 from kvdiag.tui.compare import Alignment, aligned_step
 from kvdiag.tui.eventtext import describe
@@ -22,7 +24,7 @@ from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.widgets.pages_grid import PagesGrid
 from tests.conftest import Capture
 from tests.test_tui_pilot import drive, lines, show, text
-from tests.tui_samples import write_aliasing, write_marks
+from tests.tui_samples import FakeClock, header, write_aliasing, write_marks
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +199,30 @@ def test_comparing_different_scenarios_says_so(samples: dict[str, Path]) -> None
                 in words)
 
     drive([samples["aliasing"], samples["marks"]], script, size=(120, 36))
+
+
+def test_a_mark_beyond_the_window_leaves_nothing_stale(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the per-stream layout a mark outside the window falls on a page beyond it, which is
+    read through the ring: the cell says so instead of claiming a stale resident copy."""
+    monkeypatch.setattr(writer_module.time, "monotonic_ns", FakeClock())
+    path = tmp_path / "ring.kvtrace"
+    w = TraceWriter.create(path, header("ring", "a write beyond the window", layout="per-stream"))
+    w.emit(ev.Step, 0, phase="decode", streams=(1,), tokens=1, n_kv=1024, slots=(1,))
+    w.emit(ev.Mark, 0, rows=((1024 + 768, 1024 + 769),), outside=((1, 3),))
+    for layer in range(2):
+        w.emit(ev.Write, 0, layer=layer, stream=1, cells=(768, 769),
+               rows=(1024 + 768, 1024 + 769), versions=((3, 1),))
+    w.end_step()
+    w.close()
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "4", "tab", *["right_square_bracket"] * 3)
+        words = " ".join(text(app).split())
+        assert "step 0 · layer 0 · stream 1 · page 3: beyond the resident window" in words
+        assert ("Marked at this step (mark #2) as stream 1 page 3: outside the window: it has "
+                "no resident copy (read through the ring), so nothing is left stale.") in words
+        _, right = grid_row(app, "L0").split("││")
+        assert "^" in right
+
+    drive([path], script, size=(120, 36))

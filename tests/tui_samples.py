@@ -52,13 +52,14 @@ K_BASE = 0x7F3A00000000
 ASSERT_FILE = "/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
 
 
-def header(name: str, description: str, layers: int = LAYERS, **plan: Any) -> Any:
+def header(name: str, description: str, layers: int = LAYERS, layout: str = "shared",
+           **plan: Any) -> Any:
     return make_header(
         "numpy", Device("test device", memory_bytes=8 << 30, driver="1.0", pcie="Gen4 x16"),
         scenario={"name": name, "description": description, "seed": 0,
                   "config": {"layers": layers, "np": 2, "kv_unified": False, "ctx": 2 * KV,
                              "type_k": "q8_0", "type_v": "q8_0", "stage_mib": 1,
-                             "layout": "shared", "dispatch": "membership"}},
+                             "layout": layout, "dispatch": "membership"}},
         plan={"pages_per_stream": 4, "resident_pages_per_layer": WINDOW, "ring_slots": RING,
               "pool_pages": RING + LAYERS * WINDOW, "n_stream": 2, "page_bytes": 4096, **plan},
         created=CREATED)

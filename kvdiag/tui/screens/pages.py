@@ -239,8 +239,15 @@ class PagesScreen(KvScreen):
         words = cell_words(snap, streams[si], layer, page, self.streamed_layers())
         mark = self.step_marks.at(streams[si], page)
         if mark is not None:
-            words += (f" Marked at this step (mark #{mark.seq}) as {mark.words()}: outside the "
-                      "window: this page's resident copy is never refreshed.")
+            words += f" Marked at this step (mark #{mark.seq}) as {mark.words()}: outside the window: "
+            try:
+                resident = snap.cell(streams[si], layer, page).resident
+            except IndexError:
+                resident = True
+            # beyond the window the page is read through the ring from the host copy, so the
+            # missed mark leaves nothing stale; inside it, the resident copy keeps old bytes
+            words += ("this page's resident copy is never refreshed." if resident else
+                      "it has no resident copy (read through the ring), so nothing is left stale.")
         self.query_one("#pages-cell", Static).update(words)
 
     # -- keys ---------------------------------------------------------------------------
