@@ -226,3 +226,14 @@ def test_a_mark_beyond_the_window_leaves_nothing_stale(tmp_path: Path,
         assert "^" in right
 
     drive([path], script, size=(120, 36))
+
+
+def test_the_palette_starts_a_comparison(samples: dict[str, Path]) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "ctrl+p", *"compare with the other", "enter")
+        screen = app.screen
+        assert isinstance(screen, PagesScreen) and screen.compare == 1
+        titles = [str(g.border_title) for g in screen.query(PagesGrid)]
+        assert titles == ["aliasing.kvtrace · stream 0", "marks.kvtrace · stream 0"]
+
+    drive([samples["aliasing"], samples["marks"]], script, size=(120, 36))

@@ -137,6 +137,10 @@ class KvdiagApp(App[int]):
         for i, doc in enumerate(self.docs):
             yield SystemCommand(f"File: {doc.name}", f"show {doc.path} ({doc.kind})",
                                 partial(self.select_doc, i))
+        yield SystemCommand("Pages: compare with the other trace",
+                            "the selected stream of this trace and of the other open one side by "
+                            "side, aligned by step (key c on Pages)",
+                            lambda: self.run_worker(self._compare(), exclusive=True, group="jump"))
         yield SystemCommand("Back", "return to where the last jump came from (backspace)",
                             self.action_go_back)
         yield SystemCommand("Help", "keys of this screen (?)", self.action_help)
@@ -180,6 +184,13 @@ class KvdiagApp(App[int]):
         if isinstance(screen, KvScreen):
             screen.sync()
             screen.go_to(target)
+
+    async def _compare(self) -> None:
+        await self.switch_mode("pages")
+        screen = self.screen
+        if isinstance(screen, PagesScreen):
+            screen.sync()
+            screen.action_compare()
 
     def action_go_back(self) -> None:
         if not self.history:

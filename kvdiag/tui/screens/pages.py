@@ -343,7 +343,7 @@ class PagesScreen(KvScreen):
             n = len(docs)
             others = [(self.doc_index + k) % n for k in range(1, n)]
             pick = next((i for i in others if _replayed(docs[i])), None)
-            if pick is None or self.snapshot is None:
+            if pick is None or self.doc is None or not _replayed(self.doc):
                 self.notify("comparing needs this file and another open trace, both replayed",
                             timeout=3)
                 return
