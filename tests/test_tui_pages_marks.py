@@ -22,6 +22,7 @@ from kvdiag.tui.navigation import SCREENS
 from kvdiag.tui.screens.findings import FindingRows, evidence_count
 from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.widgets.pages_grid import PagesGrid
+from kvdiag.tui.widgets.virtual_table import VirtualTable
 from tests.conftest import Capture
 from tests.test_tui_pilot import drive, lines, show, text
 from tests.tui_samples import FakeClock, header, write_aliasing, write_marks
@@ -130,6 +131,15 @@ def test_timeline_shows_mark_events(samples: dict[str, Path]) -> None:
         screen = text(app)
         assert "mark" in screen
         assert "rows 1024-1323: marked no key; outside the window: (-,4) (-,5)" in screen
+        table = app.screen.query_one("#timeline", VirtualTable)
+        table.go_to(1)  # the mark of step 0
+        await show(pilot, "enter")
+        pages = app.screen
+        assert isinstance(pages, PagesScreen)
+        loc = pages.location()
+        assert (app.step, loc.stream, loc.page) == (0, 1, 0)  # global page 4 = stream 1 page 0
+        assert "Marked at this step (mark #2) as global page 4 (stream 1 page 0)" in " ".join(
+            text(app).split())
 
     drive([samples["marks"]], script, size=(160, 30))
 

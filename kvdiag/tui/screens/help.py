@@ -29,7 +29,7 @@ SCREEN_KEYS = {
 | `f` | filter: `kind:read,upload layer:0-3 stream:1 slot:10 step:5-9` (a bare kind name works too; `slot` is the pool slot of uploads/evictions, or the server slot in a log) |
 | `/` | incremental search in the raw lines; `n` / `N` next / previous match |
 | `c` | clear filter and search |
-| `enter` | open the event in its screen (fits → Fits, read/write/upload → Pages, abort → Backtrace) |
+| `enter` | open the event in its screen (fits → Fits, read/write/upload/mark → Pages, abort → Backtrace) |
 | `↑↓ pgup pgdn home end`, mouse | move |
 """,
     "fits": """\
