@@ -207,8 +207,9 @@ class KvdiagApp(App[int]):
         if self.crash is None:
             self.crash = error
         super()._handle_exception(error)
-        if not self.show_tracebacks:
-            self._exit_renderables.clear()
+        renderables = getattr(self, "_exit_renderables", None)  # Textual's private list
+        if not self.show_tracebacks and isinstance(renderables, list):
+            renderables.clear()
 
 
 def crash_error(error: Exception) -> KvdiagError:
