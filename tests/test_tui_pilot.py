@@ -217,9 +217,9 @@ def test_pages_scrub_play_and_highlight(samples: dict[str, Path]) -> None:
         assert "step 2 of 4 · 4 stale/foreign page read(s) at this step" in text(app)
         # layer 0, page 0 in both panels holds slot 0's bytes; stream 0 read them exactly at
         # step 1, stream 1 reads them now: foreign, in the foreign style and bold
-        y, row = next((y, r) for y, r in enumerate(lines(app)) if r.startswith("│L0  P0:0v1"))
-        left = row.index("P0:0v1")
-        right = row.index("P0:0v1", left + 1)
+        y, row = next((y, r) for y, r in enumerate(lines(app)) if r.startswith("│L0   P0:0v1"))
+        left = row.index(" P0:0v1") + 1
+        right = row.index("!P0:0v1") + 1  # the foreign read's glyph, in front of its label
         at = app.screen._compositor.get_style_at
         assert at(right, y).bgcolor is not None and at(right, y).bold
         assert at(left, y).bgcolor != at(right, y).bgcolor  # (left has the cell cursor)

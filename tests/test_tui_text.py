@@ -40,7 +40,7 @@ def test_describe_events() -> None:
     assert describe(up) == ("resident pages 0-1 -> slot 10 (miss) 928 KiB key (layer,page)", "")
     write = ev.Write(seq=2, t_ns=0, step=1, layer=0, stream=0, cells=(0, 300), rows=(0, 300),
                      dirty=((0, None, 0), (0, None, 1)), versions=((0, 1), (1, 1)))
-    assert describe(write) == ("cells 0-300 rows 0-300 dirty (0,-,0) (0,-,1) v p0=1 p1=1", "")
+    assert describe(write) == ("cells 0-300 rows 0-300 marked (0,-,0) (0,-,1) v p0=1 p1=1", "")
     out = ev.Output(seq=3, t_ns=0, step=2, stream=1, checksum="a", ref_checksum="b",
                     max_abs_delta=0.5, tolerance=1e-3, worst_layer=1)
     assert describe(out) == ("crc a ref b max|d| 0.5 > 0.001 worst layer 1", "diverged")

@@ -30,6 +30,7 @@ from kvdiag.model.events import (
     Evict,
     Fits,
     Learn,
+    Mark,
     Output,
     Read,
     ReadRange,
@@ -51,15 +52,16 @@ K_BASE = 0x7F3A00000000
 ASSERT_FILE = "/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
 
 
-def header(name: str, description: str) -> Any:
+def header(name: str, description: str, layers: int = LAYERS, layout: str = "shared",
+           **plan: Any) -> Any:
     return make_header(
         "numpy", Device("test device", memory_bytes=8 << 30, driver="1.0", pcie="Gen4 x16"),
         scenario={"name": name, "description": description, "seed": 0,
-                  "config": {"layers": LAYERS, "np": 2, "kv_unified": False, "ctx": 2 * KV,
+                  "config": {"layers": layers, "np": 2, "kv_unified": False, "ctx": 2 * KV,
                              "type_k": "q8_0", "type_v": "q8_0", "stage_mib": 1,
-                             "layout": "shared", "dispatch": "membership"}},
+                             "layout": layout, "dispatch": "membership"}},
         plan={"pages_per_stream": 4, "resident_pages_per_layer": WINDOW, "ring_slots": RING,
-              "pool_pages": RING + LAYERS * WINDOW, "n_stream": 2, "page_bytes": 4096},
+              "pool_pages": RING + LAYERS * WINDOW, "n_stream": 2, "page_bytes": 4096, **plan},
         created=CREATED)
 
 
@@ -177,4 +179,39 @@ def write_abort(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                       "ggml_cuda_graph_evaluate_and_capture", "llama_context::decode",
                       "server_context::update_slots"))
     w.close("aborted")
+    return path
+
+
+def write_marks(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Format 1.1 ``mark`` events in the shared layout, 3 layers of which the plan streams 2.
+
+    Slot 1 prefills cells 0-299 (global rows 1024-1323): mark_dirty_rows divides global rows by
+    256, so the rows fall in global pages 4 and 5, beyond every layer's 2-page window: no key is
+    marked and ``outside`` lists (-, 4) and (-, 5). The writes therefore dirty nothing, the pages
+    are uploaded on the first miss, and the decode write at cell 300 (global page 5, outside
+    again) leaves the resident copy of stream 1's page 1 one version behind: a stale read.
+    """
+    monkeypatch.setattr(writer_module.time, "monotonic_ns", FakeClock())
+    w = TraceWriter.create(path, header(
+        "marks", "slot 1 rows marked outside the window", layers=3, streamed_layers=2))
+    w.emit(Step, 0, phase="prefill", streams=(1,), tokens=300, n_kv=512, slots=(1,))
+    w.emit(Mark, 0, rows=((KV, KV + 300),), outside=((None, 4), (None, 5)))
+    for layer in range(2):
+        w.emit(Write, 0, layer=layer, stream=1, cells=(0, 300), rows=(KV, KV + 300),
+               versions=((0, 1), (1, 1)))
+        w.emit(Upload, 0, layer=layer, stream=1, pages=(0, 2), slot=RING + layer * WINDOW,
+               target="resident", bytes=8192, reason="miss")
+        w.emit(Read, 0, layer=layer, stream=1, pool=2, ring=0, host=0,
+               ranges=(ReadRange(0, 2, "pool", 1, "exact"),))
+    w.end_step()
+    w.emit(Step, 1, phase="decode", streams=(1,), tokens=1, n_kv=512, slots=(1,))
+    w.emit(Mark, 1, rows=((KV + 300, KV + 301),), outside=((None, 5),))
+    for layer in range(2):
+        w.emit(Write, 1, layer=layer, stream=1, cells=(300, 301), rows=(KV + 300, KV + 301),
+               versions=((1, 2),))
+        w.emit(Read, 1, layer=layer, stream=1, pool=2, ring=0, host=0,
+               ranges=(ReadRange(0, 1, "pool", 1, "exact"),
+                       ReadRange(1, 2, "pool", 1, "stale", 1)))
+    w.end_step()
+    w.close()
     return path

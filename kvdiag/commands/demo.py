@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
         else:
-            code: int = tui.run_tui([str(p) for p in traces])
+            code: int = tui.run_tui([str(p) for p in traces],
+                                    debug=bool(getattr(args, "debug", False)))
             return code
     for path in traces:
         check_file(str(path))

@@ -2,7 +2,8 @@
 
 Each FILE is a kvtrace trace (kvdiag capture) or a llama-server log (plain or gzip); the kind
 is told from the content. ``--export-svg OUT`` draws one screen without a terminal and saves
-it as an SVG screenshot (for bug reports) instead of starting the interactive viewer.
+it as an SVG screenshot (for bug reports) instead of starting the interactive viewer. A missing
+file, a directory, a FIFO or binary data is refused before the viewer starts (exit code 2).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.tui.loading import Symbols
 
     symbols = Symbols(tuple(args.binary), args.debug_dir)
+    from kvdiag.tui.document import detect_kind
+
+    for path in args.files:
+        detect_kind(path)  # a file the viewer cannot show is refused before it starts
     if args.export_svg:
         from kvdiag.tui.export import export_svg
 
@@ -70,4 +75,4 @@ def run(args: argparse.Namespace) -> int:
                          "kvdiag check / kvdiag postmortem for text reports)")
     from kvdiag.tui.app import run_tui
 
-    return run_tui(list(args.files), symbols)
+    return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)))

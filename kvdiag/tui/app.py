@@ -20,6 +20,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from kvdiag.errors import KvdiagError
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc
 from kvdiag.tui.loading import NO_SYMBOLS, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
@@ -34,7 +35,10 @@ from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.screens.telemetry import TelemetryScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 
+SCREEN_KEYS = Binding.Group("Screens", compact=True)
 MAX_HISTORY = 100
+EXIT_INTERNAL = 70
+"""The exit code of an internal error (kvdiag.cli.main uses the same for any other command)."""
 FIRST_PAINT_WAIT_S = 0.5
 
 
@@ -47,10 +51,13 @@ class KvdiagApp(App[int]):
         "findings": FindingsScreen,
     }
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i))
+        # one footer entry for the seven screen keys ("1234567 Screens"): seven entries
+        # overflowed an 80-column footer
+        *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i), group=SCREEN_KEYS)
           for i, name in enumerate(SCREENS, 1)),
         Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("o", "next_file", "Other file", show=False),
+        Binding("o", "next_file(1)", "Other file", show=False),
+        Binding("O", "next_file(-1)", "Previous file", show=False),
         Binding("backspace", "go_back", "Back", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -59,8 +66,11 @@ class KvdiagApp(App[int]):
     """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
 
     def __init__(self, paths: list[str], *, start_screen: str = "overview",
-                 symbols: Symbols = NO_SYMBOLS) -> None:
+                 symbols: Symbols = NO_SYMBOLS, debug: bool = False) -> None:
         super().__init__()
+        self.show_tracebacks = debug
+        self.crash: Exception | None = None
+        """The first unhandled exception: the app exits on it (see :func:`run_tui`)."""
         self.paths = list(paths)
         self.symbols = symbols
         self.docs: list[Document] = [PendingDoc(p) for p in self.paths]
@@ -127,6 +137,10 @@ class KvdiagApp(App[int]):
         for i, doc in enumerate(self.docs):
             yield SystemCommand(f"File: {doc.name}", f"show {doc.path} ({doc.kind})",
                                 partial(self.select_doc, i))
+        yield SystemCommand("Pages: compare with the other trace",
+                            "the selected stream of this trace and of the other open one side by "
+                            "side, aligned by step (key c on Pages)",
+                            lambda: self.run_worker(self._compare(), exclusive=True, group="jump"))
         yield SystemCommand("Back", "return to where the last jump came from (backspace)",
                             self.action_go_back)
         yield SystemCommand("Help", "keys of this screen (?)", self.action_help)
@@ -138,9 +152,9 @@ class KvdiagApp(App[int]):
         mode = self.current_mode
         self.push_screen(HelpScreen(mode))
 
-    def action_next_file(self) -> None:
+    def action_next_file(self, delta: int = 1) -> None:
         if len(self.docs) > 1:
-            self.select_doc((self.current + 1) % len(self.docs))
+            self.select_doc((self.current + delta) % len(self.docs))
 
     def select_doc(self, index: int) -> None:
         self.current = index
@@ -171,6 +185,13 @@ class KvdiagApp(App[int]):
             screen.sync()
             screen.go_to(target)
 
+    async def _compare(self) -> None:
+        await self.switch_mode("pages")
+        screen = self.screen
+        if isinstance(screen, PagesScreen):
+            screen.sync()
+            screen.action_compare()
+
     def action_go_back(self) -> None:
         if not self.history:
             self.notify("nothing to go back to", timeout=2)
@@ -178,8 +199,39 @@ class KvdiagApp(App[int]):
         self.jump(self.history.pop(), remember=False)
 
 
-def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS) -> int:
-    """Run the viewer on ``paths`` (traces and/or logs) until the user quits."""
-    app = KvdiagApp(paths, symbols=symbols)
+    # -- unhandled exceptions --------------------------------------------------------------
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual exits on it and prints a full-screen traceback with locals; kvdiag's rule is
+        # one line and a non-zero exit (run_tui), the traceback only with --debug.
+        if self.crash is None:
+            self.crash = error
+        super()._handle_exception(error)
+        renderables = getattr(self, "_exit_renderables", None)  # Textual's private list
+        if not self.show_tracebacks and isinstance(renderables, list):
+            renderables.clear()
+
+
+def crash_error(error: Exception) -> KvdiagError:
+    """The one-line error the CLI reports for an exception that stopped the viewer."""
+    first = next(iter(str(error).splitlines()), "")
+    if len(first) > 300:
+        first = first[:300] + "…"
+    return KvdiagError(f"the viewer stopped on an internal error: {type(error).__name__}"
+                       f"{': ' + first if first else ''} (rerun with --debug for the traceback)",
+                       EXIT_INTERNAL)
+
+
+def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS, *, debug: bool = False) -> int:
+    """Run the viewer on ``paths`` (traces and/or logs) until the user quits.
+
+    An exception that stopped it is a :class:`KvdiagError` (one line, exit 70); with ``debug``
+    Textual prints its traceback instead and the exit code is still 70.
+    """
+    app = KvdiagApp(paths, symbols=symbols, debug=debug)
     result = app.run()
+    if app.crash is not None:
+        if debug:
+            return EXIT_INTERNAL
+        raise crash_error(app.crash)
     return result if isinstance(result, int) else 0

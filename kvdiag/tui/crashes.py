@@ -14,6 +14,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import Crash
 from kvdiag.postmortem.backtrace import is_in_app
+from kvdiag.tui.clip import clip
 
 SNIPPET_CONTEXT = 5
 MAX_SOURCE_BYTES = 8 << 20
@@ -126,4 +127,4 @@ def snippet(path: Path, line: int, context: int = SNIPPET_CONTEXT) -> list[tuple
     lines = text.splitlines()
     lo = max(1, line - context)
     hi = min(len(lines), line + context)
-    return [(n, lines[n - 1]) for n in range(lo, hi + 1)]
+    return [(n, clip(lines[n - 1])) for n in range(lo, hi + 1)]

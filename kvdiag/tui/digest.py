@@ -21,6 +21,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
 from kvdiag.trace.reader import TraceReader
+from kvdiag.tui.clip import clip_deep
 
 TELEMETRY_FIELDS: tuple[str, ...] = (
     "mem_used", "mem_total", "gpu_util", "mem_util", "pcie_rx_kbps", "pcie_tx_kbps",
@@ -177,13 +178,14 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
     summary = analyzer.summary()
     summary["problems"] = [{"line": pr.line, "kind": pr.kind, "message": pr.message}
                            for pr in reader.problems]
+    # every string here can come from the file: clipped for display (kvdiag.tui.clip)
     return TraceDigest(
-        findings=tuple(analyzer.findings()),
-        summary=summary,
-        problems=tuple(reader.problems),
+        findings=clip_deep(tuple(analyzer.findings())),
+        summary=clip_deep(summary),
+        problems=clip_deep(tuple(reader.problems)),
         marks={k: np.array(sorted(v), dtype=np.int64) for k, v in marks.items()},
         telemetry=telemetry_series(samples),
-        aborts=tuple(aborts),
+        aborts=clip_deep(tuple(aborts)),
         complete=reader.complete,
         truncated=reader.truncated,
         partition=partition_series(partition),

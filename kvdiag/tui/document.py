@@ -7,6 +7,7 @@ always draw from a consistent value and never from a half-built one.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +106,26 @@ Document = TraceDoc | LogDoc | ErrorDoc | PendingDoc
 Publish = Callable[[Document], None]
 
 
+def _refuse_special(p: Path) -> None:
+    """A FIFO, socket or device is an :class:`InputError` before anything opens it: opening a
+    FIFO blocks until a writer comes, and none of them is a file the viewer can index."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return  # open_input words a missing or unreadable path
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    raise InputError(f"{p}: {what}, not a file (save the stream to a file first)")
+
+
 def detect_kind(path: str | Path) -> FileKind:
-    """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data
-    and unreadable paths are an :class:`InputError`."""
+    """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data,
+    empty files, FIFOs and other non-regular files and unreadable paths are an
+    :class:`InputError`."""
     p = Path(path)
+    _refuse_special(p)
     with open_input(p) as fh:
         try:
             head = fh.read(4096)

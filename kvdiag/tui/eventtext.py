@@ -7,6 +7,8 @@ Each event becomes a summary string plus a *mark* naming why the row deserves at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from kvdiag.model import events as ev
@@ -37,6 +39,23 @@ def kib(n: int) -> str:
 def _key(key: tuple[int, int | None, int]) -> str:
     layer, stream, page = key
     return f"({layer},{'-' if stream is None else stream},{page})"
+
+
+MAX_LISTED = 8
+"""Items of one list field spelled out in a summary; the rest are counted."""
+
+
+def _listed(items: Sequence[str], what: str) -> str:
+    """``items`` joined, the first :data:`MAX_LISTED` only, with the count when cut."""
+    shown = " ".join(items[:MAX_LISTED])
+    if len(items) > MAX_LISTED:
+        shown += f" … (first {MAX_LISTED} of {len(items)} {what})"
+    return shown
+
+
+def _run(r0: int, r1: int) -> str:
+    """A half-open run as its inclusive ends."""
+    return f"{r0}" if r1 - r0 == 1 else f"{r0}-{r1 - 1}"
 
 
 def _ranges(ranges: tuple[ev.ReadRange, ...]) -> str:
@@ -73,10 +92,26 @@ def describe(event: object) -> tuple[str, str]:
         case ev.Write():
             text = f"cells {event.cells[0]}-{event.cells[1]} rows {event.rows[0]}-{event.rows[1]}"
             if event.dirty:
-                text += " dirty " + " ".join(_key(k) for k in event.dirty)
+                # format 1.1: only the keys this write's own rows marked
+                text += " marked " + _listed([_key(k) for k in event.dirty], "keys")
             if event.versions:
                 text += " v " + " ".join(f"p{p}={v}" for p, v in event.versions)
             return text, ""
+        case ev.Mark():
+            runs = _listed([_run(r0, r1) for r0, r1 in event.rows], "runs")
+            text = f"rows {runs}: "
+            if event.all:
+                text += "a negative row: EVERY page dirty"
+            elif event.keys:
+                text += "marked " + _listed([_key(k) for k in event.keys], "keys")
+            else:
+                text += "marked no key"
+            if not event.outside:
+                return text, ""
+            pairs = _listed([f"({'-' if s is None else s},{p})" for s, p in event.outside],
+                            "pages")
+            return (text + f"; outside the window: {pairs}: their resident copies are never "
+                    "refreshed", "outside")
         case ev.Upload():
             pages = event.pages
             rng = f"{pages[0]}" if pages[1] - pages[0] == 1 else f"{pages[0]}-{pages[1] - 1}"

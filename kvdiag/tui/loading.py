@@ -23,6 +23,7 @@ from kvdiag.analysis.replay import geometry_from_header
 from kvdiag.analysis.trace_index import FITS, READ, UPLOAD, WRITE, IndexBuilder, header_end
 from kvdiag.errors import InputError
 from kvdiag.trace.reader import TraceReader
+from kvdiag.tui.clip import clip, clip_deep
 from kvdiag.tui.digest import digest_trace
 from kvdiag.tui.document import (
     ErrorDoc,
@@ -74,16 +75,16 @@ def load(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
         else:
             load_log(path, publish, symbols)
     except InputError as exc:
-        publish(ErrorDoc(path, str(exc)))
+        publish(ErrorDoc(path, clip(str(exc))))
     except (OSError, MemoryError) as exc:
-        publish(ErrorDoc(path, f"{path}: {type(exc).__name__}: {exc}"))
+        publish(ErrorDoc(path, clip(f"{path}: {type(exc).__name__}: {exc}")))
 
 
 def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
                painted: Callable[[], object] = _nothing) -> None:
     t0 = time.perf_counter()
     with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
-        header = reader.header
+        header = clip_deep(reader.header)
     source = LineSource.open(path)
     builder = IndexBuilder(source, header_end(source))
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
@@ -183,7 +184,7 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
     finally:
         for c in closers:
             c.close()
-    scan = parser.result()
+    scan = clip_deep(parser.result())
     notes: list[str] = []
     if symbols.binaries:
         from kvdiag.postmortem.resymbolize import resymbolize
@@ -192,8 +193,8 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
             scan = resymbolize(scan, symbols.binaries, symbols.debug_dir)
         except InputError as exc:
             # the log is still worth showing with the frames it printed
-            notes.append(f"backtraces not symbolized: {exc}")
-    findings = tuple(evaluate(scan))
+            notes.append(clip(f"backtraces not symbolized: {exc}"))
+    findings = clip_deep(tuple(evaluate(scan)))
     publish(PendingDoc(path, "indexing the log's lines", progress=1.0))
     source = LineSource.open(path)
     index = build_log_index(source, scan, name)

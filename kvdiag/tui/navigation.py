@@ -42,7 +42,7 @@ def evidence_target(doc: int, kind: str | None, row: int | None, evidence: Evide
         return Target("fits", doc, row=row, step=evidence.step, layer=evidence.layer)
     if kind == "abort":
         return Target("backtrace", doc, row=row, step=evidence.step)
-    if kind in ("read", "write", "upload", "evict") or evidence.page is not None:
+    if kind in ("read", "write", "upload", "evict", "mark") or evidence.page is not None:
         return Target("pages", doc, row=row, step=evidence.step, layer=evidence.layer,
                       stream=evidence.stream, page=evidence.page)
     return Target("timeline", doc, row=row, step=evidence.step)

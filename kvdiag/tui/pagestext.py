@@ -6,6 +6,29 @@ from kvdiag.analysis.replay import PageCell, PagesSnapshot
 
 SOURCE_LETTER = {"pool": "P", "ring": "R", "host": "H"}
 CELL_WIDTH = 9
+GLYPH = {"foreign": "!", "stale": "~"}
+"""The class of a cell's latest read as a character, in front of its label: colour alone is
+lost in a monochrome screenshot and to a colour-blind reader."""
+OUTSIDE_GLYPH = "^"
+"""A page whose rows a ``mark`` at this step put outside every resident window."""
+LEGEND = ("! foreign read (another stream's bytes) · ~ stale read (older version) · "
+          "^ marked outside the window · P/R/H read from pool/ring/host, '·' not read · "
+          "s:pVv the slot holds stream s page p version v · * dirty · bold: read at this step")
+
+
+def cell_glyph(cell: PageCell) -> str:
+    """One character: ``!`` foreign, ``~`` stale, else a space (the column then separates the
+    cell from its left neighbour)."""
+    read = cell.read
+    return GLYPH[read.cls] if read is not None and read.cls in GLYPH else " "
+
+
+def cell_text(cell: PageCell, outside: bool = False) -> str:
+    """The cell as drawn, ``CELL_WIDTH`` wide: the glyph of its read, the label cut to fit, and
+    ``^`` last when a mark at this step put the page outside the window."""
+    room = CELL_WIDTH - 1 - (1 if outside else 0)
+    label = cell_label(cell)[:room] + (OUTSIDE_GLYPH if outside else "")
+    return (cell_glyph(cell) + label).ljust(CELL_WIDTH)
 
 
 def cell_label(cell: PageCell) -> str:
@@ -39,7 +62,8 @@ def cell_mark(cell: PageCell, step: int) -> str:
     return "exact"
 
 
-def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int) -> str:
+def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int,
+               streamed: int | None = None) -> str:
     """What one cell means, in a sentence or three."""
     geo = snap.geometry
     try:
@@ -47,6 +71,10 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int) -> str:
     except IndexError:
         return ""
     where = f"step {snap.step} · layer {layer} · stream {stream} · page {page}: "
+    if streamed is not None and layer >= streamed:
+        return where + (f"layer {layer} is not streamed (the plan streams layers 0-"
+                        f"{streamed - 1}): its K/V stay in device memory, with no pages, pool "
+                        "slots or reads to show.")
     parts: list[str] = []
     if cell.resident:
         key = geo.key(layer, stream, page)

@@ -17,6 +17,7 @@ from kvdiag.analysis.trace_index import KINDS, decode_event
 from kvdiag.model import events as ev
 from kvdiag.model.logrecords import FitsLine
 from kvdiag.postmortem.lines import clean
+from kvdiag.tui.clip import MAX_FIELD, clip, clip_deep
 from kvdiag.tui.document import LogDoc, TraceDoc
 from kvdiag.tui.eventtext import describe, nb, ne, ptr
 from kvdiag.tui.rowsource import Cells, Column
@@ -80,7 +81,7 @@ class TraceRows(_Selection):
 
     def event(self, row: int) -> object:
         off = int(self.doc.index.columns["offset"][row])
-        return decode_event(self.doc.source.line(off))
+        return clip_deep(decode_event(self.doc.source.line(off)))
 
     def row(self, i: int) -> tuple[Cells, str]:
         return self._row(self.source_row(i))
@@ -89,12 +90,13 @@ class TraceRows(_Selection):
         c = self.doc.index.columns
         kind = KINDS[int(c["kind"][r])]
         line = self.doc.source.line(int(c["offset"][r]))
-        event = decode_event(line)
+        event = clip_deep(decode_event(line))
         if event is None:
-            summary, mark = line.decode("utf-8", "replace")[:300], "corrupt"
+            summary, mark = clip_line(line)[0], "corrupt"
             t_ms = ""
         else:
             summary, mark = describe(event)
+            summary = clip(summary)
             t_ms = f"{event.t_ns / 1e6:.3f}"
         layer, stream = int(c["layer"][r]), int(c["stream"][r])
         cells: list[str | Text] = [
@@ -118,12 +120,24 @@ class LogRows(_Selection):
 
     def _make(self, r: int) -> tuple[Cells, str]:
         c = self.doc.index.columns
-        text, _level = clean(self.doc.source.line(int(c["offset"][r])))
+        text, _level = clip_line(self.doc.source.line(int(c["offset"][r])))
         kind = LOG_KINDS[int(c["kind"][r])]
         slot = int(c["slot"][r])
         cells: list[str | Text] = [str(r + 1), kind if kind != "line" else "",
                                    "" if slot < 0 else str(slot), _highlight(text, self.needle)]
         return cells, "" if kind == "line" else kind
+
+
+def clip_line(line: bytes) -> tuple[str, str | None]:
+    """A log line cleaned for display (:func:`kvdiag.postmortem.lines.clean`), cut to
+    :data:`MAX_FIELD` characters before the cleaning so that a megabyte line costs no more than
+    a short one."""
+    cap = MAX_FIELD * 4
+    if len(line) <= cap:
+        text, level = clean(line)
+        return clip(text), level
+    text, level = clean(line[:cap])
+    return f"{text[:MAX_FIELD]}… [{len(line):,} bytes, first {MAX_FIELD:,} shown]", level
 
 
 class FitsRows(_Selection):
@@ -137,7 +151,7 @@ class FitsRows(_Selection):
     def event(self, i: int) -> ev.Fits | None:
         r = self.source_row(i)
         e = decode_event(self.doc.source.line(int(self.doc.index.columns["offset"][r])))
-        return e if isinstance(e, ev.Fits) else None
+        return clip_deep(e) if isinstance(e, ev.Fits) else None
 
     def row(self, i: int) -> tuple[Cells, str]:
         return self._row(i)

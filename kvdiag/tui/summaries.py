@@ -164,4 +164,6 @@ def _log_overview(doc: LogDoc) -> RenderableType:
         for p in scan.problems[:20]:
             loc = f"{p.source}:{p.line}" if p.line is not None else p.source
             parts.append(Text(f"{loc}: {p.message}", style="yellow"))
+        if len(scan.problems) > 20:
+            parts.append(Text(f"… and {len(scan.problems) - 20} more", style="yellow"))
     return Group(*parts)

@@ -26,7 +26,18 @@ from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 0),
-                   Column("evidence", 8, "right"))
+                   Column("evidence", 12, "right"))
+
+
+def evidence_count(f: Finding) -> tuple[int, int]:
+    """(evidence items the finding carries, occurrences the rule counted). A rule keeps its
+    first items only and records the total in ``details["count"]`` (kvdiag.analysis.trace_rules
+    MAX_EVIDENCE), so a count shown without the total would understate it."""
+    shown = len(f.evidence)
+    total = f.details.get("count")
+    if isinstance(total, int) and not isinstance(total, bool) and total > shown:
+        return shown, total
+    return shown, shown
 EVIDENCE_COLUMNS = (Column("#", 3, "right"), Column("opens", 10), Column("evidence", 0))
 
 
@@ -53,7 +64,9 @@ class FindingRows:
 
     def row(self, i: int) -> tuple[Cells, str]:
         f = self.findings[i]
-        return [f.severity.label, f.rule, f.title, str(len(f.evidence))], f.severity.label
+        shown, total = evidence_count(f)
+        count = str(shown) if shown == total else f"{shown} of {total}"
+        return [f.severity.label, f.rule, f.title, count], f.severity.label
 
 
 class EvidenceRows:
@@ -123,6 +136,9 @@ class FindingsScreen(KvScreen):
             if k not in ("backtrace",) and v not in (None, "", [], {}):
                 shown = ", ".join(map(str, v)) if isinstance(v, list | tuple) else v
                 parts.append(Text(f"{k}: {shown}", style="dim"))
+        shown, total = evidence_count(f)
+        if total > shown:
+            parts.append(Text(f"evidence below: the first {shown} of {total}", style="bold"))
         self.query_one("#finding-detail", Static).update(Group(*parts))
         targets = [self.target_for(e) for e in f.evidence]
         self.evidence_rows = EvidenceRows(f.evidence, targets)

@@ -14,7 +14,7 @@ GLOBAL = """\
 | key | everywhere |
 |---|---|
 | `1`…`7` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings |
-| `o` | next file given on the command line |
+| `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
 | `?` | this help · `q` quit |
@@ -29,7 +29,7 @@ SCREEN_KEYS = {
 | `f` | filter: `kind:read,upload layer:0-3 stream:1 slot:10 step:5-9` (a bare kind name works too; `slot` is the pool slot of uploads/evictions, or the server slot in a log) |
 | `/` | incremental search in the raw lines; `n` / `N` next / previous match |
 | `c` | clear filter and search |
-| `enter` | open the event in its screen (fits → Fits, read/write/upload → Pages, abort → Backtrace) |
+| `enter` | open the event in its screen (fits → Fits, read/write/upload/mark → Pages, abort → Backtrace) |
 | `↑↓ pgup pgdn home end`, mouse | move |
 """,
     "fits": """\
@@ -45,10 +45,13 @@ SCREEN_KEYS = {
 | `space` | play / pause · `home` / `end` first / last step |
 | `n` / `N` | next / previous step with a stale or foreign read |
 | `↑↓` layer · `[` `]` page · `tab` stream panel | move the cell cursor (or click a cell) |
+| `c` | compare: this trace's selected stream next to the same stream of the other open trace (same schedule, steps aligned by number; `tab` picks the stream, `c` again ends it) |
 
 Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as
-`stream:page v version`; `*` the key was marked dirty this step. Red: foreign read (another
-stream's bytes); yellow: stale read (an older version); bold: read at this step.
+`stream:page v version`; `*` the key was marked dirty this step. `!` (red): foreign read
+(another stream's bytes); `~` (yellow): stale read (an older version); `^` (underlined): a
+`mark` at this step put the page's rows outside every resident window, so its resident copy is
+never refreshed; bold: read at this step. A layer the plan does not stream is labelled so.
 """,
     "backtrace": """\
 | key | Backtrace |

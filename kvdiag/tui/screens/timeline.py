@@ -18,6 +18,7 @@ from kvdiag.analysis.trace_index import KINDS
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
+from kvdiag.tui.marks import place
 from kvdiag.tui.messages import RowHighlighted, RowSelected
 from kvdiag.tui.navigation import Target, evidence_target
 from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows
@@ -29,14 +30,18 @@ from kvdiag.tui.widgets.virtual_table import VirtualTable
 FILTER_HINT = "filter (f): kind:read,upload layer:0-3 stream:1 slot:10 step:5-9"
 
 
+MATCH_KEYS = Binding.Group("Match")
+"""One footer entry for n and N, so that the footer fits 80 columns."""
+
+
 class TimelineScreen(KvScreen):
     MODE = "timeline"
     AUTO_FOCUS = "#timeline"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "focus_filter", "Filter"),
         Binding("slash", "focus_search", "Search", key_display="/"),
-        Binding("n", "match(1)", "Next match"),
-        Binding("N", "match(-1)", "Prev match", key_display="N"),
+        Binding("n", "match(1)", "Next match", group=MATCH_KEYS),
+        Binding("N", "match(-1)", "Prev match", key_display="N", group=MATCH_KEYS),
         Binding("c", "clear", "Clear"),
         Binding("escape", "leave_input", "Table", show=False),
     ]
@@ -215,13 +220,20 @@ class TimelineScreen(KvScreen):
             event = self.rows.event(row)
             if isinstance(event, ev.Read):
                 page = next((r.begin for r in event.ranges if r.cls != "exact"), None)
+        stream: int | None = None
+        if kind == "mark" and isinstance(self.rows, TraceRows) and doc.geometry is not None:
+            # open the Pages on the first page the mark put outside the window
+            event = self.rows.event(row)
+            if isinstance(event, ev.Mark) and event.outside:
+                stream, page = place(doc.geometry, *event.outside[0])
 
         def opt(name: str) -> int | None:
             v = int(c[name][row])
             return v if v >= 0 else None
 
         evidence = Evidence(seq=int(c["seq"][row]), step=int(c["step"][row]),
-                            layer=opt("layer"), stream=opt("stream"), page=page)
+                            layer=opt("layer"),
+                            stream=stream if stream is not None else opt("stream"), page=page)
         target = evidence_target(self.doc_index, kind, row, evidence)
         if target.screen == "timeline":
             self.notify(f"a {kind} event has no other view", timeout=2)

@@ -14,7 +14,7 @@ from textual.strip import Strip
 
 from kvdiag.analysis.replay import PagesSnapshot
 from kvdiag.tui.messages import CellSelected
-from kvdiag.tui.pagestext import CELL_WIDTH, cell_label, cell_mark
+from kvdiag.tui.pagestext import CELL_WIDTH, cell_mark, cell_text
 
 LABEL_WIDTH = 4
 
@@ -26,20 +26,31 @@ class PagesGrid(ScrollView, can_focus=False):
         "pages-grid--header", "pages-grid--label", "pages-grid--exact", "pages-grid--stale",
         "pages-grid--foreign", "pages-grid--ring", "pages-grid--host", "pages-grid--empty",
         "pages-grid--now", "pages-grid--cursor", "pages-grid--outside",
+        "pages-grid--marked-outside",
     }
 
     cursor: reactive[tuple[int, int] | None] = reactive(None, always_update=True)
     """(layer, page) of the selected cell, when this panel has the cursor."""
 
-    def __init__(self, stream: int, *, id: str | None = None) -> None:
+    def __init__(self, stream: int, *, id: str | None = None, doc_index: int = -1,
+                 title: str = "") -> None:
         super().__init__(id=id, classes="pages-grid")
         self.stream = stream
+        self.doc_index = doc_index
+        """The open file whose state this grid shows (-1: the current one)."""
         self.snapshot: PagesSnapshot | None = None
-        self.border_title = f"stream {stream}"
+        self.streamed: int | None = None
+        """Layers from this one on are not streamed (plan ``streamed_layers``), when known."""
+        self.outside: frozenset[int] = frozenset()
+        """Pages of this stream that a mark at this step put outside the window (all layers)."""
+        self.border_title = title or f"stream {stream}"
         self._styles: dict[tuple[str, ...], Style] = {}
 
-    def show(self, snapshot: PagesSnapshot) -> None:
+    def show(self, snapshot: PagesSnapshot, streamed: int | None = None,
+             outside: frozenset[int] = frozenset()) -> None:
         self.snapshot = snapshot
+        self.streamed = streamed
+        self.outside = outside
         geo = snapshot.geometry
         size = Size(LABEL_WIDTH + geo.pages * CELL_WIDTH, geo.layers + 1)
         if size != self.virtual_size:
@@ -95,19 +106,25 @@ class PagesGrid(ScrollView, can_focus=False):
         if layer >= geo.layers or self.stream not in geo.streams:
             return Strip.blank(width, base)
         segments = [Segment(f"L{layer}".ljust(LABEL_WIDTH), self._style("label"))]
+        if self.streamed is not None and layer >= self.streamed:
+            # a layer the plan does not stream has no pages: say so instead of empty cells
+            segments.append(Segment("not streamed: K/V in device memory",
+                                    self._style("empty")))
+            return self._crop(segments, 0, width, base)
         cursor = self.cursor
         step = snap.step
         for cell in snap.row(self.stream, layer, first, stop):
             marks = [cell_mark(cell, step)]
+            outside = cell.page in self.outside
+            if outside:
+                marks.append("marked-outside")
             if not cell.resident:
                 marks.append("outside")
             if cell.read is not None and cell.read.step == step:
                 marks.append("now")
             if cursor == (layer, cell.page):
                 marks.append("cursor")
-            label = cell_label(cell)[: CELL_WIDTH - 1]
-            segments.append(Segment(label.ljust(CELL_WIDTH - 1), self._style(*marks)))
-            segments.append(Segment(" ", base))
+            segments.append(Segment(cell_text(cell, outside), self._style(*marks)))
         return self._crop(segments, shift, width, base)
 
     @staticmethod

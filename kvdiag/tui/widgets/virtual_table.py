@@ -28,9 +28,10 @@ from kvdiag.tui.rowsource import Cells, Column, EmptySource, RowSource
 MARKS: tuple[str, ...] = (
     "abort", "warn", "foreign", "stale", "fits-false", "diverged", "corrupt", "crash",
     "backtrace", "boot", "slot", "stream", "fits", "problem", "match", "inapp", "system",
-    "critical", "error", "warning", "info",
+    "critical", "error", "warning", "info", "outside",
 )
 _CACHE = 512
+MAX_CELL = 4096
 
 
 class VirtualTable(ScrollView, can_focus=True):
@@ -104,7 +105,11 @@ class VirtualTable(ScrollView, can_focus=True):
         fill = self._fill_width()
         for col, cell in zip(self.columns, cells, strict=False):
             width = col.width or fill
-            t = cell.copy() if isinstance(cell, Text) else Text(str(cell))
+            # a cell is at most a screen wide: cut long text before laying it out
+            if isinstance(cell, Text):
+                t = cell[:MAX_CELL] if len(cell) > MAX_CELL else cell.copy()
+            else:
+                t = Text(str(cell)[:MAX_CELL])
             t.no_wrap = True
             t.truncate(width, overflow="ellipsis")
             t.align(col.justify, width)
