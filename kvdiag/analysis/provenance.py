@@ -47,11 +47,11 @@ class PageVerdict(NamedTuple):
     """One page of one read: where it came from and whether those were the right bytes."""
 
     page: int
-    source: str
+    source: ev.Source
     slot: int
     copy: Copy | None
     """The copy that was read (None for a host page, or a slot/ring page never loaded)."""
-    cls: str
+    cls: ev.ReadClass
     lag: int
     """Writes the copy missed (stale only)."""
     version: int
@@ -59,96 +59,180 @@ class PageVerdict(NamedTuple):
 
 
 class Provenance:
-    """The derivation's state: host versions, slot contents, ring copies."""
+    """The derivation's state: host versions, slot contents, ring copies.
+
+    Kept as page- and slot-indexed lists rather than per-page objects so that the common case,
+    a run of pages that are all exact, is decided by comparing list slices (a C loop) instead
+    of a Python loop over the pages: ``kvdiag check`` reads millions of events and a read can
+    cover hundreds of pages (benchmarks/bench_check.py).
+    """
 
     def __init__(self) -> None:
-        self.versions: dict[PageId, int] = {}
+        self._ver: dict[tuple[int, int], list[int]] = {}
+        """Host version of every page of each (layer, stream) view, page-indexed."""
         self.last_write: dict[PageId, tuple[int, int]] = {}
         """(step, seq) of the latest write that touched each page: for cause chains."""
-        self.slots: dict[int, Copy] = {}
-        self.ring: dict[PageId, Copy] = {}
+        self._ident: list[tuple[int, int, int] | None] = []
+        """Per slot: (layer, stream, page - slot) of the copy it holds; None = empty."""
+        self._slot_ver: list[int] = []
+        self._slot_when: list[tuple[int, int]] = []
+        self._ring_ver: dict[tuple[int, int], list[int]] = {}
+        self._ring_when: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.invalidations = 0
 
     # -- facts ---------------------------------------------------------------------------
+
+    def _versions(self, layer: int, stream: int, end: int) -> list[int]:
+        v = self._ver.get((layer, stream))
+        if v is None:
+            v = self._ver[(layer, stream)] = []
+        if len(v) < end:
+            v.extend([0] * (end - len(v)))
+        return v
+
+    def version(self, layer: int, stream: int, page: int) -> int:
+        v = self._ver.get((layer, stream))
+        return v[page] if v is not None and page < len(v) else 0
 
     def write(self, e: ev.Write) -> None:
         c0, c1 = e.cells
         if c1 <= c0:
             return
-        versions, last = self.versions, self.last_write
-        layer, stream, when = e.layer, e.stream, (e.step, e.seq)
-        for page in range(c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1):
-            key = (layer, stream, page)
-            versions[key] = versions.get(key, 0) + 1
-            last[key] = when
+        p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
+        v = self._versions(e.layer, e.stream, p1)
+        last, when = self.last_write, (e.step, e.seq)
+        for page in range(p0, p1):
+            v[page] += 1
+            last[(e.layer, e.stream, page)] = when
+
+    def _grow_slots(self, end: int) -> None:
+        n = end - len(self._ident)
+        if n > 0:
+            self._ident.extend([None] * n)
+            self._slot_ver.extend([-1] * n)
+            self._slot_when.extend([(-1, -1)] * n)
 
     def upload(self, e: ev.Upload) -> None:
-        layer, stream, step, seq = e.layer, e.stream, e.step, e.seq
-        get = self.versions.get
         p0, p1 = e.pages
+        n = p1 - p0
+        if n <= 0:
+            return
+        v = self._versions(e.layer, e.stream, p1)
+        when = (e.step, e.seq)
         if e.target == "ring":
-            ring = self.ring
-            for page in range(p0, p1):
-                key = (layer, stream, page)
-                ring[key] = Copy(layer, stream, page, get(key, 0), step, seq)
+            key = (e.layer, e.stream)
+            rv, rw = self._ring_ver.get(key), self._ring_when.get(key)
+            if rv is None or rw is None:
+                rv, rw = self._ring_ver[key], self._ring_when[key] = [], []
+            if len(rv) < p1:
+                rv.extend([-1] * (p1 - len(rv)))
+                rw.extend([(-1, -1)] * (p1 - len(rw)))
+            rv[p0:p1] = v[p0:p1]
+            rw[p0:p1] = [when] * n
         else:
-            slots, slot = self.slots, e.slot - p0
-            for page in range(p0, p1):
-                slots[slot + page] = Copy(layer, stream, page, get((layer, stream, page), 0),
-                                          step, seq)
+            s0 = e.slot
+            self._grow_slots(s0 + n)
+            self._ident[s0:s0 + n] = [(e.layer, e.stream, p0 - s0)] * n
+            self._slot_ver[s0:s0 + n] = v[p0:p1]
+            self._slot_when[s0:s0 + n] = [when] * n
 
     def invalidate(self, e: ev.Invalidate) -> None:
-        self.slots.clear()
-        self.ring.clear()
+        n = len(self._ident)
+        self._ident = [None] * n
+        self._slot_ver = [-1] * n
+        self._slot_when = [(-1, -1)] * n
+        self._ring_ver.clear()
+        self._ring_when.clear()
         self.invalidations += 1
 
     # -- judgement -----------------------------------------------------------------------
+
+    def _all_exact(self, e: ev.Read, s: ev.Served) -> bool:
+        """Every page of one served run exact, decided on list slices."""
+        b, end = s.begin, s.end
+        n = end - b
+        if s.source == "host" or n <= 0:
+            return True
+        v = self._versions(e.layer, e.stream, end)
+        if s.source == "pool":
+            q = s.slot
+            if q < 0 or q + n > len(self._ident):
+                return False
+            return (self._ident[q:q + n] == [(e.layer, e.stream, b - q)] * n
+                    and self._slot_ver[q:q + n] == v[b:end])
+        key = (e.layer, e.stream)
+        rv, rw = self._ring_ver.get(key), self._ring_when.get(key)
+        if rv is None or rw is None or len(rv) < end:
+            return False
+        return rv[b:end] == v[b:end] and all(w[0] == e.step for w in rw[b:end])
 
     def ranges(self, e: ev.Read) -> tuple[ev.ReadRange, ...]:
         """The read's provenance from its ``served`` runs, in the annotation's shape:
         consecutive pages with equal (source, holder stream, class, lag) share a range."""
         out: list[ev.ReadRange] = []
-        run: list[object] | None = None  # [begin, end, source, holder, cls, lag]
-        for v in self.pages(e):
-            holder = e.stream if v.source == "host" else (v.copy.stream if v.copy else -1)
-            if (run is not None and run[1] == v.page and run[2] == v.source
-                    and run[3] == holder and run[4] == v.cls and run[5] == v.lag):
-                run[1] = v.page + 1
+        stream = e.stream
+        for s in e.served:
+            if self._all_exact(e, s):
+                if s.end <= s.begin:
+                    continue
+                if out and out[-1].end == s.begin and out[-1].source == s.source \
+                        and out[-1].cls == "exact" and out[-1].holder == stream:
+                    out[-1] = ev.ReadRange(out[-1].begin, s.end, s.source, stream, "exact")
+                else:
+                    out.append(ev.ReadRange(s.begin, s.end, s.source, stream, "exact"))
                 continue
-            if run is not None:
-                out.append(ev.ReadRange(*run))  # type: ignore[arg-type]
-            run = [v.page, v.page + 1, v.source, holder, v.cls, v.lag]
-        if run is not None:
-            out.append(ev.ReadRange(*run))  # type: ignore[arg-type]
+            for v in self._judge(e, s):
+                holder = stream if v.source == "host" else v.copy.stream if v.copy else -1
+                last = out[-1] if out else None
+                if (last is not None and last.end == v.page and last.source == v.source
+                        and last.holder == holder and last.cls == v.cls
+                        and last.version_lag == v.lag):
+                    out[-1] = ev.ReadRange(last.begin, v.page + 1, v.source, holder, v.cls, v.lag)
+                else:
+                    out.append(ev.ReadRange(v.page, v.page + 1, v.source, holder, v.cls, v.lag))
         return tuple(out)
 
     def pages(self, e: ev.Read) -> list[PageVerdict]:
-        """Every page of the read's ``served`` runs, judged."""
-        layer, stream, step = e.layer, e.stream, e.step
-        get = self.versions.get
+        """Every page of the read's ``served`` runs, judged one by one."""
+        return [v for s in e.served for v in self._judge(e, s)]
+
+    def _judge(self, e: ev.Read, s: ev.Served) -> list[PageVerdict]:
+        layer, stream, step, source = e.layer, e.stream, e.step, s.source
+        v = self._versions(layer, stream, s.end)
         out: list[PageVerdict] = []
-        for s in e.served:
-            source = s.source
-            for i, page in enumerate(range(s.begin, s.end)):
-                current = get((layer, stream, page), 0)
-                if source == "host":
-                    out.append(PageVerdict(page, source, -1, None, "exact", 0, current))
-                    continue
-                if source == "pool":
-                    copy = self.slots.get(s.slot + i)
-                else:
-                    copy = self.ring.get((layer, stream, page))
-                    if copy is not None and copy.step != step:
-                        copy = None  # a ring copy lives for the read it was made for
-                slot = s.slot + i
-                if copy is None or (copy.layer, copy.stream, copy.page) != (layer, stream, page):
-                    out.append(PageVerdict(page, source, slot, copy, "foreign", 0, current))
-                elif copy.version == current:
-                    out.append(PageVerdict(page, source, slot, copy, "exact", 0, current))
-                else:
-                    out.append(PageVerdict(page, source, slot, copy, "stale",
-                                           current - copy.version, current))
+        key = (layer, stream)
+        rv, rw = self._ring_ver.get(key, []), self._ring_when.get(key, [])
+        for i, page in enumerate(range(s.begin, s.end)):
+            current = v[page]
+            if source == "host":
+                out.append(PageVerdict(page, source, -1, None, "exact", 0, current))
+                continue
+            slot = s.slot + i
+            copy: Copy | None = None
+            if source == "pool":
+                ident = self._ident[slot] if 0 <= slot < len(self._ident) else None
+                if ident is not None:
+                    l_, s_, delta = ident
+                    wstep, wseq = self._slot_when[slot]
+                    copy = Copy(l_, s_, slot + delta, self._slot_ver[slot], wstep, wseq)
+            elif page < len(rv) and rw[page][0] == step:
+                copy = Copy(layer, stream, page, rv[page], rw[page][0], rw[page][1])
+            if copy is None or (copy.layer, copy.stream, copy.page) != (layer, stream, page):
+                out.append(PageVerdict(page, source, slot, copy, "foreign", 0, current))
+            elif copy.version == current:
+                out.append(PageVerdict(page, source, slot, copy, "exact", 0, current))
+            else:
+                out.append(PageVerdict(page, source, slot, copy, "stale",
+                                       current - copy.version, current))
         return out
+
+    def holder(self, slot: int) -> Copy | None:
+        """What a pool slot holds now."""
+        ident = self._ident[slot] if 0 <= slot < len(self._ident) else None
+        if ident is None:
+            return None
+        wstep, wseq = self._slot_when[slot]
+        return Copy(ident[0], ident[1], slot + ident[2], self._slot_ver[slot], wstep, wseq)
 
     def feed(self, e: ev.AnyEvent | ev.Unknown) -> None:
         """Apply one event of any kind (reads change no state)."""
