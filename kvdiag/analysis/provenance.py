@@ -74,10 +74,17 @@ class Provenance:
         """(step, seq) of the latest write that touched each page: for cause chains."""
         self._ident: list[tuple[int, int, int] | None] = []
         """Per slot: (layer, stream, page - slot) of the copy it holds; None = empty."""
+        self._canon: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        """One tuple object per distinct ident, so that a slice of ``_ident`` is checked with
+        ``list.count``, whose identity shortcut skips comparing the tuples' contents."""
         self._slot_ver: list[int] = []
         self._slot_when: list[tuple[int, int]] = []
-        self._ring_ver: dict[tuple[int, int], list[int]] = {}
-        self._ring_when: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._ring: dict[tuple[int, int], tuple[int, list[tuple[int, int, int, list[int]]]]] = {}
+        """Per (layer, stream) view: the step of its latest ring copies and those copies,
+        (p0, p1, upload seq, host versions of the pages then). Only the step's own copies
+        count (a ring slot is reused by the next batch), so older steps' are dropped."""
+        self.copies: dict[tuple[str, str], list[int]] = {}
+        """Per (target, reason): uploads, pages, bytes (residency statistics)."""
         self.invalidations = 0
 
     # -- facts ---------------------------------------------------------------------------
@@ -99,8 +106,14 @@ class Provenance:
         if c1 <= c0:
             return
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
-        v = self._versions(e.layer, e.stream, p1)
+        v = self._ver.get((e.layer, e.stream))
+        if v is None or len(v) < p1:
+            v = self._versions(e.layer, e.stream, p1)
         last, when = self.last_write, (e.step, e.seq)
+        if p1 - p0 == 1:  # a decode token: one page
+            v[p0] += 1
+            last[(e.layer, e.stream, p0)] = when
+            return
         for page in range(p0, p1):
             v[page] += 1
             last[(e.layer, e.stream, page)] = when
@@ -115,34 +128,38 @@ class Provenance:
     def upload(self, e: ev.Upload) -> None:
         p0, p1 = e.pages
         n = p1 - p0
+        acc = self.copies.get((e.target, e.reason))
+        if acc is None:
+            acc = self.copies[(e.target, e.reason)] = [0, 0, 0]
+        acc[0] += 1
+        acc[1] += n
+        acc[2] += e.bytes
         if n <= 0:
             return
-        v = self._versions(e.layer, e.stream, p1)
-        when = (e.step, e.seq)
+        v = self._ver.get((e.layer, e.stream))
+        if v is None or len(v) < p1:
+            v = self._versions(e.layer, e.stream, p1)
         if e.target == "ring":
             key = (e.layer, e.stream)
-            rv, rw = self._ring_ver.get(key), self._ring_when.get(key)
-            if rv is None or rw is None:
-                rv, rw = self._ring_ver[key], self._ring_when[key] = [], []
-            if len(rv) < p1:
-                rv.extend([-1] * (p1 - len(rv)))
-                rw.extend([(-1, -1)] * (p1 - len(rw)))
-            rv[p0:p1] = v[p0:p1]
-            rw[p0:p1] = [when] * n
+            rec = self._ring.get(key)
+            if rec is None or rec[0] != e.step:
+                rec = self._ring[key] = (e.step, [])
+            rec[1].append((p0, p1, e.seq, v[p0:p1]))
         else:
             s0 = e.slot
-            self._grow_slots(s0 + n)
-            self._ident[s0:s0 + n] = [(e.layer, e.stream, p0 - s0)] * n
+            if s0 + n > len(self._ident):
+                self._grow_slots(s0 + n)
+            ident = (e.layer, e.stream, p0 - s0)
+            self._ident[s0:s0 + n] = [self._canon.setdefault(ident, ident)] * n
             self._slot_ver[s0:s0 + n] = v[p0:p1]
-            self._slot_when[s0:s0 + n] = [when] * n
+            self._slot_when[s0:s0 + n] = [(e.step, e.seq)] * n
 
     def invalidate(self, e: ev.Invalidate) -> None:
         n = len(self._ident)
         self._ident = [None] * n
         self._slot_ver = [-1] * n
         self._slot_when = [(-1, -1)] * n
-        self._ring_ver.clear()
-        self._ring_when.clear()
+        self._ring.clear()
         self.invalidations += 1
 
     # -- judgement -----------------------------------------------------------------------
@@ -153,18 +170,39 @@ class Provenance:
         n = end - b
         if s.source == "host" or n <= 0:
             return True
-        v = self._versions(e.layer, e.stream, end)
+        v = self._ver.get((e.layer, e.stream))
+        if v is None or len(v) < end:
+            v = self._versions(e.layer, e.stream, end)
         if s.source == "pool":
             q = s.slot
-            if q < 0 or q + n > len(self._ident):
-                return False
-            return (self._ident[q:q + n] == [(e.layer, e.stream, b - q)] * n
+            ident = self._canon.get((e.layer, e.stream, b - q))
+            return (ident is not None and q >= 0 and self._ident[q:q + n].count(ident) == n
                     and self._slot_ver[q:q + n] == v[b:end])
-        key = (e.layer, e.stream)
-        rv, rw = self._ring_ver.get(key), self._ring_when.get(key)
-        if rv is None or rw is None or len(rv) < end:
+        rec = self._ring.get((e.layer, e.stream))
+        if rec is None or rec[0] != e.step:
             return False
-        return rv[b:end] == v[b:end] and all(w[0] == e.step for w in rw[b:end])
+        # the step's copies must tile [b, end) once each, with the versions still current
+        at = b
+        for p0, p1, _, snap in sorted(c for c in rec[1] if c[0] < end and c[1] > b):
+            if p0 > at or p0 < at:
+                return False
+            top = min(p1, end)
+            if snap[:top - p0] != v[p0:top]:
+                return False
+            at = top
+        return at == end
+
+    def exact_pages(self, e: ev.Read) -> int | None:
+        """The number of pages the read's ``served`` runs cover if every one is exact, else
+        None (then :meth:`ranges` says which are not). The common case, decided without
+        building ranges."""
+        total = 0
+        all_exact = self._all_exact
+        for s in e.served:
+            if not all_exact(e, s):
+                return None
+            total += s.end - s.begin if s.end > s.begin else 0
+        return total
 
     def ranges(self, e: ev.Read) -> tuple[ev.ReadRange, ...]:
         """The read's provenance from its ``served`` runs, in the annotation's shape:
@@ -200,8 +238,8 @@ class Provenance:
         layer, stream, step, source = e.layer, e.stream, e.step, s.source
         v = self._versions(layer, stream, s.end)
         out: list[PageVerdict] = []
-        key = (layer, stream)
-        rv, rw = self._ring_ver.get(key, []), self._ring_when.get(key, [])
+        rec = self._ring.get((layer, stream))
+        ring = rec[1] if rec is not None and rec[0] == step else []
         for i, page in enumerate(range(s.begin, s.end)):
             current = v[page]
             if source == "host":
@@ -215,8 +253,11 @@ class Provenance:
                     l_, s_, delta = ident
                     wstep, wseq = self._slot_when[slot]
                     copy = Copy(l_, s_, slot + delta, self._slot_ver[slot], wstep, wseq)
-            elif page < len(rv) and rw[page][0] == step:
-                copy = Copy(layer, stream, page, rv[page], rw[page][0], rw[page][1])
+            else:
+                for p0, p1, seq, snap in reversed(ring):  # the last copy of the page wins
+                    if p0 <= page < p1:
+                        copy = Copy(layer, stream, page, snap[page - p0], step, seq)
+                        break
             if copy is None or (copy.layer, copy.stream, copy.page) != (layer, stream, page):
                 out.append(PageVerdict(page, source, slot, copy, "foreign", 0, current))
             elif copy.version == current:
