@@ -19,6 +19,7 @@ COMMANDS: tuple[str, ...] = (
     "plan",
     "capture",
     "check",
+    "diff",
     "trace",
     "postmortem",
     "devices",
