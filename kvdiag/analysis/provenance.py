@@ -78,6 +78,11 @@ class Provenance:
         """One tuple object per distinct ident, so that a slice of ``_ident`` is checked with
         ``list.count``, whose identity shortcut skips comparing the tuples' contents."""
         self._slot_ver: list[int] = []
+        self._good = bytearray()
+        """Per slot: 1 while its copy is the current version of the page it holds (cleared by
+        a write to that page), so a run's freshness is one ``bytearray.find``."""
+        self._held: dict[PageId, list[int]] = {}
+        """The slots holding a copy (of any version) of each host page."""
         self._slot_when: list[tuple[int, int]] = []
         self._ring: dict[tuple[int, int], tuple[int, list[tuple[int, int, int, list[int]]]]] = {}
         """Per (layer, stream) view: the step of its latest ring copies and those copies,
@@ -109,19 +114,21 @@ class Provenance:
         v = self._ver.get((e.layer, e.stream))
         if v is None or len(v) < p1:
             v = self._versions(e.layer, e.stream, p1)
-        last, when = self.last_write, (e.step, e.seq)
-        if p1 - p0 == 1:  # a decode token: one page
-            v[p0] += 1
-            last[(e.layer, e.stream, p0)] = when
-            return
+        last, when, held, good = self.last_write, (e.step, e.seq), self._held, self._good
         for page in range(p0, p1):
             v[page] += 1
-            last[(e.layer, e.stream, page)] = when
+            key = (e.layer, e.stream, page)
+            last[key] = when
+            slots = held.get(key)
+            if slots:
+                for q in slots:
+                    good[q] = 0
 
     def _grow_slots(self, end: int) -> None:
         n = end - len(self._ident)
         if n > 0:
             self._ident.extend([None] * n)
+            self._good.extend(bytes(n))
             self._slot_ver.extend([-1] * n)
             self._slot_when.extend([(-1, -1)] * n)
 
@@ -150,13 +157,26 @@ class Provenance:
             if s0 + n > len(self._ident):
                 self._grow_slots(s0 + n)
             ident = (e.layer, e.stream, p0 - s0)
-            self._ident[s0:s0 + n] = [self._canon.setdefault(ident, ident)] * n
+            ident = self._canon.setdefault(ident, ident)
+            held, old_idents = self._held, self._ident
+            for q in range(s0, s0 + n):
+                old = old_idents[q]
+                if old is not None and old is not ident:
+                    slots = held.get((old[0], old[1], q + old[2]))
+                    if slots and q in slots:
+                        slots.remove(q)
+                if old is not ident:
+                    held.setdefault((e.layer, e.stream, q - s0 + p0), []).append(q)
+            self._ident[s0:s0 + n] = [ident] * n
+            self._good[s0:s0 + n] = b"\x01" * n
             self._slot_ver[s0:s0 + n] = v[p0:p1]
             self._slot_when[s0:s0 + n] = [(e.step, e.seq)] * n
 
     def invalidate(self, e: ev.Invalidate) -> None:
         n = len(self._ident)
         self._ident = [None] * n
+        self._good = bytearray(n)
+        self._held.clear()
         self._slot_ver = [-1] * n
         self._slot_when = [(-1, -1)] * n
         self._ring.clear()
@@ -165,26 +185,31 @@ class Provenance:
     # -- judgement -----------------------------------------------------------------------
 
     def _all_exact(self, e: ev.Read, s: ev.Served) -> bool:
-        """Every page of one served run exact, decided on list slices."""
+        """Every page of one served run exact, decided on slices (C loops, not Python)."""
         b, end = s.begin, s.end
         n = end - b
         if s.source == "host" or n <= 0:
             return True
-        v = self._ver.get((e.layer, e.stream))
-        if v is None or len(v) < end:
-            v = self._versions(e.layer, e.stream, end)
         if s.source == "pool":
             q = s.slot
             ident = self._canon.get((e.layer, e.stream, b - q))
             return (ident is not None and q >= 0 and self._ident[q:q + n].count(ident) == n
-                    and self._slot_ver[q:q + n] == v[b:end])
+                    and self._good.find(0, q, q + n) < 0)
+        v = self._ver.get((e.layer, e.stream))
+        if v is None or len(v) < end:
+            v = self._versions(e.layer, e.stream, end)
         rec = self._ring.get((e.layer, e.stream))
         if rec is None or rec[0] != e.step:
             return False
+        copies = rec[1]
+        if len(copies) == 1:  # one batch copied exactly this run: the common case
+            p0, p1, _, snap = copies[0]
+            if p0 == b and p1 == end:
+                return snap == v[b:end]
         # the step's copies must tile [b, end) once each, with the versions still current
         at = b
         for p0, p1, _, snap in sorted(c for c in rec[1] if c[0] < end and c[1] > b):
-            if p0 > at or p0 < at:
+            if p0 != at:
                 return False
             top = min(p1, end)
             if snap[:top - p0] != v[p0:top]:
@@ -199,9 +224,11 @@ class Provenance:
         total = 0
         all_exact = self._all_exact
         for s in e.served:
-            if not all_exact(e, s):
-                return None
-            total += s.end - s.begin if s.end > s.begin else 0
+            n = s.end - s.begin
+            if n > 0:
+                if not all_exact(e, s):
+                    return None
+                total += n
         return total
 
     def ranges(self, e: ev.Read) -> tuple[ev.ReadRange, ...]:

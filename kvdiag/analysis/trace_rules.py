@@ -163,7 +163,7 @@ class TraceAnalyzer:
         self.foreign: dict[int, _Group] = {}
         self.divergence: dict[int, _Group] = {}
         self._res = Residency()
-        self._type_counts: dict[type, int] = {}
+        self._table: dict[type, list[Any]] = {}
         self._unknown_counts: Counter[str] = Counter()
         self.steps: set[int] = set()
         self.end: ev.End | None = None
@@ -195,35 +195,39 @@ class TraceAnalyzer:
     def counts(self) -> Counter[str]:
         """Events per kind."""
         out: Counter[str] = Counter(self._unknown_counts)
-        for cls, n in self._type_counts.items():
-            if cls is not ev.Unknown:
+        for cls, (n, _) in self._table.items():
+            if n and cls is not ev.Unknown:
                 out[cls.__struct_config__.tag] += n  # type: ignore[attr-defined]
         return out
 
+    def _entry(self, cls: type) -> list[Any]:
+        """The [count, handler] of an event class (one dict lookup per event: analysis runs
+        over millions of them)."""
+        entry = self._table.get(cls)
+        if entry is None:
+            entry = self._table[cls] = [0, self._handlers.get(cls)]
+        return entry
+
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
-        # one dict dispatch per event: analysis runs over millions of them
-        cls = type(event)
-        counts = self._type_counts
-        counts[cls] = counts.get(cls, 0) + 1
+        entry = self._entry(type(event))
+        entry[0] += 1
         self.last_seq = event.seq
-        handler = self._handlers.get(cls)
-        if handler is not None:
-            handler(event)
-        elif cls is ev.Unknown:
-            self._unknown_counts[event.kind] += 1  # type: ignore[union-attr]
+        if entry[1] is not None:
+            entry[1](event)
+        elif type(event) is ev.Unknown:
+            self._unknown_counts[event.kind] += 1
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> TraceAnalyzer:
         # feed() inlined: a method call per event is a tenth of the analysis of a big trace
-        counts, handlers, unknown = self._type_counts, self._handlers, ev.Unknown
+        table, entry_of = self._table, self._entry
         last: ev.AnyEvent | ev.Unknown | None = None
         for e in events:
-            cls = type(e)
-            counts[cls] = counts.get(cls, 0) + 1
-            handler = handlers.get(cls)
-            if handler is not None:
-                handler(e)
-            elif cls is unknown:
-                self._unknown_counts[e.kind] += 1  # type: ignore[union-attr]
+            entry = table.get(type(e)) or entry_of(type(e))
+            entry[0] += 1
+            if entry[1] is not None:
+                entry[1](e)
+            elif type(e) is ev.Unknown:
+                self._unknown_counts[e.kind] += 1
             last = e
         if last is not None:
             self.last_seq = last.seq
@@ -283,8 +287,10 @@ class TraceAnalyzer:
             exact = self.provenance.exact_pages(e)
             if exact is not None:
                 r.exact_pages += exact
-                if e.ranges and any(x.cls != "exact" for x in e.ranges):
-                    r.annotation_disagrees += 1
+                for x in e.ranges:
+                    if x.cls != "exact":
+                        r.annotation_disagrees += 1
+                        break
                 return
             ranges = self.provenance.ranges(e)
             if e.ranges and ranges != e.ranges:
