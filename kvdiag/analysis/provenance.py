@@ -236,7 +236,18 @@ class Provenance:
                 if (ident is None or q < 0 or idents[q:q + n].count(ident) != n
                         or good.find(0, q, q + n) >= 0):
                     return None
-            elif s.source != "host" and not self._all_exact(e, s):
+            elif s.source == "ring":
+                rec = self._ring.get((e.layer, e.stream))
+                if rec is None or rec[0] != e.step:
+                    return None
+                copies = rec[1]
+                if len(copies) == 1 and copies[0][0] == b and copies[0][1] == b + n:
+                    v = self._ver.get((e.layer, e.stream))
+                    if v is None or copies[0][3] != v[b:b + n]:
+                        return None
+                elif not self._all_exact(e, s):
+                    return None
+            elif s.source != "host":
                 return None
             total += n
         return total
