@@ -181,3 +181,21 @@ def test_random_schedules_derive_the_annotation(data: st.DataObject, np_: int, l
     sink = ListSink()
     Runner(cfg, Scenario("random", "", {}, data.draw(schedules(np_))), NumpyExecutor()).run(sink)
     derive_and_compare(sink.events)
+
+
+def test_out_of_range_pages_and_slots_are_ignored_not_allocated() -> None:
+    """A damaged or hostile trace (a page index of 10^12) neither hangs nor allocates: the
+    events are left out of the derivation and counted."""
+    huge = 10**12
+    p = Provenance()
+    p.feed(ev.Write(1, 0, 0, layer=0, stream=0, cells=(0, huge), rows=(0, huge)))
+    p.feed(ev.Write(2, 0, 0, layer=0, stream=0, cells=(-512, 10), rows=(0, 10)))
+    p.feed(ev.Upload(3, 0, 0, layer=0, stream=0, pages=(0, 1), slot=huge, target="resident",
+                     bytes=1, reason="miss"))
+    p.feed(ev.Upload(4, 0, 0, layer=0, stream=0, pages=(0, huge), slot=0, target="ring",
+                     bytes=1, reason="ring"))
+    read = ev.Read(5, 0, 0, layer=0, stream=0, pool=1, ring=0, host=0,
+                   served=(ev.Served(0, huge, "pool", 0), ev.Served(-3, 1, "host", -1)))
+    assert p.exact_pages(read) is None
+    assert p.ranges(read) == () and p.pages(read) == []
+    assert p.out_of_range == 4 + 2 + 2

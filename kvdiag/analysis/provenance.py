@@ -27,6 +27,11 @@ from typing import NamedTuple
 from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS
 
+MAX_PAGE = 1 << 20
+"""Pages per view beyond which an event is not believed (a 268M-token context): a damaged or
+hostile trace must not make the derivation allocate or loop without bound."""
+MAX_SLOT = 1 << 22
+
 PageId = tuple[int, int, int]
 """(layer, stream, page) of the host store."""
 
@@ -89,6 +94,8 @@ class Provenance:
         self.copies: dict[tuple[str, str], list[int]] = {}
         """Per (target, reason): uploads, pages, bytes (residency statistics)."""
         self.invalidations = 0
+        self.out_of_range = 0
+        """Events (or read runs) ignored because their pages or slots are out of range."""
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -109,6 +116,9 @@ class Provenance:
         if c1 <= c0:
             return
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
+        if p0 < 0 or p1 > MAX_PAGE:
+            self.out_of_range += 1
+            return
         v = self._ver.get((e.layer, e.stream))
         if v is None or len(v) < p1:
             v = self._versions(e.layer, e.stream, p1)
@@ -138,6 +148,9 @@ class Provenance:
         acc[1] += n
         acc[2] += e.bytes
         if n <= 0:
+            return
+        if p0 < 0 or p1 > MAX_PAGE or (e.target != "ring" and not 0 <= e.slot <= MAX_SLOT - n):
+            self.out_of_range += 1
             return
         v = self._ver.get((e.layer, e.stream))
         if v is None or len(v) < p1:
@@ -230,6 +243,8 @@ class Provenance:
             n = s.end - b
             if n <= 0:
                 continue
+            if b < 0 or s.end > MAX_PAGE:
+                return None  # ranges() leaves it out
             if s.source == "pool":
                 q = s.slot
                 ident = canon.get((e.layer, e.stream, b - q))
@@ -258,6 +273,8 @@ class Provenance:
         out: list[ev.ReadRange] = []
         stream = e.stream
         for s in e.served:
+            if not self._in_range(s):
+                continue
             if self._all_exact(e, s):
                 if s.end <= s.begin:
                     continue
@@ -279,8 +296,15 @@ class Provenance:
         return tuple(out)
 
     def pages(self, e: ev.Read) -> list[PageVerdict]:
-        """Every page of the read's ``served`` runs, judged one by one."""
-        return [v for s in e.served for v in self._judge(e, s)]
+        """Every page of the read's ``served`` runs, judged one by one (runs outside
+        ``[0, MAX_PAGE)`` are left out and counted in ``out_of_range``)."""
+        return [v for s in e.served if self._in_range(s) for v in self._judge(e, s)]
+
+    def _in_range(self, s: ev.Served) -> bool:
+        if s.begin < 0 or s.end > MAX_PAGE:
+            self.out_of_range += 1
+            return False
+        return True
 
     def _judge(self, e: ev.Read, s: ev.Served) -> list[PageVerdict]:
         layer, stream, step, source = e.layer, e.stream, e.step, s.source

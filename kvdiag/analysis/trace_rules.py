@@ -425,10 +425,12 @@ class TraceAnalyzer:
 
     def summary(self) -> dict[str, Any]:
         counts = self.counts
+        residency = self.residency.as_json()
+        residency["provenance"]["out_of_range"] = self.provenance.out_of_range
         return {
             "events": sum(counts.values()),
             "counts": dict(counts),
             "steps": len(self.steps),
             "status": self.end.status if self.end else "incomplete",
-            "residency": self.residency.as_json(),
+            "residency": residency,
         }

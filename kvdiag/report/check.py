@@ -66,7 +66,9 @@ def residency_table(summary: dict[str, Any]) -> Table:
             f"derived from served pages {prov['derived_reads']}, model annotation "
             f"{prov['annotated_reads']}, not recorded {prov['not_recorded_reads']}"
             + (f"; annotation disagrees with derivation in {prov['annotation_disagrees']}"
-               if prov["annotation_disagrees"] else "")))
+               if prov["annotation_disagrees"] else "")
+            + (f"; {prov['out_of_range']} event(s) with impossible pages or slots ignored"
+               if prov.get("out_of_range") else "")))
     t.add_row("uploads", (
         f"resident {up.get('resident', 0)} pages ({ub.get('resident', 0) / 2**20:.1f} MiB), "
         f"ring {up.get('ring', 0)} pages ({ub.get('ring', 0) / 2**20:.1f} MiB)"))
