@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdiag.analysis.provenance import PageVerdict, Provenance
+from kvdiag.analysis.provenance import MAX_PAGE, PageVerdict, Provenance
 from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS
 
@@ -97,7 +97,8 @@ class _Side:
         self.prov.feed(e)
         if isinstance(e, ev.Write):
             c0, c1 = e.cells
-            for page in range(c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1 if c1 > c0 else 0):
+            p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1 if c1 > c0 else 0
+            for page in range(max(p0, 0), min(p1, MAX_PAGE)):  # the derivation's bounds
                 self.last_write[(e.layer, e.stream, page)] = (e, self.mark)
         elif isinstance(e, ev.Mark):
             self.mark = e
