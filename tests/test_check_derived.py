@@ -148,3 +148,16 @@ def test_fits_evaluation_notes_a_writer_that_disagrees(tmp_path: Path) -> None:
     (fb,) = findings_by_rule(path)["fallback"]
     assert ("the writer's predicate returned true, the model's false"
             in fb.evidence[0].text)
+
+
+def test_the_text_report_labels_its_units_and_says_how_much_evidence_it_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_trace(tmp_path / "model.kvtrace", capture(*ALIASING))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps table cells
+    assert "read classes (pages)" in out and "provenance (reads)" in out
+    stale = next(f for f in analyse_file(path).findings if f.rule == "stale-page-read")
+    reads = stale.details["reads"]
+    assert reads > 3 and f"first 3 of {reads}" in out

@@ -359,13 +359,14 @@ class TraceAnalyzer:
                 details={"failed": list(failed), "conditions_from": by, "count": g.count,
                          "first_step": g.first_step, **_shown(g)}))
         how = self._provenance_source()
-        for rule, groups, what in (("stale-page-read", self.stale, "stale"),
-                                   ("foreign-page-read", self.foreign, "another stream's")):
+        for rule, groups, what in (("stale-page-read", self.stale, "stale resident page(s)"),
+                                   ("foreign-page-read", self.foreign,
+                                    "resident page(s) holding another stream's bytes")):
             for stream, g in sorted(groups.items()):
                 out.append(Finding(
                     rule=rule, severity=Severity.ERROR,
-                    title=(f"stream {stream} read {g.pages} {what} resident page(s) in "
-                           f"{g.count} read(s), first at step {g.first_step} ({how})"),
+                    title=(f"stream {stream} read {g.pages} {what} in {g.count} read(s), "
+                           f"first at step {g.first_step} ({how})"),
                     evidence=tuple(g.evidence), fix=FIX_ALIAS,
                     details={"stream": stream, "pages": g.pages, "count": g.count,
                              "reads": g.count, "first_step": g.first_step,
