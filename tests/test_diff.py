@@ -70,6 +70,10 @@ def test_a_trace_is_equivalent_to_itself(captured: Capture,
     code, doc = diff_json(capsys, str(path), str(path))
     assert code == 0 and doc["equivalent"] is True and doc["first"] is None
     assert doc["steps_compared"] == doc["steps"]["a"] == doc["steps"]["b"] > 10
+    with TraceReader.open(path) as r:
+        reads = sum(1 for e in r if isinstance(e, ev.Read))
+    assert doc["compared"] == {"reads": reads, "reads_not_recorded": 0,
+                               "outputs": doc["steps"]["a"], "outputs_not_recorded": 0}
     capsys.readouterr()
     assert main(["diff", str(path), str(path)]) == 0
     assert "equivalent: no divergence in" in capsys.readouterr().out
@@ -141,3 +145,17 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, captured: Capture,
         assert main(["diff", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("kvdiag: error:")
+
+
+def test_reads_without_served_pages_are_counted_not_compared(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The committed samples are format 1.0 (no served pages): diff says what it could not
+    compare instead of calling them equivalent on provenance."""
+    sample = Path(__file__).resolve().parent.parent / "traces" / "slot1-first-shared.kvtrace"
+    code, doc = diff_json(capsys, str(sample), str(sample))
+    assert code == 0
+    assert doc["compared"]["reads"] == 0 and doc["compared"]["reads_not_recorded"] == 60
+    capsys.readouterr()
+    main(["diff", str(sample), str(sample)])
+    assert "not compared: 60 read(s) without served pages" in capsys.readouterr().out

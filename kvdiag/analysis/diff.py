@@ -62,6 +62,10 @@ class DiffResult:
     schedule: str | None = None
     """Why the schedules differ (None: they agree)."""
     lengths: tuple[int, int] = (0, 0)
+    compared: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("reads", "reads_not_recorded", "outputs", "outputs_not_recorded"), 0))
+    """What was compared, and what could not be for want of recorded facts (a read without
+    ``served`` in either trace, an output without a reference)."""
 
     @property
     def equivalent(self) -> bool:
@@ -242,7 +246,9 @@ class Differ:
         rb = {e.stream: e for e in eb if isinstance(e, ev.Read)}
         for stream in sorted(set(ra) & set(rb)):
             if not ra[stream].served or not rb[stream].served:
+                self.result.compared["reads_not_recorded"] += 1
                 continue  # provenance not recorded: nothing derived to compare
+            self.result.compared["reads"] += 1
             va = {v.page: v for v in self.a.prov.pages(ra[stream])}
             vb = {v.page: v for v in self.b.prov.pages(rb[stream])}
             for page in sorted(set(va) & set(vb)):
@@ -296,7 +302,9 @@ class Differ:
         for stream in sorted(set(oa) & set(ob)):
             a, b = oa[stream], ob[stream]
             da, db = a.diverged, b.diverged
-            differs = da is not None and db is not None and da != db
+            recorded = da is not None and db is not None
+            self.result.compared["outputs" if recorded else "outputs_not_recorded"] += 1
+            differs = recorded and da != db
             if differs:
                 text = (f"stream {stream} output {'diverges' if da else 'matches'} its reference "
                         f"in A (max |Δ| {a.max_abs_delta:.3g}), "

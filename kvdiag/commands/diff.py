@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         "effect": result.effect.as_json() if result.effect and result.effect is not result.first
         else None,
         "chain": result.chain,
+        "compared": result.compared,
         "problems": problems,
     }
     if args.json:
@@ -65,6 +66,12 @@ def _text(doc: dict[str, Any]) -> str:
     if doc["schedule_differs"]:
         lines.append(f"schedules differ (compared with --force): {doc['schedule_differs']}")
     first = doc["first"]
+    c = doc["compared"]
+    lines.append(f"compared {c['reads']} read(s) page by page and {c['outputs']} output(s)"
+                 + (f"; not recorded, so not compared: {c['reads_not_recorded']} read(s) without "
+                    "served pages" if c["reads_not_recorded"] else "")
+                 + (f", {c['outputs_not_recorded']} output(s) without a reference"
+                    if c["outputs_not_recorded"] else ""))
     if first is None:
         lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)")
         return "\n".join(lines) + "\n"
