@@ -199,3 +199,21 @@ def test_out_of_range_pages_and_slots_are_ignored_not_allocated() -> None:
     assert p.exact_pages(read) is None
     assert p.ranges(read) == () and p.pages(read) == []
     assert p.out_of_range == 4 + 2 + 2
+
+
+def test_repeated_ring_copies_in_one_step_stay_bounded_and_the_last_wins() -> None:
+    p = Provenance()
+    p.feed(ev.Write(1, 0, 0, layer=0, stream=0, cells=(0, 256 * 4), rows=(0, 1024)))
+    for i in range(1000):
+        p.feed(ev.Upload(2 + i, 0, 0, layer=0, stream=0, pages=(0, 4), slot=0, target="ring",
+                         bytes=1, reason="ring"))
+    assert len(p._ring[(0, 0)][1]) == 1
+    read = ev.Read(5000, 0, 0, layer=0, stream=0, pool=0, ring=4, host=0,
+                   served=(ev.Served(0, 4, "ring", 0),))
+    assert p.exact_pages(read) == 4
+    p.feed(ev.Write(5001, 0, 0, layer=0, stream=0, cells=(300, 301), rows=(300, 301)))
+    assert p.ranges(read) == (ev.ReadRange(0, 1, "ring", 0, "exact"),
+                              ev.ReadRange(1, 2, "ring", 0, "stale", 1),
+                              ev.ReadRange(2, 4, "ring", 0, "exact"))
+    (stale,) = [v for v in p.pages(read) if v.cls == "stale"]
+    assert stale.copy is not None and stale.copy.seq == 1001  # the last copy of page 1

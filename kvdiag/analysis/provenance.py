@@ -160,6 +160,10 @@ class Provenance:
             rec = self._ring.get(key)
             if rec is None or rec[0] != e.step:
                 rec = self._ring[key] = (e.step, [])
+            elif rec[1]:
+                # a later copy of the same pages replaces the earlier one: the list stays
+                # bounded by the view's pages however many copies one step makes
+                rec[1][:] = [c for c in rec[1] if c[0] < p0 or c[1] > p1]
             rec[1].append((p0, p1, e.seq, v[p0:p1]))
         else:
             s0 = e.slot
