@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.analysis.trace_rules import FitsEvaluator, TraceAnalyzer
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvdiag.model.events import Header
+from kvdiag.model.events import Fits, Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.trace.problems import Problem
 from kvdiag.trace.reader import TraceReader
@@ -24,9 +24,32 @@ class CheckResult:
     problems: list[Problem]
 
 
+def fits_evaluator(header: Header) -> FitsEvaluator:
+    """The model's predicate (kvdiag.kvstream.fits) over a ``fits`` event's logged geometry,
+    for writers that recorded only the bool (``evaluated: false``, format 1.1). It lives here,
+    not in analysis, because analysis does not import kvstream (design.md, "Components").
+    ``native_quants`` (GGML_CUDA_FA_ALL_QUANTS) comes from the header's config where recorded;
+    a native header does not say, and the runtime's default build has it on."""
+    from kvdiag.kvstream.fits import fits_tensors
+
+    config = header.scenario.get("config")
+    native = config.get("native_quants", True) if isinstance(config, dict) else True
+
+    def evaluate(e: Fits) -> tuple[str, ...] | None:
+        operands = (e.q, e.k, e.v, *((e.mask,) if e.mask else ()))
+        if any(not t.type or not any(t.nb) for t in operands):
+            return None  # geometry not recorded (an imported log line): nothing to evaluate
+        try:
+            return fits_tensors(e.q, e.k, e.v, e.mask, e.stage_bytes, bool(native)).failed
+        except ValueError as exc:  # a type kvdiag's model does not know
+            return (f"not evaluated: {exc}",)
+
+    return evaluate
+
+
 def analyse_file(path: str | Path) -> CheckResult:
     with TraceReader.open(path) as reader:
-        analyzer = TraceAnalyzer().feed_all(reader)
+        analyzer = TraceAnalyzer(fits_evaluator(reader.header)).feed_all(reader)
         problems = list(reader.problems)
         header = reader.header
     summary = analyzer.summary()

@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "capture",
     "sweep",
     "check",
+    "diff",
     "trace",
     "postmortem",
     "import_",

@@ -57,7 +57,17 @@ def _layout_conditions(name: str, t: Tensor) -> list[tuple[str, bool]]:
 def fits(
     node: AttentionNode, stage_bytes: int, native_quants: bool = True, sinks: bool = False
 ) -> FitsResult:
-    q, k, v, mask = node.q, node.k, node.v, node.mask
+    return fits_tensors(node.q, node.k, node.v, node.mask, stage_bytes, native_quants, sinks)
+
+
+def fits_tensors(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, stage_bytes: int,
+    native_quants: bool = True, sinks: bool = False,
+) -> FitsResult:
+    """The predicate over the operands as a trace logs them (a ``fits`` event's q, k, v, mask
+    and stage_bytes): what ``kvdiag check`` evaluates when the writer recorded only the bool
+    (``evaluated: false``). A null mask passes ("mask absent, or f16 and contiguous",
+    kv-stream-domain.md §2.2)."""
     checks: list[tuple[str, bool]] = [
         ("K.runtime!=NULL", k.runtime is not None),
         ("V.runtime!=NULL", v.runtime is not None),
@@ -79,8 +89,8 @@ def fits(
         ("K.ne[1]%256==0", k.ne[1] % FATTN_KQ_STRIDE == 0),
         *_layout_conditions("K", k),
         *_layout_conditions("V", v),
-        ("mask.type==f16", mask.type == "f16"),
-        ("mask.contiguous", mask.contiguous),
+        ("mask.type==f16", mask is None or mask.type == "f16"),
+        ("mask.contiguous", mask is None or mask.contiguous),
         ("sinks==NULL", not sinks),
         ("block_tokens(stage_bytes)>0", block_tokens(k, v, stage_bytes) > 0),
     ]

@@ -140,12 +140,7 @@ class ResidentCache:
         if self.layout == "shared":
             self.dirty.clear()
         self.precise = [True] * self.layer_count
-        pages: set[tuple[int | None, int]] = set()
-        for row in rows:
-            if self.layout == "shared":
-                pages.add((None, row // PAGE_TOKENS))
-            else:
-                pages.add((row // self.kv_size, row % self.kv_size // PAGE_TOKENS))
+        pages = self.row_pages(rows)
         marked: set[Key] = set()
         for layer in range(self.layer_count):
             window = self.window(layer)
@@ -154,6 +149,21 @@ class ResidentCache:
                     marked.add((layer, stream, page))
         self.dirty |= marked
         return marked
+
+    def row_pages(self, rows: Iterable[int]) -> set[tuple[int | None, int]]:
+        """The (stream, page) each global row falls in, as mark_dirty_rows divides it:
+        ``shared`` divides the global row by 256 with no stream term (brief §4.3),
+        ``per-stream`` takes the stream and the stream-local cell's page."""
+        if self.layout == "shared":
+            return {(None, row // PAGE_TOKENS) for row in rows}
+        return {(row // self.kv_size, row % self.kv_size // PAGE_TOKENS) for row in rows}
+
+    def outside(self, pages: Iterable[tuple[int | None, int]]) -> list[tuple[int | None, int]]:
+        """Of ``pages``, those outside every layer's resident window: a mark refreshes no
+        resident copy of them (trace 1.1 ``mark.outside``)."""
+        widest = max((self.window(layer) for layer in range(self.layer_count)), default=0)
+        return sorted((p for p in pages if p[1] >= widest),
+                      key=lambda p: (-1 if p[0] is None else p[0], p[1]))
 
     # -- the upload rule -----------------------------------------------------------------
 

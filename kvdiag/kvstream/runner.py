@@ -100,6 +100,35 @@ def _ranges(items: list[tuple[int, tuple[Any, ...]]]) -> list[tuple[int, int, tu
     return runs
 
 
+def _key_order(key: tuple[int, int | None, int]) -> tuple[int, int, int]:
+    return key[0], -1 if key[1] is None else key[1], key[2]
+
+
+def _row_runs(rows: list[int]) -> tuple[tuple[int, int], ...]:
+    """Global rows as [r0, r1) runs of consecutive rows, in the order given."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    return tuple(runs)
+
+
+def _served(items: list[tuple[int, str, int]]) -> tuple[ev.Served, ...]:
+    """(page, source, slot) in page order → runs of consecutive pages of one source in
+    consecutive slots (host pages have slot -1 and need only consecutive pages)."""
+    runs: list[list[Any]] = []
+    for page, source, slot in items:
+        if runs:
+            b, e, src, s0 = runs[-1]
+            if src == source and e == page and (slot == -1 or slot == s0 + (e - b)):
+                runs[-1][1] = page + 1
+                continue
+        runs.append([page, page + 1, source, slot])
+    return tuple(ev.Served(b, e, src, s0) for b, e, src, s0 in runs)
+
+
 def _write_runs(lane: Lane) -> list[tuple[int, np.ndarray]]:
     """(request, cells) for each run of consecutive cells of one request in a lane: one
     SET_ROWS range each."""
@@ -248,6 +277,8 @@ class Runner:
         # set_input_k_idxs: global rows = stream × kv_size + cell, handed to mark_dirty_rows
         rows = [lane.stream * cfg.kv_size + c for lane in ub.lanes for c in lane.cells]
         dirty = self.cache.mark_dirty_rows(rows)
+        self.sink.emit(ev.Mark, step, rows=_row_runs(rows), keys=tuple(sorted(dirty, key=_key_order)),
+                       outside=tuple(self.cache.outside(self.cache.row_pages(rows))))
         for lane in ub.lanes:
             idx = np.asarray(lane.cells, np.int64)
             self.cell_req[lane.stream][idx] = lane.requests
@@ -294,7 +325,8 @@ class Runner:
                                code="kv-stream-fallback", layer=layer)
                 for s in ub.streams:
                     self.sink.emit(ev.Read, step, layer=layer, stream=s, pool=0, ring=0,
-                                   host=n_pages, ranges=(ev.ReadRange(0, n_pages, "host", s, "exact"),))
+                                   host=n_pages, ranges=(ev.ReadRange(0, n_pages, "host", s, "exact"),),
+                                   served=(ev.Served(0, n_pages, "host", -1),))
             q = self._rng(1, layer, step).standard_normal(
                 (len(view_streams), ub.tokens, cfg.n_head, cfg.head_dim), dtype=np.float32)
             out = self._attend(layer, view_streams, q, positions, n_kv, table, kv_mask)
@@ -377,14 +409,17 @@ class Runner:
         v = rng.standard_normal((len(cells), width), dtype=np.float32)
         self.executor.write_rows(layer, stream, cells, k, v)
         c0, c1 = int(cells[0]), int(cells[-1]) + 1
+        base = stream * cfg.kv_size
         keys: tuple[tuple[int, int | None, int], ...] = ()
         versions: list[tuple[int, int]] = []
         if streamed_layer:
             for page in range(c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1):
                 versions.append((page, self.cache.versions.bump(layer, stream, page)))
-            keys = tuple(sorted((k_ for k_ in dirty if k_[0] == layer),
-                                key=lambda t: (t[1] if t[1] is not None else -1, t[2])))
-        base = stream * cfg.kv_size
+            # only the keys this write's own rows marked (format 1.1): the ubatch's other
+            # streams' marks belong to their own writes
+            own = self.cache.row_pages(range(base + c0, base + c1))
+            keys = tuple(sorted((k_ for k_ in dirty if k_[0] == layer and (k_[1], k_[2]) in own),
+                                key=_key_order))
         self.sink.emit(ev.Write, step, layer=layer, stream=stream, cells=(c0, c1),
                        rows=(base + c0, base + c1), dirty=keys, versions=tuple(versions))
 
@@ -406,6 +441,7 @@ class Runner:
         reasons: dict[int, str] = {}
         read_items: list[tuple[int, tuple[Any, ...]]] = []
         ring_pages: list[int] = []
+        pool_slots: dict[int, int] = {}
         for page in range(n_pages):
             current = cache.versions.get(layer, stream, page)
             if page < window:
@@ -424,6 +460,7 @@ class Runner:
                 lag = current - holder.version if holder and cls == "stale" else 0
                 read_items.append((page, ("pool", holder.stream if holder else -1, cls, lag)))
                 row[page] = plan.slot
+                pool_slots[page] = plan.slot
             else:
                 ring_pages.append(page)
                 read_items.append((page, ("ring", stream, "exact", 0)))
@@ -433,15 +470,17 @@ class Runner:
                            slot=slot, target="resident", bytes=count * self.plan.page_bytes,
                            reason=reasons[page],
                            key_stream=None if self.cfg.layout == "shared" else stream)
-        self._ring(step, layer, stream, ring_pages)
+        ring_slots = self._ring(step, layer, stream, ring_pages)
         ranges = tuple(ev.ReadRange(b, e, a[0], a[1], a[2], a[3]) for b, e, a in _ranges(read_items))
-        pool_n = sum(1 for _, a in read_items if a[0] == "pool")
-        self.sink.emit(ev.Read, step, layer=layer, stream=stream, pool=pool_n,
-                       ring=len(ring_pages), host=0, ranges=ranges)
+        served = _served([(page, "pool", pool_slots[page]) if page in pool_slots
+                          else (page, "ring", ring_slots[page]) for page, _ in read_items])
+        self.sink.emit(ev.Read, step, layer=layer, stream=stream, pool=len(pool_slots),
+                       ring=len(ring_pages), host=0, ranges=ranges, served=served)
         return row
 
-    def _ring(self, step: int, layer: int, stream: int, pages: list[int]) -> None:
+    def _ring(self, step: int, layer: int, stream: int, pages: list[int]) -> dict[int, int]:
         """Pages beyond the resident window stream through the ring, ≤ 32 pages a batch.
+        Returns the ring slot each page was copied to (what the read's ``served`` names).
 
         The data plane reads them from the host store: the ring copy is made from the same
         host bytes immediately before the read, so the numbers are identical.
@@ -449,6 +488,7 @@ class Runner:
         ring = self.cache.ring_slots  # the adaptive controller may have moved the boundary
         limit = min(COPY_BATCH_PAGES, ring)
         i = 0
+        slots: dict[int, int] = {}
         while i < len(pages):
             run = 1
             while (i + run < len(pages) and run < limit and pages[i + run] == pages[i] + run
@@ -457,8 +497,11 @@ class Runner:
             self.sink.emit(ev.Upload, step, layer=layer, stream=stream,
                            pages=(pages[i], pages[i] + run), slot=self.ring_cursor,
                            target="ring", bytes=run * self.plan.page_bytes, reason="ring")
+            for j in range(run):
+                slots[pages[i] + j] = self.ring_cursor + j
             self.ring_cursor = (self.ring_cursor + run) % ring
             i += run
+        return slots
 
     def _abort(self, step: int, message: str, file: str, line: int, condition: str,
                detail: str | None = None) -> ev.Abort:

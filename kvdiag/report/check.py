@@ -62,9 +62,19 @@ def residency_table(summary: dict[str, Any]) -> Table:
     up, ub = r["upload_pages"], r["upload_bytes"]
     rate = r["resident_hit_rate"]
     t.add_row("pages read", f"pool {pr['pool']}, ring {pr['ring']}, host (zero-copy) {pr['host']}")
-    t.add_row("resident reads", (
-        f"exact {rc['exact']}, stale {rc['stale']}, foreign {rc['foreign']}; hits "
-        f"{r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else "")))
+    t.add_row("read classes (pages)", (
+        f"exact {rc['exact']}, stale {rc['stale']}, foreign {rc['foreign']}"
+        + (f", not recorded {rc['not_recorded']}" if rc.get("not_recorded") else "")
+        + f"; resident hits {r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else "")))
+    prov = r.get("provenance")
+    if prov:
+        t.add_row("provenance (reads)", (
+            f"derived from served pages {prov['derived_reads']}, model annotation "
+            f"{prov['annotated_reads']}, not recorded {prov['not_recorded_reads']}"
+            + (f"; annotation disagrees with derivation in {prov['annotation_disagrees']}"
+               if prov["annotation_disagrees"] else "")
+            + (f"; {prov['out_of_range']} event(s) with impossible pages or slots ignored"
+               if prov.get("out_of_range") else "")))
     t.add_row("uploads", (
         f"resident {up.get('resident', 0)} pages ({ub.get('resident', 0) / 2**20:.1f} MiB), "
         f"ring {up.get('ring', 0)} pages ({ub.get('ring', 0) / 2**20:.1f} MiB)"))

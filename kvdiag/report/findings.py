@@ -51,8 +51,10 @@ def findings_table(findings: Sequence[Finding], max_evidence: int = 3) -> Render
     table.add_column("evidence", ratio=2)
     for f in sorted(findings, key=lambda f: -int(f.severity)):
         shown = [evidence_text(e) for e in f.evidence[:max_evidence]]
-        if len(f.evidence) > max_evidence:
-            shown.append(f"… and {len(f.evidence) - max_evidence} more")
+        total = f.details.get("evidence_total", len(f.evidence))
+        if total > len(shown):
+            shown.append(f"first {len(shown)} of {total}"
+                         + (f" ({len(f.evidence)} in --json)" if len(f.evidence) > len(shown) else ""))
         body: list[RenderableType] = [Text(cap(f.title))]
         if f.fix:
             body.append(Text(f"fix: {cap(f.fix)}", style="dim"))

@@ -1,0 +1,370 @@
+"""Align two traces of one schedule and explain the first divergence that matters.
+
+Two traces of the same request schedule (model vs native, upstream vs patched, shared vs
+per-stream layout) are walked step by step, and within a step in the runtime's order: per
+layer the writes, the FA node's route, the reads; then the outputs. Aligned by (step, layer,
+stream), the first of these that differs is the divergence:
+
+- ``key``: the same rows (a write of the same cells of the same stream) marked different
+  bookkeeping keys. The shared layout's ``(layer, page)`` key is read as the writing stream's
+  page, so stream 0 keys agree across layouts and stream 1's do not when the page differs;
+- ``route``: the FA node of a layer took a different route (streamed, fallback, abort);
+- ``provenance``: a read page got a different verdict (exact / stale / foreign), derived from
+  the raw events by :mod:`kvdiag.analysis.provenance`, never from the annotation;
+- ``output``: a stream's output diverged from its reference in one trace and not the other
+  (or, for traces of the same backend, its checksum differs).
+
+A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first effect (a
+``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
+marked in each trace, the upload the resident copy came from, the read.
+
+Memory is bounded by one step's events and the derivation's per-page state. The schedules
+(step events: phase, streams, tokens) are compared for every step both traces have; a trace
+that stopped early (an abort) is a prefix of the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdiag.analysis.provenance import MAX_PAGE, PageVerdict, Provenance
+from kvdiag.model import events as ev
+from kvdiag.model.pages import PAGE_TOKENS
+
+Key = tuple[int, int | None, int]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    kind: str
+    """``key``, ``route``, ``provenance`` or ``output``."""
+    step: int
+    layer: int | None
+    stream: int | None
+    text: str
+    a: dict[str, Any] = field(default_factory=dict)
+    b: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "layer": self.layer,
+                "stream": self.stream, "text": self.text, "a": self.a, "b": self.b}
+
+
+@dataclass
+class DiffResult:
+    steps_compared: int = 0
+    first: Divergence | None = None
+    effect: Divergence | None = None
+    """The first provenance/output divergence after a key or route divergence."""
+    chain: list[str] = field(default_factory=list)
+    schedule: str | None = None
+    """Why the schedules differ (None: they agree)."""
+    lengths: tuple[int, int] = (0, 0)
+    compared: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("reads", "reads_not_recorded", "outputs", "outputs_not_recorded"), 0))
+    """What was compared, and what could not be for want of recorded facts (a read without
+    ``served`` in either trace, an output without a reference)."""
+
+    @property
+    def equivalent(self) -> bool:
+        return self.first is None
+
+
+class ScheduleMismatch(ValueError):
+    """The traces do not run the same schedule: aligning them would compare unrelated steps."""
+
+
+def _fmt_key(k: Key) -> str:
+    return f"({k[0]}, page {k[2]})" if k[1] is None else f"({k[0]}, stream {k[1]}, page {k[2]})"
+
+
+def _fmt_keys(keys: Iterable[Key]) -> str:
+    keys = list(keys)
+    return ", ".join(_fmt_key(k) for k in keys) if keys else "no key"
+
+
+class _Side:
+    """One trace's derivation plus what a cause chain needs: the last write of every page and
+    the step's mark."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prov = Provenance()
+        self.last_write: dict[tuple[int, int, int], tuple[ev.Write, ev.Mark | None]] = {}
+        """The last write of every host page, with the mark of its ubatch."""
+        self.mark: ev.Mark | None = None
+        self.abort: ev.Abort | None = None
+
+    def apply(self, e: ev.AnyEvent | ev.Unknown) -> None:
+        self.prov.feed(e)
+        if isinstance(e, ev.Write):
+            c0, c1 = e.cells
+            p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1 if c1 > c0 else 0
+            for page in range(max(p0, 0), min(p1, MAX_PAGE)):  # the derivation's bounds
+                self.last_write[(e.layer, e.stream, page)] = (e, self.mark)
+        elif isinstance(e, ev.Mark):
+            self.mark = e
+        elif isinstance(e, ev.Abort):
+            self.abort = e
+
+
+def _steps(events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[list[Any]]:
+    """Events grouped by step, in file order (a group starts at each ``step`` event; events
+    before a step's ``step`` event with that step number belong to it)."""
+    group: list[Any] = []
+    current: int | None = None
+    for e in events:
+        if isinstance(e, (ev.End, ev.Telemetry, ev.Kernel, ev.Unknown)):
+            continue
+        if current is not None and e.step != current:
+            yield group
+            group = []
+        current = e.step
+        group.append(e)
+    if group:
+        yield group
+
+
+def _schedule(group: list[Any]) -> tuple[Any, ...] | None:
+    for e in group:
+        if isinstance(e, ev.Step):
+            return (e.phase, tuple(e.streams), e.tokens)
+    return None
+
+
+def _norm(key: Key, stream: int) -> tuple[int, int, int]:
+    """A shared-layout key names the writing stream's page (stream 0 agrees across layouts)."""
+    return key[0], stream if key[1] is None else key[1], key[2]
+
+
+class Differ:
+    def __init__(self, force: bool = False) -> None:
+        self.force = force
+        self.a = _Side("A")
+        self.b = _Side("B")
+        self.result = DiffResult()
+
+    def run(self, a_events: Iterable[Any], b_events: Iterable[Any]) -> DiffResult:
+        ia, ib = _steps(a_events), _steps(b_events)
+        n_a = n_b = 0
+        while True:
+            ga, gb = next(ia, None), next(ib, None)
+            n_a += ga is not None
+            n_b += gb is not None
+            if ga is None or gb is None:
+                # one trace stopped: the rest of the other is not compared, only counted
+                rest = ib if ga is None else ia
+                extra = sum(1 for _ in rest)
+                n_a, n_b = (n_a, n_b + extra) if ga is None else (n_a + extra, n_b)
+                break
+            sa, sb = _schedule(ga), _schedule(gb)
+            if sa != sb and self.result.schedule is None:
+                self.result.schedule = (
+                    f"step {ga[0].step}: A runs {_fmt_sched(sa)}, B runs {_fmt_sched(sb)}")
+                if not self.force:
+                    raise ScheduleMismatch(
+                        f"the traces run different schedules ({self.result.schedule}); "
+                        "use --force to compare them anyway")
+            if self.result.effect is None:
+                self._step(ga, gb)
+                self.result.steps_compared += 1
+        self.result.lengths = (n_a, n_b)
+        return self.result
+
+    # -- one step ------------------------------------------------------------------------
+
+    def _step(self, ga: list[Any], gb: list[Any]) -> None:
+        """Apply both steps' events layer by layer, comparing as the runtime orders them."""
+        step = ga[0].step
+        la, lb = _by_layer(ga), _by_layer(gb)
+        for layer in sorted(set(la) | set(lb), key=lambda x: (x is not None, x)):
+            ea, eb = la.get(layer, []), lb.get(layer, [])
+            for e in ea:
+                self.a.apply(e)
+            for e in eb:
+                self.b.apply(e)
+            if layer is None:
+                continue
+            self._writes(step, layer, ea, eb)
+            self._route(step, layer, ea, eb)
+            self._reads(step, layer, ea, eb)
+        self._outputs(step, ga, gb)
+
+    def _found(self, d: Divergence, cause: bool) -> None:
+        r = self.result
+        if r.first is None:
+            r.first = d
+            if not cause:
+                r.effect = d
+        elif r.effect is None and not cause:
+            r.effect = d
+
+    def _writes(self, step: int, layer: int, ea: list[Any], eb: list[Any]) -> None:
+        if self.result.first is not None:
+            return
+        wa = {(w.stream, w.cells): w for w in ea if isinstance(w, ev.Write)}
+        wb = {(w.stream, w.cells): w for w in eb if isinstance(w, ev.Write)}
+        for key in sorted(set(wa) & set(wb)):
+            a, b = wa[key], wb[key]
+            na = sorted(_norm(k, a.stream) for k in a.dirty)
+            nb = sorted(_norm(k, b.stream) for k in b.dirty)
+            if na != nb:
+                text = (f"stream {a.stream} rows {a.rows[0]}-{a.rows[1] - 1} marked "
+                        f"{_fmt_keys(a.dirty)} in A{_outside(self.a.mark)}, "
+                        f"{_fmt_keys(b.dirty)} in B{_outside(self.b.mark)}")
+                self._found(Divergence("key", step, layer, a.stream, text,
+                                       {"seq": a.seq, "dirty": [list(k) for k in a.dirty]},
+                                       {"seq": b.seq, "dirty": [list(k) for k in b.dirty]}),
+                            cause=True)
+                return
+
+    def _route(self, step: int, layer: int, ea: list[Any], eb: list[Any]) -> None:
+        if self.result.first is not None:
+            return
+        fa = next((e for e in ea if isinstance(e, ev.Fits)), None)
+        fb = next((e for e in eb if isinstance(e, ev.Fits)), None)
+        if fa is None or fb is None or fa.route == fb.route:
+            return
+        def side(f: ev.Fits, s: _Side) -> str:
+            why = f"fits() {str(f.result).lower()}"
+            if f.failed:
+                why += f": {', '.join(f.failed)} failed"
+            tail = f"; {s.abort.message}" if f.route == "abort" and s.abort else ""
+            return f"{f.route} ({why}){tail}"
+        text = f"the FA node of layer {layer} was routed {side(fa, self.a)} in A, {side(fb, self.b)} in B"
+        self._found(Divergence("route", step, layer, None, text,
+                               {"seq": fa.seq, "route": fa.route, "failed": list(fa.failed)},
+                               {"seq": fb.seq, "route": fb.route, "failed": list(fb.failed)}),
+                    cause=True)
+
+    def _reads(self, step: int, layer: int, ea: list[Any], eb: list[Any]) -> None:
+        if self.result.effect is not None:
+            return
+        ra = {e.stream: e for e in ea if isinstance(e, ev.Read)}
+        rb = {e.stream: e for e in eb if isinstance(e, ev.Read)}
+        for stream in sorted(set(ra) & set(rb)):
+            if not ra[stream].served or not rb[stream].served:
+                self.result.compared["reads_not_recorded"] += 1
+                continue  # provenance not recorded: nothing derived to compare
+            self.result.compared["reads"] += 1
+            va = {v.page: v for v in self.a.prov.pages(ra[stream])}
+            vb = {v.page: v for v in self.b.prov.pages(rb[stream])}
+            for page in sorted(set(va) & set(vb)):
+                pa, pb = va[page], vb[page]
+                if pa.cls != pb.cls or _holder(pa) != _holder(pb):
+                    d = Divergence("provenance", step, layer, stream,
+                                   f"stream {stream} layer {layer} page {page} was read "
+                                   f"{_verdict(pa)} in A, {_verdict(pb)} in B",
+                                   _verdict_json(pa, ra[stream]), _verdict_json(pb, rb[stream]))
+                    self._found(d, cause=False)
+                    self.result.chain = self._chain(step, layer, stream, page, pa, pb)
+                    return
+
+    def _chain(self, step: int, layer: int, stream: int, page: int,
+               pa: PageVerdict, pb: PageVerdict) -> list[str]:
+        """rows → key → upload → read, for the page whose verdicts differ."""
+        out: list[str] = []
+        wa, ma = self.a.last_write.get((layer, stream, page), (None, None))
+        wb, mb = self.b.last_write.get((layer, stream, page), (None, None))
+        if wa is not None:
+            line = (f"rows: stream {stream} rows {wa.rows[0]}-{wa.rows[1] - 1} (cells "
+                    f"{wa.cells[0]}-{wa.cells[1] - 1}) last wrote page {page} at step {wa.step}")
+            if wb is not None and wb.cells == wa.cells and wb.step == wa.step:
+                line += (f"; they marked {_fmt_keys(wa.dirty)} in A{_outside(ma)}, "
+                         f"{_fmt_keys(wb.dirty)} in B{_outside(mb)}")
+            else:
+                line += f" in A and marked {_fmt_keys(wa.dirty)}{_outside(ma)}"
+            out.append(line)
+        for name, v in (("A", pa), ("B", pb)):
+            if v.source == "host":
+                out.append(f"{name}: page {page} was read zero-copy from the host store "
+                           f"(version {v.version})")
+            elif v.copy is None:
+                out.append(f"{name}: {v.source} slot {v.slot} held no copy of any page "
+                           f"when read at step {step}")
+            else:
+                c = v.copy
+                what = (f"page {c.page} of stream {c.stream}"
+                        if (c.layer, c.stream, c.page) != (layer, stream, page)
+                        else f"page {c.page} version {c.version}")
+                out.append(f"{name}: the {v.source} copy read at step {step} (slot {v.slot}, "
+                           f"{what}) was last uploaded at step {c.step} (#{c.seq}); the host "
+                           f"page is at version {v.version} → {v.cls}")
+        return out
+
+    def _outputs(self, step: int, ga: list[Any], gb: list[Any]) -> None:
+        if self.result.effect is not None:
+            return
+        oa = {e.stream: e for e in ga if isinstance(e, ev.Output)}
+        ob = {e.stream: e for e in gb if isinstance(e, ev.Output)}
+        for stream in sorted(set(oa) & set(ob)):
+            a, b = oa[stream], ob[stream]
+            da, db = a.diverged, b.diverged
+            recorded = da is not None and db is not None
+            self.result.compared["outputs" if recorded else "outputs_not_recorded"] += 1
+            differs = recorded and da != db
+            if differs:
+                text = (f"stream {stream} output {'diverges' if da else 'matches'} its reference "
+                        f"in A (max |Δ| {a.max_abs_delta:.3g}), "
+                        f"{'diverges' if db else 'matches'} in B (max |Δ| {b.max_abs_delta:.3g})")
+                self._found(Divergence("output", step, None, stream, text,
+                                       {"seq": a.seq, "checksum": a.checksum,
+                                        "max_abs_delta": a.max_abs_delta},
+                                       {"seq": b.seq, "checksum": b.checksum,
+                                        "max_abs_delta": b.max_abs_delta}), cause=False)
+                return
+
+
+def _outside(m: ev.Mark | None) -> str:
+    """The ubatch's rows that fell outside every resident window (mark.outside), if any."""
+    if m is None or not m.outside:
+        return ""
+    pages = ", ".join(f"page {p}" if s is None else f"stream {s} page {p}" for s, p in m.outside)
+    return f" (its rows fall in {pages}, outside every layer's resident window)"
+
+
+def _by_layer(group: list[Any]) -> dict[int | None, list[Any]]:
+    """A step's events per layer (None: events of no layer: step, mark, output, abort)."""
+    out: dict[int | None, list[Any]] = {}
+    for e in group:
+        layer = getattr(e, "layer", None)
+        if isinstance(e, ev.Learn):
+            layer = None
+        out.setdefault(layer, []).append(e)
+    return out
+
+
+def _holder(v: PageVerdict) -> tuple[int, int, int] | None:
+    return None if v.copy is None else (v.copy.layer, v.copy.stream, v.copy.page)
+
+
+def _verdict(v: PageVerdict) -> str:
+    if v.source == "host":
+        return "exact from the host store"
+    if v.cls == "stale":
+        return f"stale from {v.source} slot {v.slot} ({v.lag} write(s) old)"
+    if v.cls == "foreign":
+        if v.copy is None:
+            return f"foreign from {v.source} slot {v.slot} (never loaded)"
+        return (f"foreign from {v.source} slot {v.slot} (holding stream {v.copy.stream} "
+                f"page {v.copy.page})")
+    return f"exact from {v.source} slot {v.slot}"
+
+
+def _verdict_json(v: PageVerdict, read: ev.Read) -> dict[str, Any]:
+    out: dict[str, Any] = {"seq": read.seq, "source": v.source, "slot": v.slot, "class": v.cls,
+                           "lag": v.lag, "version": v.version}
+    if v.copy is not None:
+        out["copy"] = {"layer": v.copy.layer, "stream": v.copy.stream, "page": v.copy.page,
+                       "version": v.copy.version, "uploaded_step": v.copy.step,
+                       "upload_seq": v.copy.seq}
+    return out
+
+
+def _fmt_sched(s: tuple[Any, ...] | None) -> str:
+    if s is None:
+        return "no step event"
+    phase, streams, tokens = s
+    return f"{phase} of streams {list(streams)} × {tokens} token(s)"

@@ -1,0 +1,85 @@
+"""Compare two traces of one schedule and explain their first divergence (exit 1), or say they
+are equivalent (exit 0); bad input or different schedules exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A", help="first trace (.kvtrace), e.g. upstream or model")
+    parser.add_argument("b", metavar="B", help="second trace, e.g. patched or native")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--force", action="store_true",
+                        help="compare even when the step schedules differ")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvdiag.analysis.diff import Differ, ScheduleMismatch
+    from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, InputError
+    from kvdiag.trace.reader import TraceReader
+
+    with TraceReader.open(args.a) as ra, TraceReader.open(args.b) as rb:
+        try:
+            result = Differ(force=args.force).run(ra, rb)
+        except ScheduleMismatch as exc:
+            raise InputError(str(exc)) from None
+        problems = {"A": [f"line {p.line}: {p.message}" for p in ra.problems],
+                    "B": [f"line {p.line}: {p.message}" for p in rb.problems]}
+    doc: dict[str, Any] = {
+        "a": args.a, "b": args.b, "equivalent": result.equivalent,
+        "steps_compared": result.steps_compared,
+        "steps": {"a": result.lengths[0], "b": result.lengths[1]},
+        "schedule_differs": result.schedule,
+        "first": result.first.as_json() if result.first else None,
+        "effect": result.effect.as_json() if result.effect and result.effect is not result.first
+        else None,
+        "chain": result.chain,
+        "compared": result.compared,
+        "problems": problems,
+    }
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(_text(doc))
+    return EXIT_OK if result.equivalent else EXIT_FINDINGS
+
+
+def _where(d: dict[str, Any]) -> str:
+    parts = [f"step {d['step']}"]
+    if d["layer"] is not None:
+        parts.append(f"layer {d['layer']}")
+    if d["stream"] is not None:
+        parts.append(f"stream {d['stream']}")
+    return " ".join(parts)
+
+
+def _text(doc: dict[str, Any]) -> str:
+    lines = [f"A {doc['a']} ({doc['steps']['a']} step(s))",
+             f"B {doc['b']} ({doc['steps']['b']} step(s))"]
+    for side, found in doc["problems"].items():
+        lines += [f"{side}: trace problem at {p}" for p in found]
+    if doc["schedule_differs"]:
+        lines.append(f"schedules differ (compared with --force): {doc['schedule_differs']}")
+    first = doc["first"]
+    c = doc["compared"]
+    lines.append(f"compared {c['reads']} read(s) page by page and {c['outputs']} output(s)"
+                 + (f"; not recorded, so not compared: {c['reads_not_recorded']} read(s) without "
+                    "served pages" if c["reads_not_recorded"] else "")
+                 + (f", {c['outputs_not_recorded']} output(s) without a reference"
+                    if c["outputs_not_recorded"] else ""))
+    if first is None:
+        lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)")
+        return "\n".join(lines) + "\n"
+    lines.append(f"first divergence ({first['kind']}) at {_where(first)}: {first['text']}")
+    if doc["effect"]:
+        e = doc["effect"]
+        lines.append(f"first effect ({e['kind']}) at {_where(e)}: {e['text']}")
+    if doc["chain"]:
+        lines.append("cause chain:")
+        lines += [f"  {c}" for c in doc["chain"]]
+    return "\n".join(lines) + "\n"

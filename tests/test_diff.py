@@ -1,0 +1,161 @@
+"""``kvdiag diff``: the first divergence of two traces of one schedule, with its cause chain.
+
+GIVEN model traces of one scenario under two fixes (layout, dispatch), WHEN diffed, THEN the
+first divergence names what differs at which step, layer and stream, and the chain ends at
+the upload the stale copy came from. A trace against itself is equivalent; traces of
+different schedules are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvdiag.cli import main
+from kvdiag.model import events as ev
+from kvdiag.trace.reader import TraceReader
+from tests.conftest import Capture
+
+STEPS = ("--steps", "4", "--prompt-tokens", "300")
+
+
+def diff_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main(["diff", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_shared_vs_per_stream_slot1_first_explains_the_stale_read(
+    captured: Capture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared, _ = captured("slot1-first", "shared", "membership", *STEPS)
+    fixed, _ = captured("slot1-first", "per-stream", "membership", *STEPS)
+    code, doc = diff_json(capsys, str(shared), str(fixed))
+    assert code == 1 and doc["equivalent"] is False and doc["schedule_differs"] is None
+    first = doc["first"]
+    # the prefill of slot 1 (stream 1, global rows 2048..2347): the shared key divides the
+    # global row by 256 (pages 8-9, window 4: nothing marked), the fix keys stream 1's pages
+    assert (first["kind"], first["step"], first["layer"], first["stream"]) == ("key", 0, 0, 1)
+    assert first["a"]["dirty"] == []
+    assert first["b"]["dirty"] == [[0, 1, 0], [0, 1, 1]]
+    assert "stream 1 rows 2048-2347 marked no key in A" in first["text"]
+    assert "outside every layer's resident window" in first["text"]
+    effect = doc["effect"]
+    assert (effect["kind"], effect["step"], effect["layer"], effect["stream"]) == (
+        "provenance", 1, 0, 1)
+    assert effect["a"]["class"] == "stale" and effect["b"]["class"] == "exact"
+    assert effect["a"]["copy"]["uploaded_step"] == 0 and effect["a"]["lag"] == 1
+    chain = doc["chain"]
+    assert chain[0].startswith("rows: stream 1 rows 2348-2348 (cells 300-300) last wrote page 1 "
+                               "at step 1; they marked no key in A")
+    assert "(0, stream 1, page 1) in B" in chain[0]
+    assert "was last uploaded at step 0" in chain[1] and chain[1].endswith("→ stale")
+    assert chain[2].endswith("→ exact")
+    # the text form says the same in lines
+    capsys.readouterr()
+    assert main(["diff", str(shared), str(fixed)]) == 1
+    text = capsys.readouterr().out
+    assert "first divergence (key) at step 0 layer 0 stream 1" in text
+    assert "first effect (provenance) at step 1 layer 0 stream 1" in text
+    assert "cause chain:" in text
+
+
+def test_a_trace_is_equivalent_to_itself(captured: Capture,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = captured("slot1-first", "shared", "membership", *STEPS)
+    code, doc = diff_json(capsys, str(path), str(path))
+    assert code == 0 and doc["equivalent"] is True and doc["first"] is None
+    assert doc["steps_compared"] == doc["steps"]["a"] == doc["steps"]["b"] > 10
+    with TraceReader.open(path) as r:
+        reads = sum(1 for e in r if isinstance(e, ev.Read))
+    assert doc["compared"] == {"reads": reads, "reads_not_recorded": 0,
+                               "outputs": doc["steps"]["a"], "outputs_not_recorded": 0}
+    capsys.readouterr()
+    assert main(["diff", str(path), str(path)]) == 0
+    assert "equivalent: no divergence in" in capsys.readouterr().out
+
+
+def test_membership_vs_fits_dispatch_routes_differ_at_the_first_fa_node(
+    captured: Capture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upstream, _ = captured("two-slot-concurrent", "shared", "membership", *STEPS)
+    fixed, _ = captured("two-slot-concurrent", "shared", "fits", *STEPS)
+    code, doc = diff_json(capsys, str(upstream), str(fixed))
+    assert code == 1
+    first = doc["first"]
+    assert (first["kind"], first["step"], first["layer"]) == ("route", 0, 0)
+    assert first["a"]["route"] == "abort" and first["b"]["route"] == "fallback"
+    assert "Q.ne[3]==1" in first["a"]["failed"]
+    assert "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed in A" in first["text"]
+    # the upstream run ended at its abort: a prefix of the fixed run's schedule
+    assert doc["steps"]["a"] == 1 and doc["steps"]["b"] > 1 and doc["effect"] is None
+
+
+def _strip_annotation(src: Path, dst: Path) -> Path:
+    """What a native writer records: no ranges, no write versions."""
+    with TraceReader.open(src) as r, dst.open("wb") as out:
+        out.write(msgspec.json.encode(r.header) + b"\n")
+        for e in r:
+            if isinstance(e, ev.Read):
+                e = msgspec.structs.replace(e, ranges=())
+            elif isinstance(e, ev.Write):
+                e = msgspec.structs.replace(e, versions=())
+            out.write(msgspec.json.encode(e) + b"\n")
+    return dst
+
+
+def test_diff_uses_only_raw_facts(captured: Capture, capsys: pytest.CaptureFixture[str],
+                                  tmp_path: Path) -> None:
+    shared, _ = captured("slot1-first", "shared", "membership", *STEPS)
+    fixed, _ = captured("slot1-first", "per-stream", "membership", *STEPS)
+    _, annotated = diff_json(capsys, str(shared), str(fixed))
+    bare_a = _strip_annotation(shared, tmp_path / "a.kvtrace")
+    bare_b = _strip_annotation(fixed, tmp_path / "b.kvtrace")
+    code, bare = diff_json(capsys, str(bare_a), str(bare_b))
+    assert code == 1
+    for k in ("first", "effect", "chain"):
+        assert json.dumps(bare[k]) == json.dumps(annotated[k])
+
+
+def test_different_schedules_are_refused_unless_forced(
+    captured: Capture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    single, _ = captured("single-slot", "shared", "membership", *STEPS)
+    s1, _ = captured("slot1-first", "shared", "membership", *STEPS)
+    capsys.readouterr()
+    assert main(["diff", str(single), str(s1)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different schedules" in err[0] and "--force" in err[0]
+    code, doc = diff_json(capsys, str(single), str(s1), "--force")
+    assert code in (0, 1) and doc["schedule_differs"].startswith("step 0: A runs prefill")
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, captured: Capture,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    good, _ = captured("single-slot", "shared", "membership", *STEPS)
+    junk = tmp_path / "junk.kvtrace"
+    junk.write_text("not a trace\n")
+    for args in ([str(tmp_path / "missing.kvtrace"), str(good)], [str(good), str(junk)],
+                 [str(good)]):
+        capsys.readouterr()
+        assert main(["diff", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("kvdiag: error:")
+
+
+def test_reads_without_served_pages_are_counted_not_compared(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The committed samples are format 1.0 (no served pages): diff says what it could not
+    compare instead of calling them equivalent on provenance."""
+    sample = Path(__file__).resolve().parent.parent / "traces" / "slot1-first-shared.kvtrace"
+    code, doc = diff_json(capsys, str(sample), str(sample))
+    assert code == 0
+    assert doc["compared"]["reads"] == 0 and doc["compared"]["reads_not_recorded"] == 60
+    capsys.readouterr()
+    main(["diff", str(sample), str(sample)])
+    assert "not compared: 60 read(s) without served pages" in capsys.readouterr().out
