@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
+
+import pytest
 
 from kvdiag.analysis.adapt_rules import AdaptAnalyzer
 from kvdiag.model import events as ev
@@ -78,3 +82,24 @@ def test_overprovisioned_needs_streaming_and_a_light_ring() -> None:
     assert "overprovisioned" not in run(busy_ring)
     no_samples = [adapt(i, misses=0, busy=10.0, samples=0) for i in range(30)]
     assert run(no_samples) == {}
+
+
+def test_check_reports_thrash_from_a_trace(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from trace_samples import header
+
+    from kvdiag.cli import main
+    from kvdiag.trace import TraceWriter
+
+    path = tmp_path / "thrash.kvtrace"
+    with TraceWriter.create(path, header()) as w:
+        w.emit(ev.Step, 0, phase="prefill", streams=(0,), tokens=512, n_kv=512)
+        for i in range(1, 26):
+            w.emit(ev.Step, i, phase="decode", streams=(0,), tokens=1, n_kv=512)
+            w.emit(ev.Repartition, i, resident=(9 + i % 2, 10 - i % 2), ring=(20, 16))
+            w.end_step()
+    assert main(["check", "--json", str(path)]) == 0  # a warning: the default gate passes
+    found = {f["rule"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert found["partition-thrash"]["severity"] == "warning"
+    assert found["partition-thrash"]["details"] == {"loop": 1, "repartitions": 25}
+    assert main(["check", "--fail-on", "warning", str(path)]) == 1

@@ -2,7 +2,8 @@
 
 Rule ids (stable; CI scripts match on them): ``fits-dispatch-mismatch``, ``abort``,
 ``fallback``, ``stale-page-read``, ``foreign-page-read``, ``stream-divergence``,
-``trace-incomplete``, ``not-recorded``. Residency statistics go to the summary.
+``trace-incomplete``, ``not-recorded``, and the adaptive partition's ``partition-thrash``,
+``ring-starved``, ``overprovisioned`` (:mod:`kvdiag.analysis.adapt_rules`). Residency statistics go to the summary.
 
 Read provenance (exact / stale / foreign) is derived from the raw events
 (:mod:`kvdiag.analysis.provenance`) when reads carry ``served`` (format 1.1); a 1.0 trace's
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdiag.analysis.adapt_rules import AdaptAnalyzer
 from kvdiag.analysis.provenance import Provenance
 from kvdiag.model import events as ev
 from kvdiag.model.conditions import observed
@@ -192,11 +194,13 @@ class TraceAnalyzer:
         self.steps: set[int] = set()
         self.end: ev.End | None = None
         self.last_seq = 0
+        self.adapt = AdaptAnalyzer()
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Step: self._step, ev.Fits: self._fits, ev.Read: self._read,
             ev.Upload: self.provenance.upload, ev.Evict: self._evict, ev.Abort: self.aborts.append,
             ev.Output: self._output, ev.End: self._end, ev.Write: self.provenance.write,
             ev.Invalidate: self.provenance.invalidate,
+            ev.Repartition: self.adapt.feed, ev.Adapt: self.adapt.feed,
         }
 
     @property
@@ -259,7 +263,7 @@ class TraceAnalyzer:
 
     def _step(self, e: ev.Step) -> None:
         self.steps.add(e.step)
-
+        self.adapt.feed(e)  # decode loops, for partition-thrash
 
     def _evict(self, e: ev.Evict) -> None:
         self._res.evictions += 1
@@ -410,6 +414,7 @@ class TraceAnalyzer:
                 evidence=tuple(g.evidence), fix=FIX_ALIAS,
                 details={"stream": stream, "first_step": g.first_step, "count": g.count,
                          **g.extra, **_shown(g)}))
+        out += self.adapt.findings()
         out += self._not_recorded()
         if self.end is None or self.end.status == "error":
             out.append(_incomplete(self.end, self.last_seq, max(self.steps, default=None)))
