@@ -33,7 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="device profile for the modelled feedback and rate (default h200)")
     parser.add_argument("--steps", type=int, help="decode steps per request")
     parser.add_argument("--prompt-tokens", type=int, help="prompt tokens per request")
-    parser.add_argument("-j", "--jobs", type=int, help="worker processes (default: all cores)")
+    parser.add_argument("-j", "--jobs", type=int,
+                        help="worker processes (default: all cores; one with --executor cupy, "
+                             "whose points share the GPU)")
     parser.add_argument("--plot", metavar="OUT.svg|OUT.png", help="also save the plots to a file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be positive, got {args.jobs}")
     scenario = scenario_from_args(args)
     profile = load_profile(args.profile)
+    jobs = args.jobs if args.jobs is not None else (1 if args.executor == "cupy" else None)
     specs = []
     for n in nps:
         for mib in stages:
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             specs.append(PointSpec(cfg, scenario, args.executor, profile))
     console = Console(stderr=True)
     if args.quiet or args.json or not console.is_terminal:
-        points = run_sweep(specs, args.jobs)
+        points = run_sweep(specs, jobs)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                       transient=True) as bar:
             task = bar.add_task(f"sweeping {scenario.name}", total=len(specs))
-            points = run_sweep(specs, args.jobs, progress=lambda _p: bar.advance(task))
+            points = run_sweep(specs, jobs, progress=lambda _p: bar.advance(task))
     summaries = summarise(points)
     title = (f"{scenario.name}: {len(stages)} stage sizes, profile {profile.name}, "
              f"executor {args.executor}")

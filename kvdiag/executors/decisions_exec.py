@@ -2,8 +2,9 @@
 
 The runner makes every decision (residency, uploads, routes, the adaptive partition) without
 looking at the numbers an executor computes, so a sweep over stage sizes can skip storing,
-copying and attending. Its outputs are zeros: it is never used for a trace (``capture`` does
-not offer it), only by ``kvdiag sweep`` when asked for ``--executor decisions``.
+copying and attending: with ``data_plane = False`` the runner makes no K/V/Q values and reports
+no outputs. It is never used for a trace (``capture`` does not offer it), only by ``kvdiag
+sweep`` with ``--executor decisions``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from kvdiag.kvstream.backend import F32Array, I64Array, StoreGeometry
 
 class DecisionsOnlyExecutor:
     name = "decisions"
+    data_plane = False
+    """The runner makes no K/V/Q values and reports no outputs for it."""
 
     def __init__(self) -> None:
         self.geom: StoreGeometry | None = None

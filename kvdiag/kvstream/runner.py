@@ -195,6 +195,9 @@ class Runner:
         self.scheduler = Scheduler(scenario.requests, cfg.n_stream, cfg.n_ubatch, cfg.kv_size)
         self.ring_cursor = 0
         self._n_kv = 0
+        # an executor without a data plane (kvdiag sweep's) stores and attends nothing, so
+        # no K/V/Q values are made and no outputs are reported
+        self.data_plane: bool = getattr(executor, "data_plane", True)
         self.max_delta = 0.0
         self.req_last_cell: dict[int, int] = {}
         self.cell_req = [np.full(cfg.kv_size, -1, np.int64) for _ in range(cfg.n_stream)]
@@ -327,6 +330,8 @@ class Runner:
                     self.sink.emit(ev.Read, step, layer=layer, stream=s, pool=0, ring=0,
                                    host=n_pages, ranges=(ev.ReadRange(0, n_pages, "host", s, "exact"),),
                                    served=(ev.Served(0, n_pages, "host", -1),))
+            if not self.data_plane:
+                continue
             q = self._rng(1, layer, step).standard_normal(
                 (len(view_streams), ub.tokens, cfg.n_head, cfg.head_dim), dtype=np.float32)
             out = self._attend(layer, view_streams, q, positions, n_kv, table, kv_mask)
@@ -345,7 +350,7 @@ class Runner:
                     else:
                         ref_crc[s] = zlib.crc32(ref[i], ref_crc[s])
                         deltas[s].append(float(np.max(np.abs(out[i] - ref[i]))))
-        for s in ub.streams:
+        for s in ub.streams if self.data_plane else ():
             worst = int(np.argmax(deltas[s]))
             delta = deltas[s][worst]
             self.max_delta = max(self.max_delta, delta)
@@ -404,10 +409,11 @@ class Runner:
                dirty: set[tuple[int, int | None, int]], streamed_layer: bool) -> None:
         cfg = self.cfg
         width = cfg.head_dim * cfg.n_head_kv
-        rng = self._rng(2, layer, stream, req, int(cells[0]))
-        k = rng.standard_normal((len(cells), width), dtype=np.float32)
-        v = rng.standard_normal((len(cells), width), dtype=np.float32)
-        self.executor.write_rows(layer, stream, cells, k, v)
+        if self.data_plane:
+            rng = self._rng(2, layer, stream, req, int(cells[0]))
+            k = rng.standard_normal((len(cells), width), dtype=np.float32)
+            v = rng.standard_normal((len(cells), width), dtype=np.float32)
+            self.executor.write_rows(layer, stream, cells, k, v)
         c0, c1 = int(cells[0]), int(cells[-1]) + 1
         base = stream * cfg.kv_size
         keys: tuple[tuple[int, int | None, int], ...] = ()
