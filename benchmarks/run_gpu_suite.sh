@@ -18,10 +18,37 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pc
 echo "== pytest -m gpu tests/test_gpu_executor.py tests/test_gpu_scenarios.py tests/test_gpu_profile.py" | tee "$out/gpu_tests.txt"
 timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m gpu tests/test_gpu_executor.py \
     tests/test_gpu_scenarios.py tests/test_gpu_profile.py -q -rs -p no:cacheprovider --durations=8 2>&1 | tee -a "$out/gpu_tests.txt"
-echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
-# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} \
-    --json "$out/bench_kernels.json" 2>&1 | tee -a "$out/bench_kernels.txt"
+if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
+    echo "== benchmarks/bench_kernels.py" | tee "$out/bench_kernels.txt"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+    timeout "${BENCH_TIMEOUT:-230}" python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} \
+        --json "$out/bench_kernels.json" 2>&1 | tee -a "$out/bench_kernels.txt"
+fi
+if [ -n "${NATIVE:-}" ]; then
+    # kernels/kvtrace.h from a .cu program on the GPU, its trace read back by kvdiag; the
+    # header's cost on this machine's CPUs; the device profile; a sweep on the CuPy executor
+    n="$out/native.txt"
+    echo "== kvtrace_cuda_demo (nvcc $(nvcc --version | tail -1))" | tee "$n"
+    nvcc -std=c++17 -O2 -I kernels -o /tmp/kvtrace_cuda_demo \
+        kernels/native_tests/kvtrace_cuda_demo.cu >> "$n" 2>&1
+    (cd /tmp && KVTRACE_FILE=/tmp/cuda_demo_%p.kvtrace ./kvtrace_cuda_demo; echo "exit $?") >> "$n" 2>&1
+    t=$(ls /tmp/cuda_demo_*.kvtrace 2>/dev/null | head -1)
+    if [ -n "$t" ]; then
+        cp "$t" "$out/cuda_demo.kvtrace"
+        for c in "trace validate" "trace info" "check"; do
+            echo "== kvdiag $c" >> "$n"
+            # shellcheck disable=SC2086
+            python3 -m kvdiag $c "$t" >> "$n" 2>&1; echo "exit $?" >> "$n"
+        done
+    fi
+    echo "== kvdiag devices --profile" >> "$n"
+    python3 -m kvdiag devices --profile --save "$out/device_profile.json" >> "$n" 2>&1
+    echo "== sweep (cupy executor)" >> "$n"
+    timeout "${SWEEP_TIMEOUT:-200}" python3 -m kvdiag sweep --executor cupy ${SWEEP_ARGS:---stage-mib 4:16:2} \
+        --profile "$out/device_profile.json" -q >> "$n" 2>&1
+    echo "== benchmarks/bench_native.py" | tee "$out/bench_native.txt"
+    timeout "${NATIVE_BENCH_TIMEOUT:-200}" python3 benchmarks/bench_native.py 2>&1 | tee -a "$out/bench_native.txt"
+fi
 if [ -n "${PROBE:-}" ]; then
     echo "== benchmarks/probe_layouts.py" | tee "$out/probe_layouts.txt"
     timeout "${PROBE_TIMEOUT:-200}" python3 benchmarks/probe_layouts.py 2>&1 | tee -a "$out/probe_layouts.txt"
