@@ -20,6 +20,7 @@ def _assert_same_events(recorded: list[dict[str, Any]], got: list[dict[str, Any]
         assert not mismatched, f"event {i} ({old['kind']}, step {old['step']}): {mismatched}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_capture_matches_the_recording_made_before_the_caches(case: str, tmp_path: Path) -> None:
     doc = load(case)

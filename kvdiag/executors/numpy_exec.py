@@ -7,9 +7,11 @@ bytes changes the numbers exactly as it would on the GPU.
 Speed (project issue 12) without changing a bit of the results: dequantized views are kept
 between steps within a memory bound (kvdiag.executors.kv_views); the streamed read and the
 fully resident reference share one view per (layer, stream); and the work of each KV head is
-spread over threads where NumPy releases the GIL. Every product is still the call it was
-(einsum for a few query rows, BLAS GEMM over the whole batch of heads otherwise); only
-per-head pieces that do not change a row's arithmetic run apart. tests/test_capture_cache.py
+spread over threads where NumPy releases the GIL. Decode products (a few query rows per head)
+go through compiled kernels that round exactly as the einsum calls they replace
+(kvdiag.executors.cpu_kernels, checked against einsum before use; einsum where they cannot be
+built); prefill products stay one BLAS GEMM over the whole batch of heads; only per-head
+pieces that do not change a row's arithmetic run apart. tests/test_capture_cache.py
 compares captures with recordings made before these changes.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvdiag.errors import UsageError
+from kvdiag.executors import cpu_kernels
 from kvdiag.executors.kv_views import Page, View, ViewCache, dequantize_page
 from kvdiag.executors.quant import quantize_rows
 from kvdiag.kvstream.backend import HOST, F32Array, I64Array, StoreGeometry
@@ -93,6 +96,7 @@ class NumpyExecutor:
             keep_views = os.environ.get(KEEP_VIEWS_ENV, "1") != "0"
         self._keep_views = keep_views
         self._workers: ThreadPoolExecutor | None = None
+        self._kernels: cpu_kernels.CpuKernels | None = None
         self._parts: list[tuple[int, int]] = []
         self._shape_bytes = 0
         self._page_bytes = 0
@@ -109,6 +113,7 @@ class NumpyExecutor:
         self._shape_bytes = geom.n_layers * geom.n_stream * geom.kv_size * row
         self._page_bytes = geom.page_tokens * row
         self._views = ViewCache(geom, self._view_limit())
+        self._kernels = cpu_kernels.load()
         n = max(1, min(self._threads, geom.n_head_kv))
         self._parts = [(geom.n_head_kv * i // n, geom.n_head_kv * (i + 1) // n) for i in range(n)]
         if n > 1 and self._workers is None:
@@ -290,13 +295,21 @@ class NumpyExecutor:
         bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))
         o: F32Array
         if rows <= SMALL_ROWS:
-            # einsum computes each head apart and never calls BLAS: heads split freely
+            # einsum (or the compiled kernels that round as it does) computes each head apart
+            # and never calls BLAS: heads split freely
             o = np.empty((hkv, rows, dv), np.float32)
+            kern = self._kernels
 
             def heads(h0: int, h1: int) -> None:
-                s = np.einsum("hqd,hdk->hqk", qg[h0:h1], k[h0:h1].transpose(0, 2, 1))
+                if kern is not None:
+                    s = kern.scores(qg[h0:h1], k[h0:h1])
+                else:
+                    s = np.einsum("hqd,hdk->hqk", qg[h0:h1], k[h0:h1].transpose(0, 2, 1))
                 _softmax_rows(s, bias, scale, tokens)
-                o[h0:h1] = np.einsum("hqd,hdk->hqk", s, v[h0:h1])
+                if kern is not None:
+                    kern.pv(s, v[h0:h1], o[h0:h1])
+                else:
+                    o[h0:h1] = np.einsum("hqd,hdk->hqk", s, v[h0:h1])
 
             self._each(heads)
         else:
