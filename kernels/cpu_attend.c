@@ -178,6 +178,9 @@ void kv_pv(long heads, long rows, long n, long dv,
             /* blocks of V rows small enough to stay in cache while every column is done */
             for (long j0 = 0; j0 < n; j0 += PV_BLOCK) {
                 long nb = n - j0 < PV_BLOCK ? n - j0 : PV_BLOCK;
+                /* the next block's rows, while this one is computed */
+                for (long j = j0 + PV_BLOCK; j < j0 + PV_BLOCK + nb && j < n; j++)
+                    for (long c = 0; c < dv; c += 16) __builtin_prefetch(vh + j * v_rs + c);
                 for (long c = 0; c < c16; c += 16) {
                     if (avx)
                         pv_block_avx(rb, ph + j0, p_rs, nb, vh + j0 * v_rs + c, v_rs, oh + c, o_rs);

@@ -25,18 +25,24 @@ import numpy as np
 from kvdiag.executors.quant import dequantize_rows
 from kvdiag.kvstream.backend import F32Array, StoreGeometry
 
+HISTORY = 4
+"""Writes a page remembers the rows of, so that a view one to four writes behind dequantizes
+only those rows (a decode step writes one row of one page per layer)."""
+
 
 class Page:
     """One page of quantized K and V rows. ``serial`` names this object (pool copies are new
-    objects); ``version`` counts writes into it."""
+    objects); ``version`` counts writes into it; ``history`` holds (version, rows) of the
+    latest writes."""
 
-    __slots__ = ("k", "serial", "v", "version")
+    __slots__ = ("history", "k", "serial", "v", "version")
     _next_serial = 0
 
     def __init__(self, k: np.ndarray, v: np.ndarray) -> None:
         self.k = k
         self.v = v
         self.version = 0
+        self.history: list[tuple[int, np.ndarray]] = []
         Page._next_serial += 1
         self.serial = Page._next_serial
 
@@ -44,14 +50,29 @@ class Page:
     def tag(self) -> tuple[int, int]:
         return self.serial, self.version
 
+    def wrote(self, rows: np.ndarray) -> None:
+        self.version += 1
+        self.history.append((self.version, rows))
+        del self.history[:-HISTORY]
 
-def dequantize_page(geom: StoreGeometry, page: Page) -> tuple[F32Array, F32Array]:
-    """K and V of one page as float32 ``[hkv, page_tokens, d]`` (rounded through f16 in F16
-    attention mode, where the kernels convert K/V to half before the dot products)."""
+    def rows_since(self, version: int) -> np.ndarray | None:
+        """Rows written after ``version``, or None when the history does not reach back."""
+        newer = [rows for v, rows in self.history if v > version]
+        if len(newer) != self.version - version:
+            return None
+        return np.unique(np.concatenate(newer)) if len(newer) > 1 else newer[0]
+
+
+def dequantize_page(geom: StoreGeometry, page: Page, rows: np.ndarray | None = None
+                    ) -> tuple[F32Array, F32Array]:
+    """K and V of one page (or of its ``rows``) as float32 ``[hkv, rows, d]`` (rounded through
+    f16 in F16 attention mode, where the kernels convert K/V to half before the dot
+    products). Rows dequantize independently, so a subset gives the same bits."""
     width = geom.head_dim * geom.n_head_kv
-    shape = (geom.page_tokens, geom.n_head_kv, geom.head_dim)
-    k = dequantize_rows(geom.type_k, page.k, width).reshape(shape)
-    v = dequantize_rows(geom.type_v, page.v, width).reshape(shape)
+    kq, vq = (page.k, page.v) if rows is None else (page.k[rows], page.v[rows])
+    shape = (kq.shape[0], geom.n_head_kv, geom.head_dim)
+    k = dequantize_rows(geom.type_k, kq, width).reshape(shape)
+    v = dequantize_rows(geom.type_v, vq, width).reshape(shape)
     if geom.f16_mode:
         k = k.astype(np.float16).astype(np.float32)
         v = v.astype(np.float16).astype(np.float32)
@@ -95,11 +116,18 @@ class View:
         self.reserve(len(pages))
         pt = self.geom.page_tokens
         for p, page in enumerate(pages):
-            if self.tags[p] != page.tag:
-                k, v = dequantize_page(self.geom, page)
+            held = self.tags[p]
+            if held == page.tag:
+                continue
+            rows = page.rows_since(held[1]) if held and held[0] == page.serial else None
+            k, v = dequantize_page(self.geom, page, rows)
+            if rows is None:
                 self.k[:, p * pt : (p + 1) * pt] = k
                 self.v[:, p * pt : (p + 1) * pt] = v
-                self.tags[p] = page.tag
+            else:
+                self.k[:, p * pt + rows] = k
+                self.v[:, p * pt + rows] = v
+            self.tags[p] = page.tag
         n = len(pages) * pt
         return self.k[:, :n], self.v[:, :n]
 

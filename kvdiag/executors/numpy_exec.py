@@ -168,7 +168,7 @@ class NumpyExecutor:
             rows = cells[sel] % g.page_tokens
             p.k[rows] = kq[sel]
             p.v[rows] = vq[sel]
-            p.version += 1
+            p.wrote(rows)
 
     def upload(self, layer: int, stream: int, page: int, n_pages: int, slot: int) -> None:
         for i in range(n_pages):
