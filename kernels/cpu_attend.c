@@ -103,61 +103,57 @@ void kv_scores(long heads, long rows, long cols, long d,
     }
 }
 
-/* R rows of P times 16 columns of V over n rows of V, added in order to what ``out`` holds.
- * With AVX one register holds 8 columns; each lane's arithmetic is the same at any width. */
+/* P.V one V row pair at a time: each output row stays in cache and gets
+ * out = p[j]*v[j] + out, then out = p[j+1]*v[j+1] + out, for ascending j; V streams through
+ * once per head. With AVX one register holds 8 columns; a lane's arithmetic is the same at
+ * any width, and the columns past the last full register are done one by one. */
 typedef float v8sf __attribute__((vector_size(32)));
 
-#define PV_BLOCK 16
-
-#define PV_ROWS(R, TARGET, SUFFIX)                                                           \
-    TARGET static void pv_rows_##R##SUFFIX(const float *p, long p_rs, long n,               \
-                                           const float *v, long v_rs, float *out, long o_rs) \
+#define PV_HEAD(VEC, LANES, TARGET, SUFFIX)                                                  \
+    TARGET static void pv_head##SUFFIX(long rows, long n, long dv, const float *p,          \
+                                       long p_rs, const float *v, long v_rs, float *out,     \
+                                       long o_rs)                                            \
     {                                                                                        \
-        v8sf acc0[R], acc1[R];                                                               \
-        for (int r = 0; r < R; r++) {                                                        \
-            memcpy(&acc0[r], out + r * o_rs, sizeof acc0[r]);                                \
-            memcpy(&acc1[r], out + r * o_rs + 8, sizeof acc1[r]);                            \
-        }                                                                                    \
-        for (long j = 0; j < n; j++) {                                                       \
-            const float *vj = v + j * v_rs;                                                  \
-            v8sf b0, b1;                                                                     \
-            memcpy(&b0, vj, sizeof b0);                                                      \
-            memcpy(&b1, vj + 8, sizeof b1);                                                  \
-            for (int r = 0; r < R; r++) {                                                    \
-                float s = p[r * p_rs + j];                                                   \
-                v8sf sv = {s, s, s, s, s, s, s, s};                                          \
-                acc0[r] = sv * b0 + acc0[r];                                                 \
-                acc1[r] = sv * b1 + acc1[r];                                                 \
+        long cv = dv - dv % LANES;                                                           \
+        for (long r = 0; r < rows; r++) memset(out + r * o_rs, 0, (size_t)dv * sizeof(float)); \
+        long j = 0;                                                                          \
+        for (; j + 2 <= n; j += 2) {                                                         \
+            const float *v0 = v + j * v_rs, *v1 = v0 + v_rs;                                 \
+            for (long r = 0; r < rows; r++) {                                                \
+                float s0 = p[r * p_rs + j], s1 = p[r * p_rs + j + 1];                        \
+                VEC a0, a1;                                                                  \
+                for (int l = 0; l < LANES; l++) {                                            \
+                    a0[l] = s0;                                                              \
+                    a1[l] = s1;                                                              \
+                }                                                                            \
+                float *o = out + r * o_rs;                                                   \
+                for (long c = 0; c < cv; c += LANES) {                                       \
+                    VEC x, b0, b1;                                                           \
+                    memcpy(&x, o + c, sizeof x);                                             \
+                    memcpy(&b0, v0 + c, sizeof b0);                                          \
+                    memcpy(&b1, v1 + c, sizeof b1);                                          \
+                    x = a0 * b0 + x;                                                         \
+                    x = a1 * b1 + x;                                                         \
+                    memcpy(o + c, &x, sizeof x);                                             \
+                }                                                                            \
+                for (long c = cv; c < dv; c++) {                                             \
+                    o[c] = s0 * v0[c] + o[c];                                                \
+                    o[c] = s1 * v1[c] + o[c];                                                \
+                }                                                                            \
             }                                                                                \
         }                                                                                    \
-        for (int r = 0; r < R; r++) {                                                        \
-            memcpy(out + r * o_rs, &acc0[r], sizeof acc0[r]);                                \
-            memcpy(out + r * o_rs + 8, &acc1[r], sizeof acc1[r]);                            \
+        for (; j < n; j++) {                                                                 \
+            const float *v0 = v + j * v_rs;                                                  \
+            for (long r = 0; r < rows; r++) {                                                \
+                float s0 = p[r * p_rs + j];                                                  \
+                float *o = out + r * o_rs;                                                   \
+                for (long c = 0; c < dv; c++) o[c] = s0 * v0[c] + o[c];                      \
+            }                                                                                \
         }                                                                                    \
     }
 
-#define PV_ALL(TARGET, SUFFIX)                                                               \
-    PV_ROWS(1, TARGET, SUFFIX)                                                               \
-    PV_ROWS(2, TARGET, SUFFIX)                                                               \
-    PV_ROWS(3, TARGET, SUFFIX)                                                               \
-    PV_ROWS(4, TARGET, SUFFIX)                                                               \
-    PV_ROWS(5, TARGET, SUFFIX)                                                               \
-    PV_ROWS(6, TARGET, SUFFIX)                                                               \
-    TARGET static void pv_block##SUFFIX(long rb, const float *ph, long p_rs, long n,        \
-                                        const float *v, long v_rs, float *out, long o_rs)    \
-    {                                                                                        \
-        switch (rb) {                                                                        \
-        case 6: pv_rows_6##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                   \
-        case 5: pv_rows_5##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                   \
-        case 4: pv_rows_4##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                   \
-        case 3: pv_rows_3##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                   \
-        case 2: pv_rows_2##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                   \
-        default: pv_rows_1##SUFFIX(ph, p_rs, n, v, v_rs, out, o_rs); break;                  \
-        }                                                                                    \
-    }
-
-PV_ALL(, _sse)
-PV_ALL(__attribute__((target("avx"))), _avx)
+PV_HEAD(v4sf, 4, , _sse)
+PV_HEAD(v8sf, 8, __attribute__((target("avx"))), _avx)
 
 /* out[h, r, c] = sum over j in order of P[h, r, j] * V[h, j, c], for h < heads, r < rows,
  * c < dv (strides in floats; the last axis of each operand is contiguous). */
@@ -168,34 +164,9 @@ void kv_pv(long heads, long rows, long n, long dv,
 {
     const int avx = __builtin_cpu_supports("avx");
     for (long h = 0; h < heads; h++) {
-        for (long r0 = 0; r0 < rows; r0 += 6) {
-            long rb = rows - r0 < 6 ? rows - r0 : 6;
-            const float *ph = p + h * p_hs + r0 * p_rs;
-            float *oh = out + h * o_hs + r0 * o_rs;
-            const float *vh = v + h * v_hs;
-            long c16 = dv - dv % 16;
-            for (long r = 0; r < rb; r++) memset(oh + r * o_rs, 0, (size_t)c16 * sizeof(float));
-            /* blocks of V rows small enough to stay in cache while every column is done */
-            for (long j0 = 0; j0 < n; j0 += PV_BLOCK) {
-                long nb = n - j0 < PV_BLOCK ? n - j0 : PV_BLOCK;
-                /* the next block's rows, while this one is computed */
-                for (long j = j0 + PV_BLOCK; j < j0 + PV_BLOCK + nb && j < n; j++)
-                    for (long c = 0; c < dv; c += 16) __builtin_prefetch(vh + j * v_rs + c);
-                for (long c = 0; c < c16; c += 16) {
-                    if (avx)
-                        pv_block_avx(rb, ph + j0, p_rs, nb, vh + j0 * v_rs + c, v_rs, oh + c, o_rs);
-                    else
-                        pv_block_sse(rb, ph + j0, p_rs, nb, vh + j0 * v_rs + c, v_rs, oh + c, o_rs);
-                }
-            }
-            long c = c16;
-            for (; c < dv; c++) {
-                for (long r = 0; r < rb; r++) {
-                    float acc = 0.0f;
-                    for (long j = 0; j < n; j++) acc = ph[r * p_rs + j] * vh[j * v_rs + c] + acc;
-                    oh[r * o_rs + c] = acc;
-                }
-            }
-        }
+        if (avx)
+            pv_head_avx(rows, n, dv, p + h * p_hs, p_rs, v + h * v_hs, v_rs, out + h * o_hs, o_rs);
+        else
+            pv_head_sse(rows, n, dv, p + h * p_hs, p_rs, v + h * v_hs, v_rs, out + h * o_hs, o_rs);
     }
 }
