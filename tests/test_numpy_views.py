@@ -150,3 +150,11 @@ def test_the_native_switch_turns_the_kernels_off(monkeypatch: pytest.MonkeyPatch
         assert cpu_kernels.unavailable_reason == "KVDIAG_NUMPY_NATIVE=0"
     finally:
         cpu_kernels.load.cache_clear()
+
+
+def test_a_bad_thread_count_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvdiag.errors import UsageError
+
+    monkeypatch.setenv("KVDIAG_NUMPY_THREADS", "two")
+    with pytest.raises(UsageError, match="KVDIAG_NUMPY_THREADS must be a positive integer"):
+        NumpyExecutor()

@@ -38,7 +38,8 @@ QUERY_CHUNK = 256
 """Query tokens per score matrix: bounds prefill memory to [hkv, 256 × group, n_kv] floats."""
 
 SMALL_ROWS = 32
-"""Query rows per KV head up to which products go through einsum: OpenBLAS's threaded GEMM
+"""Query rows per KV head up to which products skip BLAS (einsum or the compiled kernels):
+OpenBLAS's threaded GEMM
 costs ~10x more than the arithmetic at that size."""
 
 PEAK_BYTES_PER_SHAPE = 1.5
