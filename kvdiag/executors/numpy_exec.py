@@ -39,8 +39,7 @@ QUERY_CHUNK = 256
 
 SMALL_ROWS = 32
 """Query rows per KV head up to which products skip BLAS (einsum or the compiled kernels):
-OpenBLAS's threaded GEMM
-costs ~10x more than the arithmetic at that size."""
+OpenBLAS's threaded GEMM costs ~10x more than the arithmetic at that size."""
 
 PEAK_BYTES_PER_SHAPE = 1.5
 """Memory target (issue 12): peak RSS at most 1.5x the quantized K/V bytes of the shape."""
