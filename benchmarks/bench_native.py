@@ -61,7 +61,8 @@ def run(exe: Path, *args: str, trace: Path | None = None) -> list[float]:
 
 
 def timed(cmd: list[str]) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    extra = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + extra if extra else "")}
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     return time.perf_counter() - t, proc.returncode, proc.stdout + proc.stderr

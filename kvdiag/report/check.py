@@ -35,21 +35,47 @@ def header_table(path: str, header: Header) -> Table:
     t.add_row("scenario", f"{cap_value(sc.get('name', '?'))} — "
                           f"{cap_value(sc.get('description', ''))}")
     t.add_row("executor", f"{cap(header.backend)} on {cap(header.device.name)}")
-    if isinstance(cfg, dict) and cfg:
-        unified = cfg.get("kv_unified") is True
-        cfg = {k: cap_value(v, 100) for k, v in cfg.items()}
-        t.add_row("runtime", (
-            f"np {cfg.get('np')}{' (kv unified)' if unified else ''}, ctx "
-            f"{cfg.get('ctx')}, {cfg.get('layers')} layers, K {cfg.get('type_k')} / V "
-            f"{cfg.get('type_v')}, stage {cfg.get('stage_mib')} MiB, layout {cfg.get('layout')}, "
-            f"dispatch {cfg.get('dispatch')}"))
-    plan = header.plan
-    if plan:
-        plan = {k: cap_value(v, 100) for k, v in plan.items()}
-        t.add_row("pool", (
-            f"{plan.get('pool_pages')} pages of {plan.get('page_bytes')} B: "
-            f"{plan.get('resident_pages_per_layer')} resident/layer + {plan.get('ring_slots')} "
-            f"ring slots"))
+    cfg = cfg if isinstance(cfg, dict) else {}
+    plan = header.plan if isinstance(header.plan, dict) else {}
+
+    def known(*keys: str) -> Any:
+        """The first of ``keys`` the config or the plan holds (a native trace's header has
+        most of the shape in its plan, a model trace's in its config)."""
+        for key in keys:
+            for src in (cfg, plan):
+                if src.get(key) is not None and src.get(key) != "":
+                    return cap_value(src[key], 100)
+        return None
+
+    stage = known("stage_mib")
+    if stage is None and isinstance(plan.get("stage_bytes"), int):
+        stage = f"{plan['stage_bytes'] / 2**20:.3g}"
+    parts = [
+        f"np {known('np')}" + (" (kv unified)" if cfg.get("kv_unified") is True else "")
+        if known("np") is not None else None,
+        f"ctx {known('ctx', 'n_ctx')}" if known("ctx", "n_ctx") is not None else None,
+        f"{known('layers')} layers" if known("layers") is not None else None,
+        f"{plan['streamed_layers']} streamed" if plan.get("streamed_layers") not in (
+            None, cfg.get("layers", plan.get("layers"))) else None,
+        f"K {known('type_k')} / V {known('type_v')}" if known("type_k") is not None else None,
+        f"stage {stage} MiB" if stage is not None else None,
+        f"layout {known('layout')}" if known("layout") is not None else None,
+        f"dispatch {known('dispatch')}" if known("dispatch") is not None else None,
+    ]
+    runtime = ", ".join(p for p in parts if p)
+    if runtime:
+        t.add_row("runtime", runtime)
+    pages, page_bytes = known("pool_pages"), known("page_bytes")
+    pool = [f"{pages} pages" if pages is not None else None,
+            (f"of {page_bytes} B" if pages is not None else f"page {page_bytes} B")
+            if page_bytes is not None else None]
+    split = [f"{known('resident_pages_per_layer')} resident/layer"
+             if known("resident_pages_per_layer") is not None else None,
+             f"{known('ring_slots')} ring slots" if known("ring_slots") is not None else None]
+    if any(pool + split):
+        head = " ".join(p for p in pool if p)
+        tail = " + ".join(p for p in split if p)
+        t.add_row("pool", f"{head}: {tail}" if head and tail else head or tail)
     return t
 
 
