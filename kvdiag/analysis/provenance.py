@@ -22,6 +22,7 @@ the derived ranges equal the annotated ones run for run (tests/test_provenance.p
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 from kvdiag.model import events as ev
@@ -171,12 +172,20 @@ class Provenance:
                 self._grow_slots(s0 + n)
             ident = (e.layer, e.stream, p0 - s0)
             ident = self._canon.setdefault(ident, ident)
-            if n == 1 and self._ident[s0] is ident:  # a dirty page refreshed in place
+            held, old_idents = self._held, self._ident
+            if n == 1:  # one page: a dirty page refreshed, or a slot taken over
+                old = old_idents[s0]
+                if old is not ident:
+                    if old is not None:
+                        slots = held.get((old[0], old[1], s0 + old[2]))
+                        if slots and s0 in slots:
+                            slots.remove(s0)
+                    held.setdefault((e.layer, e.stream, p0), []).append(s0)
+                    old_idents[s0] = ident
                 self._good[s0] = 1
                 self._slot_ver[s0] = v[p0]
                 self._slot_when[s0] = (e.step, e.seq)
                 return
-            held, old_idents = self._held, self._ident
             for q in range(s0, s0 + n):
                 old = old_idents[q]
                 if old is not None and old is not ident:
@@ -288,6 +297,9 @@ class Provenance:
                 else:
                     out.append(ev.ReadRange(s.begin, s.end, s.source, stream, "exact"))
                 continue
+            if s.source == "pool" and s.slot >= 0:
+                self._pool_ranges(e, s, out)
+                continue
             for v in self._judge(e, s):
                 holder = stream if v.source == "host" else v.copy.stream if v.copy else -1
                 last = out[-1] if out else None
@@ -298,6 +310,41 @@ class Provenance:
                 else:
                     out.append(ev.ReadRange(v.page, v.page + 1, v.source, holder, v.cls, v.lag))
         return tuple(out)
+
+    def _pool_ranges(self, e: ev.Read, s: ev.Served, out: list[ev.ReadRange]) -> None:
+        """:meth:`ranges` for one pool run, judged a run of equal slot contents at a time
+        (uploads fill consecutive slots with one ident, so a run is usually a handful of
+        groups): the same verdicts as :meth:`_judge`, without an object per page."""
+        layer, stream, b, q = e.layer, e.stream, s.begin, s.slot
+        n = s.end - b
+        if q + n > len(self._ident):
+            self._grow_slots(q + n)
+        idents = self._ident[q:q + n]
+        cur = self._versions(layer, stream, s.end)[b:b + n]
+        vers = self._slot_ver[q:q + n]
+        i = 0
+        for ident, group in itertools.groupby(idents):
+            j = i + sum(1 for _ in group)
+            pieces: list[tuple[int, int, ev.ReadClass, int]]
+            if ident is None or ident[0] != layer or ident[1] != stream or q + ident[2] != b:
+                pieces = [(j - i, -1 if ident is None else ident[1], "foreign", 0)]
+            else:  # the right pages: exact where the copy's version is current
+                pieces = []
+                for lag, g in itertools.groupby(c - w for c, w in zip(cur[i:j], vers[i:j],
+                                                                       strict=True)):
+                    pieces.append((sum(1 for _ in g), stream, "exact" if lag == 0 else "stale",
+                                   lag))
+            page = b + i
+            for count, holder, cls, lag in pieces:
+                last = out[-1] if out else None
+                if (last is not None and last.end == page and last.source == "pool"
+                        and last.holder == holder and last.cls == cls
+                        and last.version_lag == lag):
+                    out[-1] = ev.ReadRange(last.begin, page + count, "pool", holder, cls, lag)
+                else:
+                    out.append(ev.ReadRange(page, page + count, "pool", holder, cls, lag))
+                page += count
+            i = j
 
     def pages(self, e: ev.Read) -> list[PageVerdict]:
         """Every page of the read's ``served`` runs, judged one by one (runs outside
