@@ -43,13 +43,13 @@ class DeviceProfile(msgspec.Struct, frozen=True):
 
 H200 = DeviceProfile(
     name="NVIDIA H200",
-    hbm_read_gbps=4547.0,
-    zero_copy_read_gbps=50.9,
-    h2d_gbps=54.9,
-    launch_us=4.0,
-    source=("bandwidths: benchmarks/results/bench_kernels.txt (H200 run 24, 2026-11-29: 4 GiB "
-            "device read, 1 GiB pinned mapped read, 1 GiB pinned memcpyAsync); launch latency "
-            "assumed until a measured profile replaces it"),
+    hbm_read_gbps=4545.7,
+    zero_copy_read_gbps=51.4,
+    h2d_gbps=55.49,
+    launch_us=4.29,
+    source=("kvdiag devices --profile on an NVIDIA H200, 2026-12-01 03:35 UTC (4 GiB device "
+            "read, 1 GiB pinned mapped read, 1 GiB pinned memcpyAsync, empty-kernel launches); "
+            "benchmarks/results/device_profile_h200.json"),
 )
 """The default profile (an H200 measured on the device by kvdiag's own kernels)."""
 
