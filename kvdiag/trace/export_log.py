@@ -3,7 +3,8 @@
 A model of the log, not a recording: the boot lines of llama_context/llama_kv_cache with
 streaming on (domain brief §5.1, §7.2), slot activity in the server's ``slot <func>: id | task
 |`` shape (§7.3), the arm117 port's instrumented ``fits=false`` line for every FA node that
-failed fits() while sitting in a kv-stream buffer (§4.5), the fallback warning, and for a
+failed fits() while sitting in a kv-stream buffer (§4.5), the fallback warning, the
+``kv_stream_adapt`` partition and trace lines of an adaptive capture (§5.3), and for a
 modelled abort the ``<file>:<line>: GGML_ASSERT(...) failed`` line followed by a gdb-style
 stack of the frames the abort event names. ``kvdiag postmortem`` reads it like a real log, so
 a capture and its log can be checked against each other. Timestamps come from ``t_ns`` in
@@ -158,6 +159,25 @@ class LogExporter:
         return [f'E arm117 fits=false: dst={e.dst.data:#x} ne=[{ne}] type={e.dst.type} '
                 f'k={e.k.data:#x} kbuf="{e.k.buffer}" | v="{e.v.buffer}" | kr={kr} vr={vr}']
 
+    def adapt(self, e: ev.Adapt) -> list[str]:
+        """The ``LLAMA_KV_STREAM_TRACE`` line of one evaluation (brief §5.3), when the event
+        holds every field the runtime prints; ``layout`` as the port prints it."""
+        if e.samples is None or e.misses is None or e.busy_pct is None or e.peak is None:
+            return []
+        layout = f", layout {e.layout}" if e.layout is not None else ""
+        return [f"W kv_stream_adapt: active {e.active}, resident {e.resident}, ring {e.ring}"
+                f"{layout}, samples {e.samples}, misses {e.misses}, copy busy "
+                f"{e.busy_pct:.1f}%, peak {e.peak}"]
+
+    def repartition(self, e: ev.Repartition) -> list[str]:
+        """The partition change the runtime always prints (brief §5.3)."""
+        tail = ""
+        if e.miss_pct is not None and e.busy_pct is not None:
+            tail = f", miss {e.miss_pct:.1f}%, copy busy {e.busy_pct:.1f}%"
+        return [f"W kv_stream_adapt: adaptive KV partition: resident pages/layer "
+                f"{e.resident[0]} -> {e.resident[1]}, ring slots {e.ring[0]} -> {e.ring[1]}"
+                f"{tail}"]
+
     def abort(self, e: ev.Abort) -> list[str]:
         lines = [e.message, "[Thread debugging using libthread_db enabled]"]
         frames = [f for f in e.backtrace if not f.endswith("(inlined)")]
@@ -179,6 +199,10 @@ class LogExporter:
                     batch = self.after_step() + self.step(e)
                 case ev.Fits():
                     batch = self.fits(e)
+                case ev.Adapt():
+                    batch = self.adapt(e)
+                case ev.Repartition():
+                    batch = self.repartition(e)
                 case ev.Warn():
                     func = "llama_context" if e.code == "multiseq-opt-in" else (
                         "ggml_cuda_kv_stream_fattn")
