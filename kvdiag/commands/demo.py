@@ -20,21 +20,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import sys
-    from argparse import Namespace
     from pathlib import Path
 
     from kvdiag.capture import capture_from_args
     from kvdiag.check import check_file
+    from kvdiag.cli import build_parser
 
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     traces: list[Path] = []
     for scenario in ("two-slot-concurrent", "slot1-first"):
         path = out / f"{scenario}.kvtrace"
-        capture_from_args(Namespace(
-            scenario=scenario, output=str(path), executor=args.executor, layout=None,
-            dispatch=None, steps=None, prompt_tokens=None, seed=0, quiet=False, preset=None,
-            telemetry_ms=100))
+        # the capture command's own parser fills every option's default
+        capture_from_args(build_parser().parse_args(
+            ["capture", "--scenario", scenario, "-o", str(path), "--executor", args.executor]))
         traces.append(path)
     if not args.no_tui and sys.stdout.isatty():
         import importlib
