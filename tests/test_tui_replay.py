@@ -14,8 +14,10 @@ from kvdiag.analysis.replay import (
     LastRead,
     PagesGeometry,
     PagesSnapshot,
+    Window,
     geometry_from_header,
     replay_steps,
+    reshaped_window,
     write_pages,
 )
 from kvdiag.analysis.trace_index import IndexBuilder, header_end
@@ -173,3 +175,17 @@ def test_adaptive_window_follows_the_reshapes(captured: Capture, stage: str,
         assert read.pool == min(window, total), (read.step, read.layer)
         checked += 1
     assert checked >= 20
+
+
+def test_reshaped_window_of_odd_adapt_lines() -> None:
+    """A zero ring, a negative resident count or a layout below the resident count (a broken
+    or hostile line) still gives a window, never a division by zero."""
+    geo = PagesGeometry(layers=4, streams=(0,), pages=8, resident_per_layer=2, layout="shared")
+    line = ev.Adapt(seq=1, t_ns=0, step=3, active=2048, resident=1, ring=0, layout=5)
+    got = reshaped_window(geo, line, None)
+    assert got is not None and sum(got.per_layer) == 4 and max(got.per_layer) <= 5
+    assert reshaped_window(geo, ev.Adapt(seq=1, t_ns=0, step=3, active=0, resident=-3, ring=4),
+                           None) == Window((0, 0, 0, 0), "window: 0 pages/layer")
+    assert reshaped_window(geo, ev.Adapt(seq=1, t_ns=0, step=3, active=0, resident=3, ring=4,
+                                         layout=2), None).per_layer == (3, 3, 3, 3)  # type: ignore[union-attr]
+    assert reshaped_window(geo, None, None) is None
