@@ -13,16 +13,15 @@ from hypothesis import strategies as st
 from kvdiag.kvstream.adapt import Controller, Counters, feedback_delta
 from kvdiag.kvstream.partition import (
     NEVER,
-    DecodeLayout,
     Feedback,
     Partition,
     PartitionError,
     PoolShape,
     Tuning,
     adapt_partition,
-    decode_layout,
     overlap_target,
 )
+from kvdiag.model.decode_layout import DecodeLayout, decode_layout
 
 QUIET = Feedback(miss=0.0, busy=0.6, ring_peak=0.6)  # neither starved nor light
 

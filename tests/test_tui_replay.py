@@ -13,14 +13,20 @@ from kvdiag.analysis.replay import (
     Holder,
     LastRead,
     PagesGeometry,
+    PagesSnapshot,
+    Window,
     geometry_from_header,
     replay_steps,
+    reshaped_window,
     write_pages,
 )
 from kvdiag.analysis.trace_index import IndexBuilder, header_end
+from kvdiag.model import events as ev
 from kvdiag.trace.reader import TraceReader
 from tests.conftest import Capture
 from tests.tui_samples import write_aliasing
+
+ADAPTIVE = ("--adaptive", "--steps", "6", "--prompt-tokens", "1200")
 
 
 def query_for(path: Path) -> tuple[PagesQuery, dict[int, object], PagesGeometry]:
@@ -86,6 +92,9 @@ def test_aliasing_trace_step_by_step(aliasing: Path) -> None:
     ("slot1-first", "shared", ()), ("slot1-first", "per-stream", ()),
     # the prefill and a few decode steps are enough to exercise the ring (and are quick)
     ("pool-pressure", "shared", ("--steps", "6", "--prompt-tokens", "1300")),
+    # adaptive: a repartition (4 MiB) and a decode layout that splits some layers (8 MiB)
+    ("pool-pressure", "shared", (*ADAPTIVE, "--stage-mib", "4")),
+    ("pool-pressure", "shared", (*ADAPTIVE, "--stage-mib", "8")),
 ])
 def test_query_equals_replay_on_captures(captured: Capture, scenario: str, layout: str,
                                          extra: tuple[str, ...]) -> None:
@@ -99,6 +108,7 @@ def test_query_equals_replay_on_captures(captured: Capture, scenario: str, layou
         assert got.cells() == snap.cells(), f"step {step}"  # type: ignore[attr-defined]
         assert got.flagged() == snap.flagged()  # type: ignore[attr-defined]
         assert (got.learned, got.relearn_step) == (snap.learned, snap.relearn_step)  # type: ignore[attr-defined]
+        assert got.shape == snap.shape, f"step {step}"  # type: ignore[attr-defined]
     last = query.snapshot(max(ref))
     flagged = last.flagged()
     if scenario == "slot1-first" and layout == "shared":
@@ -120,3 +130,62 @@ def test_write_pages() -> None:
     assert write_pages((255, 257)) == range(0, 2)
     assert write_pages((600, 601)) == range(2, 3)
     assert write_pages((5, 5)) == range(0)
+
+
+def _reads_and_windows(path: Path) -> tuple[list[ev.Read], dict[int, PagesSnapshot]]:
+    query, ref, _ = query_for(path)
+    with TraceReader.open(path) as reader:
+        reads = [e for e in reader if isinstance(e, ev.Read)]
+    return reads, {step: query.snapshot(step) for step in ref}
+
+
+@pytest.mark.parametrize("stage, shapes", [
+    # 4 MiB: resident 1 → 0 pages/layer at step 4 (the ring grows); every layer streams
+    ("4", {3: ((1, 1, 1, 1), ""), 4: ((0, 0, 0, 0),
+                                      "decode layout: layers 0,1,2,3 stream 5 pages "
+                                      "(step 4: repartition 1→0)")}),
+    # 8 MiB: the decode layout at step 4 keeps all 5 pages of layer 3, layers 0-2 keep 1
+    ("8", {3: ((2, 2, 2, 2), ""), 4: ((1, 1, 1, 5),
+                                      "decode layout: layers 0,1,2 stream 4 pages, the "
+                                      "others keep all 5 resident")}),
+])
+def test_adaptive_window_follows_the_reshapes(captured: Capture, stage: str,
+                                              shapes: dict[int, tuple[tuple[int, ...], str]]
+                                              ) -> None:
+    """GIVEN an adaptive capture THEN the window per layer changes at the step of the
+    invalidate as its adapt line says, the pool slots are forgotten there, and every read of
+    the next step served from the pool exactly the pages below the window it left."""
+    path, code = captured("pool-pressure", "shared", "membership", *ADAPTIVE, "--stage-mib", stage)
+    assert code == 0
+    reads, snaps = _reads_and_windows(path)
+    for step, (caps, note) in shapes.items():
+        snap = snaps[step]
+        assert tuple(snap.window(layer) for layer in range(4)) == caps, step
+        assert snap.window_note() == note
+        assert [snap.cell(0, layer, p).resident for layer in range(4) for p in range(6)] == [
+            p < caps[layer] for layer in range(4) for p in range(6)]
+    # the clear at step 4 forgot every holder and key; step 5 uploads the new window
+    assert all(snaps[4].cell(0, layer, 0).holder is None for layer in range(4))
+    checked = 0
+    for read in reads:
+        if read.step == 0:
+            continue
+        window = snaps[read.step - 1].window(read.layer)
+        total = read.pool + read.ring + read.host
+        assert read.pool == min(window, total), (read.step, read.layer)
+        checked += 1
+    assert checked >= 20
+
+
+def test_reshaped_window_of_odd_adapt_lines() -> None:
+    """A zero ring, a negative resident count or a layout below the resident count (a broken
+    or hostile line) still gives a window, never a division by zero."""
+    geo = PagesGeometry(layers=4, streams=(0,), pages=8, resident_per_layer=2, layout="shared")
+    line = ev.Adapt(seq=1, t_ns=0, step=3, active=2048, resident=1, ring=0, layout=5)
+    got = reshaped_window(geo, line, None)
+    assert got is not None and sum(got.per_layer) == 4 and max(got.per_layer) <= 5
+    assert reshaped_window(geo, ev.Adapt(seq=1, t_ns=0, step=3, active=0, resident=-3, ring=4),
+                           None) == Window((0, 0, 0, 0), "window: 0 pages/layer")
+    assert reshaped_window(geo, ev.Adapt(seq=1, t_ns=0, step=3, active=0, resident=3, ring=4,
+                                         layout=2), None).per_layer == (3, 3, 3, 3)  # type: ignore[union-attr]
+    assert reshaped_window(geo, None, None) is None

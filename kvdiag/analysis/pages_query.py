@@ -7,7 +7,9 @@ key, the latest write that gave a host page a version. So the index rows of thos
 grouped once by key (sorted row numbers per key, built with numpy), and a snapshot is a binary
 search per key plus decoding the handful of lines found. The cost of a snapshot depends on the
 grid size, not on the step or the trace length, which keeps a scrub step fast on a trace of
-millions of events; the result equals :class:`~kvdiag.analysis.replay.PagesReplay`'s (tested).
+millions of events. An ``invalidate`` empties the slots and forgets the keys, so an upload
+counts only after the latest one, and the window is the shape of the ``adapt`` before it
+(:func:`~kvdiag.analysis.replay.reshaped_window`). The result equals :class:`~kvdiag.analysis.replay.PagesReplay`'s (tested).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from collections.abc import Callable
 import numpy as np
 
 from kvdiag.analysis.linesource import LineSource
-from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot, assemble
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot, Window, assemble, reshaped_window
 from kvdiag.analysis.trace_index import (
     EVICT,
     F_RELEARN,
     F_RING,
+    KIND_CODE,
     LEARN,
     READ,
     UPLOAD,
@@ -128,6 +131,9 @@ class PagesQuery:
 
         self._learns = np.flatnonzero(kind == LEARN)
         self._relearns = self._learns[(c["flags"][self._learns] & F_RELEARN) != 0]
+        self._invalidates = np.flatnonzero(kind == KIND_CODE["invalidate"])
+        self._adapts = np.flatnonzero(kind == KIND_CODE["adapt"])
+        self._repartitions = np.flatnonzero(kind == KIND_CODE["repartition"])
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
 
     def _decode(self, row: int) -> object:
@@ -160,21 +166,37 @@ class PagesQuery:
             i -= 1
         return 0
 
-    def _slot_of(self, limit: int, key: Key) -> int | None:
+    def _cleared(self, limit: int) -> int:
+        """Row of the latest ``invalidate`` below ``limit`` (-1 when none)."""
+        i = _last(self._invalidates, limit)
+        return int(self._invalidates[i]) if i >= 0 else -1
+
+    def _shape(self, cleared: int) -> Window | None:
+        """The window the clear at row ``cleared`` left (see ``reshaped_window``)."""
+        if cleared < 0:
+            return None
+        a = _last(self._adapts, cleared)
+        r = _last(self._repartitions, cleared)
+        adapt = self.event(int(self._adapts[a])) if a >= 0 else None
+        rep = self.event(int(self._repartitions[r])) if r >= 0 else None
+        return reshaped_window(self.geometry, adapt if isinstance(adapt, ev.Adapt) else None,
+                               rep if isinstance(rep, ev.Repartition) else None)
+
+    def _slot_of(self, limit: int, cleared: int, key: Key) -> int | None:
         layer, stream, page = key
         group = self._key_uploads.get((layer, -1 if stream is None else stream, page))
         if group is None:
             return None
         i = _last(group[0], limit)
-        return int(group[1][i]) if i >= 0 else None
+        return int(group[1][i]) if i >= 0 and int(group[0][i]) > cleared else None
 
-    def _holder_of(self, limit: int, slot: int) -> Holder | None:
+    def _holder_of(self, limit: int, cleared: int, slot: int) -> Holder | None:
         group = self._slot_uploads.get((slot,))
         if group is None:
             return None
         rows, layers, streams, pages = group
         i = _last(rows, limit)
-        if i < 0:
+        if i < 0 or int(rows[i]) < cleared:
             return None
         evicts = self._evicts.get((slot,))
         if evicts is not None:
@@ -217,11 +239,13 @@ class PagesQuery:
     def snapshot(self, step: int) -> PagesSnapshot:
         limit = self.index.cutoff(step)
         learned, relearn_step = self._learned(limit)
+        cleared = self._cleared(limit)
         return assemble(
             self.geometry, step,
             read_of=lambda layer, stream: self._read_of(limit, layer, stream),
-            slot_of=lambda key: self._slot_of(limit, key),
-            holder_of=lambda slot: self._holder_of(limit, slot),
+            slot_of=lambda key: self._slot_of(limit, cleared, key),
+            holder_of=lambda slot: self._holder_of(limit, cleared, slot),
             version_of=lambda layer, stream, page: self._version_at(layer, stream, page, limit),
             dirty=self._dirty(step, limit), learned=learned, relearn_step=relearn_step,
+            shape=self._shape(cleared),
         )

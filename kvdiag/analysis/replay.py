@@ -13,7 +13,12 @@ rebuilt from the events up to the end of S (docs/trace-format.md):
 - ``read`` tells, per run of pages of one (layer, stream), where they were served from (pool,
   ring, host), whose bytes they were (``holder``) and whether that was the right data
   (``exact``), an older version (``stale``) or another stream's (``foreign``);
-- ``learn`` maps K view pointers to layer numbers (cleared when ``relearn``).
+- ``learn`` maps K view pointers to layer numbers (cleared when ``relearn``);
+- ``invalidate`` empties every slot and forgets every bookkeeping key (brief §1.5); in an
+  adaptive trace it is also when the resident cache takes its new shape: the partition and
+  decode layout of the ``adapt`` event before it (resident pages per layer, ring slots,
+  decode-layout active pages) give each layer's window, the way
+  ``kvdiag.kvstream.adaptive.AdaptiveRuntime`` reshapes the cache (:class:`Window`).
 
 :class:`PagesReplay` applies events one at a time: the reference semantics, used on small
 traces and by tests. :mod:`kvdiag.analysis.pages_query` computes the same snapshots from an
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kvdiag.model import events as ev
+from kvdiag.model.decode_layout import decode_layout
 from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 
@@ -77,15 +83,59 @@ class PagesGeometry:
     layout: str
     ring_slots: int = 0
     pool_pages: int = 0
+    pool_layers: int = 0
+    """Layers sharing the pool (the streamed layers; 0: every layer)."""
 
-    def window(self) -> int:
-        """Resident pages per view: the per-stream layout splits a layer's pages evenly."""
+    def window(self, resident: int | None = None) -> int:
+        """Resident pages per view of a layer holding ``resident`` pages (default: the plan's):
+        the per-stream layout splits a layer's pages evenly."""
+        total = self.resident_per_layer if resident is None else resident
         if self.layout == "per-stream" and self.streams:
-            return self.resident_per_layer // len(self.streams)
-        return self.resident_per_layer
+            return total // len(self.streams)
+        return total
 
     def key(self, layer: int, stream: int, page: int) -> Key:
         return (layer, None, page) if self.layout == "shared" else (layer, stream, page)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The resident pages of each pool layer (all streams together) after an adaptive
+    reshape, and a line saying why."""
+
+    per_layer: tuple[int, ...]
+    note: str
+
+
+def reshaped_window(geometry: PagesGeometry, adapt: ev.Adapt | None,
+                    repartition: ev.Repartition | None) -> Window | None:
+    """The window an ``invalidate`` leaves: the shape of the latest ``adapt`` before it
+    (None without one: a clear that reshapes nothing we know of). ``repartition`` is the
+    latest one before the clear; it is named when it set this resident count.
+
+    The runtime model applies ``decode_layout(resident, layout, layers, ring)`` when the
+    adapt line has a layout, the uniform ``resident`` per layer otherwise
+    (kvdiag/kvstream/adaptive.py, ``after_evaluation``)."""
+    if adapt is None:
+        return None
+    layers = geometry.pool_layers or geometry.layers
+    resident = max(adapt.resident, 0)
+    moved = ""
+    if repartition is not None and repartition.resident[1] == resident:
+        a, b = repartition.resident
+        moved = f" (step {repartition.step}: repartition {a}→{b})"
+    active = adapt.layout
+    if active is None or active <= resident:
+        return Window((resident,) * layers, f"window: {resident} pages/layer{moved}")
+    layout = decode_layout(resident, active, layers, max(adapt.ring, 1))
+    caps = tuple(layout.capacity(layer) for layer in range(layers))
+    split = layout.split_layers()
+    streamed = sorted({active - caps[layer] for layer in split})
+    pages = "–".join(str(n) for n in (streamed[0], streamed[-1])) if len(streamed) > 1 \
+        else str(streamed[0])
+    others = "" if len(split) == layers else f", the others keep all {active} resident"
+    return Window(caps, f"decode layout: layers {','.join(map(str, split))} stream {pages} "
+                        f"pages{others}{moved}")
 
 
 ReadOf = Callable[[int, int], "tuple[int, tuple[ev.ReadRange, ...]] | None"]
@@ -107,7 +157,20 @@ class PagesSnapshot:
     learned: tuple[tuple[int, int], ...] = ()
     """(layer, K pointer) pairs the resident cache has learned (shared layout)."""
     relearn_step: int | None = None
+    shape: Window | None = None
+    """The adaptive reshape in force (None: the header plan's uniform window)."""
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+
+    def window(self, layer: int) -> int:
+        """Resident pages per view of ``layer`` at this step: pages below it are resident."""
+        if self.shape is None:
+            return self.geometry.window()
+        caps = self.shape.per_layer
+        return self.geometry.window(caps[layer] if 0 <= layer < len(caps) else 0)
+
+    def window_note(self) -> str:
+        """Why the window is what it is, where an adaptive reshape set it."""
+        return "" if self.shape is None else self.shape.note
 
     def reads(self, stream: int, layer: int) -> tuple[LastRead | None, ...]:
         """Per page, the latest read of (layer, stream) if it covered that page."""
@@ -149,7 +212,7 @@ class PagesSnapshot:
             key = self.geometry.key(layer, stream, page)
             slot = self._slot(key)
             got = self._memo[k] = PageCell(
-                page, page < self.geometry.window(), self.version_of(layer, stream, page), slot,
+                page, page < self.window(layer), self.version_of(layer, stream, page), slot,
                 self._holder(slot) if slot is not None else None,
                 self.reads(stream, layer)[page], key in self.dirty)
         return got  # type: ignore[return-value]
@@ -192,6 +255,7 @@ def geometry_from_header(header: ev.Header, *, layers: int = 0, streams: Iterabl
     seen = sorted(set(streams))
     stream_ids = tuple(range(max(n_stream, (seen[-1] + 1) if seen else 0))) or (0,)
     layout = cfg.get("layout")
+    pool: dict[str, Any] = plan["pool"] if isinstance(plan.get("pool"), dict) else {}
     return PagesGeometry(
         layers=max(n_layers, 1),
         streams=stream_ids,
@@ -200,6 +264,8 @@ def geometry_from_header(header: ev.Header, *, layers: int = 0, streams: Iterabl
         layout=layout if layout in ("shared", "per-stream") else "shared",
         ring_slots=num(plan, "ring_slots", 0),
         pool_pages=num(plan, "pool_pages", 0),
+        pool_layers=min(num(pool, "layer_count", 0) or num(plan, "streamed_layers", 0),
+                        max(n_layers, 1)),
     )
 
 
@@ -207,10 +273,10 @@ def assemble(geometry: PagesGeometry, step: int, *, read_of: ReadOf,
              slot_of: Callable[[Key], int | None], holder_of: Callable[[int], Holder | None],
              version_of: Callable[[int, int, int], int], dirty: frozenset[Key],
              learned: tuple[tuple[int, int], ...] = (),
-             relearn_step: int | None = None) -> PagesSnapshot:
+             relearn_step: int | None = None, shape: Window | None = None) -> PagesSnapshot:
     """The snapshot at the end of ``step`` from lookups of the state then."""
     return PagesSnapshot(step, geometry, read_of, slot_of, holder_of, version_of, dirty,
-                         learned, relearn_step)
+                         learned, relearn_step, shape)
 
 
 def write_pages(cells: tuple[int, int]) -> range:
@@ -235,6 +301,9 @@ class PagesReplay:
     dirty_step: int | None = None
     learned: dict[int, int] = field(default_factory=dict)
     relearn_step: int | None = None
+    shape: Window | None = None
+    last_adapt: ev.Adapt | None = None
+    last_repartition: ev.Repartition | None = None
 
     def apply(self, event: object) -> None:
         match event:
@@ -257,6 +326,15 @@ class PagesReplay:
                 self.holders.pop(event.slot, None)
             case ev.Read():
                 self.reads[(event.layer, event.stream)] = (event.step, event.ranges)
+            case ev.Adapt():
+                self.last_adapt = event
+            case ev.Repartition():
+                self.last_repartition = event
+            case ev.Invalidate():
+                self.holders.clear()
+                self.key_slot.clear()
+                self.shape = reshaped_window(self.geometry, self.last_adapt,
+                                             self.last_repartition) or self.shape
             case ev.Learn():
                 if event.relearn:
                     self.learned.clear()
@@ -278,7 +356,7 @@ class PagesReplay:
             holder_of=holders.get,
             version_of=lambda layer, stream, page: versions.get((layer, stream, page), 0),
             dirty=dirty, learned=tuple(sorted(self.learned.items())),
-            relearn_step=self.relearn_step,
+            relearn_step=self.relearn_step, shape=self.shape,
         )
 
 

@@ -13,7 +13,7 @@ query width and the ring's feedback counters. It
 - asks :func:`~kvdiag.kvstream.partition.adapt_partition` for the boundary when feedback
   has samples or the decode layout is being entered, unless
   ``GGML_CUDA_KV_STREAM_FIXED_RING_SLOTS`` froze it;
-- chooses the decode layout (:func:`~kvdiag.kvstream.partition.decode_layout`) for a
+- chooses the decode layout (:func:`~kvdiag.model.decode_layout.decode_layout`) for a
   decode-like evaluation under pressure, the uniform layout otherwise.
 
 A repartition or a layout change invalidates the resident cache wholesale (brief §1.5).
@@ -25,15 +25,14 @@ from dataclasses import dataclass, field, replace
 
 from kvdiag.kvstream.partition import (
     NEVER,
-    DecodeLayout,
     Feedback,
     Partition,
     PartitionError,
     PoolShape,
     Tuning,
     adapt_partition,
-    decode_layout,
 )
+from kvdiag.model.decode_layout import DecodeLayout, decode_layout
 from kvdiag.model.pages import PAGE_TOKENS
 
 MAX_DECODE_QUERY_TOKENS = 32

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdiag.kvstream.adapt import Controller, Counters, Evaluation
-from kvdiag.kvstream.partition import DecodeLayout, Partition, PoolShape, Tuning
+from kvdiag.kvstream.partition import Partition, PoolShape, Tuning
 from kvdiag.kvstream.pool import PoolPlan
 from kvdiag.kvstream.resident import ResidentCache
 from kvdiag.kvstream.timing import DeviceProfile, EvalTiming, evaluation
 from kvdiag.model import events as ev
+from kvdiag.model.decode_layout import DecodeLayout
 from kvdiag.model.pages import PAGE_TOKENS
 
 Emit = tuple[type[Any], dict[str, Any]]

@@ -11,9 +11,13 @@ GLYPH = {"foreign": "!", "stale": "~"}
 lost in a monochrome screenshot and to a colour-blind reader."""
 OUTSIDE_GLYPH = "^"
 """A page whose rows a ``mark`` at this step put outside every resident window."""
+EDGE_GLYPH = "│"
+"""In the glyph column of a layer's first page beyond its resident window: where the window
+ends (in an adaptive trace it moves with the step, and differs per layer in a decode layout)."""
 LEGEND = ("! foreign read (another stream's bytes) · ~ stale read (older version) · "
           "^ marked outside the window · P/R/H read from pool/ring/host, '·' not read · "
-          "s:pVv the slot holds stream s page p version v · * dirty · bold: read at this step")
+          "s:pVv the slot holds stream s page p version v · * dirty · bold: read at this step · "
+          "│ where the resident window ends")
 
 
 def cell_glyph(cell: PageCell) -> str:
@@ -23,12 +27,16 @@ def cell_glyph(cell: PageCell) -> str:
     return GLYPH[read.cls] if read is not None and read.cls in GLYPH else " "
 
 
-def cell_text(cell: PageCell, outside: bool = False) -> str:
-    """The cell as drawn, ``CELL_WIDTH`` wide: the glyph of its read, the label cut to fit, and
+def cell_text(cell: PageCell, outside: bool = False, edge: bool = False) -> str:
+    """The cell as drawn, ``CELL_WIDTH`` wide: the glyph of its read (or ``│`` on the first
+    page beyond the window, ``edge``, when the read has no glyph), the label cut to fit, and
     ``^`` last when a mark at this step put the page outside the window."""
     room = CELL_WIDTH - 1 - (1 if outside else 0)
     label = cell_label(cell)[:room] + (OUTSIDE_GLYPH if outside else "")
-    return (cell_glyph(cell) + label).ljust(CELL_WIDTH)
+    glyph = cell_glyph(cell)
+    if edge and glyph == " ":
+        glyph = EDGE_GLYPH
+    return (glyph + label).ljust(CELL_WIDTH)
 
 
 def cell_label(cell: PageCell) -> str:
@@ -82,8 +90,8 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int,
         slot = f"pool slot {cell.slot}" if cell.slot is not None else "no pool slot yet"
         parts.append(f"in the resident window, bookkeeping key {key_text} → {slot}.")
     else:
-        parts.append(f"beyond the resident window ({geo.window()} pages/view): streams through "
-                     "the ring.")
+        parts.append(f"beyond the resident window ({snap.window(layer)} pages/view): streams "
+                     "through the ring.")
     parts.append(f"Host copy at version {cell.version}.")
     if cell.holder is not None:
         h = cell.holder
@@ -111,8 +119,16 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int,
 def window_words(snap: PagesSnapshot) -> str:
     geo = snap.geometry
     keyed = "(layer, page): no stream axis" if geo.layout == "shared" else "(layer, stream, page)"
-    text = (f"layout {geo.layout}: bookkeeping keyed {keyed} · {geo.window()} resident "
-            f"page(s) per view of {geo.pages} · ring {geo.ring_slots} slots")
+    if snap.shape is None:
+        window = f"{geo.window()} resident page(s) per view of {geo.pages} · ring " \
+                 f"{geo.ring_slots} slots"
+    else:
+        sizes = sorted({snap.window(layer) for layer in range(geo.pool_layers or geo.layers)})
+        span = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+        window = f"{span} resident page(s) per view of {geo.pages} (reshaped, per layer)"
+    text = f"layout {geo.layout}: bookkeeping keyed {keyed} · {window}"
     if snap.relearn_step is not None:
         text += f" · layer map relearned at step {snap.relearn_step} ({len(snap.learned)} layers)"
+    if snap.window_note():
+        text += "\n" + snap.window_note()
     return text

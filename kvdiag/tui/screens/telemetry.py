@@ -1,5 +1,6 @@
-"""6 Telemetry: NVML samples and kv_stream_adapt's partition (resident pages/layer, ring slots,
-miss and copy busy %) over the trace as sparklines, with the cursor at the step."""
+"""6 Telemetry: kv_stream_adapt's partition (resident pages/layer, ring slots; miss and copy
+busy %) as plotext plots over the steps, its values at the step in a table, and NVML samples as
+sparklines, all with the cursor at the step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
+from textual_plotext import PlotextPlot
 
 from kvdiag.tui.digest import TelemetrySeries
 from kvdiag.tui.document import Document, TraceDoc
@@ -22,6 +24,7 @@ from kvdiag.tui.navigation import Target
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.sparkline import sparkline
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.partition_plot import FEEDBACK_SERIES, PARTITION_SERIES, draw
 
 # (field, label, scale to the unit shown, unit, fixed scale or None for the samples' range)
 Plot = tuple[str, str, float, str, tuple[float, float] | None]
@@ -122,6 +125,8 @@ class TelemetryScreen(KvScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="telemetry-info")
         with VerticalScroll(id="telemetry-scroll"):
+            yield PlotextPlot(id="partition-plot", classes="adapt-plot")
+            yield PlotextPlot(id="feedback-plot", classes="adapt-plot")
             yield Static(id="telemetry")
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
@@ -151,6 +156,10 @@ class TelemetryScreen(KvScreen):
             return
         info = self.query_one("#telemetry-info", Static)
         body = self.query_one("#telemetry", Static)
+        plots = (self.query_one("#partition-plot", PlotextPlot),
+                 self.query_one("#feedback-plot", PlotextPlot))
+        for plot in plots:
+            plot.display = False
         doc = self.doc
         series = self.series()
         if not isinstance(doc, TraceDoc):
@@ -179,11 +188,15 @@ class TelemetryScreen(KvScreen):
             body.update(telemetry_table(series, step, width, cursor))
             return
         assert partition is not None
+        plots[0].display = draw(plots[0], partition, PARTITION_SERIES, step,
+                                "KV partition: resident pages/layer, ring slots") > 0
+        plots[1].display = draw(plots[1], partition, FEEDBACK_SERIES, step,
+                                "deadline miss %, copy busy %", percent=True) > 0
         where = _where(partition, partition.sample_at_step(step))
         info.update(f"cursor at step {step} of {doc.index.last_step} → partition {where} · "
                     "←/→ move the cursor (shared with Pages)")
         parts: list[RenderableType] = [
-            Text("KV partition (kv_stream_adapt)", style="bold"),
+            Text("KV partition (kv_stream_adapt) at the step", style="bold"),
             partition_table(partition, step, width, cursor), Text("")]
         if nvml:
             parts += [Text("NVML", style="bold"), telemetry_table(series, step, width, cursor)]

@@ -113,6 +113,7 @@ class PagesGrid(ScrollView, can_focus=False):
             return self._crop(segments, 0, width, base)
         cursor = self.cursor
         step = snap.step
+        edge = snap.window(layer)
         for cell in snap.row(self.stream, layer, first, stop):
             marks = [cell_mark(cell, step)]
             outside = cell.page in self.outside
@@ -124,7 +125,8 @@ class PagesGrid(ScrollView, can_focus=False):
                 marks.append("now")
             if cursor == (layer, cell.page):
                 marks.append("cursor")
-            segments.append(Segment(cell_text(cell, outside), self._style(*marks)))
+            segments.append(Segment(cell_text(cell, outside, cell.page == edge),
+                                    self._style(*marks)))
         return self._crop(segments, shift, width, base)
 
     @staticmethod
