@@ -89,7 +89,10 @@ def capture(
                       "seed": seed, "config": cfg.as_dict(),
                       "requests": [vars(r) for r in scenario.requests]},
             plan=runner.plan.as_json(),
-            extra={"feedback": {"kind": "modelled", "profile": msgspec.to_builtins(profile)}}
+            extra=({"feedback": {"kind": "measured", "by": f"{executor.name} executor: "
+                                 "deadline-sampling kernel and copy-stream events"}}
+                   if hasattr(executor, "end_evaluation") else
+                   {"feedback": {"kind": "modelled", "profile": msgspec.to_builtins(profile)}})
             if cfg.adaptive else {},
         )
         if on_start is not None:

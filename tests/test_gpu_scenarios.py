@@ -112,3 +112,33 @@ def test_cupy_and_numpy_make_the_same_decisions(
                     f"exit {codes['cupy']}, "
                     f"{len(decisions['cupy'])} decision events identical, {len(outs['cupy'])} "
                     f"outputs ({diverged} diverged on both), max |Δdelta| = {worst:.2e}\n")
+
+
+def test_adaptive_capture_on_the_gpu_measures_its_feedback(gpu: None, tmp_path: Path) -> None:
+    """--adaptive on the CuPy executor: the controller is fed the device's own measurements —
+    deadline samples/misses from the one-thread sampling kernel (kernels/deadline.cu) and copy
+    busy from copy-stream events — and the header says so."""
+    out = tmp_path / "adaptive.kvtrace"
+    assert main(["capture", "--scenario", "pool-pressure", "--adaptive", "--stage-mib", "8",
+                 "--prompt-tokens", "1200", "--steps", "6", "--executor", "cupy", "-q",
+                 "-o", str(out)]) == 0
+    with TraceReader.open(out) as r:
+        assert r.header.extra["feedback"]["kind"] == "measured"
+        events = list(r)
+    adapt = [e for e in events if isinstance(e, ev.Adapt)]
+    # the executor copies resident pages on its copy stream; ring pages it reads zero-copy
+    # from the host store (the runner's ring uploads are bookkeeping), so each resident upload
+    # batch is one deadline sample
+    ring_uploads = sum(e.pages[1] - e.pages[0] for e in events
+                       if isinstance(e, ev.Upload) and e.target == "ring")
+    uploads = sum(1 for e in events if isinstance(e, ev.Upload) and e.target == "resident")
+    assert adapt and all(a.eval_us is not None and a.eval_us > 0 for a in adapt)
+    assert all(0 <= (a.misses or 0) <= (a.samples or 0) for a in adapt)
+    assert all(a.busy_pct is not None and 0.0 <= a.busy_pct <= 100.0 for a in adapt)
+    # one deadline sample per upload call (each batched copy publishes one number)
+    assert sum(a.samples or 0 for a in adapt) == uploads and ring_uploads > 0
+    report = Path(os.environ.get("KVDIAG_GPU_REPORT", os.devnull))
+    with report.open("a") as f:
+        f.write("adaptive pool-pressure on the GPU, measured feedback per evaluation: "
+                + "; ".join(f"step {a.step} samples {a.samples} misses {a.misses} busy "
+                            f"{a.busy_pct}% eval {a.eval_us:.0f} us" for a in adapt) + "\n")

@@ -27,7 +27,7 @@ from kvdiag.errors import DeviceUnavailable, UsageError
 from kvdiag.kvstream.backend import StoreGeometry
 
 KERNEL_FILES: tuple[str, ...] = (
-    "fattn_paged.cu", "set_rows.cu", "compare_pages.cu", "membench.cu"
+    "fattn_paged.cu", "set_rows.cu", "compare_pages.cu", "membench.cu", "deadline.cu"
 )
 
 #: ggml type -> KvType enum value (kvdiag_blocks.cuh).

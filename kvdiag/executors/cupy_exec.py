@@ -260,6 +260,15 @@ class CupyExecutor:
             self._copy = cp.cuda.Stream(non_blocking=True)
             self._counter = cp.zeros(1, cp.uint32)
             self._records = cp.zeros((self.ring_capacity, ck.RECORD_INTS), cp.int32)
+            # measured feedback (begin_evaluation / end_evaluation): the published upload
+            # number, the deadline counters, copy-stream spans of this evaluation
+            self._published = cp.zeros(1, cp.uint32)
+            self._deadline = cp.zeros(2, cp.uint32)
+            self._deadline_seen = (0, 0)
+        self._upload_seq = 0
+        self._copy_spans: list[tuple[Any, Any]] = []
+        self._eval_start: Any = None
+        self._deadline_kernels: tuple[Any, Any] | None = None
         self._partial = {}
         self._masked = None
         self._set_rows = {}
@@ -412,10 +421,12 @@ class CupyExecutor:
             raise UsageError(f"upload: slots {slot}..{slot + n_pages - 1} outside the pool of "
                              f"{g.pool_pages}")
         rt = self.cp.cuda.runtime
+        publish, sample = self._deadline_pair()
         with self._cuda("page upload"):
             # The copy stream starts after every kernel queued so far (the rows it copies were
             # written by set_rows), and attention waits for the copy: the runtime's ready event.
             self._copy.wait_event(self._stream.record())
+            start = self._copy.record()
             full = min(n_pages, (g.kv_size - page * pt) // pt)
             dst = int(self._pool.ptr) + slot * pb
             for tensor, row, dst_off in (("k", self.row_k, 0), ("v", self.row_v, g.v_offset)):
@@ -427,7 +438,17 @@ class CupyExecutor:
                     rows = g.kv_size - (page + full) * pt
                     rt.memcpyAsync(dst + full * pb + dst_off, src + full * pt * row, rows * row,
                                    _H2D, self._copy.ptr)
-            self._stream.wait_event(self._copy.record())
+            # publish this upload's number behind the copy; the compute stream samples it
+            # before it waits: the runtime's deadline check (kernels/deadline.cu)
+            self._upload_seq += 1
+            seq = np.uint32(self._upload_seq)
+            with self._copy:  # RawKernel launches on the current stream
+                publish((1,), (1,), (self._published, seq))
+            end = self._copy.record()
+            self._copy_spans.append((start, end))
+            with self._stream:
+                sample((1,), (1,), (self._published, seq, self._deadline))
+            self._stream.wait_event(end)
         kid = ck.KERNEL_IDS["upload"]
         for j in range(n_pages):
             src_code = 1 if slot + j < self.ring_slots else 0
@@ -565,6 +586,42 @@ class CupyExecutor:
         self._upload_rows = []
         rows: npt.NDArray[np.int32] = np.concatenate([dev_rows.astype(np.int32), host_rows])
         return DeviceRecords(rows, count - kept)
+
+    def _deadline_pair(self) -> tuple[Any, Any]:
+        if self._deadline_kernels is None:
+            with self._cuda("compiling deadline.cu"):
+                mod = self.cp.RawModule(code=ck.kernel_source("deadline.cu"),
+                                        options=("-std=c++17",))
+                self._deadline_kernels = (mod.get_function("kv_publish"),
+                                          mod.get_function("kv_deadline_sample"))
+        return self._deadline_kernels
+
+    def begin_evaluation(self) -> None:
+        """Mark the start of one graph evaluation on the compute stream (measured feedback)."""
+        with self._cuda("feedback"):
+            self._copy_spans = []
+            self._eval_start = self._stream.record()
+
+    def end_evaluation(self) -> dict[str, float | int]:
+        """Measured feedback of the evaluation since :meth:`begin_evaluation` (brief §1.6,
+        §1.10): deadline samples and misses from the one-thread sampling kernel, copy-stream
+        busy time from event pairs around every upload, and the evaluation's wall time on
+        the compute stream, in µs."""
+        cp = self.cp
+        with self._cuda("feedback"):
+            end = self._stream.record()
+            self._copy.synchronize()
+            end.synchronize()
+            eval_us = (cp.cuda.get_elapsed_time(self._eval_start, end) * 1000.0
+                       if self._eval_start is not None else 0.0)
+            busy_us = sum(cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in self._copy_spans)
+            samples, misses = (int(x) for x in cp.asnumpy(self._deadline))
+        s0, m0 = self._deadline_seen
+        self._deadline_seen = (samples, misses)
+        self._copy_spans = []
+        self._eval_start = None
+        return {"samples": samples - s0, "misses": misses - m0, "eval_us": eval_us,
+                "busy": min(1.0, busy_us / eval_us) if eval_us > 0 else 0.0}
 
     def drain_kernel_events(self) -> list[dict[str, Any]]:
         """Fields of the ``Kernel`` trace events for what the kernels recorded since the last

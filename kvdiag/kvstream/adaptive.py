@@ -11,6 +11,7 @@ boundary as ``repartition``, and each wholesale clear as ``invalidate``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +50,24 @@ class AdaptiveRuntime:
         """Resident pages of each layer's view now (the window the cache serves)."""
         return tuple(self.cache.window(layer) for layer in range(self.cache.layer_count))
 
-    def after_evaluation(self, n_kv: int, query_tokens: int, streams: int) -> list[Emit]:
-        """Feed one evaluation to the controller; return the events to record."""
+    def after_evaluation(self, n_kv: int, query_tokens: int, streams: int,
+                         measured: Mapping[str, float] | None = None,
+                         ring_peak: int = 0) -> list[Emit]:
+        """Feed one evaluation to the controller; return the events to record.
+
+        ``measured`` is the executor's own feedback (samples, misses, busy ratio, eval_us:
+        the CuPy executor's deadline-sampling kernel and copy-stream events); without it the
+        device profile models the evaluation. ``ring_peak`` is the ring occupancy the runner
+        saw, used with measured feedback."""
         active = -(-n_kv // PAGE_TOKENS)
-        timing = evaluation(self.profile, self.pool.page_bytes, active,
-                            self.capacities() * streams, max(1, self.cache.ring_slots))
+        if measured is not None:
+            timing = EvalTiming(eval_us=float(measured["eval_us"]),
+                                copy_busy=float(measured["busy"]),
+                                samples=int(measured["samples"]), misses=int(measured["misses"]),
+                                peak_slots=min(ring_peak, self.cache.ring_slots), h2d_bytes=0)
+        else:
+            timing = evaluation(self.profile, self.pool.page_bytes, active,
+                                self.capacities() * streams, max(1, self.cache.ring_slots))
         self.last = timing
         self.samples += timing.samples
         self.misses += timing.misses

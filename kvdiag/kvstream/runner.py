@@ -198,6 +198,9 @@ class Runner:
         # an executor without a data plane (kvdiag sweep's) stores and attends nothing, so
         # no K/V/Q values are made and no outputs are reported
         self.data_plane: bool = getattr(executor, "data_plane", True)
+        # an executor that measures its own feedback (the CuPy one) brackets each evaluation
+        self._begin_eval = getattr(executor, "begin_evaluation", None)
+        self._ring_peak = 0
         self.max_delta = 0.0
         self.req_last_cell: dict[int, int] = {}
         self.cell_req = [np.full(cfg.kv_size, -1, np.int64) for _ in range(cfg.n_stream)]
@@ -232,6 +235,9 @@ class Runner:
         abort: ev.Abort | None = None
         for ub in self.scheduler.ubatches():
             try:
+                if self.adaptive is not None and self._begin_eval is not None:
+                    self._begin_eval()
+                self._ring_peak = 0
                 abort = self._step(ub)
                 self._drain_device_records(ub.index)
                 if self.adaptive is not None and abort is None:
@@ -254,7 +260,10 @@ class Runner:
         """kv_stream_adapt after the evaluation (brief §1.10): feedback, maybe a new partition
         or decode layout; the cache it reshapes is cleared (an ``invalidate`` event)."""
         assert self.adaptive is not None
-        for cls, fields in self.adaptive.after_evaluation(self._n_kv, ub.tokens, len(ub.streams)):
+        end = getattr(self.executor, "end_evaluation", None)
+        measured = end() if end is not None else None
+        for cls, fields in self.adaptive.after_evaluation(self._n_kv, ub.tokens, len(ub.streams),
+                                                          measured, self._ring_peak):
             self.sink.emit(cls, ub.index, **fields)
             if cls is ev.Invalidate:
                 self.ring_cursor = 0  # the ring may have a new size: start it afresh
@@ -493,6 +502,8 @@ class Runner:
         """
         ring = self.cache.ring_slots  # the adaptive controller may have moved the boundary
         limit = min(COPY_BATCH_PAGES, ring)
+        # one attention holds its ring pages until it has read them: the step's peak
+        self._ring_peak = max(self._ring_peak, min(len(pages), ring))
         i = 0
         slots: dict[int, int] = {}
         while i < len(pages):
