@@ -103,7 +103,8 @@ def run_point(spec: PointSpec) -> SweepPoint:
             error=result.abort.message if result.abort else None,
             pool_pages=pool.pool_pages, resident_start=pool.resident_pages_per_layer,
             ring_start=pool.ring_slots, resident_end=end[0], ring_end=end[1],
-            eval_us=float(c.pop("eval_us")), **{k: int(v) for k, v in c.items()})
+            eval_us=float(c.pop("eval_us")), **{k: int(v) for k, v in c.items()},
+            feedback="measured" if hasattr(executor, "end_evaluation") else "modelled")
     finally:
         executor.close()
 

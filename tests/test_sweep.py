@@ -122,4 +122,4 @@ def test_cli_text_marks_best_and_names_the_refusal(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "refused" in out and "best, ≥90%" in out
     assert "np 1, 2 MiB refused: the runtime would refuse this pool" in out
-    assert "modelled attention tok/s vs stage MiB" in out and "\x1b[" not in out
+    assert "tok/s (modelled attn) vs stage MiB" in out and "\x1b[" not in out

@@ -36,6 +36,9 @@ class SweepPoint:
     repartitions: int = 0
     invalidations: int = 0
     eval_us: float = 0.0
+    feedback: str = "modelled"
+    """``modelled``: attention time from the device profile; ``measured``: the executor's own
+    evaluation time on the device (the CuPy executor: the whole step as it runs it)."""
 
     @property
     def resident_share(self) -> float | None:

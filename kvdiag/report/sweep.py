@@ -30,8 +30,9 @@ def sweep_table(points: list[SweepPoint], summaries: list[Summary], title: str) 
         if s.cliff:
             marks.setdefault((s.np, s.cliff[0].stage_mib), []).append("cliff below")
     t = Table(title=title)
+    rate = _rate_label(points)
     for col in ("np", "stage MiB", "pool pages", "resident/layer", "ring", "resident share",
-                "miss ratio", "MiB/token", "repartitions", "tok/s (attn)", ""):
+                "miss ratio", "MiB/token", "repartitions", rate, ""):
         t.add_column(col, justify="left" if col in ("", ) else "right", no_wrap=True)
     for p in points:
         if p.status == "refused":
@@ -47,6 +48,12 @@ def sweep_table(points: list[SweepPoint], summaries: list[Summary], title: str) 
                   ", ".join(marks.get((p.np, p.stage_mib), [])
                             + ([] if p.status == "completed" else [p.status])))
     return t
+
+
+def _rate_label(points: list[SweepPoint]) -> str:
+    """What the rate column is: modelled attention time, or the device's measured steps."""
+    measured = any(p.feedback == "measured" for p in points)
+    return "tok/s (measured steps)" if measured else "tok/s (modelled attn)"
 
 
 def summary_lines(points: list[SweepPoint], summaries: list[Summary]) -> list[str]:
@@ -81,7 +88,7 @@ def terminal_plot(points: list[SweepPoint], width: int = 100, height: int = 20,
         if pts:
             plt.plot([p.stage_mib for p in pts], [p.tokens_per_s or 0.0 for p in pts],
                      label=f"np {np_}", marker="braille")
-    plt.title("modelled attention tok/s vs stage MiB")
+    plt.title(f"{_rate_label(points)} vs stage MiB")
     plt.xlabel("stage MiB")
     if color:
         plt.theme("clear")
@@ -103,7 +110,7 @@ def save_plot(points: list[SweepPoint], summaries: list[Summary], path: Path,
         raise UsageError("--plot needs matplotlib: pip install 'kvdiag[plot]'") from None
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     panels: list[tuple[Any, str, Any]] = [
-        (axes[0][0], "attention tok/s (modelled)", lambda p: p.tokens_per_s),
+        (axes[0][0], _rate_label(points), lambda p: p.tokens_per_s),
         (axes[0][1], "resident share of pages read", lambda p: p.resident_share),
         (axes[1][0], "deadline miss ratio", lambda p: p.miss_ratio),
         (axes[1][1], "MiB over PCIe per token",
