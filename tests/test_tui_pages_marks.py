@@ -25,18 +25,19 @@ from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 from tests.conftest import Capture
 from tests.test_tui_pilot import drive, lines, show, text
-from tests.tui_samples import FakeClock, header, write_aliasing, write_marks
+from tests.tui_samples import (
+    FakeClock,
+    header,
+    write_aliasing,
+    write_marks,
+    write_samples,
+)
 
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("marks")
-    mp = pytest.MonkeyPatch()
-    try:
-        return {"aliasing": write_aliasing(root / "aliasing.kvtrace", mp),
-                "marks": write_marks(root / "marks.kvtrace", mp)}
-    finally:
-        mp.undo()
+    return write_samples(tmp_path_factory.mktemp("marks"),
+                         aliasing=write_aliasing, marks=write_marks)
 
 
 def grid_row(app: KvdiagApp, label: str) -> str:

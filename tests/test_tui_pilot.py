@@ -24,7 +24,7 @@ from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 from tests.conftest import Capture
-from tests.tui_samples import write_abort, write_aliasing
+from tests.tui_samples import write_abort, write_aliasing, write_samples
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GDB_LOG = LOGS / "kvstream_np2_gdb.log"
@@ -68,13 +68,8 @@ async def show(pilot: Pilot[int], *keys: str) -> None:
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("pilot")
-    mp = pytest.MonkeyPatch()
-    try:
-        return {"aliasing": write_aliasing(root / "aliasing.kvtrace", mp),
-                "abort": write_abort(root / "abort.kvtrace", mp)}
-    finally:
-        mp.undo()
+    return write_samples(tmp_path_factory.mktemp("pilot"),
+                         aliasing=write_aliasing, abort=write_abort)
 
 
 # -- 1 Overview ---------------------------------------------------------------------------

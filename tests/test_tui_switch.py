@@ -17,18 +17,13 @@ from kvdiag.tui.navigation import SCREENS, TITLES
 from kvdiag.tui.screens.pages import PagesScreen
 from kvdiag.tui.widgets.pages_grid import PagesGrid
 from tests.test_tui_pilot import GDB_LOG, drive, lines, show, text
-from tests.tui_samples import write_abort, write_aliasing
+from tests.tui_samples import write_abort, write_aliasing, write_samples
 
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("switch")
-    mp = pytest.MonkeyPatch()
-    try:
-        return {"aliasing": write_aliasing(root / "aliasing.kvtrace", mp),
-                "abort": write_abort(root / "abort.kvtrace", mp)}
-    finally:
-        mp.undo()
+    return write_samples(tmp_path_factory.mktemp("switch"),
+                         aliasing=write_aliasing, abort=write_abort)
 
 
 def status(app: KvdiagApp) -> str:

@@ -215,3 +215,13 @@ def write_marks(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     w.end_step()
     w.close()
     return path
+
+
+def write_samples(root: Path, **writers: Any) -> dict[str, Path]:
+    """``{name: writer(root / "<name>.kvtrace", monkeypatch)}`` with one MonkeyPatch undone
+    afterwards: the module-scoped sample fixtures of the TUI tests."""
+    mp = pytest.MonkeyPatch()
+    try:
+        return {name: write(root / f"{name}.kvtrace", mp) for name, write in writers.items()}
+    finally:
+        mp.undo()
