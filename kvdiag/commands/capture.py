@@ -14,7 +14,9 @@ SCENARIO_NAMES = (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="two-slot-concurrent", choices=SCENARIO_NAMES,
                         help="what the server does (default: two-slot-concurrent)")
-    parser.add_argument("-o", "--output", required=True, help="trace file to write (.kvtrace)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="trace file to write (.kvtrace); '-' writes it to standard output")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"),
                         help="auto: CuPy on a GPU, else NumPy")
     parser.add_argument("--layout", choices=("shared", "per-stream"),

@@ -3,9 +3,10 @@
 The lines instrumented forks already print become events (docs/log-import.md): fits
 decisions (evaluated=false: the log does not say which condition failed), partition changes
 and adapt samples, fallback and feedback warnings, aborts with their backtraces; the header's
-plan comes from the boot lines. Exit status: 0 imported, 1 the log holds nothing importable
-(no file written), 2 bad input (missing, binary, unreadable, or the log breaks off: the trace
-then holds every event before the break) or an output that exists without --force.
+plan comes from the boot lines. Stray bytes (NULs, invalid UTF-8) are replaced and counted.
+Exit status: 0 imported, 1 the log holds nothing importable (no file written), 2 bad input
+(missing, mostly not text, unreadable, or the log breaks off: the trace then holds every event
+before the break) or an output that exists without --force or is not a regular file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", metavar="LOG", help="a llama-server log (.gz accepted); '-' "
                         "reads standard input")
     parser.add_argument("-o", "--output", metavar="OUT",
-                        help="trace to write (default: the log's name with .kvtrace)")
+                        help="trace to write (default: the log's name with .kvtrace); '-' "
+                             "writes it to standard output")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
 
@@ -31,12 +33,18 @@ def run(args: argparse.Namespace) -> int:
     result = import_log(args.log, args.output, force=args.force)
     counts = ", ".join(f"{k} {n}" for k, n in sorted(result.counts.by_kind.items()))
     end = result.end
+    # with -o - standard output carries the trace itself
+    report = sys.stderr if args.output == "-" else sys.stdout
     print(f"{result.output}: {result.counts.imported} events from {result.lines} lines "
-          f"({counts}), {end.steps} steps, end {end.status}")
+          f"({counts}), {end.steps} steps, end {end.status}", file=report)
     if result.counts.inferred_routes:
         print(f"  {result.counts.inferred_routes} fits route(s) inferred as fallback "
               "(no abort or fallback warning followed); see the warn events "
-              "import-route-inferred")
+              "import-route-inferred", file=report)
+    for r in result.replaced:
+        print(f"  {r.source}: {r.bytes:,} bytes replaced in {r.lines:,} line(s) "
+              f"({r.nul_bytes:,} NUL dropped, {r.invalid_bytes:,} not UTF-8 replaced by "
+              f"U+FFFD; first at line {r.first_line})", file=report)
     if result.breaks.error is not None or result.breaks.no_newline:
         print(f"kvdiag: warning: {end.reason}", file=sys.stderr)
     return EXIT_USAGE if result.breaks.error is not None else EXIT_OK

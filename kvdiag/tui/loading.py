@@ -161,11 +161,12 @@ class _Reporting:
 
 def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None:
     from kvdiag.analysis.signatures import evaluate
-    from kvdiag.postmortem.lines import open_log
+    from kvdiag.files.logs import open_log
     from kvdiag.postmortem.parse import LogParser
 
     parser = LogParser()
-    name, stream, closers = open_log(path)
+    log = open_log(path)
+    name, stream, closers = log.name, log.stream, log.closers
     raw = closers[-1]  # the file itself, under any decompressor: its position is progress
     size = max(os.fstat(raw.fileno()).st_size, 1)
     last = [time.perf_counter()]
@@ -180,7 +181,8 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
 
     try:
         # the parser only calls read/read1 on it
-        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)))
+        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)),
+                    leading_nuls=log.leading_nuls)
     finally:
         for c in closers:
             c.close()
@@ -197,5 +199,7 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
     findings = clip_deep(tuple(evaluate(scan)))
     publish(PendingDoc(path, "indexing the log's lines", progress=1.0))
     source = LineSource.open(path)
+    if source.broken is not None:
+        notes.append(clip(f"{name}: read up to where it breaks: {source.broken}"))
     index = build_log_index(source, scan, name)
     publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes)))
