@@ -73,7 +73,7 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--off-iters", type=int, default=300_000_000)
     ap.add_argument("--repeat", type=int, default=3)

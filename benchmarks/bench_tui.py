@@ -294,7 +294,7 @@ def baselines(path: Path, step: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--presses", type=int, default=200)
     ap.add_argument("--write-only", metavar="PATH", help=argparse.SUPPRESS)

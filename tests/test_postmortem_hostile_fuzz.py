@@ -15,8 +15,8 @@ from rich.console import Console
 
 from kvdiag.analysis.signatures import evaluate
 from kvdiag.errors import InputError
-from kvdiag.postmortem.binaries import verify
 from kvdiag.files.logs import open_log
+from kvdiag.postmortem.binaries import verify
 from kvdiag.postmortem.parse import LogParser
 from kvdiag.postmortem.resymbolize import resymbolize
 from kvdiag.postmortem.symbolizer import Module

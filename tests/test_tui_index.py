@@ -23,8 +23,8 @@ from kvdiag.analysis.trace_index import (
     decode_event,
     header_end,
 )
-from kvdiag.model import events as ev
 from kvdiag.files.logs import open_log
+from kvdiag.model import events as ev
 from kvdiag.postmortem.parse import LogParser
 from kvdiag.trace.reader import TraceReader
 from tests.tui_samples import write_abort, write_aliasing

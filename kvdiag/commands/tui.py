@@ -58,12 +58,6 @@ def run(args: argparse.Namespace) -> int:
     size = parse_size(args.size)
     if args.step is not None and args.step < 0:
         raise UsageError(f"--step {args.step}: steps are numbered from 0")
-    target = None
-    if args.export_svg:
-        from kvdiag.files.outputs import plan_output
-
-        # checked before the files are loaded, which can take a while
-        target = plan_output(args.export_svg, force=args.force, flag="--export-svg")
     if args.debug_dir and not args.binary:
         raise UsageError("--debug-dir needs at least one --binary")
     from kvdiag.tui.loading import Symbols
@@ -73,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
     for path in args.files:
         detect_kind(path)  # a file the viewer cannot show is refused before it starts
-    if target is not None:
+    if args.export_svg:
+        from kvdiag.files.outputs import plan_output
+
+        # checked before the files are loaded, which can take a while
+        target = plan_output(args.export_svg, force=args.force, flag="--export-svg")
         from kvdiag.tui.export import export_svg
 
         export_svg(list(args.files), target, screen=screen, size=size, step=args.step,

@@ -27,6 +27,7 @@ after a long sweep), and the target is checked again just before the rename.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import sys
@@ -151,24 +152,32 @@ class Sink:
 @contextlib.contextmanager
 def open_output(out: Output) -> Iterator[Sink]:
     """Write ``out``: yields a :class:`Sink`; a ``file`` output is renamed into place when
-    the block ends normally (or after :meth:`Sink.keep`) and removed otherwise. Failures to
-    write (a full disk, a vanished directory) become one :class:`OutputError` line."""
+    the block ends normally (or after :meth:`Sink.keep`) and removed otherwise. A failed
+    write (a full disk, a file-size limit, an I/O error), inside the block or at the end,
+    becomes one :class:`OutputError` line."""
+    if out.kind == "file":
+        with _temporary(out) as sink:
+            yield sink
+        return
     if out.kind == "stdout":
         sys.stdout.flush()
         sink = Sink(out, sys.stdout.buffer, None)
-        yield sink
-        _flush(sink)
-        return
-    if out.kind == "null":
-        try:
-            fh: BinaryIO = open(out.given, "ab")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise OutputError(f"cannot write {out.given}: {exc.strerror or exc}") from None
-        with fh:
-            sink = Sink(out, fh, None)
+        with _write_errors(out):
             yield sink
             _flush(sink)
         return
+    try:
+        fh: BinaryIO = open(out.given, "ab")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise OutputError(f"cannot write {out.given}: {exc.strerror or exc}") from None
+    with fh, _write_errors(out):
+        sink = Sink(out, fh, None)
+        yield sink
+        _flush(sink)
+
+
+@contextlib.contextmanager
+def _temporary(out: Output) -> Iterator[Sink]:
     assert out.target is not None
     try:
         # visible, so that what a process killed outright (SIGKILL) leaves is found beside
@@ -179,7 +188,8 @@ def open_output(out: Output) -> Iterator[Sink]:
         raise OutputError(f"cannot write {out.given}: {exc.strerror or exc}") from None
     sink = Sink(out, os.fdopen(fd, "wb"), temp)
     try:
-        yield sink
+        with _write_errors(out):
+            yield sink
     except BaseException:
         if sink.kept:
             _commit(sink)
@@ -187,6 +197,23 @@ def open_output(out: Output) -> Iterator[Sink]:
             _discard(sink)
         raise
     _commit(sink)
+
+
+#: errno values of a write that failed for want of room or of a working device
+_WRITE_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "ENOSPC", "EFBIG", "EDQUOT", "EIO", "EROFS", "EPIPE", "ENXIO") if hasattr(errno, name))
+
+
+@contextlib.contextmanager
+def _write_errors(out: Output) -> Iterator[None]:
+    """An OSError of a failed write inside the block is the output's one-line error; other
+    OSErrors (an input that cannot be read) are the reader's to word."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:
+            raise
+        raise OutputError(f"cannot write {out.display}: {exc.strerror or exc}") from None
 
 
 def write_output(out: Output, data: bytes) -> None:

@@ -125,7 +125,8 @@ class Damage:
 
     def _hit(self, line: int) -> None:
         self.lines += 1
-        if self.first_line is None:
+        # NULs are counted per block before the UTF-8 of its lines: take the earliest
+        if self.first_line is None or line < self.first_line:
             self.first_line = line
 
     def nul_start(self, count: int) -> None:

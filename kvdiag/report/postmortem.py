@@ -99,6 +99,8 @@ def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, 
         "findings": findings_to_json(findings),
         "problems": [msgspec.to_builtins(p) for p in scan.problems],
         "binaries": [msgspec.to_builtins(b) for b in scan.binaries],
+        # stray bytes replaced while reading, per log that had any (kvdiag.files.text)
+        "replaced": [msgspec.to_builtins(r) for r in scan.replaced],
     }
 
 

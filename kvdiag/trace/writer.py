@@ -237,7 +237,12 @@ class TraceWriter:
                     done += os.write(self._fd, view[done:])
             finally:
                 view.release()
-                del buf[:done]
+                try:
+                    del buf[:done]
+                except BufferError:
+                    # a view of it outlived the failed write (held by the exception): keep
+                    # the bytes not written in a new buffer rather than hide the failure
+                    self._buf = bytearray(buf[done:])
         if self._fsync:
             os.fsync(self._fd)
 
