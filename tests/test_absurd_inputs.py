@@ -112,6 +112,8 @@ def test_a_valid_seed_at_the_limit_runs(tmp_path: Path,
     (["--stage-mib", "4", "--jobs", "0"], "--jobs must be positive"),
     (["--stage-mib", "4", "--steps", "-1"], "--steps must be positive"),
     (["--stage-mib", "4", "--ctx", str(INT32_MAX)], "of memory here"),
+    # was an internal error raised inside a worker once the sweep ran (found by test_io_fuzz)
+    (["--stage-mib", "4:8:4", "--prompt-tokens", "70000"], "raise --ctx to"),
 ])
 def test_sweep_numeric_flags(args: list[str], needle: str,
                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvdiag.analysis.sweep import summarise
-    from kvdiag.capture import scenario_from_args
+    from kvdiag.capture import check_scenario_fits, scenario_from_args
     from kvdiag.capture_limits import capture_bytes, check_memory, check_sweep_points
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_OK, UsageError
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for mib in stages:
             args.stage_mib, args.np, args.adaptive = mib, n, True
             cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+            check_scenario_fits(cfg, scenario)  # in every point, before any runs
             specs.append(PointSpec(cfg, scenario, args.executor, profile))
     # the largest point, as many at once as there are workers, must fit before any starts
     workers = min(jobs or os.cpu_count() or 1, len(specs))
