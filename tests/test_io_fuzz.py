@@ -27,7 +27,7 @@ from kvdiag.cli import main
 from kvdiag.errors import InputError
 from kvdiag.tui.document import LogDoc
 from kvdiag.tui.loading import load_log
-from tests.test_safe_outputs import WRITERS, argv
+from tests.test_safe_outputs import WRITERS, argv, fail_writes
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = sorted((ROOT / "tests" / "fixtures" / "logs").glob("*.log"))
@@ -208,7 +208,7 @@ def test_absurd_numbers_on_every_numeric_flag(seed: int, tmp_path: Path,
                 i = args.index(flag)
                 del args[i:i + 2]
             code = main([*args, flag, value])
-            out, err = capsys.readouterr()
+            err = capsys.readouterr().err
             where = f"seed {seed}: {command} {flag} {value}: {err}"
             assert code in (0, 1, 2, 3), where
             assert "internal error" not in err and "Traceback" not in err, where
@@ -224,24 +224,14 @@ def test_full_disks_at_seeded_points(seed: int, tmp_path: Path,
     rng = random.Random(300 + seed)
     name = rng.choice(["capture", "import"])
     after = rng.randrange(0, 20_000 if name == "capture" else 3000)
-    real = os.write
-    written = [0]
-
-    def write(fd: int, data: bytes | memoryview) -> int:
-        if fd > 2:
-            written[0] += len(data)
-            if written[0] > after:
-                del data
-                raise OSError(rng.choice((errno.ENOSPC, errno.EDQUOT, errno.EIO)), "refused")
-        return real(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    code = rng.choice((errno.ENOSPC, errno.EDQUOT, errno.EIO))
+    written = fail_writes(monkeypatch, after, lambda: OSError(code, "refused"))
     out = tmp_path / "t.kvtrace"
-    code = main(argv(name, out))
+    exit_code = main(argv(name, out))
     err = capsys.readouterr().err
     where = f"seed {seed}: {name} fails after {after} bytes: {err}"
     if written[0] <= after:  # the whole output fitted
-        assert code == 0 and out.exists(), where
+        assert exit_code == 0 and out.exists(), where
         return
-    assert code == 2 and err == f"kvdiag: error: cannot write {out}: refused\n", where
+    assert exit_code == 2 and err == f"kvdiag: error: cannot write {out}: refused\n", where
     assert list(tmp_path.iterdir()) == [], where

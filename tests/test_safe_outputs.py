@@ -12,7 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -189,8 +189,11 @@ def test_sweep_plot_refuses_standard_output(capsys: pytest.CaptureFixture[str]) 
 # -- writes that fail ----------------------------------------------------------------------
 
 
-def _fail_writes(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
-    """``os.write`` (the trace writer's) fails with ENOSPC after ``after`` bytes."""
+def fail_writes(monkeypatch: pytest.MonkeyPatch, after: int,
+                error: Callable[[], OSError] = lambda: OSError(
+                    errno.ENOSPC, os.strerror(errno.ENOSPC))) -> list[int]:
+    """``os.write`` (the trace writer's) raises ``error()`` once more than ``after`` bytes
+    went to files; returns the running count of bytes asked for."""
     real = os.write
     written = [0]
 
@@ -199,10 +202,11 @@ def _fail_writes(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
             written[0] += len(data)
             if written[0] > after:
                 del data  # as the C function, keep no view of the caller's buffer
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                raise error()
         return real(fd, data)
 
     monkeypatch.setattr(os, "write", write)
+    return written
 
 
 @pytest.mark.parametrize(("name", "after"), [("capture", 0), ("capture", 8000), ("import", 0),
@@ -214,7 +218,7 @@ def test_a_full_disk_leaves_no_temporary_file_and_the_old_file_whole(
     fails with ENOSPC (a capture writes about 19 KB here, an import 2.9 KB)."""
     out = tmp_path / "run.kvtrace"
     out.write_bytes(b"the last good trace\n")
-    _fail_writes(monkeypatch, after)
+    fail_writes(monkeypatch, after)
     assert main(argv(name, out, "--force")) == 2
     assert one_line(capsys) == f"kvdiag: error: cannot write {out}: No space left on device\n"
     assert out.read_bytes() == b"the last good trace\n"

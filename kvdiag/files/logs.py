@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from kvdiag.errors import InputError
-from kvdiag.files.inputs import GZIP_MAGIC, STDIN_NAME, require_regular
+from kvdiag.files.inputs import STDIN_NAME, is_gzip, require_regular
 from kvdiag.files.text import TEXT_PROBE, check_text
 
 #: What a broken gzip stream or a failing read raises.
@@ -103,7 +103,7 @@ def _check_start(name: str, sample: bytes, nuls: int, error: BaseException | Non
 def _maybe_gzip(stream: BinaryIO) -> tuple[BinaryIO, bool]:
     peek = getattr(stream, "peek", None)
     head = peek(2)[:2] if peek is not None else b""
-    if head == GZIP_MAGIC:
+    if is_gzip(head):
         return gzip.GzipFile(fileobj=stream, mode="rb"), True  # type: ignore[return-value]
     return stream, False
 
