@@ -29,6 +29,9 @@ from kvdiag.tui.document import LogDoc
 from kvdiag.tui.loading import load_log
 from tests.test_safe_outputs import WRITERS, argv, fail_writes
 
+# seeded fuzzing, bounded, as tests/test_cli_fuzz.py (about 30 s in all on 2 busy cores)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = sorted((ROOT / "tests" / "fixtures" / "logs").glob("*.log"))
 SEEDS = range(6)

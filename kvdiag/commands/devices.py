@@ -43,6 +43,10 @@ def _profile(args: argparse.Namespace) -> int:
 
     try:
         cp = load_cupy()
+        count = int(cp.cuda.runtime.getDeviceCount())
+        if args.device >= count:
+            raise UsageError(f"--device {args.device}: this machine has {count} GPU(s), "
+                             f"numbered from 0")
         cp.cuda.Device(args.device).use()
         name = cp.cuda.runtime.getDeviceProperties(args.device)["name"].decode()
     except DeviceUnavailable as exc:
