@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from kvdiag.model.conditions import canonical_all
 from kvdiag.model.geometry import Tensor
 
 Route = Literal["streamed", "fallback", "abort", "ordinary"]
@@ -65,6 +66,15 @@ class Fits(Event, tag="fits", frozen=True):
     evaluated: bool = True
     """False when the writer (a fork through kvtrace.h) did not compute the failed conditions:
     ``failed`` is then empty and kvdiag evaluates them from the logged geometry (1.1)."""
+
+    def __post_init__(self) -> None:
+        # A fork names the conditions in its own spelling ("Q->ne[3] == 1"); every reader of
+        # the event sees the canonical names (kvdiag.model.conditions.canonical). msgspec
+        # calls this after decoding too, so the trace reader and the TUI's indexer get it.
+        if self.failed:
+            names = canonical_all(self.failed)
+            if names is not self.failed:
+                msgspec.structs.force_setattr(self, "failed", names)
 
 
 class Write(Event, tag="write", frozen=True):
