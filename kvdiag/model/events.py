@@ -278,6 +278,14 @@ class Kernel(Event, tag="kernel", frozen=True):
     dropped: int = 0
 
 
+class Records(Event, tag="records", frozen=True):
+    """More kinds the process can write from now on (1.2): a native writer's shared object
+    loaded after the header line, or a late ``KVTRACE_DECLARE``. They add to the header's
+    ``records`` (kernels/kvtrace.h, kvtrace_12_add_records)."""
+
+    kinds: tuple[str, ...]
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -300,7 +308,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -319,6 +327,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "adapt",
     "telemetry",
     "kernel",
+    "records",
     "end",
 )
 
@@ -345,3 +354,7 @@ class Header(msgspec.Struct, frozen=True, omit_defaults=True):
     scenario: dict[str, Any] = msgspec.field(default_factory=dict)
     plan: dict[str, Any] = msgspec.field(default_factory=dict)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    records: tuple[str, ...] | None = None
+    """What the writer declares it can record (1.2): event kinds, plus ``"kind.field"`` for an
+    optional raw field a kind may carry (``"mark.outside"``). None: not declared (a 1.0/1.1
+    trace, or a writer that does not say), so what is recorded can only be inferred."""
