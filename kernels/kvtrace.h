@@ -41,8 +41,8 @@
  *   single-TU program), KVTRACE_DISABLE to compile every macro away.
  *
  *   The header line says which event kinds the process can write ("records"): every macro
- *   expansion leaves its kinds in an ELF section (kvtrace_rec_12) that a constructor of each
- *   translation unit folds into the process-wide state, so what a fork compiles in -- in the
+ *   expansion leaves its kinds in an ELF section (kvtrace_rec_12, an assembler directive, no
+ *   code) that a constructor of each translation unit folds into the process-wide state, so what a fork compiles in -- in the
  *   program and in every shared object, dlopen()ed ones included -- is declared. Compilers or
  *   formats without named sections: KVTRACE_DECLARE("step write upload read ...").
  */
@@ -1577,19 +1577,22 @@ static inline void kvtrace_plan_defaults(kvtrace_plan *p) {
 #define KVTRACE_KEYS_(keys) ((const int32_t(*)[3])(keys))
 
 /* Where "records" comes from: each macro expansion leaves a 4-byte entry (its KVTRACE_R_*_
- * bits) in the section kvtrace_rec_12 of the object it is compiled into; the linker gathers a
- * program's or shared object's entries between __start_kvtrace_rec_12 and
- * __stop_kvtrace_rec_12 (symbols it defines for a section whose name is a C identifier), and
- * a constructor in every translation unit hands that range to the process-wide state. The
- * symbols are hidden so that each object sees its own range, never its neighbour's. Without
- * GCC/Clang on ELF, or with KVTRACE_NO_SECTIONS, nothing is registered: KVTRACE_DECLARE says
- * what the process records (or the header line leaves "records" out: "not declared"). */
+ * bits) in the section kvtrace_rec_12 of the object it is compiled into -- an assembler
+ * directive, not code: nothing runs for it. The linker gathers a program's or shared object's
+ * entries between __start_kvtrace_rec_12 and __stop_kvtrace_rec_12 (symbols it defines for a
+ * section whose name is a C identifier), and a constructor in every translation unit hands that
+ * range to the process-wide state. The symbols are hidden so that each object sees its own
+ * range, never its neighbour's. (Inline asm rather than a section attribute on a static: GCC
+ * ignores the attribute for a static inside a template instantiation, and C++ forks put their
+ * dispatch code in templates.) Without GCC/Clang on ELF, or with KVTRACE_NO_SECTIONS, nothing
+ * is registered: KVTRACE_DECLARE says what the process records (or the header line leaves
+ * "records" out: "not declared"). */
 #if !defined(KVTRACE_DISABLE) && !defined(KVTRACE_NO_SECTIONS) && defined(__ELF__) && \
     (defined(__GNUC__) || defined(__clang__))
 #define KVTRACE_SECTIONS_ 1
 #define KVTRACE_REC_(bits)                                                                     \
-    static const uint32_t kvtrace_rec_entry_                                                   \
-        __attribute__((section("kvtrace_rec_12"), used, unused, aligned(4))) = (bits)
+    __asm__(".pushsection kvtrace_rec_12,\"a\"\n\t.balign 4\n\t.long %c0\n\t.popsection"      \
+            : : "i"((unsigned)(bits)))
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -1613,12 +1616,14 @@ static void kvtrace_rec_ctor_(void) {
         KVTRACE_REC_(bits);                                                                    \
         if (KVTRACE_ON_()) { call; }                                                           \
     } while (0)
+#define KVTRACE_CALL0_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
 #else /* compiled away; the arguments still type-check and count as used */
 #define KVTRACE_CALL_(bits, call) do { if (0) { call; } } while (0)
+#define KVTRACE_CALL0_(call) do { if (0) { call; } } while (0)
 #endif
 
-#define KVTRACE_BOOT(plan) KVTRACE_CALL_(0u, kvtrace_12_boot(plan))
-#define KVTRACE_DECLARE(kinds) KVTRACE_CALL_(0u, kvtrace_12_declare(kinds))
+#define KVTRACE_BOOT(plan) KVTRACE_CALL0_(kvtrace_12_boot(plan))
+#define KVTRACE_DECLARE(kinds) KVTRACE_CALL0_(kvtrace_12_declare(kinds))
 #define KVTRACE_STEP(phase, streams, n_streams, tokens, n_kv)                                  \
     KVTRACE_CALL_(KVTRACE_R_STEP_,                                                             \
                   kvtrace_12_step((phase), (streams), (int64_t)(n_streams), (int64_t)(tokens), \
@@ -1661,9 +1666,9 @@ static void kvtrace_rec_ctor_(void) {
                                     (int64_t)(page1), (int64_t)(slot), (target),                 \
                                     (int64_t)(bytes), (reason), (int64_t)(key_stream)))
 #define KVTRACE_READ_BEGIN(r, layer, stream) \
-    KVTRACE_CALL_(0u, kvtrace_read_begin_((r), (int64_t)(layer), (int64_t)(stream)))
+    KVTRACE_CALL0_(kvtrace_read_begin_((r), (int64_t)(layer), (int64_t)(stream)))
 #define KVTRACE_READ_PAGE(r, page, source, slot) \
-    KVTRACE_CALL_(0u, kvtrace_read_page_((r), (int64_t)(page), (source), (int64_t)(slot)))
+    KVTRACE_CALL0_(kvtrace_read_page_((r), (int64_t)(page), (source), (int64_t)(slot)))
 #define KVTRACE_READ_END(r) KVTRACE_CALL_(KVTRACE_R_READ_, kvtrace_12_read_emit(r))
 #define KVTRACE_INVALIDATE(reason, generation)                                                 \
     KVTRACE_CALL_(KVTRACE_R_INVALIDATE_,                                                       \
