@@ -16,7 +16,7 @@ from rich.text import Text
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
-from kvdiag.report.postmortem import boot_for, config_table
+from kvdiag.report.postmortem import binary_line, boot_for, config_table
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
 
 
@@ -154,6 +154,9 @@ def _log_overview(doc: LogDoc) -> RenderableType:
                 c.error.message if c.error else (c.signal.signal if c.signal else ""))
             parts.append(Text(f"line {c.where.line}: {c.kind}: {what}  [{c.fingerprint}]",
                               style="red"))
+    for b in scan.binaries:
+        parts.append(Text(binary_line(b), style="yellow" if b.checked_by == "unchecked"
+                          else "dim"))
     parts.append(_section("Findings"))
     parts.append(severity_counts(doc.findings))
     parts.append(findings_list(doc.findings))

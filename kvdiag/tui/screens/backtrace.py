@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from kvdiag.report.postmortem import frame_name
 from kvdiag.tui.crashes import CrashView, from_abort, from_crash, group, resolve_source, snippet
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.messages import RowHighlighted
@@ -38,9 +39,7 @@ class FrameRows:
 
     def row(self, i: int) -> tuple[Cells, str]:
         fr = self.view.frames[i]
-        name = fr.function or "??"
-        if fr.inlined:
-            name = f"(inlined) {name}"
+        name = frame_name(fr)
         src = f"{fr.file}:{fr.line}" if fr.file else ""
         if len(src) > SOURCE_WIDTH:
             src = "…" + src[-(SOURCE_WIDTH - 1):]
