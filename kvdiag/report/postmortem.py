@@ -99,7 +99,8 @@ def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, 
         "slots": [slot_to_json(e) for e in scan.slot_events_tail],
         "findings": findings_to_json(findings),
         "problems": [msgspec.to_builtins(p) for p in scan.problems],
-        "binaries": [msgspec.to_builtins(b) for b in scan.binaries],
+        "binaries": [{"path": b.path, "origin": b.origin, "checked_by": b.checked_by,
+                      "evidence": b.evidence} for b in scan.binaries],
     }
 
 
