@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import re
 import sys
 import textwrap
@@ -104,8 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def keep_lines_whole() -> None:
+    """When standard output and standard error are one file (``2>&1`` into a pipe or a CI
+    log), flush output at each line end: block buffering would otherwise put a message written
+    to stderr inside a half-written output line (issue 16 #7)."""
+    try:
+        same = os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return  # not a file descriptor (captured in tests, embedded): nothing to interleave
+    if same and isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.line_buffering:
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    keep_lines_whole()
     debug = "--debug" in args_list
     try:
         parser = build_parser()

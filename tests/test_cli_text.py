@@ -6,7 +6,9 @@ that cuts nothing."""
 from __future__ import annotations
 
 import ast
+import gzip
 import io
+import json
 import re
 import subprocess
 import sys
@@ -172,3 +174,24 @@ def test_check_output_ends_its_last_line(tmp_path: Path, fmt: str) -> None:
     proc = run_cli("check", str(trace), "--format", fmt)
     assert proc.returncode == 1
     assert proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n\n")
+
+
+def test_a_message_on_stderr_never_lands_inside_an_output_line(tmp_path: Path) -> None:
+    """stdout and stderr into one pipe, Python's default block buffering (no
+    PYTHONUNBUFFERED): postmortem --json prints a long report, then says on stderr where the
+    input broke. The message must follow the report, on a line of its own."""
+    log = (LOGS / "kvstream_np2_gdb.log").read_bytes() * 40
+    data = bytearray(gzip.compress(log))
+    data[-6] ^= 0xFF  # the CRC: the stream breaks at its very end
+    path = tmp_path / "server.log.gz"
+    path.write_bytes(bytes(data))
+    proc = subprocess.run([*KVDIAG, "postmortem", str(path), "--json"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    lines = proc.stdout.splitlines()
+    assert len(proc.stdout) > 65536  # longer than any pipe buffer
+    read = log.count(b"\n")
+    assert lines[-1] == (f"kvdiag: {path}: input breaks after line {read}: the "
+                         "gzip data is corrupt (CRC check failed)")
+    assert json.loads("\n".join(lines[:-1]))["crashes"]
