@@ -23,6 +23,7 @@ from kvdiag.tui.rows import log_fits_records
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 0),
@@ -100,6 +101,7 @@ class FindingsScreen(KvScreen):
         with VerticalScroll(id="finding-detail-scroll"):
             yield Static(id="finding-detail")
         yield VirtualTable(EVIDENCE_COLUMNS, id="evidence-table")
+        yield RowDetail(id="evidence-detail")
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
         table = self.query_one("#findings-table", VirtualTable)
@@ -114,6 +116,7 @@ class FindingsScreen(KvScreen):
                     else unavailable(doc) or "no findings")
             self.query_one("#finding-detail", Static).update(text)
             self.query_one("#evidence-table", VirtualTable).set_source(EvidenceRows((), []))
+            self.refit()
             return
         if old is None:
             table.focus()
@@ -166,6 +169,14 @@ class FindingsScreen(KvScreen):
     @on(RowSelected, "#findings-table")
     def finding_selected(self, message: RowSelected) -> None:
         self._jump(0)
+
+    @on(RowHighlighted, "#evidence-table")
+    def evidence_highlighted(self, message: RowHighlighted) -> None:
+        self.refit()
+
+    def refit(self) -> None:
+        self.query_one("#evidence-detail", RowDetail).follow(
+            self.query_one("#evidence-table", VirtualTable))
 
     @on(RowSelected, "#evidence-table")
     def evidence_selected(self, message: RowSelected) -> None:
