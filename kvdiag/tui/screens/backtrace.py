@@ -28,14 +28,14 @@ from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
-MODULE_WIDTH = 34
-"""At most this many cells for ``module / address`` (a library name and an address)."""
+MODULE_WIDTH = 44
+"""At most this many cells for ``module / address`` (a versioned library name, an address)."""
 MIN_SOURCE = 16
 
 
 def frame_columns(frames: Sequence[Frame], width: int) -> tuple[Column, ...]:
     """Columns for ``frames`` in a table ``width`` cells wide: each as wide as its longest
-    cell where that fits. Otherwise module/address gets up to a third of the width (at most
+    cell where that fits. Otherwise module/address gets up to half the width (at most
     ``MODULE_WIDTH``), the function what it needs, and the source (which keeps its end: the
     file and line) the rest but at least a third of it; the function column fills what is
     left. What a column cuts, the detail line under the table shows whole."""
@@ -43,7 +43,7 @@ def frame_columns(frames: Sequence[Frame], width: int) -> tuple[Column, ...]:
     longest = [max((len(r[k]) for r in rows), default=0) for k in range(4)]
     index_w = max(2, longest[0])
     module_w = max(len("module / address") // 2,
-                   min(longest[3], MODULE_WIDTH, max(16, width // 3)))
+                   min(longest[3], MODULE_WIDTH, max(16, width // 2 - 4)))
     rest = width - index_w - module_w - 4  # one space after each column
     source_w = longest[2] if longest[1] + longest[2] <= rest else min(
         longest[2], max(MIN_SOURCE, rest // 3, rest - longest[1]))

@@ -30,6 +30,16 @@ FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 
                    Column("evidence", 12, "right"))
 
 
+def finding_columns(rows: FindingRows) -> tuple[Column, ...]:
+    """The columns as wide as the longest rule and count, so that on a narrow screen the
+    finding's title, not blank padding, gets the room (the pane below shows it whole)."""
+    cells = [rows.row(i)[0] for i in range(len(rows))]
+    rule = max([len("rule"), *(len(str(c[1])) for c in cells)])
+    count = max([len("evidence"), *(len(str(c[3])) for c in cells)])
+    return (Column("severity", 9), Column("rule", rule), Column("finding", 0),
+            Column("evidence", count, "right"))
+
+
 def evidence_count(f: Finding) -> tuple[int, int]:
     """(evidence items the finding carries, occurrences the rule counted). A rule keeps its
     first items only and records the total in ``details["count"]`` (kvdiag.analysis.trace_rules
@@ -109,7 +119,9 @@ class FindingsScreen(KvScreen):
             self.findings = _order(tuple(doc.findings))
         else:
             self.findings = []
-        table.set_source(FindingRows(self.findings), cursor=table.cursor if old else 0)
+        rows = FindingRows(self.findings)
+        table.columns = finding_columns(rows)
+        table.set_source(rows, cursor=table.cursor if old else 0)
         if not self.findings:
             text = ("analysing… findings appear when the analysis finishes"
                     if isinstance(doc, TraceDoc) and doc.digest is None
