@@ -263,7 +263,9 @@ def test_another_architecture_is_refused_without_a_hint_in_the_log(tmp_path: Pat
     flat = " ".join(out.split())
     assert f"UNVERIFIED: symbolized with {s390} (--binary), but nothing in the log could " \
            "check that it is the build that ran" in flat
-    assert "leaf [unverified]" in flat and "(in dump prog.c:5 [unverified])" in flat
+    assert "leaf [unverified]" in out
+    evidence = [e["text"] for f in data["findings"] for e in f["evidence"]]
+    assert "first in-app frame: dump prog.c:5 [unverified]" in evidence
 
 
 @needs_gcc

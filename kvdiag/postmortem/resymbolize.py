@@ -199,26 +199,24 @@ def resymbolize(scan: LogScan, binaries: Sequence[str], debug_dir: str | None,
                 problems.append(Problem(source=cand.path, code="binary-unreadable",
                                         message=f"not used for symbolizing: {exc}"))
         machine, machine_from = reference_machine(scan, [m for _c, m in opened])
-        for cand, mod in opened:
+        while opened:
+            cand, mod = opened[0]
             verdict = verify(scan, mod, is_main(mod) and rs.main is None, machine, machine_from)
+            opened.pop(0)
+            refused: tuple[str, str] | None = None
             if verdict.refusal is not None:
+                refused = ("binary-mismatch", f"binary-mismatch: {cand.path} is not the build "
+                           f"the log ran: {verdict.refusal}; its frames are left as logged")
+            elif verdict.frames == 0:
+                refused = ("binary-unused", f"not used for symbolizing: no frame of the log is "
+                           f"in {module_key(cand.path)} ({modules_named(scan)})")
+            if refused is not None:
                 mod.close()
-                problems.append(Problem(
-                    source=cand.path, code="binary-mismatch",
-                    message=f"binary-mismatch: {cand.path} is not the build the log ran: "
-                            f"{verdict.refusal}; its frames are left as logged"))
-                continue
-            if verdict.frames == 0:
-                mod.close()
-                problems.append(Problem(
-                    source=cand.path, code="binary-unused",
-                    message=f"not used for symbolizing: no frame of the log is in "
-                            f"{module_key(cand.path)} ({modules_named(scan)})"))
+                problems.append(Problem(source=cand.path, code=refused[0], message=refused[1]))
                 continue
             rs.add(mod, verified=verdict.checked_by != "unchecked")
             uses.append(BinaryUse(path=cand.path, origin=cand.origin,
                                   checked_by=verdict.checked_by, evidence=verdict.evidence))
-        opened.clear()
         crashes: list[Crash] = []
         for crash in scan.crashes:
             if crash.backtrace is not None and rs.modules:

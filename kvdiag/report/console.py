@@ -90,6 +90,6 @@ def _fit(table: Table, console: Console, width: int) -> int:
     slack = max(0, room - sum(lo for lo, _hi in ranges))
     spread = sum(hi - lo for lo, hi in ranges) or 1
     widths = [lo + (hi - lo) * slack // spread for lo, hi in ranges]
-    for column, cells in zip(table.columns, widths, strict=True):
-        column.width = cells
+    for column, w in zip(table.columns, widths, strict=True):
+        column.width = w
     return max(width, sum(widths) + overhead)
