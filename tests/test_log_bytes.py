@@ -116,10 +116,16 @@ def test_every_report_says_how_many_bytes_were_replaced(tmp_path: Path,
     log = _write(tmp_path / "server.log", data)
     title = (f"{nul + bad:,} stray bytes replaced in {len(hit)} line(s) of {log}: {nul:,} NUL "
              f"dropped, {bad:,} not UTF-8 replaced by U+FFFD")
+    problem = (f"{Damage(nul_bytes=nul, invalid_bytes=bad, lines=len(hit)).summary()}; first "
+               f"at line {min(hit)}")
+    assert problem.startswith(f"{nul + bad} bytes replaced in {len(hit)} lines ({nul} NUL")
     for fmt in ("text", "json", "markdown", "sarif", "junit"):
         assert main(["postmortem", str(log), "--format", fmt, "--no-auto-binaries"]) == 1
         out = capsys.readouterr().out
-        assert title in out.replace("\n", " ") or title in out, (fmt, out[-2000:])
+        if fmt == "text":  # a table at 120 columns wraps the title: the problem line is whole
+            assert "log-bytes-replaced" in out and problem in " ".join(out.split()), out
+        else:
+            assert title in out, (fmt, out[-2000:])
     doc = json.loads(_run_json(capsys, ["postmortem", str(log), "--json"]))
     assert doc["replaced"] == [{"source": str(log), "nul_bytes": nul, "invalid_bytes": bad,
                                 "lines": len(hit), "first_line": min(hit)}]
