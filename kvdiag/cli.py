@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "trace",
     "postmortem",
     "import_",
+    "perf",
     "devices",
     "tui",
     "demo",

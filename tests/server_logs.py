@@ -111,6 +111,8 @@ class ServerLog:
         if stage_mib:
             self.line(f"llama_context: experimental block KV streaming enabled, pool = {stage_mib} "
                       "MiB")
+            if streamed < layers:
+                self.line(f"llama_kv_cache: KV streaming device filter = CUDA0 ({streamed} layers)")
             mib = ctx * streamed * (row[type_k] + row[type_v]) * n_head_kv / 2**20
             self.line(f"llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {mib:8.2f} MiB")
         total = ctx * layers * (row[type_k] + row[type_v]) * n_head_kv / 2**20
@@ -199,17 +201,25 @@ def partition_line(r0: int, r1: int, s0: int, s1: int, miss: float, busy: float)
             f"slots {s0} -> {s1}, miss {miss:.1f}%, copy busy {busy:.1f}%")
 
 
+CAP_ROOM = 200
+"""Tokens a capped turn has left to decode (see :func:`session`)."""
+
+
 def session(turns: int, new_tokens: int, output: int, tps: list[float], *, slot: int = 0,
             first_task: int = 0, ctx: int = 65536, graphs_per_token: float | None = None,
             during: dict[int, tuple[str, ...]] | None = None) -> list[Turn]:
     """A multi-turn session on one slot: each turn sends the conversation so far plus
     ``new_tokens`` and decodes ``output`` tokens (the cache keeps the conversation). A turn
-    whose prompt leaves too little room is capped by the context (truncated)."""
+    that no longer fits is capped by the context: the client trims its prompt to leave
+    ``CAP_ROOM`` tokens, and the context stops its decode there (``truncated = 1``)."""
     out: list[Turn] = []
     depth = 0
     graphs = 0
     for k in range(turns):
         start = depth + new_tokens
+        if start + output > ctx:
+            start = min(start, ctx - CAP_ROOM)
+            depth = min(depth, start)
         decode = min(output, ctx - start - 1)
         if graphs_per_token is not None:
             graphs += int(decode * graphs_per_token)

@@ -58,3 +58,38 @@ def test_a_log_of_timings_alone_is_importable(tmp_path: Path) -> None:
     log.requests(Turn(0, 1, 4000, 0, 50, 30.0))
     events = import_events(tmp_path, log.text())
     assert [type(e).__name__ for e in events] == ["Timing", "End"]
+
+
+def test_perf_reads_the_imported_trace_as_it_reads_the_log(tmp_path: Path) -> None:
+    from server_logs import adapt_line, session
+
+    from kvdiag.analysis.perf_compare import compare
+    from kvdiag.commands.perf import load_run
+
+    runs = {}
+    for name, tps, stage, during in (
+            ("base", [30.0, 28.0, 26.0, 25.0], None, {}),
+            ("stream", [30.0, 27.0, 12.0, 24.0], 2048,
+             {2: (adapt_line(20800, 50, 20, samples=100, misses=9, busy=95.0, peak=20),
+                  "kv_stream: layer 2 falls back to the zero-copy host read")})):
+        log = ServerLog(outer="compose")
+        log.boot(stage_mib=stage)
+        for t in session(4, 6400, 750, tps, during=during):
+            log.requests(t)
+        path = tmp_path / f"{name}.log"
+        path.write_text(log.text())
+        trace = tmp_path / f"{name}.kvtrace"
+        assert main(["import", str(path), "-o", str(trace)]) == 0
+        runs[name] = (load_run(str(path)), load_run(str(trace)))
+    (log_run, log_base), (trace_run, trace_base) = zip(runs["stream"], runs["base"],
+                                                       strict=True)
+    assert trace_run.kind == "trace" and log_run.kind == "log"
+    for a, b in zip(log_run.requests, trace_run.requests, strict=True):
+        assert (a.slot, a.task, a.depth_start, a.depth_end, a.decode_tps, a.truncated) == (
+            b.slot, b.task, b.depth_start, b.depth_end, b.decode_tps, b.truncated)
+        assert len(a.notes) == len(b.notes)
+    from_log, from_trace = compare(log_run, log_base), compare(trace_run, trace_base)
+    assert from_log.cost == pytest.approx(from_trace.cost)
+    assert [[c.name for c in b.causes] for b in from_log.slow_bins] == [
+        [c.name for c in b.causes] for b in from_trace.slow_bins] == [
+        ["resident window below the active pages", "ring starved", "fallback to host reads"]]

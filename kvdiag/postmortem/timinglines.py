@@ -57,7 +57,7 @@ OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 RARE_ANCHORS: tuple[bytes, ...] = (
     b"llama_",  # boot: llama_context / llama_kv_cache lines, llama_server ready (§5.1, §7.2)
     b"kv_stream",  # kv_stream_adapt partition, trace, feedback and layout lines (§5.3)
-    b"KV layout revision",  # the G2 lineage's partition line (§5.3)
+    b"KV ",  # "KV streaming device filter" (port), G2's "KV layout revision" (§5.1, §5.3)
     b"fits=false",  # the instrumented fits line (§4.5)
     b"back",  # a fallback warning: "falls back", "falling back", "fallback" (§3)
 )
