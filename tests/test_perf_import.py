@@ -64,7 +64,7 @@ def test_perf_reads_the_imported_trace_as_it_reads_the_log(tmp_path: Path) -> No
     from server_logs import adapt_line, session
 
     from kvdiag.analysis.perf_compare import compare
-    from kvdiag.commands.perf import load_run
+    from kvdiag.perfrun import load
 
     runs = {}
     for name, tps, stage, during in (
@@ -80,7 +80,9 @@ def test_perf_reads_the_imported_trace_as_it_reads_the_log(tmp_path: Path) -> No
         path.write_text(log.text())
         trace = tmp_path / f"{name}.kvtrace"
         assert main(["import", str(path), "-o", str(trace)]) == 0
-        runs[name] = (load_run(str(path)), load_run(str(trace)))
+        from_log, from_trace = load(str(path)), load(str(trace))
+        assert from_trace.config == {k: v for k, v in from_log.config.items()}
+        runs[name] = (from_log.run, from_trace.run)
     (log_run, log_base), (trace_run, trace_base) = zip(runs["stream"], runs["base"],
                                                        strict=True)
     assert trace_run.kind == "trace" and log_run.kind == "log"

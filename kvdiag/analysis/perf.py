@@ -46,12 +46,12 @@ class RequestRow:
 
     @property
     def ms_per_token(self) -> float | None:
+        """Decode ms over decoded tokens (the printed ``ms per token`` has two decimals only;
+        it is the fallback)."""
         r = self.request
-        if r.ms_per_token is not None:
-            return r.ms_per_token
         if r.decode_ms is not None and r.decode_tokens:
             return r.decode_ms / r.decode_tokens
-        return None
+        return r.ms_per_token
 
     @property
     def depth_mid(self) -> float | None:

@@ -7,17 +7,17 @@ depth bin the decode rate and the kv-stream partition the run recorded there. Wi
 ``--baseline`` it aligns the runs on depth: the mean cost over the requests both completed
 uncapped, turn-1 parity, the worst bin, and for every bin more than 10 % below the baseline the
 partition state and the causes the recorded evidence names (or "not explained by what the log
-records"). ``--predict`` adds the runtime model's curve for the run's own requests (docs/perf.md).
+records"). ``--predict`` plays the run's own requests through the runtime model (the adaptive
+controller and a device profile) and sets its rate beside the measured one, calibrated on the
+baseline; where they differ by more than 15 % it says what would have to change (docs/perf.md).
 Exit 0; 1 when a run holds no completed request; 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kvdiag.model.perf import PerfRun
+from kvdiag.commands._shape import add_shape_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,42 +32,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="requests listed per run in text (0: all; default 50)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--plot", metavar="OUT.svg|OUT.png",
-                        help="save decode tok/s against depth for each run, with the partition "
-                             "on the same axis")
-
-
-def load_run(path: str) -> PerfRun:
-    """A log or a trace as a :class:`~kvdiag.model.perf.PerfRun` (``InputError`` if neither)."""
-    import os
-
-    from kvdiag.analysis.perf_trace import run_from_events
-    from kvdiag.errors import STDIN_NAME, InputError
-    from kvdiag.postmortem.perfscan import scan_paths
-    from kvdiag.trace.reader import TraceReader
-
-    if path != STDIN_NAME:
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(256).lstrip(b"\xef\xbb\xbf")
-        except OSError:
-            head = b""  # scan_paths words the error
-        if head.startswith(b'{"format":"kvtrace"') or (head.startswith(b"{")
-                                                       and b'"kvtrace"' in head):
-            with TraceReader.open(path) as reader:
-                run = run_from_events(os.path.basename(path), path, reader)
-                problems = [p.message for p in reader.problems][:5]
-            if problems:
-                import msgspec
-
-                from kvdiag.model.logrecords import Problem
-
-                return msgspec.structs.replace(run, problems=tuple(
-                    Problem(source=path, message=m) for m in problems))
-            return run
-    (run,) = scan_paths([path])
-    if run.lines == 0 and not run.requests:
-        raise InputError(f"{path}: empty")
-    return run
+                        help="save decode tok/s against depth for each run (and the model's "
+                             "curve with --predict), with the partition on the same axis")
+    parser.add_argument("--predict", action="store_true",
+                        help="the runtime model's rate for the run's own requests beside the "
+                             "measured one (calibrated on --baseline)")
+    parser.add_argument("--profile", metavar="NAME|PATH",
+                        help="device profile for --predict: h200 (measured), a built-in "
+                             "consumer card (rtx-3060-12gb, rtx-3090, rtx-4060-ti-16gb, "
+                             "rtx-4090, rtx-5060-ti-16gb, rtx-5070-ti, rtx-5080, rtx-5090: "
+                             "spec-sheet figures) or a saved one (kvdiag devices --profile); "
+                             "default: the card the log names, else h200")
+    add_shape_args(parser, skip=("adaptive", "kv-unified", "no-native-quants"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,64 +56,82 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.analysis.perf import DEFAULT_BIN_TOKENS, depth_bins, rows
     from kvdiag.analysis.perf_compare import compare
     from kvdiag.analysis.perf_evidence import state_at
+    from kvdiag.commands._shape import shape_overrides
     from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-    from kvdiag.report.perf import (
-        bins_table,
-        comparison_json,
-        comparison_lines,
-        comparison_table,
-        requests_table,
-        run_json,
-        run_summary,
-    )
+    from kvdiag.perfrun import choose_profile, predict_run, require_runs
+    from kvdiag.report import perf as rp
 
     width = DEFAULT_BIN_TOKENS if args.bin_tokens is None else args.bin_tokens
     if width <= 0 or width % 256:
         raise UsageError(f"--bin-tokens {width}: want a positive multiple of 256 (a page)")
-    runs = [load_run(p) for p in args.runs]
-    base = load_run(args.baseline) if args.baseline else None
+    if args.profile and not args.predict:
+        raise UsageError("--profile is for --predict")
+    loaded = require_runs(args.runs)
+    base_loaded = require_runs([args.baseline])[0] if args.baseline else None
+    runs = [x.run for x in loaded]
+    base = base_loaded.run if base_loaded is not None else None
     tables = [rows(r) for r in runs]
     bins = [depth_bins(t, width) for t in tables]
     states = [[state_at(r, t, b) for b in bs] for r, t, bs in zip(runs, tables, bins,
                                                                   strict=True)]
     comparisons = [compare(r, base, width) for r in runs] if base is not None else []
+    predictions = []
+    if args.predict:
+        profile, why = choose_profile(args.profile, *(x.device for x in loaded),
+                                      base_loaded.device if base_loaded else None)
+        overrides = shape_overrides(args)
+        predictions = [predict_run(x, base_loaded, profile, why, args.preset, overrides)
+                       for x in loaded if x.run.requests]
     empty = [r.name for r in [*runs, *([base] if base else [])] if not r.requests]
+    predicted_runs = [x.run for x in loaded if x.run.requests] if predictions else []
     if args.plot:
         from kvdiag.report.perf_plot import save_plot
 
+        curves = [(f"{r.name}: model ({p.profile.name})",
+                   [x.row.depth_mid or 0.0 for x in p.predicted if x.predicted_tps],
+                   [x.predicted_tps or 0.0 for x in p.predicted if x.predicted_tps],
+                   [float(x.model.resident_pages[0]) for x in p.predicted if x.predicted_tps])
+                  for r, p in zip(predicted_runs, predictions, strict=True)]
         save_plot([*runs, *([base] if base else [])], Path(args.plot), width,
-                  baseline=base.name if base else None)
+                  baseline=base.name if base else None, predicted=curves)
     if args.json:
+        base_rows = rows(base) if base is not None else []
+        base_bins = depth_bins(base_rows, width)
         out: dict[str, object] = {
-            "runs": [run_json(r, t, b, s) for r, t, b, s in zip(runs, tables, bins, states,
-                                                               strict=True)],
-            "baseline": None if base is None else run_json(
-                base, rows(base), depth_bins(rows(base), width),
-                [state_at(base, rows(base), b) for b in depth_bins(rows(base), width)]),
-            "comparisons": [comparison_json(c) for c in comparisons],
+            "runs": [rp.run_json(r, t, b, s) for r, t, b, s in zip(runs, tables, bins, states,
+                                                                  strict=True)],
+            "baseline": None if base is None else rp.run_json(
+                base, base_rows, base_bins, [state_at(base, base_rows, b) for b in base_bins]),
+            "comparisons": [rp.comparison_json(c) for c in comparisons],
+            "predictions": [rp.prediction_json(p) for p in predictions],
         }
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return EXIT_FINDINGS if empty else EXIT_OK
     console = Console(width=None if sys.stdout.isatty() else 160)
     for r, t, b, s in zip(runs, tables, bins, states, strict=True):
-        console.print(f"run {run_summary(r)}", highlight=False)
+        console.print(f"run {rp.run_summary(r)}", highlight=False)
         for p in r.problems:
             console.print(f"  note: {p.message}" + (f" (line {p.line})" if p.line else ""),
                           highlight=False)
         if not r.requests:
-            console.print("  no completed request: no print_timing block was read", style="yellow")
+            console.print("  no completed request: no print_timing block was read",
+                          style="yellow")
             continue
-        console.print(requests_table(r, t, args.max_rows))
-        console.print(bins_table(r, b, s))
+        console.print(rp.requests_table(r, t, args.max_rows))
+        console.print(rp.bins_table(r, b, s))
     if base is not None:
-        console.print(f"baseline {run_summary(base)}", highlight=False)
+        console.print(f"baseline {rp.run_summary(base)}", highlight=False)
         for r, comp in zip(runs, comparisons, strict=True):
             if not comp.bins:
                 continue
-            console.print(comparison_table(comp, r.name, base.name))
-            for line in comparison_lines(comp):
+            console.print(rp.comparison_table(comp, r.name, base.name))
+            for line in rp.comparison_lines(comp):
                 console.print(line, highlight=False, markup=False)
+    for r, pred in zip(predicted_runs, predictions, strict=True):
+        console.print(rp.prediction_table(r.name, pred.predicted, pred.calibration is not None))
+        for line in rp.prediction_lines(pred):
+            console.print(line, highlight=False, markup=False)
     if args.plot:
         console.print(f"plot saved to {args.plot}", highlight=False)
     if empty:

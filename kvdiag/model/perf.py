@@ -186,3 +186,27 @@ class AdaptPages:
     def result(self) -> tuple[AdaptPage, ...]:
         return tuple(AdaptPage(boot=boot, page=page, **vars(s))
                      for (boot, page), s in sorted(self._pages.items()))
+
+
+class ModelledRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One request as the runtime model plays it (``kvdiag perf --predict``; made by
+    :mod:`kvdiag.kvstream.session`): its decode under the adaptive controller."""
+
+    index: int
+    slot: int
+    decode_steps: int
+    attention_us: float
+    """Mean modelled attention time of its decode steps (the streamed layers), µs."""
+    resident_us: float
+    """The same steps with every page resident (a server without streaming)."""
+    active_pages: tuple[int, int]
+    resident_pages: tuple[int, int]
+    """Resident pages per layer the controller kept over its decode (min, max)."""
+    ring_slots: tuple[int, int]
+    samples: int = 0
+    misses: int = 0
+    repartitions: int = 0
+    depth_start: int | None = None
+    depth_end: int | None = None
+    rejected: bool = False
+    truncated: bool = False

@@ -249,3 +249,81 @@ def comparison_json(comp: Comparison) -> dict[str, Any]:
         "unpaired_run": [r.index for r in comp.unpaired_run],
         "unpaired_base": [r.index for r in comp.unpaired_base],
     }
+
+
+# -- prediction -------------------------------------------------------------------------------
+
+def prediction_table(name: str, predicted: Sequence[Any], calibrated: bool) -> Table:
+    """The model beside the measurement, per request (``Predicted`` records)."""
+    t = Table(title=f"{name}: the model beside the measurement", title_justify="left")
+    for col in ("#", "depth", "measured tok/s", "predicted tok/s", "gap", "modelled attention",
+                "resident/layer vs active", "ring", "misses"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for p in predicted:
+        m = p.model
+        res = (f"{m.resident_pages[0]}" if m.resident_pages[0] == m.resident_pages[1]
+               else f"{m.resident_pages[0]}–{m.resident_pages[1]}")
+        if p.row.capped or m.rejected or not m.decode_steps:
+            t.add_row(str(p.row.index + 1), _depth(p.row), _f(p.row.decode_tps),
+                      "capped" if p.row.capped else "not modelled", "", "", "", "", "")
+            continue
+        t.add_row(str(p.row.index + 1), _depth(p.row), _f(p.row.decode_tps),
+                  _f(p.predicted_tps) if calibrated else "–",
+                  (_pct(p.gap) + (" !" if p.disagrees else "")) if p.gap is not None else "–",
+                  f"{p.attention_ms:.2f} ms", f"{res} vs {m.active_pages[1]}",
+                  f"{m.ring_slots[0]}" if m.ring_slots[0] == m.ring_slots[1]
+                  else f"{m.ring_slots[0]}–{m.ring_slots[1]}",
+                  f"{m.misses}/{m.samples}" if m.samples else "0")
+    return t
+
+
+def prediction_lines(pred: Any) -> list[str]:
+    """Where the model stands and, for each request it disagrees with by more than 15 %, what
+    would have to change (``kvdiag.perfrun.Prediction``)."""
+    cfg = pred.config
+    pool = pred.pool
+    lines = [f"GPU: {pred.profile_why}",
+             f"profile {pred.profile.name}: {pred.profile.hbm_read_gbps:g} GB/s device read, "
+             f"{pred.profile.h2d_gbps:g} GB/s host→device, {pred.profile.zero_copy_read_gbps:g} "
+             f"GB/s zero-copy ({pred.profile.source})",
+             f"model: {cfg.n_streamed} of {cfg.layers} layers streamed, ctx {cfg.ctx}, "
+             f"{cfg.type_k}/{cfg.type_v}, stage {cfg.stage_mib} MiB = {pool['pool_pages']} pages "
+             f"of {pool['page_bytes']} B: {pool['resident_pages_per_layer']} resident "
+             f"pages/layer + {pool['ring_slots']} ring slots at boot, adaptive controller on"]
+    if pred.calibration is None:
+        lines.append("no baseline: the time per token that is not attention is unknown, so "
+                     "only the modelled attention is shown (give --baseline to predict tok/s)")
+        return lines
+    lines.append(f"calibration: the baseline's time per token that is not attention at "
+                 f"{len(pred.calibration.points)} depths (measured ms/token minus the modelled "
+                 "resident attention)")
+    off = [p for p in pred.predicted if p.disagrees]
+    if not off:
+        lines.append("the model is within 15 % of every measured request")
+    for p in off:
+        lines.append(f"request {p.row.index + 1} at depth {_depth(p.row)}: measured "
+                     f"{_f(p.row.decode_tps)} tok/s, predicted {_f(p.predicted_tps)} "
+                     f"({_pct(p.gap)}); what would have to change:")
+        lines += [f"  - {m}" for m in p.mechanisms]
+    return lines
+
+
+def prediction_json(pred: Any) -> dict[str, Any]:
+    return {
+        "profile": {"name": pred.profile.name, "why": pred.profile_why,
+                    "source": pred.profile.source},
+        "config": {"layers": pred.config.layers, "streamed_layers": pred.config.n_streamed,
+                   "ctx": pred.config.ctx, "type_k": pred.config.type_k,
+                   "type_v": pred.config.type_v, "stage_mib": pred.config.stage_mib,
+                   **pred.pool},
+        "calibrated": pred.calibration is not None,
+        "requests": [{"index": p.row.index, "depth_start": p.row.depth_start,
+                      "measured_tps": p.row.decode_tps, "predicted_tps": p.predicted_tps,
+                      "gap": p.gap, "disagrees": p.disagrees,
+                      "attention_ms": p.attention_ms, "other_ms": p.other_ms,
+                      "resident_pages": p.model.resident_pages,
+                      "active_pages": p.model.active_pages, "ring_slots": p.model.ring_slots,
+                      "samples": p.model.samples, "misses": p.model.misses,
+                      "repartitions": p.model.repartitions,
+                      "mechanisms": list(p.mechanisms)} for p in pred.predicted],
+    }

@@ -15,9 +15,10 @@ from kvdiag.model.perf import PerfRun
 
 def save_plot(runs: Sequence[PerfRun], path: Path, width: int,
               baseline: str | None = None,
-              predicted: Sequence[tuple[str, list[float], list[float]]] = ()) -> None:
-    """Write the figure (``.svg`` or ``.png``); ``predicted`` adds (label, depths, tok/s)
-    curves of the model."""
+              predicted: Sequence[tuple[str, list[float], list[float], list[float]]] = ()
+              ) -> None:
+    """Write the figure (``.svg`` or ``.png``); ``predicted`` adds the model's curves: (label,
+    depths, tok/s, resident pages per layer)."""
     if path.suffix.lower() not in (".svg", ".png"):
         raise UsageError(f"--plot {path}: write .svg or .png")
     try:
@@ -57,8 +58,9 @@ def save_plot(runs: Sequence[PerfRun], path: Path, width: int,
         for n in run.notes:
             if n.depth is not None and n.kind in ("repartition", "fallback", "fits-false"):
                 bottom.axvline(n.depth, color=line.get_color(), alpha=0.25, lw=0.8)
-    for label, depths, tps in predicted:
+    for label, depths, tps, resident in predicted:
         top.plot(depths, tps, "-.", label=label)
+        bottom.plot(depths, resident, "-.", label=f"{label}: resident pages/layer")
     deepest = max((r.depth_end or 0 for run in runs for r in run.requests), default=0)
     if deepest:
         xs = [0, deepest]
