@@ -28,7 +28,13 @@ from kvdiag.analysis.perf import (
     mean,
     rows,
 )
-from kvdiag.analysis.perf_evidence import Cause, PartitionState, causes, state_at
+from kvdiag.analysis.perf_evidence import (
+    Cause,
+    PartitionState,
+    causes,
+    state_at,
+    unattached,
+)
 from kvdiag.model.perf import PerfRun
 
 PARITY = 0.02
@@ -165,10 +171,11 @@ def compare(run: PerfRun, base: PerfRun, width: int = DEFAULT_BIN_TOKENS) -> Com
     run_bins = {b.lo: b for b in depth_bins(run_rows, width, include_capped=False)}
     base_bins = {b.lo: b for b in depth_bins(base_rows, width, include_capped=False)}
     out = []
+    loose, base_loose = unattached(run), unattached(base)
     for lo in sorted(run_bins.keys() | base_bins.keys()):
         rb, bb = run_bins.get(lo), base_bins.get(lo)
-        state = state_at(run, run_rows, rb) if rb is not None else None
-        base_state = state_at(base, base_rows, bb) if bb is not None else None
+        state = state_at(run, run_rows, rb, loose) if rb is not None else None
+        base_state = state_at(base, base_rows, bb, base_loose) if bb is not None else None
         comp = BinComparison(lo, lo + width, rb, bb, state, base_state)
         if comp.slow and state is not None:
             found = causes(state, base_state,

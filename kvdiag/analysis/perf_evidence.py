@@ -93,8 +93,16 @@ class PartitionState:
         return bool(self.evaluations or self.notes)
 
 
-def state_at(run: PerfRun, table: Sequence[RequestRow], b: DepthBin) -> PartitionState:
-    """What ``run`` recorded in bin ``b`` (its requests are ``b.requests``)."""
+def unattached(run: PerfRun) -> frozenset[int]:
+    """Notes logged while no request was in flight (attributed by their depth instead)."""
+    held = {i for r in run.requests for i in r.notes}
+    return frozenset(i for i in range(len(run.notes)) if i not in held)
+
+
+def state_at(run: PerfRun, table: Sequence[RequestRow], b: DepthBin,
+             loose: frozenset[int] | None = None) -> PartitionState:
+    """What ``run`` recorded in bin ``b`` (its requests are ``b.requests``); ``loose`` is
+    :func:`unattached` of the run, computed once for many bins."""
     members = [table[i] for i in b.requests]
     starts = [r.depth_start for r in members if r.depth_start is not None]
     ends = [r.depth_end for r in members if r.depth_end is not None]
@@ -106,9 +114,9 @@ def state_at(run: PerfRun, table: Sequence[RequestRow], b: DepthBin) -> Partitio
     seen: set[int] = set()
     for r in members:
         seen.update(r.request.notes)
-    in_any = {i for r in run.requests for i in r.notes}
-    for i, n in enumerate(run.notes):
-        if i not in in_any and n.boot in boots and n.depth is not None and b.lo <= n.depth < b.hi:
+    for i in (unattached(run) if loose is None else loose):
+        n = run.notes[i]
+        if n.boot in boots and n.depth is not None and b.lo <= n.depth < b.hi:
             seen.add(i)
     notes = tuple(run.notes[i] for i in sorted(seen))
     first = min((r.order for r in members), default=None)

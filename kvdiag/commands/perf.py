@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvdiag.analysis.perf import DEFAULT_BIN_TOKENS, depth_bins, rows
     from kvdiag.analysis.perf_compare import compare
-    from kvdiag.analysis.perf_evidence import state_at
+    from kvdiag.analysis.perf_evidence import state_at, unattached
     from kvdiag.commands._shape import shape_overrides
     from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
     from kvdiag.perfrun import choose_profile, predict_run, require_runs
@@ -72,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     base = base_loaded.run if base_loaded is not None else None
     tables = [rows(r) for r in runs]
     bins = [depth_bins(t, width) for t in tables]
-    states = [[state_at(r, t, b) for b in bs] for r, t, bs in zip(runs, tables, bins,
-                                                                  strict=True)]
+    states = [[state_at(r, t, b, loose) for b in bs]
+              for r, t, bs, loose in zip(runs, tables, bins, [unattached(r) for r in runs],
+                                         strict=True)]
     comparisons = [compare(r, base, width) for r in runs] if base is not None else []
     predictions = []
     if args.predict:

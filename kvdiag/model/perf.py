@@ -183,6 +183,27 @@ class AdaptPages:
         s.peak_max = _max(s.peak_max, peak)
         s.layout_max = _max(s.layout_max, layout)
 
+    def merge(self, page: AdaptPage) -> None:
+        """Add a page summed elsewhere (another part of the same log)."""
+        s = self._pages.get((page.boot, page.page))
+        if s is None:
+            self._pages[(page.boot, page.page)] = _PageSums(**{
+                k: getattr(page, k) for k in _PageSums.__dataclass_fields__})
+            return
+        s.evaluations += page.evaluations
+        s.first_line = min(s.first_line, page.first_line)
+        s.resident_min = min(s.resident_min, page.resident_min)
+        s.resident_max = max(s.resident_max, page.resident_max)
+        s.ring_min = min(s.ring_min, page.ring_min)
+        s.ring_max = max(s.ring_max, page.ring_max)
+        s.below += page.below
+        s.samples += page.samples
+        s.misses += page.misses
+        s.starved += page.starved
+        s.busy_max = _max(s.busy_max, page.busy_max)
+        s.peak_max = _max(s.peak_max, page.peak_max)
+        s.layout_max = _max(s.layout_max, page.layout_max)
+
     def result(self) -> tuple[AdaptPage, ...]:
         return tuple(AdaptPage(boot=boot, page=page, **vars(s))
                      for (boot, page), s in sorted(self._pages.items()))

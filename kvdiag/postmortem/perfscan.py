@@ -29,6 +29,7 @@ from typing import BinaryIO
 import msgspec
 
 from kvdiag.model.logrecords import (
+    BootConfig,
     ConfigItem,
     FitsLine,
     LogLine,
@@ -43,7 +44,7 @@ from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.timinglines import (
     BLOCK,
-    CACHED_OLD,
+    CACHED,
     GRAPHS,
     NEW_PROMPT,
     OLD_HEADER,
@@ -79,6 +80,29 @@ class _Pending(msgspec.Struct):
     line: int = 0
     graphs: int | None = None
     notes: list[int] = msgspec.field(default_factory=list)
+    orphan: bool = False
+    """Began before the part of the log this scanner reads (:mod:`perfsplit`)."""
+
+
+class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a scanner that starts mid-log (:mod:`kvdiag.postmortem.perfsplit`) read of a request
+    begun before its part: handed back to be joined with the request's start."""
+
+    slot: int
+    task: int | None = None
+    cached: int | None = None
+    prompt: tuple[float | None, int, float | None, float | None] | None = None
+    decode: tuple[float | None, int, float | None, float | None] | None = None
+    line: int = 0
+    graphs: int | None = None
+    notes_until: int | None = None
+    """How many notes of this part were logged before it ended (None: still in flight at the
+    end): those were logged while it was in flight."""
+    ended: str = "end"
+    """``stop`` (its release line, ``depth_end``/``truncated`` below), ``next`` (a new request
+    on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
+    depth_end: int | None = None
+    truncated: bool | None = None
 
 
 def _figures(g: tuple[bytes | None, ...], i: int) -> tuple[float | None, int, float | None,
@@ -97,9 +121,25 @@ def _figures(g: tuple[bytes | None, ...], i: int) -> tuple[float | None, int, fl
 class PerfScanner:
     """Feed one log's bytes in order (``feed``), then ``finish`` gives the run."""
 
-    def __init__(self, name: str, source: str | None = None) -> None:
+    def __init__(self, name: str, source: str | None = None, *,
+                 continuation: bool = False) -> None:
         self.name = name
         self.source = source or name
+        self.continuation = continuation
+        """Reading from the middle of a log: requests in flight on a slot before its first
+        ``new prompt`` here are :class:`Orphan` records, and the first boot lines continue the
+        boot before (unless they start a new one)."""
+        self.orphans: list[Orphan] = []
+        self.carried_config: list[ConfigItem] = []
+        """Boot lines that continue the boot before this part (continuation)."""
+        self.boot_notes: int | None = None
+        """Notes logged before this part's first new boot (continuation)."""
+        self.first_active_line: int | None = None
+        """The line of the first kv_stream_adapt trace line of the boot before (continuation):
+        notes up to it take their depth from the part before."""
+        self.extra_boots: list[BootConfig] = []
+        """Boots read by another scanner of a later part (:mod:`perfsplit`)."""
+        self._opened: set[int] = set()
         self.requests: list[RequestTiming] = []
         self.notes: list[StreamNote] = []
         self.notes_dropped = 0
@@ -164,13 +204,22 @@ class PerfScanner:
         m = OLD_HEADER.search(buf, start, end)
         return end if m is None else buf.rfind(b"\n", 0, m.start()) + 1
 
+    def drain(self) -> None:
+        """Read what ``feed`` held back when the input ends on a line end (a part of a log
+        cut at a line boundary)."""
+        if self._carry.endswith(b"\n"):
+            carry, self._carry = self._carry, b""
+            self._region(carry, len(carry), self._at)
+            self._at += len(carry)
+
     def finish(self) -> PerfRun:
+        self.drain()
         if self._carry:
             self._problem("last line has no line end (truncated log?); not read",
                           self._lines + 1)
             self._carry = b""
-        self._end_boot()
-        boots = tuple(self.boot.boots_final())
+        self._end_boot("end")
+        boots = (*self.boot.boots_final(), *self.extra_boots)
         return PerfRun(
             name=os.path.basename(self.name) or self.name, source=self.source, kind="log",
             requests=tuple(self.requests), notes=tuple(self.notes),
@@ -212,43 +261,53 @@ class PerfScanner:
             g = m.groups()
             last: int = m.lastindex or 0
             slot = int(g[0])
-            if last == NEW_PROMPT + 1:
+            if last < CACHED:  # new prompt (and the cache line right after it)
                 old = pending.pop(slot, None)
                 if old is not None:
-                    self._close(slot, old, None, None)
+                    self._close(slot, old, None, None, "next")
+                self._opened.add(slot)
                 lines += count(b"\n", counted, pos)
                 counted = pos
                 task = int(g[1])
+                kept = g[NEW_PROMPT + 1]
                 pending[slot] = _Pending(task if task >= 0 else None, lines + 1,
-                                         int(g[NEW_PROMPT]), int(g[NEW_PROMPT - 1]))
+                                         int(g[NEW_PROMPT]), int(g[NEW_PROMPT - 1]),
+                                         None if kept is None else int(kept))
                 self._served = True
                 continue
             p = pending.get(slot)
             if p is None or (p.task is not None and g[1] != b"-1" and p.task != int(g[1])):
                 p = self._request(slot, int(g[1]))
+            stop: bytes | None = None
+            trunc: bytes | None = None
             if last >= BLOCK:
                 lines += count(b"\n", counted, pos)
                 counted = pos
                 p.prompt = _figures(g, BLOCK - 1)
                 p.decode = _figures(g, BLOCK + 3)
                 p.line = lines + 1
-            elif last < GRAPHS:
-                if last > CACHED_OLD:
-                    lines += count(b"\n", counted, pos)
-                    counted = pos
-                    if g[TIMING - 1] == b"eval":
-                        p.decode = _figures(g, TIMING)
-                        p.line = lines + 1
-                    else:
-                        p.prompt = _figures(g, TIMING)
-                else:
-                    p.cached = int(g[last - 1])
+                stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
             elif last >= STOP:
-                del pending[slot]
-                trunc = g[STOP]
-                self._close(slot, p, int(g[STOP - 1]), None if trunc is None else trunc == b"1")
-            else:
+                stop, trunc = g[STOP - 1], g[STOP]
+            elif last == GRAPHS:
                 p.graphs = int(g[GRAPHS - 1])
+            elif last >= TIMING:
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                if g[TIMING - 1] == b"eval":
+                    p.decode = _figures(g, TIMING)
+                    p.line = lines + 1
+                else:
+                    p.prompt = _figures(g, TIMING)
+                if g[TIMING + 4] is not None:
+                    p.graphs = int(g[TIMING + 4])
+                stop, trunc = g[TIMING + 5], g[TIMING + 6]
+            else:
+                kept = g[CACHED - 1] if g[CACHED - 1] is not None else g[CACHED]
+                p.cached = int(kept or 0)
+            if stop is not None:
+                del pending[slot]
+                self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
         if ri < n_rare:
             lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
         self._lines = lines + count(b"\n", counted, cut)
@@ -277,13 +336,20 @@ class PerfScanner:
         p = self._pending.get(slot)
         if p is None or (t is not None and p.task is not None and p.task != t):
             if p is not None:
-                self._close(slot, p, None, None)
-            p = self._pending[slot] = _Pending(t)
+                self._close(slot, p, None, None, "next")
+            orphan = self.continuation and slot not in self._opened
+            p = self._pending[slot] = _Pending(t, orphan=orphan)
             self._served = True
         return p
 
     def _close(self, slot: int, p: _Pending, depth_end: int | None,
-               truncated: bool | None) -> None:
+               truncated: bool | None, ended: str = "end") -> None:
+        if p.orphan:
+            self.orphans.append(Orphan(
+                slot=slot, task=p.task, cached=p.cached, prompt=p.prompt, decode=p.decode,
+                line=p.line, graphs=p.graphs, ended=ended, depth_end=depth_end,
+                truncated=truncated, notes_until=None if ended == "end" else len(self.notes)))
+            return
         if p.decode is None:
             self.unfinished += 1
             return
@@ -302,10 +368,11 @@ class PerfScanner:
             n_ctx_slot=p.n_ctx_slot, truncated=truncated, graphs_reused=p.graphs,
             started=p.started, notes=tuple(p.notes)))
 
-    def _end_boot(self) -> None:
+    def _end_boot(self, ended: str = "boot") -> None:
         for slot, p in sorted(self._pending.items()):
-            self._close(slot, p, None, None)
+            self._close(slot, p, None, None, ended)
         self._pending.clear()
+        self._opened.clear()
 
     # -- other lines -----------------------------------------------------------------------
 
@@ -326,6 +393,20 @@ class PerfScanner:
                                   layer=grammar.layer_of(text)))
 
     def _config(self, item: ConfigItem) -> None:
+        if self.continuation and not self.boot.boots:
+            # the boot before this part of the log goes on, unless a new one starts here: a
+            # new context is constructed (the other restart keys start a boot only after a
+            # ready boot, which the part before knows; it is handed these lines)
+            if item.key != "construct":
+                self.carried_config.append(item)
+                return
+            self.boot_notes = len(self.notes)
+            self.boot.add(item)
+            self._end_boot()
+            self._boot_index += 1
+            self._served = False
+            self._last_active = None
+            return
         if item.key == "construct" and self._served and self.boot.boots:
             # requests were served, so that boot was ready (its ready line may not be one
             # this reader looks for): a new context now is a new server start
@@ -342,6 +423,8 @@ class PerfScanner:
         line = rec.where.line
         if rec.kind == "trace" and {"active", "resident", "ring"} <= v.keys():
             active = int(v["active"])
+            if self.continuation and self.first_active_line is None and not self.boot.boots:
+                self.first_active_line = line
             self._last_active = active
             self.adapt.add(self._boot_index, line, active, int(v["resident"]), int(v["ring"]),
                            _int(v.get("samples")), _int(v.get("misses")), v.get("copy_busy"),
@@ -381,24 +464,42 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _helper_for(name: str, stream: BinaryIO) -> ScanHelper | None:
-    """A helper process for the rare anchors of a large regular file read from its start."""
-    if isinstance(stream, gzip.GzipFile) or not spare_core():
+def _regular_size(name: str, stream: BinaryIO) -> int | None:
+    """The size of the regular file ``stream`` reads from its start (not through gzip)."""
+    if isinstance(stream, gzip.GzipFile):
         return None
     try:
         if stream.tell() != 0 or not os.path.isfile(name):
             return None
-        if os.fstat(stream.fileno()).st_size < PARALLEL_MIN_BYTES:
-            return None
-        return ScanHelper(name, RARE_ANCHORS)
+        return os.fstat(stream.fileno()).st_size
     except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _helper_for(name: str, stream: BinaryIO) -> ScanHelper | None:
+    """A helper process for the rare anchors of a large regular file read from its start."""
+    size = _regular_size(name, stream)
+    if size is None or size < PARALLEL_MIN_BYTES or not spare_core():
+        return None
+    try:
+        return ScanHelper(name, RARE_ANCHORS)
+    except OSError:
         return None
 
 
 def scan_stream(name: str, stream: BinaryIO, *, source: str | None = None,
                 hook: Callable[[bytes], None] | None = None) -> PerfRun:
-    """Read ``stream`` to its end (or to where it breaks, which is reported); ``hook`` sees
-    every block read (the importer's boot sniffer)."""
+    """Read ``stream`` to its end (or to where it breaks, which is reported); ``hook`` sees the
+    blocks read until the first request completed (the boot lines, for a boot sniffer: every
+    further search of every block would cost a pass over the log)."""
+    size = _regular_size(name, stream)
+    if size is not None:
+        from kvdiag.postmortem import perfsplit
+
+        if perfsplit.usable(name, size):
+            run = perfsplit.scan_split(name, size, source, hook)
+            if run is not None:
+                return run
     scanner = PerfScanner(name, source)
     read = getattr(stream, "read1", None) or stream.read
     helper = _helper_for(name, stream)
@@ -413,7 +514,7 @@ def scan_stream(name: str, stream: BinaryIO, *, source: str | None = None,
                 break
             if not data:
                 break
-            if hook is not None:
+            if hook is not None and not scanner.requests:
                 hook(data)
             scanner.feed(data)
     finally:

@@ -32,23 +32,42 @@ _NUM = rb"(-?[\d.]+|-?nan(?:\(ind\))?|-?inf)"
 _FIGURES = (rb"time = +([\d.]+) ms / +(\d+) (?:tokens|runs) *\( *" + _NUM
             + rb" ms per token, +" + _NUM + rb" tokens per second\)")
 
+def _next(body: bytes) -> bytes:
+    """The line right after, of the same slot and task (backreferences to groups 1 and 2):
+    read in the same match, so that no line in between is skipped."""
+    return rb"\r?\n[^\n]*?id +\1 \| task +\2 \| *" + body
+
+
+_STOP = rb"stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
+
 SLOT_LINES: Final = re.compile(
     rb"id +(\d+) \| task +(-?\d+) \| *(?:"
     rb"new prompt, n_ctx_slot = (\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens) = (\d+)"
+    + rb"(?:" + _next(rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) "
+                      rb"\[(\d+),") + rb")?"
     rb"|(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(\d+),|kv cache rm \[(\d+),"
-    rb"|(prompt eval|eval) " + _FIGURES
-    + rb"|graphs reused = +(\d+)"
-    rb"|stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
-    rb"|\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
-    + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms"
+    rb"|(prompt eval|eval) " + _FIGURES + rb"[^\n]*"
+    + rb"(?:" + _next(rb"total time[^\n]*") + rb")?"
+    + rb"(?:" + _next(rb"graphs reused = +(\d+)") + rb")?"
+    + rb"(?:" + _next(_STOP) + rb")?"
+    rb"|graphs reused = +(\d+)"
+    rb"|" + _STOP
+    + rb"|\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
+    + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*"
+    + rb"(?:" + _next(_STOP) + rb")?"
     rb")"
 )
-"""One match per slot line of interest. Groups: 1 slot, 2 task; new prompt: 3 n_ctx_slot,
-4 tokens; cache kept: 5 (newer) or 6 (older); one timing line: 7 ``prompt eval``/``eval``,
-8 ms, 9 tokens, 10 ms per token, 11 tokens per second; 12 graphs reused; stop: 13 tokens,
-14 truncated; the older block: 15–18 prompt (ms, tokens, ms/token, tok/s), 19–22 decode."""
+"""One match per slot line of interest — and the line right after it when that is the same
+request's next line (the cache line after ``new prompt``; ``total time``, ``graphs reused`` and
+the release after ``eval time``; the release after the older block): a server with one slot
+prints them so, and each match costs Python time. Groups: 1 slot, 2 task; new prompt: 3
+n_ctx_slot, 4 tokens, 5 kept (next line); kept: 6 (newer) or 7 (older); one timing line: 8
+``prompt eval``/``eval``, 9 ms, 10 tokens, 11 ms per token, 12 tokens per second, 13 graphs
+reused, 14 released at, 15 truncated (next lines); 16 graphs reused; release: 17 tokens, 18
+truncated; the older block: 19–22 prompt (ms, tokens, ms/token, tok/s), 23–26 decode, 27–28
+release (next line)."""
 
-NEW_PROMPT, CACHED, CACHED_OLD, TIMING, GRAPHS, STOP, BLOCK = 3, 5, 6, 7, 12, 13, 15
+NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK = 3, 6, 8, 16, 17, 19
 """The first group of each alternative, 1-based as ``re`` numbers them."""
 
 OLD_HEADER: Final = re.compile(rb"\| \r?\n")
@@ -56,13 +75,14 @@ OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 
 RARE_ANCHORS: tuple[bytes, ...] = (
     b"llama_",  # boot: llama_context / llama_kv_cache lines, llama_server ready (§5.1, §7.2)
-    b"kv_stream",  # kv_stream_adapt partition, trace, feedback and layout lines (§5.3)
-    b"KV ",  # "KV streaming device filter" (port), G2's "KV layout revision" (§5.1, §5.3)
-    b"fits=false",  # the instrumented fits line (§4.5)
-    b"back",  # a fallback warning: "falls back", "falling back", "fallback" (§3)
+    # kv_stream_adapt partition, trace, feedback and layout lines (§5.3), "KV streaming"
+    # boot lines, and a fallback warning in kv-stream's words ("kv-stream", "KV stream", §3)
+    b"tream",
+    b"fits",  # the instrumented fits=false line (§4.5), a fallback warning naming fits() (§3)
 )
 """Substrings of the other lines ``kvdiag perf`` reads (decoded and parsed with the post-mortem
-grammar, :mod:`kvdiag.postmortem.grammar`): few per log, so found with a plain search."""
+grammar, :mod:`kvdiag.postmortem.grammar`): few per log, so found with a plain search. Each
+search costs a pass over the log, so they are as few as cover the grammar's lines."""
 
 
 def number(raw: bytes | None) -> float | None:
