@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     runs = [x.run for x in loaded]
     base = base_loaded.run if base_loaded is not None else None
     tables = [rows(r) for r in runs]
-    bins = [depth_bins(t, width) for t in tables]
+    bins = [depth_bins(t, width, include_capped=False) for t in tables]
     states = [[state_at(r, t, b, loose) for b in bs]
               for r, t, bs, loose in zip(runs, tables, bins, [unattached(r) for r in runs],
                                          strict=True)]
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                   baseline=base.name if base else None, predicted=curves)
     if args.json:
         base_rows = rows(base) if base is not None else []
-        base_bins = depth_bins(base_rows, width)
+        base_bins = depth_bins(base_rows, width, include_capped=False)
         out: dict[str, object] = {
             "runs": [rp.run_json(r, t, b, s) for r, t, b, s in zip(runs, tables, bins, states,
                                                                   strict=True)],

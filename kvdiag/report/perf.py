@@ -112,7 +112,8 @@ def state_text(state: PartitionState | None) -> str:
 def bins_table(run: PerfRun, bins: Sequence[DepthBin],
                states: Sequence[PartitionState]) -> Table:
     t = Table(title=f"{run.name} by depth (bins of {bins[0].hi - bins[0].lo if bins else 0} "
-                    "tokens)", title_justify="left")
+                    "tokens; requests the context capped are listed above, not binned)",
+              title_justify="left")
     for col, just in (("depth", "left"), ("requests", "right"), ("decode tok/s", "right"),
                       ("partition recorded", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
