@@ -59,7 +59,7 @@ def load(path: str) -> LoadedRun:
     from kvdiag.analysis.perf_trace import run_from_events
     from kvdiag.logimport.header import BootSniffer, chosen_boot, plan_of, runtime_config
     from kvdiag.postmortem.lines import open_log
-    from kvdiag.postmortem.perfscan import scan_stream
+    from kvdiag.postmortem.perfread import scan_stream
     from kvdiag.trace.reader import TraceReader
 
     if _is_trace(path):
