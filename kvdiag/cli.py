@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "trace",
     "postmortem",
     "import_",
+    "perf",
     "devices",
     "tui",
     "demo",

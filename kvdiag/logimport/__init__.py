@@ -24,7 +24,9 @@ from kvdiag.logimport.header import BootSniffer, build_header, chosen_boot
 from kvdiag.logimport.source import Breaks, LogInput, iter_lines
 from kvdiag.model.events import End
 from kvdiag.model.logrecords import LogScan, Replaced
+from kvdiag.model.perf import PerfRun
 from kvdiag.postmortem.parse import LogParser
+from kvdiag.postmortem.perfscan import PerfScanner
 from kvdiag.trace.writer import EndStatus, TraceWriter
 
 
@@ -74,12 +76,20 @@ def default_output(log: str) -> Path:
     return p.with_name(name + ".kvtrace")
 
 
-def _scan(log: LogInput, sniffer: BootSniffer) -> LogScan:
+def _scan(log: LogInput, sniffer: BootSniffer) -> tuple[LogScan, PerfRun]:
+    """The first pass: the post-mortem scanner, with every block it reads shown to the boot
+    sniffer and to the request reader of ``kvdiag perf`` (the requests' timing lines)."""
     parser = LogParser()
+    requests = PerfScanner(log.display)
+
+    def hook(data: bytes) -> None:
+        sniffer.feed(data)
+        requests.feed(data)
+
     with log.open() as opened:
-        parser.feed(log.display, cast(BinaryIO, _Sniffing(opened.stream, sniffer.feed)),
+        parser.feed(log.display, cast(BinaryIO, _Sniffing(opened.stream, hook)),
                     leading_nuls=opened.leading_nuls)
-    return parser.result()
+    return parser.result(), requests.finish()
 
 
 def import_log(path: str, output: str | None = None, *, force: bool = False) -> ImportResult:
@@ -101,7 +111,7 @@ def import_log(path: str, output: str | None = None, *, force: bool = False) -> 
 
 def _convert(log: LogInput, out: Output) -> ImportResult:
     sniffer = BootSniffer()
-    scan = _scan(log, sniffer)
+    scan, perf = _scan(log, sniffer)
     boot = chosen_boot(scan.boots)
     header = build_header(log.display, scan.boots, sniffer, scan.lines, UNKNOWN_FIELDS)
     stage = int(header.plan.get("stage_bytes", 0))
@@ -109,7 +119,8 @@ def _convert(log: LogInput, out: Output) -> ImportResult:
     with open_output(out) as sink:
         writer = TraceWriter.create_on(sink.fileno(), out.display, header)
         try:
-            conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage)
+            conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage,
+                             perf.requests)
             with log.open() as opened:
                 for raw in iter_lines(opened.stream, breaks):
                     conv.line(breaks.line, raw.rstrip(b"\r"))
@@ -125,7 +136,7 @@ def _convert(log: LogInput, out: Output) -> ImportResult:
         if conv.counts.imported == 0:
             raise NothingToImport(
                 f"{log.display}: nothing to import ({breaks.line} lines, none of them a "
-                "fits=false, kv_stream_adapt, fallback, abort or crash line)")
+                "fits=false, kv_stream_adapt, fallback, abort, crash or print_timing line)")
     return ImportResult(out.display, conv.counts, end, breaks, breaks.line, scan.replaced)
 
 
