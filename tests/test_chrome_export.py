@@ -195,7 +195,7 @@ def test_newer_minor_fields_and_kinds_are_carried(tmp_path: Path) -> None:
     assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(log)]) == 0
     text = log.read_text()
     assert 'D kvtrace: seq 4 fields unknown to this version: {"gpu_uuid":"GPU-42",' in text
-    assert "D kvtrace: event of unknown kind 'prefetch' seq 22 step 1: " in text
+    assert "D kvtrace: event of unknown kind 'prefetch' seq 23 step 1: " in text
     pm = subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", "--json", str(log)],
                         capture_output=True, text=True, timeout=120)
     assert pm.returncode in (0, 1) and json.loads(pm.stdout)["problems"] == []
