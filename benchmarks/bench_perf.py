@@ -52,7 +52,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="log size in MiB (default 1024)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--second-process", action="store_true",
+                    help="let both tools start their second process even when the load average "
+                         "says no core is idle (what they do on an idle 2-core machine; on a "
+                         "loaded one the four processes share two cores)")
     args = ap.parse_args()
+    if args.second_process:
+        from kvdiag.postmortem import perfread, perfsplit
+
+        for module in (parse, perfread, perfsplit):
+            module.spare_core = lambda: True  # type: ignore[attr-defined]
     with tempfile.TemporaryDirectory(prefix="kvdiag-bench-") as tmp:
         path = Path(tmp) / "server.log"
         t0 = time.perf_counter()
@@ -89,7 +98,8 @@ def main() -> int:
           f"(main-process CPU {perf_cpu:.3f} s; {len(run.requests)} requests read, "
           f"{run.unfinished} unfinished)")
     print(f"idle second core   : {sum(spare)} of {len(spare)} measurements (the scan's helper "
-          "and perf's second half run only then)")
+          "and perf's second half run only then)"
+          + ("; --second-process: both started anyway" if args.second_process else ""))
     print(f"ratio perf / bench_logscan: {ratio:.2f}  (target <= {TARGET})  "
           f"{'PASS' if ratio <= TARGET else 'MISS'}; main-process CPU ratio "
           f"{perf_cpu / scan_cpu:.2f}")
