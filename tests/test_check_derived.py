@@ -21,7 +21,7 @@ from kvdiag.cli import main
 from kvdiag.model import events as ev
 from kvdiag.model.events import Device
 from kvdiag.trace.writer import TraceWriter, make_header
-from tests.test_provenance import capture
+from tests.judged_captures import capture
 
 
 def write_trace(path: Path, events: Any, edit: Callable[[Any], Any] = lambda e: e) -> Path:

@@ -3,7 +3,7 @@
 Rule ids (stable; CI scripts match on them): ``fits-dispatch-mismatch``, ``abort``,
 ``fallback``, ``stale-page-read``, ``foreign-page-read``, ``stream-divergence``,
 ``trace-incomplete``, ``not-recorded``, and the adaptive partition's ``partition-thrash``,
-``ring-starved``, ``overprovisioned`` (:mod:`kvdiag.analysis.adapt_rules`). Residency statistics go to the summary.
+``ring-starved``, ``overprovisioned`` (:mod:`kvdiag.analysis.judgement.adapt`). Residency statistics go to the summary.
 
 Read provenance (exact / stale / foreign) is derived from the raw events
 (:mod:`kvdiag.analysis.provenance`) when reads carry ``served`` (format 1.1); a 1.0 trace's
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdiag.analysis.adapt_rules import AdaptAnalyzer
+from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
 from kvdiag.analysis.provenance import Provenance
 from kvdiag.model import events as ev
 from kvdiag.model.conditions import observed
