@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
-from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement import Judge, LedgerSnapshot
 from kvdiag.analysis.judgement.judge import CHUNK
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
@@ -114,6 +114,8 @@ class TraceDigest:
     truncated: bool
     partition: TelemetrySeries = field(default_factory=lambda: partition_series([]))
     """Resident pages/layer, ring slots, miss and copy-busy % from kv_stream_adapt (1.1)."""
+    ledger: LedgerSnapshot | None = None
+    """The judgement's per-read tables (the Pages screen's read classes)."""
 
 
 class _Counting:
@@ -191,4 +193,5 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
         complete=reader.complete,
         truncated=reader.truncated,
         partition=partition_series(partition),
+        ledger=judgement.ledger,
     )

@@ -135,7 +135,9 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
         digest = digest_trace(path, progress, every=256)
     except _Cancelled:
         return
-    publish(replace(doc, digest=digest, stage="ready", progress=1.0,
+    # the Pages screen's read classes are the judgement's: its ledger arrives with the digest
+    pages_query = PagesQuery(index, source, geometry, ledger=digest.ledger)
+    publish(replace(doc, digest=digest, pages=pages_query, stage="ready", progress=1.0,
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 
 

@@ -165,10 +165,10 @@ def _known_at(carried: bool | None, first: int, pos: np.ndarray) -> np.ndarray:
     return pos > first
 
 
-def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, seqs: np.ndarray,
-                steps: np.ndarray, rows0: int, flows: bool, detail: bool) -> Chunk:
-    """Judge every read page of ``chunk`` (``code``: :data:`CODE_OF` of each event; ``seqs``,
-    ``steps``: of each event; ``flows``: also find the writes stale and foreign pages
+def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.ndarray,
+                rows0: int, flows: bool, detail: bool) -> Chunk:
+    """Judge every read page of ``chunk`` (``code``: :data:`CODE_OF` of each event; ``steps``:
+    of each event; ``flows``: also find the writes stale and foreign pages
     missed; ``detail``: the upload seq and step of every page's copy, exact ones too)."""
     n = len(chunk)
     R = n + 1
@@ -191,7 +191,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, seqs: np.n
         owner, w_page = expand(p0[ok], (p1 - p0)[ok])
         w_vid = w_vid_e[owner]
         w_pos = wi[ok][owner]
-        w_seq = seqs[wi][ok][owner]
+        w_seq = ints(ws, _SEQ)[ok][owner]
     else:
         w_vid = w_page = w_pos = w_seq = w_vid_e = np.empty(0, np.int64)
         w_ok = np.empty(0, bool)
@@ -223,7 +223,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, seqs: np.n
         u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
         u_pos = ui[ok][owner]
         u_tgt = tgt[ok][owner]
-        u_seq = seqs[ui][ok][owner]
+        u_seq = ints(us, _SEQ)[ok][owner]
         u_step = steps[ui][ok][owner]
     else:
         u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
@@ -529,7 +529,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, seqs: np.n
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
     return Chunk(rows0, rs, ri, r_counts, pieces, page_cls, not_judged, found, info,
-                 versions_disagree, r_layer, r_stream, steps[ri], seqs[ri], r_pages)
+                 versions_disagree, r_layer, r_stream, steps[ri], ints(rs, _SEQ), r_pages)
 
 
 _VERSIONS = operator.attrgetter("versions")

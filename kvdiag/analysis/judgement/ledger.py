@@ -27,11 +27,12 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE
+from kvdiag.analysis.judgement.slots import Piece
 
 BLOCK = 8192
 
@@ -159,6 +160,10 @@ class LedgerSnapshot:
         col = self.pieces.column("read")
         lo, hi = np.searchsorted(col, read, side="left"), np.searchsorted(col, read, "right")
         return self.pieces.array[lo:hi]
+
+    def piece_tuples(self, read: int) -> list[Piece]:
+        """:meth:`pieces_of` as :data:`~kvdiag.analysis.judgement.slots.Piece` tuples."""
+        return [cast(Piece, tuple(r[1:])) for r in self.pieces_of(read).tolist()]
 
     def steps_with(self, what: str) -> np.ndarray:
         """Sorted unique steps with ``stale`` or ``foreign`` or ``not judged`` pages, a
