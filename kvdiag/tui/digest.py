@@ -10,7 +10,6 @@ events for the backtrace view.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 
 from kvdiag.analysis.judgement import Judge, LedgerSnapshot
-from kvdiag.analysis.judgement.judge import CHUNK
+from kvdiag.analysis.judgement.judge import chunks
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
@@ -153,12 +152,8 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
     try:
         reader = TraceReader(stream, str(p), close_stream=True)  # type: ignore[arg-type]
         judge = Judge(reader.header, name=str(p), ledger=True)
-        events = iter(reader)
         n = 0
-        while True:
-            chunk = list(itertools.islice(events, CHUNK))
-            if not chunk:
-                break
+        for chunk in chunks(reader):
             judge.feed_all(chunk)
             for event in chunk:
                 n += 1

@@ -93,6 +93,13 @@ def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
     return np.fromiter(map(getter, objs), np.int64, len(objs))
 
 
+def pairs(objs: Sequence[Any], getter: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves of a ``[a, b)`` field (cells, pages) of each object."""
+    both = np.fromiter(itertools.chain.from_iterable(map(getter, objs)), np.int64,
+                       2 * len(objs)).reshape(-1, 2)
+    return both[:, 0], both[:, 1]
+
+
 def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(owner index, first + i) for i in range(count) of each owner."""
     count = np.maximum(count, 0)
@@ -178,9 +185,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     wi = np.flatnonzero(code == WRITE)
     ws = pick(chunk, wi)
     if ws:
-        cells = np.fromiter(itertools.chain.from_iterable(map(_CELLS, ws)), np.int64,
-                            2 * len(ws)).reshape(-1, 2)
-        c0, c1 = cells[:, 0], cells[:, 1]
+        c0, c1 = pairs(ws, _CELLS)
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
         ok = c1 > c0
         bad = ok & ((p0 < 0) | (p1 > MAX_PAGE))
@@ -201,17 +206,16 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     ui = np.flatnonzero(code == UPLOAD)
     us = pick(chunk, ui)
     if us:
-        prs = np.fromiter(itertools.chain.from_iterable(map(_PAGES, us)), np.int64,
-                          2 * len(us)).reshape(-1, 2)
-        u0, u1 = prs[:, 0], prs[:, 1]
+        u0, u1 = pairs(us, _PAGES)
         cnt = u1 - u0
         tgt = np.fromiter(map(_TARGET.__getitem__, map(_TGT, us)), np.int64, len(us))
         rsn = np.fromiter(map(_REASON.__getitem__, map(_RSN, us)), np.int64, len(us))
-        flat_stats = state.upload_stats.reshape(-1)  # [target, what, reason] flattened
-        at = tgt * 24 + rsn
-        np.add.at(flat_stats, at, 1)
-        np.add.at(flat_stats, at + 8, cnt)
-        np.add.at(flat_stats, at + 16, ints(us, _BYTES))
+        key = tgt * 8 + rsn  # [target, reason] flattened, for the residency statistics
+        st = state.upload_stats
+        st[:, 0, :] += np.bincount(key, minlength=16).reshape(2, 8)
+        st[:, 1, :] += np.bincount(key, weights=cnt, minlength=16).astype(np.int64).reshape(2, 8)
+        st[:, 2, :] += np.bincount(key, weights=ints(us, _BYTES),
+                                   minlength=16).astype(np.int64).reshape(2, 8)
         slot0 = ints(us, _SLOT)
         ok = cnt > 0
         bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
@@ -320,13 +324,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
             busy |= touched[q]
         quiet = np.flatnonzero(~busy)
         if quiet.size:
-            dst, qc = sel[quiet], q[quiet]
-            inside = qc < table.view.size
-            dst, qc = dst[inside], qc[inside]
-            h_vid[dst] = table.view[qc]
-            h_page[dst] = table.page[qc]
-            h_ver[dst] = table.version[qc]
-            carried_slot[dst] = qc
+            _carried(table, sel[quiet], q[quiet], h_vid, h_page, h_ver, carried_slot)
         look = np.flatnonzero(busy)
         if not look.size:
             continue
@@ -358,14 +356,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
             h_ver[dst] = u_ver[src_i]
             from_upload[dst] = src_i
         if carried.any():
-            dst = sel[carried]
-            qc = q[carried]
-            inside = qc < table.view.size
-            dst, qc = dst[inside], qc[inside]
-            h_vid[dst] = table.view[qc]
-            h_page[dst] = table.page[qc]
-            h_ver[dst] = table.version[qc]
-            carried_slot[dst] = qc
+            _carried(table, sel[carried], q[carried], h_vid, h_page, h_ver, carried_slot)
 
     # -- classes -------------------------------------------------------------------------------
     same = (h_vid == p_vid) & (h_page == p_page) & (h_vid >= 0)
@@ -566,6 +557,17 @@ def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np
             seen.add(w)
             out.append((ws[w], int(page[k]), int(annotated[k]), int(judged[k])))
     return out
+
+
+def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray,
+             h_page: np.ndarray, h_ver: np.ndarray, carried_slot: np.ndarray) -> None:
+    """Pages ``dst`` read the copy their slot ``q`` held when the chunk began."""
+    inside = q < table.view.size
+    dst, q = dst[inside], q[inside]
+    h_vid[dst] = table.view[q]
+    h_page[dst] = table.page[q]
+    h_ver[dst] = table.version[q]
+    carried_slot[dst] = q
 
 
 def _grow_views(state: State) -> None:

@@ -213,33 +213,6 @@ class Groups:
                         page=found[0][1],
                         text="; ".join(piece_text(e.layer, e.stream, p[1:]) for p in found)))
 
-    def read(self, e: ev.Read, pieces: Sequence[tuple[int, ...]]) -> None:
-        """Group the non-exact pieces of one read."""
-        stale = [p for p in pieces if p[4] == STALE]
-        foreign = [p for p in pieces if p[4] == FOREIGN]
-        layer, stream = e.layer, e.stream
-        for groups, found in ((self.stale, stale), (self.foreign, foreign)):
-            if not found:
-                continue
-            g = groups.get(stream)
-            if g is None:
-                g = groups[stream] = PageGroup()
-            n = 0
-            by_source, held = g.by_source, g.held
-            for p in found:
-                k = p[1] - p[0]
-                n += k
-                by_source[1 if p[2] == RING else 0] += k
-                if p[4] == FOREIGN:
-                    what = held_kind(layer, stream, p)
-                    held[what] = held.get(what, 0) + k
-            if g.full:
-                g.count_one(n)
-            else:
-                g.add(Evidence(seq=e.seq, step=e.step, layer=layer_of(layer), stream=stream,
-                               page=found[0][0],
-                               text="; ".join(piece_text(layer, stream, p) for p in found)), n)
-
 
 def _where(by_source: list[int], word: str) -> str:
     pool, ring = by_source
@@ -269,6 +242,11 @@ def _abort_fix(condition: str) -> str:
     return ""
 
 
+def _fits_details(failed: tuple[str, ...], by: str, g: Group) -> dict[str, Any]:
+    return {"failed": list(failed), "conditions_from": by, "count": g.count,
+            "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"], **g.caps()}
+
+
 def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
     """The findings of everything grouped so far (not-recorded and incomplete are added by
     the Judge, which knows the completeness and the end)."""
@@ -279,10 +257,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             title=(f"FA node routed to the streamed kernel while fits() was false "
                    f"({_conditions(g.extra['shown'], by, g.extra['unknown'])}) — "
                    f"{g.count} node(s)"),
-            evidence=tuple(g.evidence), fix=FIX_DISPATCH,
-            details={"failed": list(failed), "conditions_from": by, "count": g.count,
-                     "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"],
-                     **g.caps()}))
+            evidence=tuple(g.evidence), fix=FIX_DISPATCH, details=_fits_details(failed, by, g)))
     for a in groups.aborts:
         out.append(Finding(
             rule="abort", severity=Severity.CRITICAL, title=a.message,
@@ -299,9 +274,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             evidence=tuple(g.evidence),
             fix="expected with several KV streams per ubatch; use --kv-unified to keep "
                 "the streamed path",
-            details={"failed": list(failed), "conditions_from": by, "count": g.count,
-                     "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"],
-                     **g.caps()}))
+            details=_fits_details(failed, by, g)))
     for stream, pg in sorted(groups.stale.items()):
         out.append(Finding(
             rule="stale-page-read", severity=Severity.ERROR,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -71,7 +71,26 @@ several times over, so it should stay in the processor's cache (measured: 2048 b
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_POOL, _RING, _HOST = _g("pool"), _g("ring"), _g("host")
+_BEGIN, _END, _CLS = _g("begin"), _g("end"), _g("cls")
+
+
+class _NotExact(dict[str, bool]):
+    def __missing__(self, key: str) -> bool:
+        return True
+
+
+_NOT_EXACT = _NotExact(exact=False)
+
+
+def chunks(events: Iterable[Any]) -> Iterator[list[Any]]:
+    """``events`` as lists of :data:`CHUNK` (the last one shorter): feed a chunk with
+    :meth:`Judge.feed_all`, then ask about its reads."""
+    it = iter(events)
+    while True:
+        chunk = list(itertools.islice(it, CHUNK))
+        if not chunk:
+            return
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -213,12 +232,9 @@ class Judge:
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
         """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
         operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
-        it = iter(events)
-        while True:
-            chunk = list(itertools.islice(it, CHUNK))
-            if not chunk:
-                return self
+        for chunk in chunks(events):
             self._judge(chunk)
+        return self
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
@@ -339,9 +355,10 @@ class Judge:
     def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
         fs = [chunk[i] for i in idx]
         routes = list(map(_ROUTE, fs))
+        before = self.routes["streamed"] + self.routes["fallback"]
         self.routes.update(routes)
         codes = outcome_codes(routes, list(map(_RESULT, fs)))
-        self.completeness.attention += sum(1 for r in routes if r in ("streamed", "fallback"))
+        self.completeness.attention += self.routes["streamed"] + self.routes["fallback"] - before
         failed = np.zeros(len(fs), np.int64)
         for k in np.flatnonzero((codes == OUTCOME_CODE["mismatch"])
                                 | (codes == OUTCOME_CODE["fallback"])).tolist():
@@ -450,9 +467,11 @@ class Judge:
         nr = len(c.reads)
         ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
         owner = np.repeat(np.arange(nr), annotated)
-        width = np.fromiter((r.end - r.begin for r in ranges if r.cls != "exact"), np.int64)
-        bad_owner = owner[np.fromiter((r.cls != "exact" for r in ranges), bool, len(ranges))]
-        said = np.bincount(bad_owner, weights=width, minlength=nr)
+        n = len(ranges)
+        width = (np.fromiter(map(_END, ranges), np.int64, n)
+                 - np.fromiter(map(_BEGIN, ranges), np.int64, n))
+        bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
+        said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
         for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
             if k in self._unserved:
