@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvdiag.analysis.adapt_rules import MISS_THRESHOLD, THRASH_REPARTITIONS
+from kvdiag.analysis.judgement.adapt import MISS_THRESHOLD, THRASH_REPARTITIONS
 from kvdiag.analysis.perf import DepthBin, RequestRow
 from kvdiag.model.pages import PAGE_TOKENS
 from kvdiag.model.perf import PerfRun, StreamNote

@@ -142,7 +142,10 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
 
         with TraceReader.open(path) as reader:
             perf = run_from_events(Path(path).name, path, reader)
-    publish(replace(doc, digest=digest, stage="ready", progress=1.0, perf=perf,
+    # the Pages screen's read classes are the judgement's: its ledger arrives with the digest
+    pages_query = PagesQuery(index, source, geometry, ledger=digest.ledger)
+    publish(replace(doc, digest=digest, pages=pages_query, stage="ready", progress=1.0,
+                    perf=perf,
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 
 

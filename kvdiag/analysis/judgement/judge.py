@@ -1,0 +1,733 @@
+"""The streaming Judge: feed raw events in file order, read the judgement at any point.
+
+One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.batch` judges a chunk's
+pages with array operations); memory is bounded by the trace's geometry (host pages, slots,
+open findings' capped evidence), not its length — unless a ledger is asked for
+(:mod:`~kvdiag.analysis.judgement.ledger`), which keeps a compact row per read.
+
+Per event kind:
+
+- ``write``: host versions (:mod:`~kvdiag.analysis.judgement.slots`), the last write per page;
+  ``versions`` (the model's annotation) is compared, never used;
+- ``upload`` / ``evict`` / ``invalidate``: slot contents; upload statistics;
+- ``read``: every page of its ``served`` runs judged (:mod:`~kvdiag.analysis.judgement.classes`);
+  its ``ranges`` (the model's annotation) compared, never used; a read without ``served`` is
+  not judged;
+- ``fits``: outcome and conditions (:mod:`~kvdiag.analysis.judgement.fits`), evaluated for
+  every decision that makes a finding;
+- ``output``: diverged / within tolerance / no reference;
+- ``step`` and every event's ``step``: the steps (:class:`Steps`);
+- ``abort``, ``end``, ``adapt``, ``repartition``: as recorded.
+
+The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
+:meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
+events with :meth:`Judge.feed_all`, then ask).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kvdiag.analysis.judgement import crosscheck
+from kvdiag.analysis.judgement import findings as fnd
+from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
+from kvdiag.analysis.judgement.batch import CODE_OF, OTHER, REASONS, Chunk, State, judge_chunk
+from kvdiag.analysis.judgement.classes import (
+    CLASSES,
+    EXACT,
+    FOREIGN,
+    HOST,
+    MAX_PAGE,
+    NO_SERVED,
+    NO_UPLOAD,
+    NO_WRITE,
+    NOT_JUDGED,
+    POOL,
+    RING,
+    SOURCES,
+    STALE,
+    WHY,
+    WHY_KEY,
+)
+from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
+from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.slots import Copy, Piece
+from kvdiag.model import events as ev
+from kvdiag.model.findings import Evidence, Finding
+from kvdiag.model.pages import PAGE_TOKENS
+
+CHUNK = 2048
+"""Events judged together: array operations cost per call, and a chunk's events are read
+several times over, so it should stay in the processor's cache (measured: 2048 beats 512 and
+8192)."""
+_g = operator.attrgetter
+_STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
+_ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
+_BEGIN, _END, _CLS = _g("begin"), _g("end"), _g("cls")
+
+
+class _NotExact(dict[str, bool]):
+    def __missing__(self, key: str) -> bool:
+        return True
+
+
+_NOT_EXACT = _NotExact(exact=False)
+
+
+def chunks(events: Iterable[Any]) -> Iterator[list[Any]]:
+    """``events`` as lists of :data:`CHUNK` (the last one shorter): feed a chunk with
+    :meth:`Judge.feed_all`, then ask about its reads."""
+    it = iter(events)
+    while True:
+        chunk = list(itertools.islice(it, CHUNK))
+        if not chunk:
+            return
+        yield chunk
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many steps: the span of step numbers the events carry (``end`` excluded), whether or
+    not ``step`` events mark them — one rule for every surface. ``recorded`` counts the
+    ``step`` events (0: the steps are only the writer's numbering)."""
+
+    first: int | None
+    last: int | None
+    recorded: int
+
+    @property
+    def count(self) -> int:
+        return 0 if self.first is None or self.last is None else self.last - self.first + 1
+
+    def text(self) -> str:
+        n = self.count
+        if n == 0:
+            return "no steps"
+        head = f"{n} step(s)" if self.first == 0 else f"{n} step(s) ({self.first}-{self.last})"
+        return head if self.recorded else f"{head}, numbered by the writer (no step events)"
+
+
+class PageVerdict(NamedTuple):
+    """One page of one read, judged (``kvdiag trace pages`` prints these)."""
+
+    seq: int
+    step: int
+    layer: int
+    stream: int
+    page: int
+    source: str
+    slot: int
+    cls: str
+    lag: int
+    """Writes the copy missed (stale only)."""
+    version: int
+    """The host page's version at the read."""
+    holder: Copy | None
+    """The copy the slot held (None: nothing, a host page, or not judged)."""
+    why: str
+    """Why it is not judged (empty otherwise)."""
+
+
+class ReadVerdict(NamedTuple):
+    """The last read fed: page counts by class and its non-exact runs (pieces)."""
+
+    seq: int
+    step: int
+    layer: int
+    stream: int
+    counts: tuple[int, int, int, int]
+    """Pages exact, stale, foreign, not judged."""
+    pieces: tuple[Piece, ...]
+    """Runs of pages that are not exact (:data:`~kvdiag.analysis.judgement.slots.Piece`)."""
+
+    @property
+    def worst(self) -> str:
+        for cls in (FOREIGN, STALE, NOT_JUDGED):
+            if self.counts[cls]:
+                return CLASSES[cls]
+        return "exact"
+
+
+class Judge:
+    """Feed events in file order (:meth:`feed`, :meth:`feed_all`); :meth:`snapshot` gives the
+    judgement of what was fed so far.
+
+    ``header``: what the writer declares it records, ``native_quants`` for fits conditions.
+    ``ledger``: keep compact per-read tables (for viewers). ``name``: the trace's path, used in
+    the command that lists every judged page. ``records``: a declaration of recorded kinds
+    given by the caller (overrides the header's). ``keep_writes``: keep the last write event of
+    every page with its ubatch's mark (:meth:`last_write`; memory bounded by the pages).
+    ``flows``: find the writes each read missed (:meth:`missed_writes`). ``detail``: the copy
+    behind every page :meth:`pages` lists, exact ones too (else only non-exact pages say which
+    upload made their copy). ``kvdiag check`` needs none of these; each costs time."""
+
+    def __init__(self, header: ev.Header | None = None, *, ledger: bool = False,
+                 name: str | None = None, records: Iterable[str] | None = None,
+                 keep_writes: bool = False, flows: bool = False, detail: bool = False
+                 ) -> None:
+        self.header = header
+        self.name = name
+        declared = records if records is not None else getattr(header, "records", None)
+        self.completeness = CompletenessTracker(declared)
+        self.fits_judge = FitsJudge(header)
+        self.ledger = Ledger() if ledger else None
+        self.state = State()
+        self.state.writes = self.completeness.is_declared("write")
+        up = self.completeness.is_declared("upload")
+        self.state.uploads = [up, up]
+        self.groups = fnd.Groups()
+        self.adapt = AdaptAnalyzer()
+        self.keep_writes = keep_writes
+        self.flows = flows or keep_writes
+        """Find the writes stale and foreign pages missed (:meth:`missed_writes`; the ledger
+        always does)."""
+        self.detail = detail or keep_writes
+        """Keep the upload seq and step of every page's copy, exact ones too (what
+        :meth:`pages` shows of them; non-exact pages always have it)."""
+        self.mark: ev.Mark | None = None
+        """The latest mark event (kept with writes when ``keep_writes``)."""
+        self._writes: dict[tuple[int, int, int], tuple[ev.Write, ev.Mark | None]] = {}
+        self.rows = 0
+        """Events fed (and rows skipped): the ledger's row numbers."""
+        self.last_seq = 0
+        self.end: ev.End | None = None
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+        self.classes = np.zeros((3, 4), np.int64)
+        """Pages by source (pool, ring, host) and class (exact, stale, foreign, not judged)."""
+        self.not_judged_why: Counter[int] = Counter()
+        self.pages_read = np.zeros(3, np.int64)
+        """Pages the reads' own counts say (pool, ring, host)."""
+        self.reads = [0, 0]
+        """Reads judged (with served), reads without served."""
+        self.routes: Counter[str] = Counter()
+        self._types: Counter[type] = Counter()
+        self._unknown: Counter[str] = Counter()
+        self._chunk: Chunk | None = None
+        self._unserved: dict[int, int] = {}
+        """Reads of the last chunk without served pages: index → pages."""
+        self._index: dict[int, int] | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.Step: self.adapt.feed, ev.Abort: self.groups.aborts.append,
+            ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
+            ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
+        }
+        if keep_writes:
+            self._handlers[ev.Mark] = self._mark
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
+        """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
+        self._judge([event])
+
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
+        """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
+        operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
+        for chunk in chunks(events):
+            self._judge(chunk)
+        return self
+
+    def skip(self, n: int = 1) -> None:
+        """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
+        self.rows += n
+
+    def _judge(self, chunk: list[Any]) -> None:
+        types = list(map(type, chunk))
+        if types.count(ev.Unknown):
+            # a records event declares more kinds: what follows it is judged with them
+            for i, (e, t) in enumerate(zip(chunk, types, strict=True)):
+                if t is ev.Unknown and e.kind == "records" and len(chunk) > 1:
+                    if i:
+                        self._judge(chunk[:i])
+                    self._judge([e])
+                    if i + 1 < len(chunk):
+                        self._judge(chunk[i + 1:])
+                    return
+        self._types.update(types)
+        n = len(chunk)
+        steps = np.fromiter(map(_STEP, chunk), np.int64, n)
+        ran = steps
+        if types.count(ev.End):  # the End's step is not a step the run ran
+            ran = steps[[t is not ev.End for t in types]]
+        if ran.size:
+            lo, hi = int(ran.min()), int(ran.max())
+            if self._first_step is None or lo < self._first_step:
+                self._first_step = lo
+            if self._last_step is None or hi > self._last_step:
+                self._last_step = hi
+        rows0 = self.rows
+        code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
+        result = judge_chunk(self.state, chunk, code, steps, rows0,
+                             flows=self.ledger is not None or self.flows, detail=self.detail)
+        fits: list[int] = []
+        handler = self._handlers.get
+        for i in np.flatnonzero(code == OTHER).tolist():
+            t = types[i]
+            if t is ev.Fits:
+                fits.append(i)
+                continue
+            h = handler(t)
+            if h is not None:
+                self.rows = rows0 + i
+                h(chunk[i])
+        if fits:
+            self._fits(chunk, fits, rows0)
+        self._absorb(result)
+        if self.keep_writes:
+            self._keep_writes(chunk, types)
+        self.rows = rows0 + n
+        self.last_seq = chunk[-1].seq
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _unknown_event(self, e: ev.Unknown) -> None:
+        self._unknown[e.kind] += 1
+        if e.kind == "records":  # a declaration of more recorded kinds (format 1.2)
+            kinds = e.fields.get("kinds")
+            if isinstance(kinds, list):
+                self.completeness.declare(kinds)
+                st = self.state
+                st.writes = st.writes or self.completeness.is_declared("write")
+                up = self.completeness.is_declared("upload")
+                st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
+
+    def _mark(self, e: ev.Mark) -> None:
+        self.mark = e
+
+    def _end(self, e: ev.End) -> None:
+        if self.end is None:
+            self.end = e
+
+    def _keep_writes(self, chunk: list[Any], types: list[type]) -> None:
+        mark = self.mark
+        for e, t in zip(chunk, types, strict=True):
+            if t is ev.Mark:
+                mark = e
+            elif t is ev.Write:
+                c0, c1 = e.cells
+                if c1 > c0 and c0 >= 0:
+                    for page in range(c0 // PAGE_TOKENS,
+                                      min((c1 - 1) // PAGE_TOKENS + 1, MAX_PAGE)):
+                        self._writes[(e.layer, e.stream, page)] = (e, mark)
+        self.mark = mark
+
+    def last_write(self, layer: int, stream: int, page: int
+                   ) -> tuple[ev.Write, ev.Mark | None] | None:
+        """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
+        return self._writes.get((layer, stream, page))
+
+    def _output(self, e: ev.Output) -> None:
+        diverged = e.diverged
+        if self.ledger is not None:
+            self.ledger.outputs.append((self.rows, e.seq, e.step, e.stream,
+                                        -1 if diverged is None else int(diverged)))
+        if diverged is None:
+            nr = self.groups.no_reference
+            if nr.full:
+                nr.count_one()
+            else:
+                nr.add(Evidence(seq=e.seq, step=e.step, stream=e.stream,
+                                text=f"checksum {e.checksum}, no reference"))
+        elif diverged:
+            assert e.max_abs_delta is not None
+            g = self.groups.divergence.get(e.stream)
+            if g is None:
+                g = self.groups.divergence[e.stream] = fnd.Group()
+            g.add(Evidence(seq=e.seq, step=e.step, stream=e.stream,
+                           layer=fnd.layer_of(e.worst_layer),
+                           text=f"max |Δ| {e.max_abs_delta:.3g}"))
+            g.extra["max_abs_delta"] = max(g.extra.get("max_abs_delta", 0.0), e.max_abs_delta)
+            g.extra["tolerance"] = e.tolerance
+
+    def fits_verdict(self, e: ev.Fits) -> FitsVerdict:
+        """The verdict of any fits event (pure; cached by geometry)."""
+        return self.fits_judge.verdict(e)
+
+    def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
+        fs = [chunk[i] for i in idx]
+        routes = list(map(_ROUTE, fs))
+        before = self.routes["streamed"] + self.routes["fallback"]
+        self.routes.update(routes)
+        codes = outcome_codes(routes, list(map(_RESULT, fs)))
+        self.completeness.attention += self.routes["streamed"] + self.routes["fallback"] - before
+        failed = np.zeros(len(fs), np.int64)
+        for k in np.flatnonzero((codes == OUTCOME_CODE["mismatch"])
+                                | (codes == OUTCOME_CODE["fallback"])).tolist():
+            failed[k] = self._bad_fits(fs[k])
+        if self.ledger is not None:
+            self.ledger.fits.extend([rows0 + np.asarray(idx, np.int64),
+                                     np.fromiter(map(_SEQ, fs), np.int64, len(fs)),
+                                     np.fromiter(map(_STEP, fs), np.int64, len(fs)),
+                                     np.fromiter(map(_LAYER, fs), np.int64, len(fs)),
+                                     codes.astype(np.int64), failed])
+
+    def _bad_fits(self, e: ev.Fits) -> int:
+        v = self.fits_judge.verdict(e)
+        shown = v.shown()
+        text = f"{e.node or 'FA node'}: failed: {shown}" if v.failed else (e.node or "FA node")
+        if v.by == "kvdiag":
+            text += " (evaluated by kvdiag from the logged geometry"
+            text += f"; {v.note})" if v.note else ")"
+        elif v.note:
+            text += f" ({v.note})"
+        unknown = v.unknown if v.by != "writer" else ()
+        if unknown:
+            text += "; not evaluable: " + ", ".join(dict.fromkeys(c.why for c in unknown))
+        groups = self.groups.fallback if v.outcome == "fallback" else self.groups.mismatch
+        key = (v.failed, v.by)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = fnd.Group()
+            g.extra.update(shown=shown, unknown=len(unknown),
+                           not_evaluable=[c.name for c in unknown])
+        if g.full:
+            g.count_one()
+        else:
+            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), text=text))
+        return len(v.failed)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _absorb(self, c: Chunk) -> None:
+        """Count, group, cross-check and record the verdicts of one chunk's reads."""
+        self._chunk, self._index = c, None
+        self.classes += c.page_cls
+        self.not_judged_why.update(c.not_judged)
+        for w, page, said, judged in c.versions_disagree:
+            self.groups.versions.add(Evidence(
+                seq=w.seq, step=w.step, layer=fnd.layer_of(w.layer), stream=w.stream,
+                page=page, text=f"annotated version {said}, judged {judged}"))
+        reads = c.reads
+        self._unserved = {}
+        if not reads:
+            return
+        nr = len(reads)
+        self.pages_read += c.r_pages.sum(axis=0)
+        runs = np.bincount(c.detail["run_read"], minlength=nr)
+        layer, stream, step = c.r_layer, c.r_stream, c.r_step
+        for k in np.flatnonzero(runs == 0).tolist():
+            self._unserved[k] = self._not_served(reads[k])
+        self.reads[0] += nr - len(self._unserved)
+        self.groups.read_chunk(reads, c.pieces, layer, stream, step)
+        nj = c.pieces[c.pieces[:, 5] == NOT_JUDGED] if c.pieces.size else c.pieces
+        for why in (np.unique(nj[:, 13]).tolist() if nj.size else []):
+            mine = nj[nj[:, 13] == why]
+            g = self.groups.not_judged.get(why)
+            if g is None:
+                g = self.groups.not_judged[why] = fnd.Group()
+            ids, first = np.unique(mine[:, 0], return_index=True)
+            ids = ids[np.argsort(first)]
+            per = np.bincount(mine[:, 0], weights=mine[:, 2] - mine[:, 1], minlength=nr)
+            for r in ids.tolist():
+                e = reads[r]
+                if g.full:
+                    g.count_one(int(per[r]))
+                else:
+                    g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
+                                   stream=e.stream, text=f"{int(per[r])} page(s)"), int(per[r]))
+        annotated = np.fromiter(map(len, map(_RANGES, reads)), np.int64, nr)
+        if annotated.any():
+            self._check_ranges(c, annotated)
+        if self.ledger is not None:
+            self._ledger(c, layer, stream, step)
+
+    def _not_served(self, e: ev.Read) -> int:
+        """A read without served pages: none of its pages can be judged (the pages it says
+        it read count as read)."""
+        self.reads[1] += 1
+        n = e.pool + e.ring + e.host
+        self.pages_read += (e.pool, e.ring, e.host)
+        self.classes[POOL, NOT_JUDGED] += e.pool
+        self.classes[RING, NOT_JUDGED] += e.ring
+        self.classes[HOST, NOT_JUDGED] += e.host
+        self.not_judged_why[NO_SERVED] += n
+        g = self.groups.no_served
+        if g.full:
+            g.count_one(n)
+        else:
+            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
+                           stream=e.stream), n)
+        said = self.groups.annotated_classes
+        for r in e.ranges:
+            said[r.cls] = said.get(r.cls, 0) + r.end - r.begin
+        return n
+
+    def _check_ranges(self, c: Chunk, annotated: np.ndarray) -> None:
+        """The model's annotated ranges against the verdicts (a cross-check): a read whose
+        judged and annotated non-exact page counts are both 0 agrees without a closer look."""
+        nr = len(c.reads)
+        ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
+        owner = np.repeat(np.arange(nr), annotated)
+        n = len(ranges)
+        width = (np.fromiter(map(_END, ranges), np.int64, n)
+                 - np.fromiter(map(_BEGIN, ranges), np.int64, n))
+        bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
+        said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
+        judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
+        for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
+            if k in self._unserved:
+                continue
+            e = c.reads[k]
+            diff = crosscheck.disagrees(e, self._pieces(c, k))
+            if diff is not None:
+                self.groups.annotation.add(Evidence(
+                    seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
+                    text=diff))
+
+    def _ledger(self, c: Chunk, layer: np.ndarray, stream: np.ndarray,
+                step: np.ndarray) -> None:
+        led = self.ledger
+        assert led is not None
+        base = led.reads.n
+        rc = c.r_counts.copy()
+        for k, n in self._unserved.items():
+            rc[k, NOT_JUDGED] = n
+        led.reads.extend([c.rows0 + c.r_pos, c.r_seq, step, layer, stream,
+                          rc[:, 0], rc[:, 1], rc[:, 2], rc[:, 3]])
+        if c.pieces.size:
+            p = c.pieces
+            led.pieces.extend([base + p[:, 0], *(p[:, i] for i in range(1, 14))])
+        if c.flows.size:
+            f = c.flows
+            led.flows.extend([f[:, 0], c.r_seq[f[:, 1]], base + f[:, 1], f[:, 2]])
+
+    def _pieces(self, c: Chunk, k: int) -> list[Piece]:
+        if not c.pieces.size:
+            return []
+        rows = c.pieces[c.pieces[:, 0] == k]
+        return [tuple(r[1:]) for r in rows.tolist()]
+
+    def _read_index(self, e: ev.Read) -> int | None:
+        c = self._chunk
+        if c is None:
+            return None
+        if self._index is None:
+            self._index = {id(r): k for k, r in enumerate(c.reads)}
+        return self._index.get(id(e))
+
+    @property
+    def last(self) -> ReadVerdict | None:
+        """The verdict of the last read of the last chunk fed (None: that chunk had none)."""
+        c = self._chunk
+        if c is None or not c.reads:
+            return None
+        return self._verdict(c, len(c.reads) - 1)
+
+    def verdict(self, e: ev.Read) -> ReadVerdict | None:
+        """The verdict of a read of the last chunk fed (None: not in it)."""
+        k = self._read_index(e)
+        return None if k is None else self._verdict(self._chunk, k)  # type: ignore[arg-type]
+
+    def _verdict(self, c: Chunk, k: int) -> ReadVerdict:
+        e = c.reads[k]
+        if k in self._unserved:
+            n = self._unserved[k]
+            piece = (0, n, POOL, -1, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1, NO_SERVED)
+            return ReadVerdict(e.seq, e.step, e.layer, e.stream, (0, 0, 0, n),
+                               (piece,) if n else ())
+        counts = tuple(int(x) for x in c.r_counts[k])
+        return ReadVerdict(e.seq, e.step, e.layer, e.stream, counts,  # type: ignore[arg-type]
+                           tuple(self._pieces(c, k)))
+
+    def missed_writes(self, verdict: ReadVerdict | None = None) -> list[int]:
+        """The writes whose bytes a read of the last chunk fed (default: its last read) did
+        not get: for each stale or foreign page, the last write of that page before the read
+        (flows start there). Needs ``flows`` (or a ledger) on when the read is fed."""
+        c = self._chunk
+        if c is None or not c.reads:
+            return []
+        k = len(c.reads) - 1
+        if verdict is not None:
+            found = [i for i, r in enumerate(c.reads) if r.seq == verdict.seq]
+            if not found:
+                return []
+            k = found[0]
+        return sorted(set(c.flows[c.flows[:, 1] == k, 0].tolist())) if c.flows.size else []
+
+    def pages(self, e: ev.Read) -> list[PageVerdict]:
+        """Every page of a read of the last chunk fed, judged (a read without served pages
+        has no pages to list: :meth:`verdict` counts them not judged)."""
+        c = self._chunk
+        k = self._read_index(e)
+        if c is None or k is None or k in self._unserved:
+            return []
+        d = c.detail
+        views = self.state.views
+        run_ids = np.flatnonzero(d["run_read"] == k)
+        mine = d["p_read"] == k
+        p_run = d["p_run"][mine]
+        cols = {name: d[name][mine] for name in ("p_page", "p_slot", "cls", "lag", "why",
+                                                  "cur", "h_vid", "h_page", "h_ver",
+                                                  "h_step", "h_seq")}
+        nj = dict(zip(d["nj_runs"].tolist(), d["nj_why"].tolist(), strict=True))
+        out: list[PageVerdict] = []
+        for run in run_ids.tolist():
+            if not d["keep"][run]:
+                continue
+            b, end, src = int(d["b"][run]), int(d["e"][run]), int(d["src"][run])
+            slot0 = int(d["slot"][run])
+            if d["host"][run]:
+                for page in range(b, end):
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page, "host", -1,
+                                           "exact", 0, self._version_at(c, e, page), None, ""))
+                continue
+            if run in nj:
+                why = WHY[nj[run]]
+                for page in range(b, end):
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page,
+                                           SOURCES[src], slot0 + page - b, "not judged", 0,
+                                           self._version_at(c, e, page), None, why))
+                continue
+            sel = np.flatnonzero(p_run == run)
+            for i in sel.tolist():
+                hv = int(cols["h_vid"][i])
+                holder = None if hv < 0 else Copy(
+                    int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
+                    int(cols["h_ver"][i]), int(cols["h_step"][i]), int(cols["h_seq"][i]))
+                out.append(PageVerdict(
+                    e.seq, e.step, e.layer, e.stream, int(cols["p_page"][i]), SOURCES[src],
+                    int(cols["p_slot"][i]), CLASSES[int(cols["cls"][i])], int(cols["lag"][i]),
+                    int(cols["cur"][i]), holder, WHY[int(cols["why"][i])]))
+        return out
+
+    def _version_at(self, c: Chunk, e: ev.Read, page: int) -> int:
+        """A host page's version when a read of the last chunk read it."""
+        view = self.state.views.one(e.layer, e.stream)
+        now, _ = self.state.pages.get(view, page)
+        if view is None or now == 0:
+            return now
+        d = c.detail
+        flat = int(self.state.pages.flat(np.array([view]), np.array([page]))[0])
+        wkey, R = d["wkey"], d["R"]
+        t = int(c.r_pos[self._read_index(e) or 0])
+        later = int(np.searchsorted(wkey, flat * R + d["n"] + 1)
+                    - np.searchsorted(wkey, flat * R + t))
+        return now - later
+
+    # -- the judgement ---------------------------------------------------------------------
+
+    @property
+    def steps(self) -> Steps:
+        return Steps(self._first_step, self._last_step, self._types[ev.Step])
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events per kind."""
+        out: Counter[str] = Counter(self._unknown)
+        for cls, n in self._types.items():
+            if n and cls is not ev.Unknown:
+                out[cls.__struct_config__.tag] += n  # type: ignore[attr-defined]
+        return dict(out)
+
+    def snapshot(self) -> Judgement:
+        """The judgement of everything fed so far (an immutable value)."""
+        counts = self.counts
+        self.completeness.slot_pages = int(self.pages_read[0] + self.pages_read[1])
+        completeness = self.completeness.result(counts)
+        return Judgement(
+            counts=counts, steps=self.steps, end=self.end, last_seq=self.last_seq,
+            rows=self.rows, completeness=completeness,
+            findings=tuple(self._findings(completeness)), residency=self._residency(),
+            ledger=self.ledger.snapshot() if self.ledger is not None else None)
+
+    def _findings(self, completeness: Completeness) -> list[Finding]:
+        command = f"kvdiag trace pages {self.name} --json" if self.name else None
+        out = fnd.build(self.groups, pages_command=command)
+        out += self.adapt.findings()
+        counts = self.counts
+        no_events = sum(n for k, n in counts.items() if k != "end") == 0
+        kind_pages = {"upload": NO_UPLOAD, "write": NO_WRITE}
+        missing = [(k.kind, k.hides, self.not_judged_why.get(kind_pages.get(k.kind, -1), 0))
+                   for k in completeness.missing]
+        covered = {kind_pages[k.kind] for k in completeness.missing if k.kind in kind_pages}
+        saved = self.groups.not_judged
+        self.groups.not_judged = {w: g for w, g in saved.items() if w not in covered}
+        try:
+            out += fnd.not_recorded(self.groups, missing, completeness.source, no_events,
+                                    command, WHY)
+        finally:
+            self.groups.not_judged = saved
+        out += fnd.cross_check(self.groups)
+        if self.end is None or self.end.status == "error":
+            out.append(fnd.incomplete(self.end, self.last_seq, self._last_step))
+        return out
+
+    def _residency(self) -> dict[str, Any]:
+        st = self.state.upload_stats
+        targets = ("resident", "ring")
+        up_count = {t: int(st[i, 0].sum()) for i, t in enumerate(targets) if st[i, 0].sum()}
+        up_pages: Counter[str] = Counter(
+            {t: int(st[i, 1].sum()) for i, t in enumerate(targets) if st[i, 0].sum()})
+        up_bytes = {t: int(st[i, 2].sum()) for i, t in enumerate(targets) if st[i, 0].sum()}
+        reasons = {(REASONS[r] if r < len(REASONS) else "other"): int(st[:, 1, r].sum())
+                   for r in range(st.shape[2]) if st[:, 0, r].sum()}
+        pool_read = int(self.pages_read[0])
+        total = [int(x) for x in self.classes.sum(axis=0)]
+        self.evictions = self._types[ev.Evict]
+        self.invalidations = self._types[ev.Invalidate]
+        return {
+            "pages_read": dict(zip(SOURCES, self.pages_read.tolist(), strict=True)),
+            "read_classes": {"exact": total[EXACT], "stale": total[STALE],
+                             "foreign": total[FOREIGN], "not_judged": total[NOT_JUDGED]},
+            "read_classes_by_source": {
+                src: {"exact": c[EXACT], "stale": c[STALE], "foreign": c[FOREIGN],
+                      "not_judged": c[NOT_JUDGED]}
+                for src, c in zip(SOURCES, self.classes.tolist(), strict=True)},
+            "not_judged": {WHY_KEY[w]: n for w, n in sorted(self.not_judged_why.items())},
+            "reads": {"judged": self.reads[0], "without_served": self.reads[1]},
+            "cross_check": {"annotation_disagrees": self.groups.annotation.count,
+                            "versions_disagree": self.groups.versions.count},
+            "out_of_range": self.state.out_of_range,
+            "resident_hits": pool_read - up_pages["resident"],
+            "resident_hit_rate": (max(0.0, 1.0 - up_pages["resident"] / pool_read)
+                                  if pool_read else None),
+            "uploads": dict(up_count),
+            "upload_pages": dict(up_pages),
+            "upload_bytes": dict(up_bytes),
+            "upload_reasons": dict(reasons),
+            "ring_pages": up_pages["ring"],
+            "evictions": self.evictions,
+            "invalidations": self.invalidations,
+            "routes": dict(self.routes),
+        }
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a Judge concluded from the events it was fed (a prefix while it still runs)."""
+
+    counts: dict[str, int]
+    steps: Steps
+    end: ev.End | None
+    last_seq: int
+    rows: int
+    completeness: Completeness
+    findings: tuple[Finding, ...]
+    residency: dict[str, Any]
+    ledger: LedgerSnapshot | None = None
+
+    @property
+    def status(self) -> str:
+        return self.end.status if self.end is not None else "incomplete"
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary ``kvdiag check --json`` prints."""
+        return {
+            "events": sum(self.counts.values()),
+            "counts": dict(self.counts),
+            "steps": self.steps.count,
+            "step_span": {"first": self.steps.first, "last": self.steps.last,
+                          "step_events": self.steps.recorded},
+            "status": self.status,
+            "residency": self.residency,
+            "completeness": self.completeness.as_json(),
+        }
