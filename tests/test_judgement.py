@@ -56,7 +56,7 @@ def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str,
 
 
 def test_the_matrix_covers_every_scenario_and_the_unified_cache() -> None:
-    assert len(CASES) == 32
+    assert len(CASES) == 36  # multiturn-growth (np 1) adds 4
     assert {c[0] for c in CASES} == set(SCENARIOS)
     assert sum(1 for c in CASES if c[3]) == 12  # three two-slot scenarios × 2 × 2
 
