@@ -26,7 +26,7 @@ from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
 from kvdiag.tui.digest import TraceDigest
 
-Stage = Literal["opening", "indexing", "analysing", "ready"]
+Stage = Literal["opening", "indexing", "judging", "ready"]
 FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 
@@ -42,8 +42,11 @@ class TraceDoc:
     geometry: PagesGeometry | None = None
     pages: PagesQuery | None = None
     digest: TraceDigest | None = None
+    """The judgement of a prefix of the index (``digest.rows`` rows; all once ``done``)."""
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    judge_error: str | None = None
+    """Why the judgement stopped before the end of the file (an internal error)."""
 
     kind: Literal["trace"] = "trace"
 
@@ -53,7 +56,13 @@ class TraceDoc:
 
     @property
     def findings(self) -> tuple[Finding, ...]:
+        """The findings of the judged prefix (of the whole trace once ``judged``)."""
         return self.digest.findings if self.digest is not None else ()
+
+    @property
+    def judged(self) -> bool:
+        """The whole trace is judged."""
+        return self.digest is not None and self.digest.done
 
 
 @dataclass(frozen=True, eq=False)
