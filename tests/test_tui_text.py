@@ -141,9 +141,10 @@ def test_fits_detail_of_an_unevaluated_native_decision_shows_the_judgement() -> 
 def _snapshot() -> object:
     geo = PagesGeometry(layers=1, streams=(0, 1), pages=3, resident_per_layer=2,
                         layout="shared")
-    reads = {(0, 1): (5, (ev.ReadRange(0, 1, "pool", 0, "foreign"),
-                          ev.ReadRange(1, 2, "pool", 1, "stale", 2),
-                          ev.ReadRange(2, 3, "ring", 1, "exact")))}
+    # the judgement's runs: page 0 holds stream 0's page 0, page 1 an old copy, 2 exact
+    reads = {(0, 1): ((0, 1, LastRead(5, "pool", 0, "foreign", 0, 0, 0)),
+                      (1, 2, LastRead(5, "pool", 1, "stale", 2, 0, 1)),
+                      (2, 3, LastRead(5, "ring", 1, "exact", 0, 0)))}
     slots = {(0, None, 0): 4, (0, None, 1): 5}
     holders = {4: Holder(0, 0, 0, 3), 5: Holder(0, 1, 1, 1)}
     return assemble(geo, 5, read_of=lambda layer, s: reads.get((layer, s)),
@@ -155,7 +156,7 @@ def test_page_cells_in_labels_and_words() -> None:
     snap = _snapshot()
     foreign, stale, ring = (snap.cell(1, 0, p) for p in range(3))  # type: ignore[attr-defined]
     assert foreign == PageCell(0, True, 3, 4, Holder(0, 0, 0, 3),
-                               LastRead(5, "pool", 0, "foreign", 0), False)
+                               LastRead(5, "pool", 0, "foreign", 0, 0, 0), False)
     assert (cell_label(foreign), cell_mark(foreign, 5)) == ("P0:0v3", "foreign")
     assert (cell_label(stale), cell_mark(stale, 5)) == ("P1:1v1*", "stale")
     assert (cell_label(ring), cell_mark(ring, 5)) == ("R", "ring")
@@ -164,7 +165,7 @@ def test_page_cells_in_labels_and_words() -> None:
     words = cell_words(snap, 1, 0, 0)  # type: ignore[arg-type]
     assert words.startswith("step 5 · layer 0 · stream 1 · page 0: in the resident window, "
                             "bookkeeping key (0, -, 0) → pool slot 4.")
-    assert "FOREIGN, stream 1 read stream 0's bytes" in words
+    assert "FOREIGN, stream 1 read stream 0's bytes (layer 0 stream 0 page 0)" in words
     assert "STALE, 2 version(s) behind" in cell_words(snap, 1, 0, 1)  # type: ignore[arg-type]
     assert "beyond the resident window" in cell_words(snap, 1, 0, 2)  # type: ignore[arg-type]
     assert [(s, layer, p) for s, layer, p, _ in snap.flagged()] == [  # type: ignore[attr-defined]

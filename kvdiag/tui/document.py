@@ -18,7 +18,7 @@ import numpy as np
 from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
-from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot
 from kvdiag.analysis.trace_index import TraceIndex
 from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import Header
@@ -58,6 +58,13 @@ class TraceDoc:
     def findings(self) -> tuple[Finding, ...]:
         """The findings of the judged prefix (of the whole trace once ``judged``)."""
         return self.digest.findings if self.digest is not None else ()
+
+    def pages_at(self, step: int) -> PagesSnapshot:
+        """The Pages state at the end of ``step`` with the reads the judgement has reached."""
+        assert self.pages is not None
+        d = self.digest
+        return self.pages.snapshot(step, d.ledger if d is not None else None,
+                                   d.rows if d is not None else 0)
 
     @property
     def judged(self) -> bool:

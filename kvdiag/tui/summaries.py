@@ -158,7 +158,7 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
 def recorded_lines(c: Completeness) -> list[Text]:
     """What the trace records and, for each judged kind it lacks, what cannot be judged."""
     how = ("as its writer declares" if c.source == "declared" else
-           "inferred from what the trace contains (its writer does not declare it)")
+           "inferred from what the trace contains; its writer does not declare it")
     missing = c.missing
     head = ("every judged kind is recorded" if not missing else
             "not recorded: " + ", ".join(k.kind for k in missing))
