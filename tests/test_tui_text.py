@@ -219,3 +219,24 @@ def test_source_snippets_resolve_build_paths(tmp_path: Path, monkeypatch: pytest
     assert snippet(src, 12, 2) == [(10, "line 10"), (11, "line 11"), (12, "line 12"),
                                    (13, "line 13"), (14, "line 14")]
     assert snippet(src, 1, 1) == [(1, "line 1"), (2, "line 2")]
+
+
+def test_page_words_say_whose_bytes_and_why_not_judged() -> None:
+    """A ring slot another layer overwrote, an empty slot, a page the trace cannot judge."""
+    geo = PagesGeometry(layers=2, streams=(0, 1), pages=3, resident_per_layer=1,
+                        layout="per-stream")
+    reads = {(1, 0): ((0, 1, LastRead(4, "pool", -1, "foreign", 0, -1, -1)),
+                      (1, 2, LastRead(4, "ring", 1, "foreign", 0, 0, 2)),
+                      (2, 3, LastRead(4, "ring", -1, "not judged", 0, -1, -1, 2)))}
+    snap = assemble(geo, 4, read_of=lambda layer, s: reads.get((layer, s)),
+                    slot_of=lambda key: None, holder_of=lambda slot: None,
+                    version_of=lambda layer, s, p: 1, dirty=frozenset())
+    words = [" ".join(cell_words(snap, 0, 1, p).split()) for p in range(3)]
+    assert "FOREIGN, the slot held nothing (never uploaded, or emptied)" in words[0]
+    assert ("FOREIGN, the slot held another layer's bytes (layer 0 stream 1 page 2)"
+            in words[1])
+    assert ("not judged (no upload into this kind of slot recorded: what the slot held is "
+            "unknown)") in words[2]
+    cells = snap.row(0, 1)
+    assert [cell_mark(c, 4) for c in cells] == ["foreign", "foreign", "empty"]
+    assert [c.flagged for c in cells] == [True, True, False]

@@ -52,6 +52,8 @@ class LastRead(NamedTuple):
     lag: int
     holder_layer: int = -1
     holder_page: int = -1
+    why: int = 0
+    """Why it is not judged (:data:`kvdiag.analysis.judgement.WHY`)."""
 
 
 JUDGING = "judging"
@@ -65,7 +67,8 @@ def judged_runs(step: int, layer: int, stream: int, served: Iterable[ev.Served],
                 pieces: Iterable[Sequence[int]]) -> tuple[Run, ...]:
     """The pages of a read in page order with the judgement's verdicts: ``pieces`` are its
     non-exact runs (:data:`kvdiag.analysis.judgement.slots.Piece` fields: begin, end, source,
-    slot, class, lag, holder layer, stream, page, ...); a served page outside them is exact
+    slot, class, lag, holder layer, stream, page, version, step, seq, why); a served page
+    outside them is exact
     (the judgement's ledger, docs/trace-format.md "Derivation")."""
     bad = sorted(pieces, key=lambda p: p[0])
     out: list[Run] = []
@@ -78,7 +81,7 @@ def judged_runs(step: int, layer: int, stream: int, served: Iterable[ev.Served],
             if p[0] > cursor:
                 out.append((cursor, p[0], exact))
             out.append((p[0], p[1], LastRead(step, SOURCES[p[2]], p[7], CLASSES[p[4]], p[5],
-                                             p[6], p[8])))
+                                             p[6], p[8], p[12])))
             cursor = max(cursor, p[1])
             k += 1
         if cursor < s.end:

@@ -15,9 +15,10 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
-from kvdiag.analysis.judgement import CLASSES, SOURCES, FitsVerdict, outcome
+from kvdiag.analysis.judgement import FitsVerdict, outcome
 from kvdiag.analysis.judgement.classes import FOREIGN, NO_UPLOAD, NO_WRITE, STALE, WHY_KEY
 from kvdiag.analysis.judgement.fits import BAD
+from kvdiag.analysis.replay import LastRead, judged_runs
 from kvdiag.model import events as ev
 from kvdiag.model.geometry import Tensor
 
@@ -81,29 +82,26 @@ class ReadJudged(NamedTuple):
         return "foreign" if self.counts[FOREIGN] else ("stale" if self.counts[STALE] else "")
 
 
-def _holder(p: np.void, layer: int, stream: int) -> str:
+def _holder(r: LastRead, layer: int, stream: int) -> str:
     """Whose bytes a foreign run's slot held."""
-    hl, hs, hp = int(p["holder_layer"]), int(p["holder_stream"]), int(p["holder_page"])
-    if hl < 0:
+    if r.holder_layer < 0:
         return "empty slot"
-    if hl != layer:
-        return f"L{hl} s{hs} p{hp}'s"
-    if hs != stream:
-        return f"s{hs}'s"
-    return f"p{hp}'s"
+    if r.holder_layer != layer:
+        return f"L{r.holder_layer} s{r.holder} p{r.holder_page}'s"
+    if r.holder != stream:
+        return f"s{r.holder}'s"
+    return f"p{r.holder_page}'s"
 
 
-def _piece(p: np.void, layer: int, stream: int) -> str:
-    cls = int(p["cls"])
-    text = f"{_run(int(p['begin']), int(p['end']))} {SOURCES[int(p['source'])]} " \
-           f"{CLASSES[cls].upper()}"
-    if cls == STALE:
-        return text + f" -{int(p['lag'])}v"
-    if cls == FOREIGN:
-        return text + f" ({_holder(p, layer, stream)})"
-    why = int(p["why"])
-    key = WHY_KEY.get(why, "?")
-    return text + (f" ({key} not recorded)" if why in (NO_UPLOAD, NO_WRITE) else f" ({key})")
+def _verdict(r: LastRead, layer: int, stream: int) -> str:
+    if r.cls == "stale":
+        return f" STALE -{r.lag}v"
+    if r.cls == "foreign":
+        return f" FOREIGN ({_holder(r, layer, stream)})"
+    if r.cls == "not judged":
+        key = WHY_KEY.get(r.why, "?")
+        return f" NOT JUDGED ({key}{' not recorded' if r.why in (NO_UPLOAD, NO_WRITE) else ''})"
+    return ""
 
 
 def read_runs(event: ev.Read, judged: ReadJudged) -> str:
@@ -111,23 +109,10 @@ def read_runs(event: ev.Read, judged: ReadJudged) -> str:
     with their class (``STALE -2v``, ``FOREIGN (s1's)``)."""
     if not event.served:
         return "not judged: read.served not recorded (where each page came from is unknown)"
-    parts: list[str] = []
-    arr = judged.pieces
-    # walked in page order: a read may list its served runs in any order
-    order = np.argsort(arr["begin"], kind="stable") if len(arr) else np.zeros(0, np.intp)
-    k = 0
-    for s in sorted(event.served, key=lambda s: s.begin):
-        cursor = s.begin
-        while k < len(order) and int(arr[order[k]]["begin"]) < s.end:
-            p = arr[order[k]]
-            if int(p["begin"]) > cursor:
-                parts.append(f"{_run(cursor, int(p['begin']))} {s.source}")
-            parts.append(_piece(p, event.layer, event.stream))
-            cursor = max(cursor, int(p["end"]))
-            k += 1
-        if cursor < s.end:
-            parts.append(f"{_run(cursor, s.end)} {s.source}")
-    return "; ".join(parts)
+    runs = judged_runs(event.step, event.layer, event.stream, event.served,
+                       [p[1:] for p in judged.pieces.tolist()])
+    return "; ".join(f"{_run(b, e)} {r.source}{_verdict(r, event.layer, event.stream)}"
+                     for b, e, r in runs)
 
 
 def fits_mark(event: ev.Fits, outcome: str) -> str:

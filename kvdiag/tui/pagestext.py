@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvdiag.analysis.judgement import WHY
 from kvdiag.analysis.replay import JUDGING, LastRead, PageCell, PagesSnapshot
 
 SOURCE_LETTER = {"pool": "P", "ring": "R", "host": "H"}
@@ -110,8 +111,7 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int,
         elif read.cls == "stale":
             text += f": STALE, {read.lag} version(s) behind the host copy"
         elif read.cls == "not judged":
-            text += ": not judged (the trace does not record what the judgement needs: " \
-                    "Overview, Recorded)"
+            text += f": not judged ({WHY.get(read.why) or 'the trace lacks a fact it needs'})"
         elif read.cls == JUDGING:
             text += ": judging… (the judgement has not reached this read yet)"
         else:
