@@ -25,6 +25,7 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,36 +52,50 @@ OUTPUTS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"),
 OUTCOMES: tuple[str, ...] = ("streamed", "mismatch", "fallback", "ordinary", "other")
 OUTCOME_CODE = {o: i for i, o in enumerate(OUTCOMES)}
 
-_I32 = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
+_I64 = (-(1 << 63), (1 << 63) - 1)
 
 
 class Table:
-    """Append-only rows sealed into structured-array blocks."""
+    """Append-only rows sealed into structured-array blocks.
+
+    The open rows are one flat ``array('q')`` of int64s: appending a row is one C call, and
+    sealing or copying them is a buffer view and a cast per column (converting a list of
+    tuples to a structured array cost about a microsecond per row, a tenth of a viewer's
+    judging pass when every snapshot copies the open rows)."""
 
     def __init__(self, columns: list[tuple[str, str]]) -> None:
         self.dtype = np.dtype(columns)
+        self.width = len(columns)
         self.blocks: list[np.ndarray] = []
-        self.rows: list[tuple[int, ...]] = []
+        self.open = array("q")
         self.n = 0
 
     def append(self, row: tuple[int, ...]) -> None:
-        self.rows.append(row)
-        self.n += 1
-        if len(self.rows) >= BLOCK:
-            self.blocks.append(self._seal(self.rows))
-            self.rows = []
-
-    def _seal(self, rows: list[tuple[int, ...]]) -> np.ndarray:
+        start = len(self.open)
         try:
-            arr = np.array(rows, dtype=self.dtype)
-        except OverflowError:  # a hostile value beyond its column: clipped, never a crash
-            arr = np.array([tuple(max(_I32[0], min(_I32[1], v)) for v in r) for r in rows],
-                           dtype=self.dtype)
+            self.open.extend(row)
+        except OverflowError:  # a hostile value beyond 64 bits: clipped, never a crash
+            del self.open[start:]
+            self.open.extend(max(_I64[0], min(_I64[1], v)) for v in row)
+        self.n += 1
+        if len(self.open) >= BLOCK * self.width:
+            self.blocks.append(self._seal())
+            self.open = array("q")
+
+    def _seal(self) -> np.ndarray:
+        flat = np.frombuffer(self.open, dtype=np.int64).reshape(-1, self.width)
+        arr = np.empty(len(flat), self.dtype)
+        for i, name in enumerate(self.dtype.names or ()):
+            kind = self.dtype[name]
+            info = np.iinfo(kind)
+            # a value beyond its column (a hostile trace) is clipped, never wrapped
+            arr[name] = flat[:, i].clip(info.min, info.max) if kind.itemsize < 8 \
+                else flat[:, i]
         arr.flags.writeable = False
         return arr
 
     def snapshot(self) -> TableSnapshot:
-        tail = (self._seal(self.rows),) if self.rows else ()
+        tail = (self._seal(),) if self.open else ()
         return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n, len(self.blocks))
 
 
