@@ -25,6 +25,8 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -113,35 +115,36 @@ class TableSnapshot:
         self.n = n
         self.sealed = len(self.blocks) if sealed is None else min(sealed, len(self.blocks))
         self._flat: np.ndarray | None = None
-        self._starts: np.ndarray | None = None
-        self._firsts: dict[str, np.ndarray] = {}
+        self._starts: list[int] | None = None
+        self._firsts: dict[str, list[int]] = {}
 
-    def _block_starts(self) -> np.ndarray:
+    def _block_starts(self) -> list[int]:
         """Index of each block's first row, and the total."""
         if self._starts is None:
-            self._starts = np.cumsum([0, *(len(b) for b in self.blocks)])
+            self._starts = [0, *itertools.accumulate(len(b) for b in self.blocks)]
         return self._starts
 
-    def _first_values(self, name: str) -> np.ndarray:
+    def _first_values(self, name: str) -> list[int]:
         got = self._firsts.get(name)
         if got is None:
-            got = self._firsts[name] = np.array([b[name][0] for b in self.blocks if len(b)],
-                                                dtype=np.int64)
+            got = self._firsts[name] = [int(b[name][0]) for b in self.blocks]
         return got
 
     def bounds(self, name: str, value: int) -> tuple[int, int]:
-        """``[lo, hi)``: the rows whose ``name`` equals ``value``, for a column that ascends
-        through the table."""
+        """``[lo, hi)``: the rows whose ``name`` equals ``value``, for an integer column that
+        ascends through the table (a viewer asks this per cell row it draws: plain bisection
+        over the blocks' first values, one search in a block)."""
         if not self.blocks:
             return 0, 0
         firsts = self._first_values(name)
         starts = self._block_starts()
-        lo_block = max(0, int(np.searchsorted(firsts, value, side="left")) - 1)
-        hi_block = max(0, int(np.searchsorted(firsts, value, side="right")) - 1)
-        col = self.blocks[lo_block][name]
-        lo = int(starts[lo_block]) + int(np.searchsorted(col, value, side="left"))
-        col = self.blocks[hi_block][name]
-        hi = int(starts[hi_block]) + int(np.searchsorted(col, value, side="right"))
+        first = max(0, bisect.bisect_left(firsts, value) - 1)
+        last = max(0, bisect.bisect_right(firsts, value) - 1)
+        # in ascending integers the rows equal to v end where those >= v + 1 begin
+        lo, hi = self.blocks[first][name].searchsorted((value, value + 1))
+        lo, hi = starts[first] + int(lo), starts[first] + int(hi)
+        if last != first:
+            hi = starts[last] + int(self.blocks[last][name].searchsorted(value + 1))
         return lo, max(lo, hi)
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
@@ -150,9 +153,9 @@ class TableSnapshot:
         if hi <= lo:
             return np.empty(0, self.dtype)
         starts = self._block_starts()
-        first = int(np.searchsorted(starts, lo, side="right")) - 1
-        last = int(np.searchsorted(starts, hi - 1, side="right")) - 1
-        parts = [self.blocks[b][max(lo - int(starts[b]), 0):hi - int(starts[b])]
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_right(starts, hi - 1) - 1
+        parts = [self.blocks[b][max(lo - starts[b], 0):hi - starts[b]]
                  for b in range(first, last + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
