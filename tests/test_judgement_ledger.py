@@ -60,3 +60,19 @@ def test_values_beyond_a_column_are_clipped_not_wrapped(monkeypatch) -> None:
     assert rows["seq"].tolist() == [(1 << 63) - 1, 5, 6]
     assert rows["step"].tolist() == [(1 << 31) - 1, -(1 << 31), 3]
     assert snap.read_at(2) == 2 and snap.read_at(3) is None
+
+
+def test_take_hands_each_sealed_block_over_once(monkeypatch) -> None:
+    monkeypatch.setattr(ledger, "BLOCK", 3)
+    led = Ledger()
+    for row in range(7):
+        led.reads.append((row, row, 0, 0, 0, 1, 0, 0, 0))
+    sealed, open_rows, n = led.reads.take()
+    assert [b["row"].tolist() for b in sealed] == [[0, 1, 2], [3, 4, 5]] and n == 7
+    assert open_rows is not None and open_rows["row"].tolist() == [6]
+    for row in range(7, 10):
+        led.reads.append((row, row, 0, 0, 0, 1, 0, 0, 0))
+    sealed, open_rows, n = led.reads.take()
+    assert [b["row"].tolist() for b in sealed] == [[6, 7, 8]] and n == 10
+    assert open_rows is not None and open_rows["row"].tolist() == [9]
+    assert led.reads.blocks == []  # held once: by whoever took them

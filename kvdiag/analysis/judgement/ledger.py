@@ -100,6 +100,13 @@ class Table:
         tail = (self._seal(),) if self.open else ()
         return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n, len(self.blocks))
 
+    def take(self) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+        """The blocks sealed since the last take (forgotten here), a copy of the open rows
+        and the row count: for a viewer that keeps the table in another process, so that it
+        is held once. A table taken from no longer makes whole snapshots."""
+        sealed, self.blocks = self.blocks, []
+        return sealed, (self._seal() if self.open else None), self.n
+
 
 class TableSnapshot:
     """An immutable prefix of a :class:`Table`: ``blocks`` in row order, the first ``sealed``
@@ -186,10 +193,12 @@ class Ledger:
         self.fits = Table(FITS)
         self.outputs = Table(OUTPUTS)
 
+    def tables(self) -> tuple[Table, ...]:
+        """In :class:`LedgerSnapshot`'s order."""
+        return self.reads, self.pieces, self.flows, self.fits, self.outputs
+
     def snapshot(self) -> LedgerSnapshot:
-        return LedgerSnapshot(self.reads.snapshot(), self.pieces.snapshot(),
-                              self.flows.snapshot(), self.fits.snapshot(),
-                              self.outputs.snapshot())
+        return LedgerSnapshot(*(t.snapshot() for t in self.tables()))
 
 
 class LedgerSnapshot:
