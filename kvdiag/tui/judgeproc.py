@@ -57,7 +57,7 @@ def run(path: str, out: BinaryIO, every: float) -> None:
     # collection per delta keeps anything unexpected bounded.
     gc.disable()
     try:
-        judging = JudgingPass(path)
+        judging = JudgingPass(path, hand_over=True)
         source = LineSource.open(path)
         last = time.monotonic()
         for offset, block in line_blocks(source, header_end(source), CHUNK):
