@@ -78,19 +78,26 @@ class JudgingPass:
     def feed(self, block: bytes, offset: int) -> None:
         """Judge ``block``, the next lines of the file, from byte ``offset``."""
         judge, decode, side = self.judge, self.reader.decode_block, self._side
+        items: list[Any] = []
         for piece in slices(block):
-            items = decode(piece)
+            decoded = decode(piece)
             # type() is, not isinstance: this runs per event of traces of millions
-            for e in [e for e in items if type(e) in _SIDE]:
+            for e in [e for e in decoded if type(e) in _SIDE]:
                 side[_SIDE[type(e)]].append(e)
-            if None in items:  # a line that is not an event: its row is skipped
-                for e in items:
-                    if e is None:
-                        judge.skip()
-                    else:
-                        judge.feed(e)
-            else:
-                judge.feed_all(items)  # type: ignore[arg-type]
+            items += decoded
+        # the whole block at once: the Judge judges a chunk with array operations
+        if None not in items:
+            judge.feed_all(items)
+        else:  # a line that is not an event: its row is skipped
+            run: list[Any] = []
+            for e in items:
+                if e is None:
+                    judge.feed_all(run)
+                    run = []
+                    judge.skip()
+                else:
+                    run.append(e)
+            judge.feed_all(run)
         self.position = offset + len(block)
 
     def finish(self) -> None:

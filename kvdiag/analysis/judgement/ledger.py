@@ -19,7 +19,8 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
   exact;
 - ``flows``: write → read: the last write of a page (``write_seq``) before a read that got that
   page stale or foreign (``read_seq``, ``read`` index, ``cls``): one row per (write, read);
-- ``fits``: one row per fits event: outcome code (:data:`OUTCOMES`), failed-condition count;
+- ``fits``: one row per fits event: outcome code (:data:`~kvdiag.analysis.judgement.fits.OUTCOMES`),
+  failed-condition count;
 - ``outputs``: one row per output event: 1 diverged, 0 within tolerance, -1 no reference.
 """
 
@@ -32,6 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE
 
 BLOCK = 8192
 
@@ -51,10 +54,10 @@ FITS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"), ("l
                                ("outcome", "i1"), ("failed", "i2")]
 OUTPUTS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"),
                                   ("stream", "i4"), ("diverged", "i1")]
-OUTCOMES: tuple[str, ...] = ("streamed", "mismatch", "fallback", "ordinary", "other")
-OUTCOME_CODE = {o: i for i, o in enumerate(OUTCOMES)}
 
 _I64 = (-(1 << 63), (1 << 63) - 1)
+_LIMITS = {np.dtype(t).char: (np.iinfo(t).min, np.iinfo(t).max)
+           for t in (np.int8, np.int16, np.int32, np.int64)}
 
 
 class Table:
@@ -83,6 +86,20 @@ class Table:
         if len(self.open) >= BLOCK * self.width:
             self.blocks.append(self._seal())
             self.open = array("q")
+
+    def extend(self, columns: list[np.ndarray]) -> None:
+        """Many rows at once, one array per column (in :attr:`dtype`'s order)."""
+        if not columns or not columns[0].size:
+            return
+        if self.open:
+            self.blocks.append(self._seal())
+            self.open = array("q")
+        block = np.empty(columns[0].size, self.dtype)
+        for name, col in zip(self.dtype.names or (), columns, strict=True):
+            block[name] = np.clip(col, *_LIMITS[block[name].dtype.char])
+        block.flags.writeable = False
+        self.blocks.append(block)
+        self.n += block.size
 
     def _seal(self) -> np.ndarray:
         flat = np.frombuffer(self.open, dtype=np.int64).reshape(-1, self.width)
