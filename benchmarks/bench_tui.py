@@ -60,7 +60,7 @@ FILTERS = ("kind:read", "layer:3", "stream:1 step:1000-2000", "slot:40", "kind:f
 
 # -- the synthetic trace -------------------------------------------------------------------
 
-def write_trace(path: Path, n_events: int) -> int:
+def write_trace(path: Path, n_events: int, annotated: bool = True) -> int:
     from kvdiag.model.events import (
         Device,
         Evict,
@@ -154,7 +154,8 @@ def write_trace(path: Path, n_events: int) -> int:
                         ranges = [ReadRange(0, WINDOW, "pool", holder, "foreign")]
                     ranges.append(ReadRange(WINDOW, n_pages, "ring", s, "exact"))
                     w.emit(Read, step, layer=layer, stream=s, pool=WINDOW,
-                           ring=n_pages - WINDOW, host=0, ranges=tuple(ranges),
+                           ring=n_pages - WINDOW, host=0,
+                           ranges=tuple(ranges) if annotated else (),
                            served=(Served(0, WINDOW, "pool", base),
                                    Served(WINDOW, n_pages, "ring", 0)))
             for s in range(STREAMS):
@@ -338,16 +339,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--presses", type=int, default=200)
+    ap.add_argument("--unannotated", action="store_true",
+                    help="reads without the model's ranges annotation, as a fork writes them "
+                         "(the judgement then has no annotation to cross-check)")
     ap.add_argument("--write-only", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write_only:
-        print(write_trace(Path(args.write_only), args.events))
+        print(write_trace(Path(args.write_only), args.events, not args.unannotated))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.kvtrace"
         t = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--events", str(args.events), "--write-only",
-                        str(path)], check=True, stdout=subprocess.DEVNULL)
+                        str(path), *(["--unannotated"] if args.unannotated else [])],
+                       check=True, stdout=subprocess.DEVNULL)
         t_write = time.perf_counter() - t
         res = asyncio.run(measure(path, args.presses))
         base = baselines(path, res["steps"] // 2)
@@ -371,7 +376,8 @@ def main() -> int:
           f"{sys.version.split()[0]}, {platform.system()}, load average "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine)")
     print(f"trace     {res['events']:,} events, {res['steps']:,} steps, {res['file_mb']:.0f} MB "
-          f"(written in {t_write:.1f} s by a child process)")
+          f"(written in {t_write:.1f} s by a child process)"
+          + ("; reads without the model's annotation" if args.unannotated else ""))
     print(f"import    {res['import_s']:.2f} s  (kvdiag.tui.app and textual)")
     print(f"paint     {res['first_paint_s']:.2f} s  first paint of the Overview with the trace "
           f"header (indexing still running: {res['indexing_at_first_paint']})")
