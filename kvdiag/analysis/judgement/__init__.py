@@ -38,6 +38,9 @@ Per read, as it streams (``diff``, ``trace pages``, an exporter's flows)::
             judge.pages(e)        # [PageVerdict] every page: source, slot, class, lag,
                                   # host version, holder Copy (whose bytes), why not judged
             judge.missed_writes() # seqs of the writes its stale/foreign pages missed (flows)
+            judge.flows()         # the same with the class that missed each: (seq, cls)
+    judge.live_writes()           # writes still the last of some page (the rest may
+                                  # be forgotten by a surface drawing flows)
 
 Reads change no state, so ask right after feeding the read. Any fits event, any time:
 ``judge.fits_verdict(e)`` → :class:`~.fits.FitsVerdict` (``outcome``, ``failed``, ``by``,

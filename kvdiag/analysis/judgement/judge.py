@@ -544,6 +544,21 @@ class Judge:
             return []
         return [seq for seq, _ in self._missed(v.layer, v.stream, v.pieces)]
 
+    def flows(self, verdict: ReadVerdict | None = None) -> list[tuple[int, str]]:
+        """:meth:`missed_writes` with the class of the pages that missed each write
+        (``"stale"`` or ``"foreign"``; the first such page's, in page order): the ledger's
+        ``flows`` rows of the read, for a surface that draws them as it streams."""
+        v = verdict or self.last
+        if v is None:
+            return []
+        return [(seq, CLASSES[cls]) for seq, cls in self._missed(v.layer, v.stream, v.pieces)]
+
+    def live_writes(self) -> set[int]:
+        """Seqs of the writes that are still the last write of some page: the only writes a
+        later read can miss, so a surface that remembers writes to draw flows may forget the
+        others (memory bounded by the pages, not the trace's length)."""
+        return {seq for w in self.host.wseq.values() for seq in w if seq}
+
     def _check_ranges(self, e: ev.Read, exact: list[tuple[int, int, int]],
                       bad: list[Piece]) -> None:
         """Compare the model's annotated ranges with the verdicts, page by page."""
