@@ -89,20 +89,26 @@ def _export(path: str, output: str, fmt: str) -> int:
         raise InputError(f"cannot write {output}: not a file in an existing directory")
     with TraceReader.open(path) as reader, target.open("wb") as out:
         if fmt == "llama-log":
-            from kvdiag.trace.export_log import LogExporter
+            from kvdiag.export.llama_log import LogExporter
 
-            lines = [line.encode() + b"\n" for line in LogExporter(reader.header, reader.extras).lines(reader)]
+            log = LogExporter(reader.header, reader.extras)
+            lines = [line.encode() + b"\n" for line in log.lines(reader)]
             out.writelines(lines)
             n = len(lines)
-            what = "log lines"
+            what = f"log lines ({_plural(log.bad_fits, 'fits=false line')}: the decisions " \
+                   f"the judgement finds bad)"
         else:
-            from kvdiag.trace.export_chrome import ChromeExporter
+            from kvdiag.export.chrome import ChromeExporter
 
             title = f"kvdiag {reader.header.scenario.get('name', path)}"
-            exporter = ChromeExporter(reader.extras, reader.header_extras)
+            exporter = ChromeExporter(reader.header, reader.extras, reader.header_extras)
             n = exporter.write(reader, out, title=title)
+            assert exporter.judgement is not None
+            classes = exporter.judgement.residency["read_classes"]
             what = f"trace events ({_plural(exporter.flows, 'flow')} from writes to reads " \
-                   f"that missed them)"
+                   f"that missed them; pages exact {classes['exact']:,}, stale " \
+                   f"{classes['stale']:,}, foreign {classes['foreign']:,}, not judged " \
+                   f"{classes['not_judged']:,})"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
     print(f"{output}: {n} {what}{note}")
