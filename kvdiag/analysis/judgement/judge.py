@@ -59,6 +59,12 @@ from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
 
+FITS_ASSERT = "ggml_cuda_kv_stream_fattn_fits"
+"""The streamed kernel's assert (``GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst))``,
+kv-stream-domain.md §2.3): its abort says a fits decision was made."""
+FALLBACK_WARN = "kv-stream-fallback"
+"""The fixed dispatcher's warning when fits() is false (docs/trace-format.md, ``warn``)."""
+
 
 @dataclass(frozen=True)
 class Steps:
@@ -175,7 +181,7 @@ class Judge:
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Step: self._step, ev.Fits: self._fits, ev.Read: self._read,
             ev.Upload: self._upload, ev.Write: self._write, ev.Evict: self._evict,
-            ev.Invalidate: self._invalidate, ev.Abort: self.groups.aborts.append,
+            ev.Invalidate: self._invalidate, ev.Abort: self._abort, ev.Warn: self._warn,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
         }
@@ -255,6 +261,15 @@ class Judge:
         up = self.completeness.is_declared("upload")
         for target in self._uploads:
             self._uploads[target] = up or self._uploads[target]
+
+    def _abort(self, e: ev.Abort) -> None:
+        self.groups.aborts.append(e)
+        if e.condition.startswith(FITS_ASSERT):
+            self.completeness.decided += 1
+
+    def _warn(self, e: ev.Warn) -> None:
+        if e.code == FALLBACK_WARN:
+            self.completeness.decided += 1
 
     def _step(self, e: ev.Step) -> None:
         self.adapt.feed(e)
