@@ -1,0 +1,293 @@
+"""The corpus of the one-truth test (issue 15 §2) and the judgement each trace of it gets.
+
+Traces, each a file:
+
+- **model**: every scenario × layout (shared, per-stream) × dispatch (membership, fits), and
+  ``--kv-unified`` where a scenario has several slots (tests/judged_captures.py's small shape,
+  written by ``kvdiag.capture.capture`` as ``kvdiag capture`` writes them);
+- **kvrt**: every run tests/native_runtime.py offers, each with the runtime's own page truth;
+- **import**: ``kvdiag import`` of the real-format server logs in tests/fixtures/logs and of
+  ``kvdiag trace export --format llama-log`` of model captures (abort, fallback, aliasing);
+- **kvdemo** (slow; tests/test_corpus.py builds it as tests/test_native_ggml.py does);
+- each of those with one judged event kind removed (:func:`strip`): its events, and the kind
+  in the header's ``records`` declaration, so that a declaring writer reads as one that never
+  calls that macro.
+
+:func:`judged` is the reference every surface is compared with: a :class:`Judge` fed the
+file, with every read page's verdict. Not a test module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from native_runtime import CONFIGS, Built, TruthPage, prefix_through
+from native_runtime import run as run_kvrt
+
+from kvdiag.analysis.judgement import Judge, Judgement
+from kvdiag.analysis.judgement.completeness import JUDGED_KINDS
+from kvdiag.cli import main
+from kvdiag.errors import KvdiagError
+from kvdiag.kvstream.plan import make_plan
+from kvdiag.model import events as ev
+from kvdiag.trace import TraceReader, TraceWriter, make_header
+from tests.judged_captures import CASES, small
+from tests.judged_captures import capture as captured
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+#: model captures exported as a llama-server log and imported back: (case, what the log shows)
+LOG_EXPORTS: dict[str, tuple[str, str, str, bool]] = {
+    "two-slot-abort": ("two-slot-concurrent", "shared", "membership", False),
+    "two-slot-fallback": ("two-slot-concurrent", "per-stream", "fits", False),
+    "two-slot-fallback-shared": ("two-slot-concurrent", "shared", "fits", False),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    source: str
+    """model, kvrt, kvdemo or import."""
+    path: Path
+    truth: tuple[TruthPage, ...] = ()
+    """kvrt: the runtime's own verdict of every page it read (a killed run: the reads whose
+    truth lines reached the disk)."""
+    base: str | None = None
+    """The entry this one was made from by removing a kind."""
+    removed: str | None = None
+    said: str = ""
+    """What the command that made the trace printed (import's summary)."""
+    schedule: tuple[str, str, bool] | None = None
+    """model: (scenario, dispatch, unified) — the shared and per-stream captures of one
+    schedule, for diff."""
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """Run ``kvdiag ARGS`` in this process: (exit code, what it printed on stdout).
+    ``--debug``: an internal error is a traceback here, not a one-line message."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main(["--debug", *args])
+        except KvdiagError as exc:  # what the command says without --debug, in one line
+            return exc.exit_code, f"kvdiag: error: {exc}"
+    return code, out.getvalue()
+
+
+def model_entries(root: Path) -> list[Entry]:
+    """The captures of tests/judged_captures.py (cached per session: tests/test_judgement.py
+    judges the same events), each written as ``kvdiag capture`` writes a trace."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, layout, dispatch, unified in CASES:
+        label = f"{name}-{layout}-{dispatch}" + ("-unified" if unified else "")
+        path = root / f"{label}.kvtrace"
+        cfg, scenario = small(name, layout, dispatch, unified)
+        header = make_header(
+            "numpy", ev.Device(name="CPU (NumPy reference executor)"),
+            scenario={"name": scenario.name, "description": scenario.description, "seed": 0,
+                      "config": cfg.as_dict(),
+                      "requests": [vars(r) for r in scenario.requests]},
+            plan=make_plan(cfg, allow_multiseq=True).as_json())
+        events = captured(name, layout, dispatch, unified)
+        with TraceWriter.create(path, header) as writer:
+            for e in events:
+                fields = msgspec.structs.asdict(e)
+                for common in ("seq", "t_ns", "step"):
+                    del fields[common]
+                writer.emit(type(e), e.step, **fields)
+            aborted = any(type(e) is ev.Abort for e in events)
+            writer.close("aborted" if aborted else "completed",
+                         steps=max((e.step for e in events), default=-1) + 1)
+        out.append(Entry(f"model/{label}", "model", path,
+                         schedule=(name, dispatch, unified)))
+    return out
+
+
+def kvrt_entries(root: Path, built: Built) -> list[Entry]:
+    out = []
+    for name in CONFIGS:
+        result = run_kvrt(name, root, built)
+        assert result.truth, f"kvrt {name}: no truth ({result.stderr[-500:]})"
+        path = result.trace
+        if name == "kill":  # the part of the trace the truth covers
+            path = prefix_through(path, max(t.seq for t in result.truth),
+                                  root / "kill-covered.kvtrace")
+        out.append(Entry(f"kvrt/{name}", "kvrt", path, truth=result.truth))
+    return out
+
+
+def import_entries(root: Path, model: dict[str, Entry]) -> list[Entry]:
+    root.mkdir(parents=True, exist_ok=True)
+    logs: list[tuple[str, Path]] = [(p.stem, p) for p in sorted(LOGS.glob("*.log"))]
+    for label, (name, layout, dispatch, unified) in LOG_EXPORTS.items():
+        case = f"model/{name}-{layout}-{dispatch}" + ("-unified" if unified else "")
+        log = root / f"{label}.log"
+        code, said = cli("trace", "export", str(model[case].path), "--format", "llama-log",
+                         "-o", str(log))
+        assert code == 0, said
+        logs.append((f"export-{label}", log))
+    out = []
+    for label, log in logs:
+        path = root / f"{label}.kvtrace"
+        code, said = cli("import", str(log), "-o", str(path))
+        if code == 1:  # nothing importable in this log (config_rejected has only boot lines)
+            continue
+        assert code in (0, 2), said
+        out.append(Entry(f"import/{label}", "import", path, said=said))
+    return out
+
+
+def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
+    """``entry`` without ``kind``: its events, its ``records`` entries (``kind`` and
+    ``kind.field``), and the End's event count made to match; None when it has no such
+    event and does not declare it."""
+    lines = entry.path.read_bytes().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    declared = header.get("records")
+
+    def drop(r: str) -> bool:
+        return r == kind or r.startswith(kind + ".")
+
+    found = isinstance(declared, list) and any(drop(r) for r in declared)
+    if isinstance(declared, list):
+        header["records"] = [r for r in declared if not drop(r)]
+    kept: list[bytes] = [json.dumps(header, separators=(",", ":")).encode() + b"\n"]
+    events = 0
+    for line in lines[1:]:
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            kept.append(line)  # damage stays as it was
+            continue
+        if e.get("kind") == kind:
+            found = True
+            continue
+        if e.get("kind") == "records" and isinstance(e.get("kinds"), list):
+            e["kinds"] = [r for r in e["kinds"] if not drop(r)]
+            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
+        if e.get("kind") == "end":
+            e["events"] = events
+            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
+        else:
+            events += 1
+        kept.append(line)
+    if not found:
+        return None
+    path = root / f"{entry.path.stem}-no-{kind}.kvtrace"
+    path.write_bytes(b"".join(kept))
+    return Entry(f"{entry.name}-no-{kind}", entry.source, path, truth=entry.truth,
+                 base=entry.name, removed=kind)
+
+
+def stripped(entries: Iterable[Entry], root: Path,
+             kinds: Iterable[str] = JUDGED_KINDS) -> list[Entry]:
+    root.mkdir(parents=True, exist_ok=True)
+    return [s for e in entries for k in kinds if (s := strip(e, k, root)) is not None]
+
+
+# -- the reference -------------------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """The judgement of one trace file and every judged page, by (read seq, page)."""
+
+    judgement: Judgement
+    pages: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    """(class, writes missed) of every page of every read with served runs."""
+    reads: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    """Pages per class (exact, stale, foreign, not judged) of every read."""
+    flows: list[tuple[int, int, str]] = field(default_factory=list)
+    """(write seq, read seq, class) as the ledger has them."""
+
+
+_JUDGED: dict[Path, Judged] = {}
+
+
+def judged(path: Path) -> Judged:
+    if path not in _JUDGED:
+        with TraceReader.open(path) as reader:
+            judge = Judge(reader.header, ledger=True, name=str(path))
+            pages: dict[tuple[int, int], tuple[str, int]] = {}
+            reads: dict[int, tuple[int, int, int, int]] = {}
+            for e in reader:
+                judge.feed(e)
+                if type(e) is ev.Read:
+                    assert judge.last is not None
+                    reads[e.seq] = judge.last.counts
+                    for p in judge.pages(e):
+                        pages[(p.seq, p.page)] = (p.cls, p.lag)
+        j = judge.snapshot()
+        assert j.ledger is not None
+        flows = [(int(r["write_seq"]), int(r["read_seq"]), ("exact", "stale", "foreign")[
+            r["cls"]]) for r in j.ledger.flows.array]
+        _JUDGED[path] = Judged(j, pages, reads, flows)
+    return _JUDGED[path]
+
+
+
+
+# -- what each surface says, against the reference -----------------------------------------
+
+
+def export_disagreements(name: str, path: Path, doc: list[dict[str, Any]]) -> list[str]:
+    """Where a Chrome export of ``path`` says something its judgement does not: each read's
+    label and verdict (pages per class, the class of every page of its runs), every flow,
+    and the closing judgement instant."""
+    j = judged(path)
+    bad: list[str] = []
+    reads = {e["args"]["seq"]: e for e in doc
+             if e["ph"] == "X" and e.get("args", {}).get("kind") == "read"}
+    if set(reads) != set(j.reads):
+        bad.append(f"{name}: exported reads {sorted(set(reads) ^ set(j.reads))[:5]} differ")
+    for seq, counts in j.reads.items():
+        e = reads.get(seq)
+        if e is None:
+            continue
+        v = e["args"].get("verdict", {})
+        got = tuple(v.get(k) for k in ("exact", "stale", "foreign", "not_judged"))
+        if got != counts:
+            bad.append(f"{name}: read #{seq} pages exact/stale/foreign/not judged: judgement "
+                       f"{counts}, export {got}")
+        classes = [c for c, n in zip(("stale", "foreign", "not judged"), counts[1:],
+                                     strict=True) if n]
+        label = f"read stream {e['args']['stream']}" + (
+            f" ({', '.join(classes)})" if classes else "")
+        if e["name"] != label:
+            bad.append(f"{name}: read #{seq} label: judgement {label!r}, export {e['name']!r}")
+        for run in v.get("runs", []):
+            for page in range(*run["pages"]):
+                want = j.pages.get((seq, page), ("?", 0))[0]
+                if run["class"] != want:
+                    bad.append(f"{name}: read #{seq} page {page}: judgement {want}, export "
+                               f"{run['class']}")
+    by_id: dict[int, dict[str, dict[str, Any]]] = {}
+    for e in doc:
+        if e["ph"] in ("s", "f"):
+            by_id.setdefault(e["id"], {})[e["ph"]] = e
+    at = {(e["pid"], e["tid"], e["ts"]): seq for seq, e in reads.items()}
+    drawn = sorted((p["s"]["args"]["write_seq"], at.get((p["f"]["pid"], p["f"]["tid"],
+                                                         p["f"]["ts"]), -1),
+                    p["s"]["cat"].removesuffix("-read")) for p in by_id.values())
+    if drawn != sorted(j.flows):
+        bad.append(f"{name}: flows (write, read, class): judgement {sorted(j.flows)[:6]}… "
+                   f"({len(j.flows)}), export {drawn[:6]}… ({len(drawn)})")
+    closing = [e for e in doc if e.get("cat") == "judgement"]
+    if len(closing) != 1 or closing[0]["args"]["read_classes"] != \
+            j.judgement.residency["read_classes"]:
+        bad.append(f"{name}: the closing judgement instant {closing[:1]} differs from "
+                   f"{j.judgement.residency['read_classes']}")
+    missing = sorted(e["args"]["kind"] for e in doc if e.get("cat") == "not-recorded")
+    want_missing = sorted(k.kind for k in j.judgement.completeness.missing)
+    if missing != want_missing:
+        bad.append(f"{name}: not recorded: judgement {want_missing}, export {missing}")
+    return bad
