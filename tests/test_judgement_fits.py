@@ -40,7 +40,8 @@ def test_an_imported_line_evaluates_what_its_geometry_gives() -> None:
     v = j.fits_verdict(imported_fits(1, (256, 24, 1, 2)))
     state = {c.name: c for c in v.conditions}
     assert state["Q.ne[3]==1"].state == "failed"
-    assert state["Q.ne[3]==1"].values == "Q.ne[3]=2 (dst.ne[3])"
+    assert state["Q.ne[3]==1"].values == "Q.ne[3]=2 from dst.ne[3]"
+    assert state["Q.ne[0]==256"].why == "Q.ne[0] not recorded"
     assert state["V.ne[0]==256"].state == "held"
     assert state["K.runtime!=NULL"].state == "held"
     assert state["K.nb[0]==type_size"].state == "unknown"
@@ -54,7 +55,7 @@ def test_the_finding_of_imported_lines_names_the_condition_and_the_layer_as_unkn
     j = Judge(IMPORT_HEADER)
     j.feed_all([imported_fits(1, (256, 24, 1, 2)), imported_fits(2, (256, 24, 1, 2))])
     (f,) = [f for f in j.snapshot().findings if f.rule == "fallback"]
-    assert "failed: Q.ne[3]==1 (Q.ne[3]=2 (dst.ne[3]))" in f.title
+    assert "failed: Q.ne[3]==1 (Q.ne[3]=2 from dst.ne[3])" in f.title
     assert "evaluated by kvdiag from the logged geometry" in f.title
     assert "not evaluable" in f.title
     assert f.evidence[0].layer is None  # never "layer -1"

@@ -13,7 +13,7 @@ can.
 One fact fills gaps: ``ggml_flash_attn_ext`` builds its result with
 ``ne = {V.ne[0], Q.ne[2], Q.ne[1], Q.ne[3]}`` (ggml.c), so where Q's (or V's) shape is not
 recorded, ``dst.ne`` gives ``Q.ne[1..3]`` and ``V.ne[0]``; the condition's values then say
-where they came from (``Q.ne[3]=2 (dst.ne[3])``).
+where they came from (``Q.ne[3]=2 from dst.ne[3]``).
 
 Both the runtime model (:mod:`kvdiag.kvstream.fits`, which routes on it) and the judgement
 (:mod:`kvdiag.analysis.judgement`, which evaluates logged decisions) use this one predicate.
@@ -94,9 +94,9 @@ class _Operands:
         src = {("Q", 1): 2, ("Q", 2): 1, ("Q", 3): 3, ("V", 0): 0}.get((name, i))
         d = self.dst
         if src is not None and d is not None and d.ne != _UNKNOWN_SHAPE:
-            self.read.append(f"{name}.ne[{i}]={d.ne[src]} (dst.ne[{src}])")
+            self.read.append(f"{name}.ne[{i}]={d.ne[src]} from dst.ne[{src}]")
             return d.ne[src]
-        raise _Missing(f"{name}.ne not recorded")
+        raise _Missing(f"{name}.ne[{i}] not recorded")
 
     def nb(self, name: str, i: int) -> int:
         t = self.tensor(name)

@@ -136,10 +136,12 @@ class Judge:
     ``header``: what the writer declares it records, ``native_quants`` for fits conditions.
     ``ledger``: keep compact per-read tables (for viewers). ``name``: the trace's path, used in
     the command that lists every judged page. ``records``: a declaration of recorded kinds
-    given by the caller (overrides the header's)."""
+    given by the caller (overrides the header's). ``keep_writes``: keep the last write event of
+    every page with its ubatch's mark (:meth:`last_write`; memory bounded by the pages)."""
 
     def __init__(self, header: ev.Header | None = None, *, ledger: bool = False,
-                 name: str | None = None, records: Iterable[str] | None = None) -> None:
+                 name: str | None = None, records: Iterable[str] | None = None,
+                 keep_writes: bool = False) -> None:
         self.header = header
         self.name = name
         declared = records if records is not None else getattr(header, "records", None)
@@ -156,6 +158,9 @@ class Judge:
             ("resident", "ring"), self.completeness.is_declared("upload"))
         self.groups = fnd.Groups()
         self.adapt = AdaptAnalyzer()
+        self.keep_writes = keep_writes
+        self.mark: ev.Mark | None = None
+        """The latest mark event (kept with writes when ``keep_writes``)."""
         self.rows = 0
         """Events fed (and rows skipped): the ledger's row numbers."""
         self.last: ReadVerdict | None = None
@@ -185,6 +190,8 @@ class Judge:
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
         }
+        if keep_writes:
+            self._handlers[ev.Mark] = self._mark
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -271,6 +278,9 @@ class Judge:
         if e.code == FALLBACK_WARN:
             self.completeness.decided += 1
 
+    def _mark(self, e: ev.Mark) -> None:
+        self.mark = e
+
     def _step(self, e: ev.Step) -> None:
         self.adapt.feed(e)
 
@@ -312,6 +322,18 @@ class Judge:
             w[p0:p1] = [e.seq] * (p1 - p0)
         if e.versions:
             self._check_versions(e, v)
+        if self.keep_writes:
+            kept = self.host.wevent.setdefault(view, [])
+            if len(kept) < p1:
+                kept.extend([None] * (p1 - len(kept)))
+            kept[p0:p1] = [(e, self.mark)] * (p1 - p0)
+
+    def last_write(self, layer: int, stream: int, page: int
+                   ) -> tuple[ev.Write, ev.Mark | None] | None:
+        """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
+        kept = self.host.wevent.get((layer, stream))
+        got = kept[page] if kept is not None and 0 <= page < len(kept) else None
+        return got  # type: ignore[return-value]
 
     def _check_versions(self, e: ev.Write, v: list[int]) -> None:
         for page, version in e.versions:

@@ -91,6 +91,9 @@ class HostPages:
         self.ver: dict[View, list[int]] = {}
         self.wseq: dict[View, list[int]] = {}
         """Seq of the last write that touched each page (0: none)."""
+        self.wevent: dict[View, list[object]] = {}
+        """The last write event of each page with the mark of its ubatch, where the Judge keeps
+        them (``keep_writes``: diff's cause chains)."""
 
     def views(self, view: View, end: int) -> tuple[list[int], list[int]]:
         v = self.ver.get(view)

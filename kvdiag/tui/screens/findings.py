@@ -31,7 +31,7 @@ FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 
 
 def evidence_count(f: Finding) -> tuple[int, int]:
     """(evidence items the finding carries, occurrences the rule counted). A rule keeps its
-    first items only and records the total in ``details["count"]`` (kvdiag.analysis.trace_rules
+    first items only and records the total in ``details["count"]`` (kvdiag.analysis.judgement.findings
     MAX_EVIDENCE), so a count shown without the total would understate it."""
     shown = len(f.evidence)
     total = f.details.get("count")
