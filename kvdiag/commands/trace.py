@@ -149,6 +149,8 @@ def _info(path: str, *, as_json: bool) -> int:
         import msgspec
 
         doc = summary.to_dict()
+        # the step span is the judgement's (End excluded: a header and an End have no steps)
+        doc["first_step"], doc["last_step"] = judgement.steps.first, judgement.steps.last
         doc["judgement"] = {**judgement.summary(), "findings": {
             sev: sum(1 for f in judgement.findings if f.severity.label == sev)
             for sev in ("critical", "error", "warning", "info")}}
