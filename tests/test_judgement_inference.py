@@ -45,3 +45,9 @@ def test_with_its_fits_event_the_assert_is_not_a_missing_kind() -> None:
     kinds, _ = missing(ev.Fits(1, 0, 0, **fits_fields),
                        ev.Abort(2, 0, 0, message=ASSERT.message, condition=ASSERT.condition))
     assert "fits" not in kinds
+
+
+def test_a_run_killed_before_its_first_event_says_so_in_words() -> None:
+    (f,) = [f for f in Judge().snapshot().findings if f.rule == "trace-incomplete"]
+    assert f.title == ("the run did not complete (no End event: the capture was killed or is "
+                       "still running) before the first step; analysed up to event #0")
