@@ -73,13 +73,15 @@ class Entry:
 def cli(*args: str) -> tuple[int, str]:
     """Run ``kvdiag ARGS`` in this process: (exit code, what it printed on stdout).
     ``--debug``: an internal error is a traceback here, not a one-line message."""
-    out = io.StringIO()
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # .buffer: trace pages
     with contextlib.redirect_stdout(out):
         try:
             code = main(["--debug", *args])
         except KvdiagError as exc:  # what the command says without --debug, in one line
             return exc.exit_code, f"kvdiag: error: {exc}"
-    return code, out.getvalue()
+    out.flush()
+    return code, raw.getvalue().decode()
 
 
 def model_entries(root: Path) -> list[Entry]:
@@ -143,6 +145,22 @@ def import_entries(root: Path, model: dict[str, Entry]) -> list[Entry]:
             continue
         assert code in (0, 2), said
         out.append(Entry(f"import/{label}", "import", path, said=said))
+    return out
+
+
+def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
+    """Traces at the edges: each base as its header and its End alone (nothing recorded), and
+    kvrt's killed run whole (no End; its last line may be cut)."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for e in bases:
+        lines = e.path.read_bytes().splitlines(keepends=True)
+        end = [line for line in lines[1:] if b'"kind":"end"' in line]
+        path = root / f"{e.path.stem}-header-and-end.kvtrace"
+        path.write_bytes(lines[0] + b"".join(end))
+        out.append(Entry(f"{e.name}-header-and-end", e.source, path, removed="everything"))
+        if e.name == "kvrt/kill":
+            out.append(Entry("kvrt/kill-whole", "kvrt", root.parent / "kvrt" / "kill.kvtrace"))
     return out
 
 

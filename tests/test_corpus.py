@@ -26,6 +26,7 @@ import pytest
 from corpus import (
     Entry,
     cli,
+    edge_entries,
     export_disagreements,
     import_entries,
     judged,
@@ -61,10 +62,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     groups = {"model": model, "kvrt": kvrt, "import": imported}
     for name, base in list(groups.items()):
         groups[f"{name}-stripped"] = stripped(base, root / f"{name}-stripped")
+    by = {e.name: e for g in groups.values() for e in g}
+    groups["edge"] = edge_entries(root / "edge", [by[n] for n in EDGE_BASES if n in by])
     return Corpus(groups, root, missing)
 
 
-GROUPS = ["model", "kvrt", "import", "model-stripped", "kvrt-stripped", "import-stripped"]
+GROUPS = ["model", "kvrt", "import", "model-stripped", "kvrt-stripped", "import-stripped",
+          "edge"]
+EDGE_BASES = ("model/single-slot-shared-membership", "kvrt/fixed", "kvrt/kill")
 
 
 def entries(corpus: Corpus, group: str) -> list[Entry]:
@@ -98,6 +103,35 @@ def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) ->
                                   "fixed", "unevaluated")}
         assert {e.removed for e in g["kvrt-stripped"]} == set(removed)
     assert {e.removed for e in g["import-stripped"]} >= {"fits"}
+    assert {e.name for e in g["edge"]} >= {"model/single-slot-shared-membership-header-and-end"}
+
+
+def test_a_header_and_an_end_judge_nothing_and_say_so(corpus: Corpus) -> None:
+    """Issue 15: a header plus ``end`` got "OK — no findings", even with --fail-on info."""
+    for e in corpus.groups["edge"]:
+        if e.removed != "everything":
+            continue
+        code, out = cli("check", "--json", "--fail-on", "info", str(e.path))
+        titles = [f["title"] for f in json.loads(out)["findings"]]
+        nothing = ("the trace records no events: nothing was judged (no page read, fits "
+                   "decision or output)")
+        killed = ("the run did not complete (no End event: the capture was killed or is "
+                  "still running) before the first step; analysed up to event #0")
+        assert code == 1 and titles == ([nothing, killed] if "kill" in e.name else
+                                         [nothing]), (e.name, titles)
+
+
+def test_the_killed_run_is_incomplete_on_every_surface(corpus: Corpus) -> None:
+    by = corpus.by_name()
+    if "kvrt/kill-whole" not in by:
+        pytest.skip(f"kvrt cannot be built here: {corpus.kvrt_missing}")
+    e = by["kvrt/kill-whole"]
+    j = judged(e.path).judgement
+    assert j.end is None and j.status == "incomplete"
+    code, out = cli("check", "--json", str(e.path))
+    assert code == 1 and "trace-incomplete" in {f["rule"] for f in json.loads(out)["findings"]}
+    _, out = cli("trace", "info", "--json", str(e.path))
+    assert json.loads(out)["judgement"]["status"] == "incomplete"
 
 
 # -- check --json ----------------------------------------------------------------------------
@@ -138,18 +172,65 @@ def test_check_reports_the_judgement(corpus: Corpus, group: str) -> None:
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_trace_info_counts_what_the_judgement_counts(corpus: Corpus, group: str) -> None:
+    """Events per kind, the steps (both the span and the judgement's own count), page
+    classes, findings by severity and what is not recorded."""
     bad: list[str] = []
     for e in entries(corpus, group):
         j = judged(e.path).judgement
         _, out = cli("trace", "info", "--json", str(e.path))
         info = json.loads(out)
+        said = info["judgement"]
         if info["counts"] != j.counts:
             bad.append(f"{e.name}: events per kind: judgement {j.counts}, info {info['counts']}")
         first, last = info["first_step"], info["last_step"]
-        steps = info.get("steps", 0 if first is None else last - first + 1)
-        if steps != j.steps.count:
+        span = 0 if first is None else last - first + 1
+        if span != j.steps.count or said["steps"] != j.steps.count:
             bad.append(f"{e.name}: steps: judgement {j.steps.count} ({j.steps.text()}), "
-                       f"info {steps} ({first}..{last})")
+                       f"info {said['steps']}, its span {span} ({first}..{last})")
+        if said["residency"]["read_classes"] != j.residency["read_classes"]:
+            bad.append(f"{e.name}: page classes: judgement {j.residency['read_classes']}, "
+                       f"info {said['residency']['read_classes']}")
+        by_severity = Counter(f.severity.label for f in j.findings)
+        if {k: n for k, n in said["findings"].items() if n} != dict(by_severity):
+            bad.append(f"{e.name}: findings by severity: judgement {dict(by_severity)}, "
+                       f"info {said['findings']}")
+        if said["completeness"] != j.completeness.as_json():
+            bad.append(f"{e.name}: completeness: judgement {j.completeness.as_json()}, "
+                       f"info {said['completeness']}")
+    agree(bad)
+
+
+# -- trace pages ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_trace_pages_lists_every_page_as_judged(corpus: Corpus, group: str) -> None:
+    """Every judged page, once, with its class and writes missed; a read without served runs
+    as one line counting its pages not judged; the totals are check's page counts."""
+    bad: list[str] = []
+    for e in entries(corpus, group):
+        j = judged(e.path)
+        _, out = cli("trace", "pages", str(e.path), "--json")
+        listed: dict[tuple[int, int], tuple[str, int]] = {}
+        totals: Counter[str] = Counter()
+        for line in out.splitlines():
+            p = json.loads(line)
+            if p["page"] is None:
+                totals[p["class"].replace(" ", "_")] += p["pages"]
+                continue
+            key = (p["seq"], p["page"])
+            if key in listed:
+                bad.append(f"{e.name}: read #{key[0]} page {key[1]} listed twice")
+            listed[key] = (p["class"], p["lag"])
+            totals[p["class"].replace(" ", "_")] += 1
+        for key in sorted(set(listed) | set(j.pages)):
+            if listed.get(key) != j.pages.get(key):
+                bad.append(f"{e.name}: read #{key[0]} page {key[1]}: judgement "
+                           f"{j.pages.get(key)}, trace pages {listed.get(key)}")
+        want = {k: n for k, n in j.judgement.residency["read_classes"].items() if n}
+        if dict(totals) != want:
+            bad.append(f"{e.name}: pages per class: judgement {want}, trace pages "
+                       f"{dict(totals)}")
     agree(bad)
 
 
@@ -245,7 +326,8 @@ def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
 
 
 SUMMARY = re.compile(r"^(?P<out>.+): (?P<n>\d+) events from (?P<lines>\d+) lines \((?P<kinds>"
-                     r"[^)]*)\), (?P<steps>\d+) steps, end (?P<status>\w+)$", re.M)
+                     r"[^)]*)\), (?P<steps>.+), end (?P<status>\w+)$", re.M)
+UNRECORDED = re.compile(r"^  a log does not record (?P<kinds>.+) events: ", re.M)
 
 
 def test_import_says_what_the_judgement_of_its_trace_says(corpus: Corpus) -> None:
@@ -257,13 +339,18 @@ def test_import_says_what_the_judgement_of_its_trace_says(corpus: Corpus) -> Non
         kinds = dict((k, int(n)) for k, n in (p.rsplit(" ", 1) for p in
                                               m["kinds"].split(", ") if p))
         want = {k: n for k, n in j.counts.items() if k != "end"}
-        if kinds != want:
-            bad.append(f"{e.name}: events per kind: judgement {want}, import {kinds}")
-        if int(m["steps"]) != j.steps.count:
-            bad.append(f"{e.name}: steps: judgement {j.steps.count} ({j.steps.text()}), "
-                       f"import {m['steps']}")
+        if kinds != want or int(m["n"]) != sum(want.values()):
+            bad.append(f"{e.name}: events per kind: judgement {want}, import {m['n']} "
+                       f"({kinds})")
+        if m["steps"] != j.steps.text():
+            bad.append(f"{e.name}: steps: judgement {j.steps.text()!r}, import {m['steps']!r}")
         if m["status"] != j.status:
             bad.append(f"{e.name}: status: judgement {j.status}, import {m['status']}")
+        u = UNRECORDED.search(e.said)
+        said = u["kinds"].split(", ") if u else []
+        if said != [k.kind for k in j.completeness.missing]:
+            bad.append(f"{e.name}: not recorded: judgement "
+                       f"{[k.kind for k in j.completeness.missing]}, import {said}")
     agree(bad)
 
 
