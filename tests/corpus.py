@@ -25,7 +25,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 from native_runtime import CONFIGS, Built, TruthPage, prefix_through
@@ -250,62 +249,3 @@ def judged(path: Path) -> Judged:
             r["cls"]]) for r in j.ledger.flows.array]
         _JUDGED[path] = Judged(j, pages, reads, flows)
     return _JUDGED[path]
-
-
-
-
-# -- what each surface says, against the reference -----------------------------------------
-
-
-def export_disagreements(name: str, path: Path, doc: list[dict[str, Any]]) -> list[str]:
-    """Where a Chrome export of ``path`` says something its judgement does not: each read's
-    label and verdict (pages per class, the class of every page of its runs), every flow,
-    and the closing judgement instant."""
-    j = judged(path)
-    bad: list[str] = []
-    reads = {e["args"]["seq"]: e for e in doc
-             if e["ph"] == "X" and e.get("args", {}).get("kind") == "read"}
-    if set(reads) != set(j.reads):
-        bad.append(f"{name}: exported reads {sorted(set(reads) ^ set(j.reads))[:5]} differ")
-    for seq, counts in j.reads.items():
-        e = reads.get(seq)
-        if e is None:
-            continue
-        v = e["args"].get("verdict", {})
-        got = tuple(v.get(k) for k in ("exact", "stale", "foreign", "not_judged"))
-        if got != counts:
-            bad.append(f"{name}: read #{seq} pages exact/stale/foreign/not judged: judgement "
-                       f"{counts}, export {got}")
-        classes = [c for c, n in zip(("stale", "foreign", "not judged"), counts[1:],
-                                     strict=True) if n]
-        label = f"read stream {e['args']['stream']}" + (
-            f" ({', '.join(classes)})" if classes else "")
-        if e["name"] != label:
-            bad.append(f"{name}: read #{seq} label: judgement {label!r}, export {e['name']!r}")
-        for run in v.get("runs", []):
-            for page in range(*run["pages"]):
-                want = j.pages.get((seq, page), ("?", 0))[0]
-                if run["class"] != want:
-                    bad.append(f"{name}: read #{seq} page {page}: judgement {want}, export "
-                               f"{run['class']}")
-    by_id: dict[int, dict[str, dict[str, Any]]] = {}
-    for e in doc:
-        if e["ph"] in ("s", "f"):
-            by_id.setdefault(e["id"], {})[e["ph"]] = e
-    at = {(e["pid"], e["tid"], e["ts"]): seq for seq, e in reads.items()}
-    drawn = sorted((p["s"]["args"]["write_seq"], at.get((p["f"]["pid"], p["f"]["tid"],
-                                                         p["f"]["ts"]), -1),
-                    p["s"]["cat"].removesuffix("-read")) for p in by_id.values())
-    if drawn != sorted(j.flows):
-        bad.append(f"{name}: flows (write, read, class): judgement {sorted(j.flows)[:6]}… "
-                   f"({len(j.flows)}), export {drawn[:6]}… ({len(drawn)})")
-    closing = [e for e in doc if e.get("cat") == "judgement"]
-    if len(closing) != 1 or closing[0]["args"]["read_classes"] != \
-            j.judgement.residency["read_classes"]:
-        bad.append(f"{name}: the closing judgement instant {closing[:1]} differs from "
-                   f"{j.judgement.residency['read_classes']}")
-    missing = sorted(e["args"]["kind"] for e in doc if e.get("cat") == "not-recorded")
-    want_missing = sorted(k.kind for k in j.judgement.completeness.missing)
-    if missing != want_missing:
-        bad.append(f"{name}: not recorded: judgement {want_missing}, export {missing}")
-    return bad

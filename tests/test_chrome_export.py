@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from surfaces import export_disagreements
 from trace_samples import event_line, header_line
 
-from kvdiag.analysis.judgement import Judge, Judgement
 from kvdiag.cli import main
-from kvdiag.model import events as ev
 from kvdiag.model.events import KNOWN_KINDS
-from kvdiag.trace import TraceReader
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 PHASES = {"X", "i", "C", "M", "s", "f"}
@@ -175,55 +173,11 @@ def capture(tmp_path: Path, name: str, *args: str) -> Path:
     return trace
 
 
-def judged(path: Path) -> tuple[Judgement, dict[int, tuple[int, int, int, int]]]:
-    """The judgement of a trace file and each read's page counts by class."""
-    reads: dict[int, tuple[int, int, int, int]] = {}
-    with TraceReader.open(path) as reader:
-        j = Judge(reader.header, ledger=True)
-        for e in reader:
-            j.feed(e)
-            if isinstance(e, ev.Read):
-                assert j.last is not None
-                reads[e.seq] = j.last.counts
-    return j.snapshot(), reads
-
-
 def assert_export_renders_the_judgement(path: Path, doc: list[dict[str, Any]]) -> None:
-    """Every read's label and verdict and every flow are the judgement's."""
-    j, reads = judged(path)
-    assert j.ledger is not None
-    exported = {e["args"]["seq"]: e for e in doc
-                if e["ph"] == "X" and e["args"].get("kind") == "read"}
-    assert set(exported) == set(reads)
-    for seq, (exact, stale, foreign, not_judged) in reads.items():
-        e = exported[seq]
-        v = e["args"]["verdict"]
-        assert (v["exact"], v["stale"], v["foreign"], v["not_judged"]) == (
-            exact, stale, foreign, not_judged), seq
-        bad = [c for c, n in (("stale", stale), ("foreign", foreign),
-                              ("not judged", not_judged)) if n]
-        assert e["name"] == f"read stream {e['args']['stream']}" + (
-            f" ({', '.join(bad)})" if bad else ""), seq
-    by_id: dict[int, dict[str, Any]] = defaultdict(dict)
-    for e in doc:
-        if e["ph"] in ("s", "f"):
-            by_id[e["id"]][e["ph"]] = e
-    drawn = sorted((pair["s"]["args"]["write_seq"], read_at(pair["f"], exported),
-                    pair["s"]["cat"]) for pair in by_id.values())
-    ledger = sorted((int(r["write_seq"]), int(r["read_seq"]),
-                     ("exact", "stale", "foreign")[r["cls"]] + "-read")
-                    for r in j.ledger.flows.array)
-    assert drawn == ledger
-    (conclusion,) = [e for e in doc if e.get("cat") == "judgement"]
-    assert conclusion["args"]["read_classes"] == j.residency["read_classes"]
-    assert conclusion["args"]["flows"] == len(ledger)
-
-
-def read_at(f: dict[str, Any], reads: dict[int, dict[str, Any]]) -> int:
-    """The seq of the read slice a flow ends on (same track, same start)."""
-    (seq,) = [s for s, e in reads.items()
-              if (e["pid"], e["tid"], e["ts"]) == (f["pid"], f["tid"], f["ts"])]
-    return seq
+    """Every read's label and verdict, every flow, the closing instant: the judgement's
+    (tests/surfaces.py)."""
+    bad = export_disagreements(path.name, path, doc)
+    assert not bad, "\n".join(bad[:20])
 
 
 def test_a_clean_ring_capture_has_no_flows_and_no_foreign_reads(tmp_path: Path,
