@@ -42,7 +42,7 @@ LAYERS = 32
 STREAMS = 2
 PAGES = 64
 WINDOW = 8
-RING = 16
+RING = PAGES - WINDOW
 PROMPT = 4096
 KV_SIZE = PAGES * 256
 FILTERS = ("kind:read", "layer:3", "stream:1 step:1000-2000", "slot:40", "kind:fits layer:0-7",
@@ -60,6 +60,7 @@ def write_trace(path: Path, n_events: int) -> int:
         Output,
         Read,
         ReadRange,
+        Served,
         Step,
         Telemetry,
         Upload,
@@ -90,48 +91,64 @@ def write_trace(path: Path, n_events: int) -> int:
                  "CUDA_KV_Stream_Host", 1) for i in range(LAYERS)]
     dst = tensor("kqv_out", (256, 32, 1, 1), 0, "CUDA0", type_="f32")
     versions: dict[tuple[int, int, int], int] = {}
+    copied: dict[tuple[int, int], int] = {}  # (layer, pool page) -> version the slot holds
+
+    def write(step: int, layer: int, s: int, cell: int, dirty: bool) -> None:
+        page = cell // 256
+        key = (layer, s, page)
+        versions[key] = versions.get(key, 0) + 1
+        w.emit(Write, step, layer=layer, stream=s, cells=(cell, cell + 1),
+               rows=(s * KV_SIZE + cell, s * KV_SIZE + cell + 1),
+               dirty=((layer, None, page),) if dirty else (),
+               versions=((page, versions[key]),))
+
     with TraceWriter.create(path, header) as w:
         step = 0
         while w.seq < n_events - 1:
             cell = PROMPT + step % (KV_SIZE - PROMPT)
             page = cell // 256
             n_pages = page + 1
+            holder = step // 8 % 2  # the stream whose pages the layer's pool slots hold
             w.emit(Step, step, phase="decode", streams=(0, 1), tokens=1, n_kv=n_pages * 256,
                    slots=(0, 1))
             for layer in range(LAYERS):
                 for s in range(STREAMS):
-                    key = (layer, s, page)
-                    versions[key] = versions.get(key, 0) + 1
-                    w.emit(Write, step, layer=layer, stream=s, cells=(cell, cell + 1),
-                           rows=(s * KV_SIZE + cell, s * KV_SIZE + cell + 1),
-                           dirty=((layer, None, page),) if page < WINDOW else (),
-                           versions=((page, versions[key]),))
+                    write(step, layer, s, cell, False)
+                if step % 8 == 4:
+                    # a rewrite of the holder's last resident page: its pool copy is stale
+                    # until the next re-upload (the dirty mark is keyed (layer, page))
+                    write(step, layer, holder, (WINDOW - 1) * 256, True)
                 w.emit(Fits, step, node=f"__fattn__-{layer}", layer=layer, q=q, k=ks[layer],
                        v=vs[layer], dst=dst, stage_bytes=12 << 20, result=True,
                        route="streamed", membership=True)
-                base = RING + layer * WINDOW
+                base = layer * WINDOW
                 if step % 8 == 0:
                     if step % 64 == 0 and step:
                         for p in range(WINDOW):
                             w.emit(Evict, step, slot=base + p, layer=layer, page=p,
-                                   stream=(step // 64) % 2, bytes=1 << 20, reason="replaced")
-                    w.emit(Upload, step, layer=layer, stream=step // 8 % 2, pages=(0, WINDOW),
+                                   stream=1 - holder, bytes=1 << 20, reason="replaced")
+                    w.emit(Upload, step, layer=layer, stream=holder, pages=(0, WINDOW),
                            slot=base, target="resident", bytes=WINDOW << 20, reason="dirty")
+                    for p in range(WINDOW):
+                        copied[(layer, p)] = versions.get((layer, holder, p), 0)
                 for s in range(STREAMS):
-                    holder = step // 8 % 2
-                    cls = "exact" if holder == s else "foreign"
-                    ranges = [ReadRange(0, WINDOW, "pool", holder, cls)]
-                    if step % 8:
-                        ranges = [ReadRange(0, WINDOW - 1, "pool", holder, cls),
-                                  ReadRange(WINDOW - 1, WINDOW, "pool", holder, "stale",
-                                            step % 8)]
-                    if n_pages > WINDOW:
-                        ranges.append(ReadRange(WINDOW, n_pages, "ring", s, "exact"))
+                    # the pages beyond the window stream through the ring, copied just before
+                    # the read (exact)
+                    w.emit(Upload, step, layer=layer, stream=s, pages=(WINDOW, n_pages),
+                           slot=0, target="ring", bytes=(n_pages - WINDOW) << 20,
+                           reason="ring")
+                    if holder == s:
+                        lag = versions.get((layer, s, WINDOW - 1), 0) - copied[(layer, WINDOW - 1)]
+                        ranges = [ReadRange(0, WINDOW, "pool", s, "exact")] if lag == 0 else [
+                            ReadRange(0, WINDOW - 1, "pool", s, "exact"),
+                            ReadRange(WINDOW - 1, WINDOW, "pool", s, "stale", lag)]
+                    else:
+                        ranges = [ReadRange(0, WINDOW, "pool", holder, "foreign")]
+                    ranges.append(ReadRange(WINDOW, n_pages, "ring", s, "exact"))
                     w.emit(Read, step, layer=layer, stream=s, pool=WINDOW,
-                           ring=max(0, n_pages - WINDOW), host=0, ranges=tuple(ranges))
-                w.emit(Upload, step, layer=layer, stream=layer % 2,
-                       pages=(WINDOW, min(n_pages, WINDOW + 8)), slot=layer % RING,
-                       target="ring", bytes=8 << 20, reason="ring")
+                           ring=n_pages - WINDOW, host=0, ranges=tuple(ranges),
+                           served=(Served(0, WINDOW, "pool", base),
+                                   Served(WINDOW, n_pages, "ring", 0)))
             for s in range(STREAMS):
                 w.emit(Output, step, stream=s, checksum="1a2b3c4d", ref_checksum="1a2b3c4d",
                        max_abs_delta=0.0, tolerance=1e-3, worst_layer=0)

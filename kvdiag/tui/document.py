@@ -18,7 +18,7 @@ import numpy as np
 from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
-from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot
 from kvdiag.analysis.trace_index import TraceIndex
 from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import Header
@@ -26,7 +26,7 @@ from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
 from kvdiag.tui.digest import TraceDigest
 
-Stage = Literal["opening", "indexing", "analysing", "ready"]
+Stage = Literal["opening", "indexing", "judging", "ready"]
 FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 
@@ -42,8 +42,11 @@ class TraceDoc:
     geometry: PagesGeometry | None = None
     pages: PagesQuery | None = None
     digest: TraceDigest | None = None
+    """The judgement of a prefix of the index (``digest.rows`` rows; all once ``done``)."""
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    judge_error: str | None = None
+    """Why the judgement stopped before the end of the file (an internal error)."""
 
     kind: Literal["trace"] = "trace"
 
@@ -53,7 +56,20 @@ class TraceDoc:
 
     @property
     def findings(self) -> tuple[Finding, ...]:
+        """The findings of the judged prefix (of the whole trace once ``judged``)."""
         return self.digest.findings if self.digest is not None else ()
+
+    def pages_at(self, step: int) -> PagesSnapshot:
+        """The Pages state at the end of ``step`` with the reads the judgement has reached."""
+        assert self.pages is not None
+        d = self.digest
+        return self.pages.snapshot(step, d.ledger if d is not None else None,
+                                   d.rows if d is not None else 0)
+
+    @property
+    def judged(self) -> bool:
+        """The whole trace is judged."""
+        return self.digest is not None and self.digest.done
 
 
 @dataclass(frozen=True, eq=False)

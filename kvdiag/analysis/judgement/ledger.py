@@ -81,17 +81,65 @@ class Table:
 
     def snapshot(self) -> TableSnapshot:
         tail = (self._seal(self.rows),) if self.rows else ()
-        return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n)
+        return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n, len(self.blocks))
 
 
 class TableSnapshot:
-    """An immutable prefix of a :class:`Table`."""
+    """An immutable prefix of a :class:`Table`: ``blocks`` in row order, the first ``sealed``
+    of them final (a later snapshot shares them), the rest a copy of the rows still open.
 
-    def __init__(self, dtype: np.dtype[Any], blocks: Sequence[np.ndarray], n: int) -> None:
+    Lookups by an ascending column (``reads.row``, ``pieces.read``) search block by block, so
+    a viewer asking about a few rows never flattens millions of them; :attr:`array` does."""
+
+    def __init__(self, dtype: np.dtype[Any], blocks: Sequence[np.ndarray], n: int,
+                 sealed: int | None = None) -> None:
         self.dtype = dtype
-        self.blocks = tuple(blocks)
+        self.blocks = tuple(b for b in blocks if len(b))
         self.n = n
+        self.sealed = len(self.blocks) if sealed is None else min(sealed, len(self.blocks))
         self._flat: np.ndarray | None = None
+        self._starts: np.ndarray | None = None
+        self._firsts: dict[str, np.ndarray] = {}
+
+    def _block_starts(self) -> np.ndarray:
+        """Index of each block's first row, and the total."""
+        if self._starts is None:
+            self._starts = np.cumsum([0, *(len(b) for b in self.blocks)])
+        return self._starts
+
+    def _first_values(self, name: str) -> np.ndarray:
+        got = self._firsts.get(name)
+        if got is None:
+            got = self._firsts[name] = np.array([b[name][0] for b in self.blocks if len(b)],
+                                                dtype=np.int64)
+        return got
+
+    def bounds(self, name: str, value: int) -> tuple[int, int]:
+        """``[lo, hi)``: the rows whose ``name`` equals ``value``, for a column that ascends
+        through the table."""
+        if not self.blocks:
+            return 0, 0
+        firsts = self._first_values(name)
+        starts = self._block_starts()
+        lo_block = max(0, int(np.searchsorted(firsts, value, side="left")) - 1)
+        hi_block = max(0, int(np.searchsorted(firsts, value, side="right")) - 1)
+        col = self.blocks[lo_block][name]
+        lo = int(starts[lo_block]) + int(np.searchsorted(col, value, side="left"))
+        col = self.blocks[hi_block][name]
+        hi = int(starts[hi_block]) + int(np.searchsorted(col, value, side="right"))
+        return lo, max(lo, hi)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` as one array (joining the blocks they span)."""
+        lo, hi = max(lo, 0), min(hi, self.n)
+        if hi <= lo:
+            return np.empty(0, self.dtype)
+        starts = self._block_starts()
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi - 1, side="right")) - 1
+        parts = [self.blocks[b][max(lo - int(starts[b]), 0):hi - int(starts[b])]
+                 for b in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def __len__(self) -> int:
         return self.n
@@ -139,9 +187,13 @@ class LedgerSnapshot:
 
     def pieces_of(self, read: int) -> np.ndarray:
         """The non-exact runs of read ``read`` (an index into ``reads``), in page order."""
-        col = self.pieces.column("read")
-        lo, hi = np.searchsorted(col, read, side="left"), np.searchsorted(col, read, "right")
-        return self.pieces.array[lo:hi]
+        return self.pieces.rows(*self.pieces.bounds("read", read))
+
+    def read_at(self, row: int) -> int | None:
+        """The index into ``reads`` of the read event at ``row`` (None: no read judged
+        there)."""
+        lo, hi = self.reads.bounds("row", row)
+        return lo if hi > lo else None
 
     def steps_with(self, what: str) -> np.ndarray:
         """Sorted unique steps with ``stale`` or ``foreign`` or ``not judged`` pages, a
