@@ -225,6 +225,8 @@ class Judged:
     """Pages per class (exact, stale, foreign, not judged) of every read."""
     flows: list[tuple[int, int, str]] = field(default_factory=list)
     """(write seq, read seq, class) as the ledger has them."""
+    where: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    """(step, layer, stream) of every read, by seq."""
 
 
 _JUDGED: dict[Path, Judged] = {}
@@ -236,16 +238,18 @@ def judged(path: Path) -> Judged:
             judge = Judge(reader.header, ledger=True, name=str(path))
             pages: dict[tuple[int, int], tuple[str, int]] = {}
             reads: dict[int, tuple[int, int, int, int]] = {}
+            where: dict[int, tuple[int, int, int]] = {}
             for e in reader:
                 judge.feed(e)
                 if type(e) is ev.Read:
                     assert judge.last is not None
                     reads[e.seq] = judge.last.counts
+                    where[e.seq] = (e.step, e.layer, e.stream)
                     for p in judge.pages(e):
                         pages[(p.seq, p.page)] = (p.cls, p.lag)
         j = judge.snapshot()
         assert j.ledger is not None
         flows = [(int(r["write_seq"]), int(r["read_seq"]), ("exact", "stale", "foreign")[
             r["cls"]]) for r in j.ledger.flows.array]
-        _JUDGED[path] = Judged(j, pages, reads, flows)
+        _JUDGED[path] = Judged(j, pages, reads, flows, where)
     return _JUDGED[path]

@@ -311,3 +311,63 @@ def export_disagreements(name: str, path: Path, doc: list[dict[str, Any]]) -> li
     if missing != want_missing:
         bad.append(f"{name}: not recorded: judgement {want_missing}, export {missing}")
     return bad
+
+
+GLYPHS = {"stale": "~", "foreign": "!", "not judged": "?"}
+
+
+def tui_disagreements(entries: Iterable[Entry]) -> list[str]:
+    """What the TUI shows (:func:`kvdiag.tui.shown.shown`, the viewer's own loading without
+    running it): findings (Findings screen, Overview), events per kind, steps and what is not
+    recorded (Overview, status line), each read's page classes and Timeline mark, the
+    scrubber's marked steps (``n``/``N``), and at every step the Pages grid's glyphs — the
+    stale, foreign and not-judged pages of each view's latest read up to that step."""
+    from kvdiag.tui.shown import shown
+
+    bad: list[str] = []
+    for e in entries:
+        jj = judged(e.path)
+        j = jj.judgement
+        steps = sorted({s for s, _, _ in jj.where.values()})
+        view = shown(str(e.path), steps=steps)
+        if list(view.findings) != [f.rule for f in j.findings]:
+            bad.append(f"{e.name}: findings: judgement {[f.rule for f in j.findings]}, TUI "
+                       f"{list(view.findings)}")
+        if view.counts != j.counts:
+            bad.append(f"{e.name}: events per kind: judgement {j.counts}, TUI {view.counts}")
+        if view.steps != j.steps.count:
+            bad.append(f"{e.name}: steps: judgement {j.steps.count}, TUI {view.steps}")
+        missing = [k.kind for k in j.completeness.missing]
+        if list(view.not_recorded) != missing:
+            bad.append(f"{e.name}: not recorded: judgement {missing}, TUI "
+                       f"{list(view.not_recorded)}")
+        for seq, counts in jj.reads.items():
+            got = view.reads.get(seq)
+            if got != counts:
+                bad.append(f"{e.name}: read #{seq} pages exact/stale/foreign/not judged: "
+                           f"judgement {counts}, TUI {got}")
+            mark = "foreign" if counts[2] else "stale" if counts[1] else ""
+            if view.marks.get(seq) != mark:
+                bad.append(f"{e.name}: read #{seq} Timeline mark: judgement {mark!r}, TUI "
+                           f"{view.marks.get(seq)!r}")
+        for what, i in (("stale", 1), ("foreign", 2)):
+            want_steps = sorted({jj.where[s][0] for s, c in jj.reads.items() if c[i]})
+            if view.scrubber.get(what) != want_steps:
+                bad.append(f"{e.name}: steps marked {what}: judgement {want_steps}, TUI "
+                           f"{view.scrubber.get(what)}")
+        latest: dict[tuple[int, int], int] = {}
+        by_step = sorted(jj.where.items(), key=lambda kv: (kv[1][0], kv[0]))
+        k = 0
+        for step in steps:
+            while k < len(by_step) and by_step[k][1][0] <= step:
+                seq, (_, layer, stream) = by_step[k]
+                latest[(layer, stream)] = max(latest.get((layer, stream), 0), seq)
+                k += 1
+            want = {(stream, layer, page, GLYPHS[cls])
+                    for (layer, stream), seq in latest.items()
+                    for (s, page), (cls, _) in jj.pages.items() if s == seq and cls in GLYPHS}
+            got = set(view.pages.get(step, []))
+            if got != want:
+                bad.append(f"{e.name}: Pages at step {step}: only in the judgement "
+                           f"{sorted(want - got)[:6]}, only in the TUI {sorted(got - want)[:6]}")
+    return bad

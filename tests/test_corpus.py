@@ -5,8 +5,10 @@ the judgement says what the runtime's own bytes say.
 GIVEN the corpus of tests/corpus.py (model captures of every scenario × layout × dispatch and
 the unified cache, every kvrt run with its truth, imported server logs and exported-then-
 imported logs, and each of those with one judged kind removed), WHEN a surface renders a
-trace — ``check --json``, ``trace info --json``, ``trace export`` (Chrome), ``diff``,
-``import``'s summary — THEN it agrees with a :class:`Judge` fed the same file. Each test
+trace — ``check --json``, ``trace info --json``, ``trace pages --json``, ``trace export``
+(Chrome), ``diff``, ``import``'s summary, the TUI (``kvdiag.tui.shown``: Findings, Overview,
+Timeline classes and marks, the scrubber's ``n`` steps, the Pages glyphs at every step) —
+THEN it agrees with a :class:`Judge` fed the same file. Each test
 collects every disagreement of its group and names the trace, the read, the page and what
 each side says.
 
@@ -19,7 +21,6 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from corpus import (
@@ -43,6 +44,7 @@ from surfaces import (
     removed_kind_disagreements,
     self_diff_disagreements,
     truth_disagreements,
+    tui_disagreements,
 )
 
 
@@ -188,14 +190,9 @@ def test_import_says_what_the_judgement_of_its_trace_says(corpus: Corpus) -> Non
 # -- the TUI -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="placeholder until branch tui-judge provides the function "
-                   "that gives what the TUI shows for a trace without running the app")
-def test_tui_view_placeholder_shows_the_judgement(corpus: Corpus) -> None:
-    from kvdiag.tui import judged_view  # type: ignore[attr-defined]  # not written yet
-
-    for e in corpus.groups["model"] + corpus.groups["kvrt"]:
-        view: Any = judged_view(e.path)
-        assert view.read_classes == judged(e.path).judgement.residency["read_classes"]
+@pytest.mark.parametrize("group", GROUPS)
+def test_the_tui_shows_the_judgement(corpus: Corpus, group: str) -> None:
+    agree(tui_disagreements(entries(corpus, group)))
 
 
 # -- the truth: kvrt's bytes, and evidence that is not there -----------------------------------

@@ -24,6 +24,7 @@ from surfaces import (
     pair_diff_disagreements,
     removed_kind_disagreements,
     self_diff_disagreements,
+    tui_disagreements,
 )
 
 from tests.kvdemo_runs import DISPATCHES, LAYOUTS, SCHEDULES, DemoRun
@@ -66,7 +67,7 @@ def test_every_surface_renders_the_judgement(demo: dict[str, list[Entry]], group
     traces = demo[group]
     agree(check_disagreements(traces) + info_disagreements(traces)
           + pages_disagreements(traces) + export_command_disagreements(traces, tmp_path)
-          + self_diff_disagreements(traces))
+          + self_diff_disagreements(traces) + tui_disagreements(traces))
 
 
 def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
