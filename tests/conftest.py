@@ -1,4 +1,5 @@
-"""Shared fixtures: captured traces of the core scenarios (captured once per test session)."""
+"""Shared fixtures: captured traces of the core scenarios (captured once per test session) and
+kvrt, the C runtime with its own truth (built once, tests/native_runtime.py)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,17 @@ def kvdemo_run(kvdemo: Path, tmp_path_factory: pytest.TempPathFactory
     from tests.kvdemo_runs import runner
 
     return runner(kvdemo, tmp_path_factory.mktemp("kvdemo-traces"))
+
+
+@pytest.fixture(scope="session")
+def kvrt() -> Any:
+    """kvrt built (content-hashed cache), or the test skipped where no compiler is."""
+    from native_runtime import RuntimeUnavailable, build
+
+    try:
+        return build()
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -44,3 +44,35 @@ def test_rows_joins_the_blocks_a_range_spans(monkeypatch) -> None:
     for lo, hi in ((0, 30), (3, 9), (4, 8), (7, 7), (28, 40), (-2, 3)):
         assert snap.reads.rows(lo, hi).tolist() == flat[max(lo, 0):hi].tolist()
     assert np.dtype(READS) == snap.reads.dtype and np.dtype(PIECES) == snap.pieces.dtype
+
+
+def test_values_beyond_a_column_are_clipped_not_wrapped(monkeypatch) -> None:
+    """A hostile trace's numbers (a seq past 64 bits, a step past 32) land clipped to their
+    column, sealed or still open."""
+    monkeypatch.setattr(ledger, "BLOCK", 2)
+    led = Ledger()
+    led.reads.append((0, 1 << 70, 1 << 40, 1, 0, 8, 0, 0, 0))
+    led.reads.append((1, 5, -(1 << 40), 1, 0, 8, 0, 0, 0))
+    led.reads.append((2, 6, 3, 1, 0, 8, 0, 0, 0))
+    snap = led.snapshot()
+    assert len(snap.reads.blocks) == 2 and snap.reads.sealed == 1
+    rows = snap.reads.array
+    assert rows["seq"].tolist() == [(1 << 63) - 1, 5, 6]
+    assert rows["step"].tolist() == [(1 << 31) - 1, -(1 << 31), 3]
+    assert snap.read_at(2) == 2 and snap.read_at(3) is None
+
+
+def test_take_hands_each_sealed_block_over_once(monkeypatch) -> None:
+    monkeypatch.setattr(ledger, "BLOCK", 3)
+    led = Ledger()
+    for row in range(7):
+        led.reads.append((row, row, 0, 0, 0, 1, 0, 0, 0))
+    sealed, open_rows, n = led.reads.take()
+    assert [b["row"].tolist() for b in sealed] == [[0, 1, 2], [3, 4, 5]] and n == 7
+    assert open_rows is not None and open_rows["row"].tolist() == [6]
+    for row in range(7, 10):
+        led.reads.append((row, row, 0, 0, 0, 1, 0, 0, 0))
+    sealed, open_rows, n = led.reads.take()
+    assert [b["row"].tolist() for b in sealed] == [[6, 7, 8]] and n == 10
+    assert open_rows is not None and open_rows["row"].tolist() == [9]
+    assert led.reads.blocks == []  # held once: by whoever took them

@@ -47,8 +47,8 @@ def test_fits_screen_shows_the_imported_decision(imported: Path) -> None:
         assert "1 fits() decision(s), 1 false · routes: abort 1" in screen
         # the judgement evaluates what the log printed (dst ne[3] is Q ne[3]), as check does
         assert "1 failed condition(s), evaluated by kvdiag from the logged geometry" in screen
-        assert "✗ Q.ne[3]==1 (Q.ne[3]=2 (dst.ne[3]))" in screen
-        assert "? K.ne[3]==1: K.ne not recorded" in screen
+        assert "✗ Q.ne[3]==1 (Q.ne[3]=2 from dst.ne[3])" in screen
+        assert "? K.ne[3]==1: K.ne[3] not recorded" in screen
         row = next(r for r in lines(app) if "abort" in r and "FALSE" in r)
         assert "Q.ne[3]==1 (by kvdiag)" in row and "[256,24,1,2]" in row
         assert "[0,0,0,0]" not in row

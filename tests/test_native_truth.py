@@ -21,8 +21,6 @@ from native_runtime import (
     CONFIGS,
     Built,
     RuntimeRun,
-    RuntimeUnavailable,
-    build,
     counts,
     prefix_through,
     run,
@@ -31,14 +29,6 @@ from native_runtime import (
 from kvdiag.cli import main
 from kvdiag.model import events as ev
 from kvdiag.trace import TraceReader
-
-
-@pytest.fixture(scope="module")
-def kvrt() -> Built:
-    try:
-        return build()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 def _check(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from native_runtime import Built, RuntimeRun, RuntimeUnavailable, TruthPage, build, run
+from native_runtime import Built, RuntimeRun, TruthPage, run
 from textual.pilot import Pilot
 
 from kvdiag.tui.app import KvdiagApp
@@ -25,14 +25,6 @@ from tests.conftest import Capture
 from tests.test_tui_pilot import drive, lines, show, text
 
 Cell = tuple[int, int, int, str]
-
-
-@pytest.fixture(scope="module")
-def kvrt() -> Built:
-    try:
-        return build()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,7 @@ def test_fits_detail_of_an_unevaluated_native_decision_shows_the_judgement() -> 
     blind = msgspec.structs.replace(fits, q=bare, k=bare, v=bare, dst=bare, mask=None)
     blind_text = render(fits_detail(blind, FitsJudge().verdict(blind)))
     assert "✗ K.runtime!=NULL (K.runtime=NULL)" in blind_text
-    assert "  ? K.ne[3]==1: K.ne not recorded" in blind_text
+    assert "  ? K.ne[3]==1: K.ne[3] not recorded" in blind_text
     assert "✗ K.ne[3]" not in blind_text
 
 

@@ -91,17 +91,21 @@ class _Side:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.judge = Judge(keep_writes=True)
+        self.judge = Judge(keep_writes=True, detail=True)
         self.abort: ev.Abort | None = None
 
     @property
     def mark(self) -> ev.Mark | None:
         return self.judge.mark
 
-    def apply(self, e: ev.AnyEvent | ev.Unknown) -> None:
-        self.judge.feed(e)
-        if isinstance(e, ev.Abort):
-            self.abort = e
+    def apply(self, events: list[Any]) -> None:
+        """One layer's events of a step, judged together: the verdicts of its reads stay
+        available until the next call."""
+        if events:
+            self.judge.feed_all(events)
+        for e in events:
+            if isinstance(e, ev.Abort):
+                self.abort = e
 
 
 def _steps(events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[list[Any]]:
@@ -175,10 +179,8 @@ class Differ:
         la, lb = _by_layer(ga), _by_layer(gb)
         for layer in sorted(set(la) | set(lb), key=lambda x: (x is not None, x)):
             ea, eb = la.get(layer, []), lb.get(layer, [])
-            for e in ea:
-                self.a.apply(e)
-            for e in eb:
-                self.b.apply(e)
+            self.a.apply(ea)
+            self.b.apply(eb)
             if layer is None:
                 continue
             self._writes(step, layer, ea, eb)

@@ -29,6 +29,7 @@ result with :func:`assemble`, so they agree by construction wherever their input
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -360,6 +361,11 @@ class PagesReplay:
     def __post_init__(self) -> None:
         self.judge = Judge(self.header)
 
+    def version(self, layer: int, stream: int, page: int) -> int:
+        """The host page's version now, as the Judge counts it."""
+        st = self.judge.state
+        return st.pages.get(st.views.one(layer, stream), page)[0]
+
     def apply(self, event: object) -> None:
         if isinstance(event, ev.Event | ev.Unknown):
             self.judge.feed(event)  # type: ignore[arg-type]
@@ -371,7 +377,7 @@ class PagesReplay:
                 self.dirty.update(event.dirty)
             case ev.Upload(target="resident"):
                 shared = event.key_stream is None
-                version = self.judge.host.version
+                version = self.version
                 for i, page in enumerate(range(event.pages[0], event.pages[1])):
                     slot = event.slot + i
                     self.holders[slot] = Holder(event.layer, event.stream, page,
@@ -406,11 +412,11 @@ class PagesReplay:
         """The state now, as a value: later events do not change it (the maps are copied)."""
         dirty = frozenset(self.dirty) if self.dirty_step == step else frozenset()
         reads, key_slot, holders = dict(self.reads), dict(self.key_slot), dict(self.holders)
-        versions = {view: list(v) for view, v in self.judge.host.ver.items()}
+        pages = copy.deepcopy(self.judge.state.pages)
+        views = dict(self.judge.state.views.ids)
 
         def version_of(layer: int, stream: int, page: int) -> int:
-            v = versions.get((layer, stream))
-            return v[page] if v is not None and 0 <= page < len(v) else 0
+            return pages.get(views.get((layer, stream)), page)[0]
 
         return assemble(
             self.geometry, step,

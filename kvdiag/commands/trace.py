@@ -131,7 +131,7 @@ def _pages(path: str, *, as_json: bool) -> int:
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(path) as reader:
-        write_pages(reader, Judge(reader.header), sys.stdout.buffer, as_json)
+        write_pages(reader, Judge(reader.header, detail=True), sys.stdout.buffer, as_json)
     sys.stdout.flush()
     return EXIT_OK
 

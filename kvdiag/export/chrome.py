@@ -28,19 +28,21 @@ every read:
 - at the end, one global instant ``judgement`` with the page classes, flows and completeness,
   and one ``not recorded: KIND`` instant per judged kind the trace lacks (what it hides).
 
-Events are written as they are read: memory holds one pending slice per track, the Judge's
-page and slot maps, and the time and track of the writes that are still some page's last write.
+Events are written as they are read, a chunk at a time (judged together, then drawn): memory
+holds one chunk, one pending slice per track, the Judge's page and slot tables, and the time and
+track of the writes that are still some page's last write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import msgspec
 
 from kvdiag.analysis.judgement import CLASSES, SOURCES, WHY, Judge, Judgement
 from kvdiag.analysis.judgement.fits import BAD
+from kvdiag.analysis.judgement.judge import CHUNK
 from kvdiag.model import events as ev
 
 RUNTIME_PID = 1
@@ -51,7 +53,8 @@ LAST_SLICE_US = 1.0
 MAX_NAME = 1000
 """Characters of a message used as a slice name; the whole message is in ``args``."""
 PRUNE_WRITES = 4096
-"""Remembered writes beyond which those no longer any page's last write are forgotten."""
+"""Remembered writes beyond which, between chunks, those no longer any page's last write are
+forgotten."""
 
 Track = tuple[int, int]  # (pid, tid)
 
@@ -91,10 +94,9 @@ class ChromeExporter:
         self._named: set[Track] = set()
         self._streams: set[int] = set()
         self._last_t = 0
-        self.judge = Judge(header)
+        self.judge = Judge(header, flows=True)
         self._writes: dict[int, tuple[float, Track]] = {}
         """Slice start and track of each write still some page's last write, by seq."""
-        self._prune_at = PRUNE_WRITES
         self._flow_id = 0
         self.flows = 0
         self.judgement: Judgement | None = None
@@ -159,7 +161,6 @@ class ChromeExporter:
 
     def convert(self, event: ev.AnyEvent | ev.Unknown) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        self.judge.feed(event)  # a read's verdict is asked right after it is fed
         self._last_t = max(self._last_t, event.t_ns)
         ts = _us(event.t_ns)
         args = self._args(event)
@@ -185,7 +186,7 @@ class ChromeExporter:
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 name, cat = self._read(event, args)
                 start = self._slice(track, ts, name, cat, args, out)
-                for seq, cls in self.judge.flows():
+                for seq, cls in self.judge.missed(event):
                     write = self._writes.get(seq)
                     if write is not None and write[0] <= start:
                         # (a damaged file's write stamped later than the read is not drawn
@@ -263,15 +264,18 @@ class ChromeExporter:
 
     def _written(self, seq: int, ts: float, track: Track) -> None:
         self._writes[seq] = (ts, track)
-        if len(self._writes) >= self._prune_at:
+
+    def _forget_writes(self) -> None:
+        """Between chunks: forget the writes no page has as its last write any more (a read
+        of a later chunk cannot have missed them)."""
+        if len(self._writes) >= PRUNE_WRITES:
             live = self.judge.live_writes()
             self._writes = {s: w for s, w in self._writes.items() if s in live}
-            self._prune_at = max(PRUNE_WRITES, 2 * len(self._writes))
 
     def _read(self, event: ev.Read, args: dict[str, Any]) -> tuple[str, str]:
         """The read's slice name and category, and its verdict into ``args``."""
-        v = self.judge.last
-        assert v is not None and v.seq == event.seq
+        v = self.judge.verdict(event)
+        assert v is not None, "a read is drawn while its chunk is the judge's last"
         counts = dict(zip(("exact", "stale", "foreign", "not_judged"), v.counts, strict=True))
         verdict: dict[str, Any] = dict(counts)
         if event.served:
@@ -366,8 +370,11 @@ class ChromeExporter:
                 n += 1
 
         emit(head)
-        for event in events:
-            emit(self.convert(event))
+        for chunk in batches(events):
+            self.judge.feed_all(chunk)
+            for event in chunk:
+                emit(self.convert(event))
+            self._forget_writes()
         emit(self.finish())
         out.write(b"\n]\n")
         return n
@@ -385,3 +392,24 @@ def _run(p: tuple[int, ...]) -> dict[str, Any]:
     if p[12]:
         out["why"] = WHY[p[12]]
     return out
+
+
+def batches(events: Iterable[ev.AnyEvent | ev.Unknown]
+            ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
+    """``events`` as lists of at most :data:`~kvdiag.analysis.judgement.judge.CHUNK`, a
+    ``records`` event (more kinds declared) alone in its list: the Judge judges what follows a
+    declaration with it, and answers only about the reads of the last list it was fed."""
+    chunk: list[ev.AnyEvent | ev.Unknown] = []
+    for e in events:
+        if type(e) is ev.Records or (type(e) is ev.Unknown and e.kind == "records"):
+            if chunk:
+                yield chunk
+                chunk = []
+            yield [e]
+            continue
+        chunk.append(e)
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -22,8 +22,13 @@ Source = Literal["pool", "ring", "host"]
 ReadClass = Literal["exact", "stale", "foreign"]
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
-    """Common header of every event."""
+class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True, gc=False):
+    """Common header of every event.
+
+    Events are not tracked by Python's cyclic garbage collector (``gc=False``): they hold only
+    numbers, strings and tuples of other such structs, so they cannot form a reference cycle,
+    and a reader holding thousands of them (the judgement judges chunks of events) would
+    otherwise have the collector walk them over and over."""
 
     seq: int
     t_ns: int
@@ -142,7 +147,7 @@ class Invalidate(Event, tag="invalidate", frozen=True):
     generation: int | None = None
 
 
-class ReadRange(msgspec.Struct, frozen=True, array_like=True):
+class ReadRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` read from one source whose bytes were written by ``holder``."""
 
     begin: int
@@ -153,7 +158,7 @@ class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     version_lag: int = 0
 
 
-class Served(msgspec.Struct, frozen=True, array_like=True):
+class Served(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` served from ``source``; ``slot`` is the pool or ring slot of
     ``begin`` (consecutive pages in consecutive slots), -1 for the host store (1.1)."""
 

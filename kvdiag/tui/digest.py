@@ -153,6 +153,9 @@ class Delta:
     problems: tuple[Problem, ...]
     truncated: bool
     done: bool
+    costs: dict[str, float] = field(default_factory=dict)
+    """What the pass cost so far where it ran in a process of its own (``cpu_s``,
+    ``peak_rss_mib``): a viewer's own figures do not include it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,6 +175,8 @@ class TraceDigest:
     problems: tuple[Problem, ...]
     problems_total: int
     truncated: bool
+    costs: dict[str, float] = field(default_factory=dict)
+    """The judging process's CPU time and peak memory (a pass in a child process)."""
     _telemetry: tuple[TelemetrySeries, ...] = ()
     _partition: tuple[TelemetrySeries, ...] = ()
 
@@ -248,7 +253,7 @@ class DigestBuilder:
             rows=delta.rows, position=delta.position, done=delta.done, marks=marks,
             aborts=aborts, aborts_total=self._aborts_total, problems=tuple(self._problems),
             problems_total=self._problems_total, truncated=delta.truncated,
-            _telemetry=tuple(self._telemetry), _partition=tuple(self._partition))
+            costs=delta.costs, _telemetry=tuple(self._telemetry), _partition=tuple(self._partition))
         return self.latest
 
 

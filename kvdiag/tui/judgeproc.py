@@ -14,9 +14,11 @@ a ``__main__`` guard (and forking a process with threads copies locks other thre
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import pickle
+import resource
 import selectors
 import struct
 import subprocess
@@ -55,7 +57,7 @@ def run(path: str, out: BinaryIO, every: float) -> None:
     # collection per delta keeps anything unexpected bounded.
     gc.disable()
     try:
-        judging = JudgingPass(path)
+        judging = JudgingPass(path, hand_over=True)
         source = LineSource.open(path)
         last = time.monotonic()
         for offset, block in line_blocks(source, header_end(source), CHUNK):
@@ -65,7 +67,10 @@ def run(path: str, out: BinaryIO, every: float) -> None:
                 gc.collect(0)
                 last = time.monotonic()
         judging.finish()
-        _send(out, judging.delta(done=True))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        last_delta = dataclasses.replace(judging.delta(done=True), costs={
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024})
+        _send(out, last_delta)
     except Exception as exc:  # reported to the viewer, which says so and carries on
         _send(out, Failed(f"{type(exc).__name__}: {exc}"))
 

@@ -61,11 +61,14 @@ class JudgingPass:
     """Judges the blocks of one trace given in file order (:meth:`feed`), from the first line
     after the header."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, hand_over: bool = False) -> None:
         # the reader validates the header (InputError) and then only decodes what it is given
         with TraceReader.open(path) as reader:
             self.reader = reader
         self.judge = Judge(reader.header, ledger=True, name=str(path))
+        self.hand_over = hand_over
+        """Deltas carry the ledger's sealed blocks away (a pass in another process): the
+        viewer keeps them, this pass forgets them."""
         self.position = 0
         """The byte just after the last block fed."""
         self._sent = [0] * len(TABLES)
@@ -75,19 +78,26 @@ class JudgingPass:
     def feed(self, block: bytes, offset: int) -> None:
         """Judge ``block``, the next lines of the file, from byte ``offset``."""
         judge, decode, side = self.judge, self.reader.decode_block, self._side
+        items: list[Any] = []
         for piece in slices(block):
-            items = decode(piece)
+            decoded = decode(piece)
             # type() is, not isinstance: this runs per event of traces of millions
-            for e in [e for e in items if type(e) in _SIDE]:
+            for e in [e for e in decoded if type(e) in _SIDE]:
                 side[_SIDE[type(e)]].append(e)
-            if None in items:  # a line that is not an event: its row is skipped
-                for e in items:
-                    if e is None:
-                        judge.skip()
-                    else:
-                        judge.feed(e)
-            else:
-                judge.feed_all(items)  # type: ignore[arg-type]
+            items += decoded
+        # the whole block at once: the Judge judges a chunk with array operations
+        if None not in items:
+            judge.feed_all(items)
+        else:  # a line that is not an event: its row is skipped
+            run: list[Any] = []
+            for e in items:
+                if e is None:
+                    judge.feed_all(run)
+                    run = []
+                    judge.skip()
+                else:
+                    run.append(e)
+            judge.feed_all(run)
         self.position = offset + len(block)
 
     def finish(self) -> None:
@@ -97,15 +107,20 @@ class JudgingPass:
     def delta(self, *, done: bool = False) -> Delta:
         """What was judged since the previous delta (everything, for the first)."""
         judgement = self.judge.snapshot()
-        assert judgement.ledger is not None
-        led = judgement.ledger
+        led = self.judge.ledger
+        assert led is not None and judgement.ledger is not None
         tables = []
-        for i, name in enumerate(TABLES):
-            t = getattr(led, name)
-            tables.append(TableDelta(t.blocks[self._sent[i]:t.sealed],
-                                     t.blocks[t.sealed] if len(t.blocks) > t.sealed else None,
-                                     t.n))
-            self._sent[i] = t.sealed
+        if self.hand_over:
+            for table in led.tables():
+                sealed, open_rows, n = table.take()
+                tables.append(TableDelta(tuple(sealed), open_rows, n))
+        else:
+            for i, name in enumerate(TABLES):
+                t = getattr(judgement.ledger, name)
+                tables.append(TableDelta(t.blocks[self._sent[i]:t.sealed],
+                                         t.blocks[t.sealed] if len(t.blocks) > t.sealed
+                                         else None, t.n))
+                self._sent[i] = t.sealed
         side = self._side
         self._side = {k: [] for k in _SIDE.values()}
         problems = self.reader.problems[self._problems:]

@@ -28,21 +28,24 @@ Headless, one pass (what ``kvdiag check`` does)::
     j = judge.snapshot()                    # Judgement: an immutable value
     j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
 
-Per read, as it streams (``diff``, ``trace pages``, an exporter's flows)::
+Per read, a chunk at a time (``diff``, ``trace pages``, ``trace export``)::
 
-    for e in reader:
-        judge.feed(e)
-        if type(e) is Read:
-            judge.last            # ReadVerdict: counts (exact, stale, foreign, not judged),
+    judge = Judge(reader.header, flows=True)    # flows: which writes each read missed
+    for chunk in batches:                       # lists of events (judge.CHUNK at a time)
+        judge.feed_all(chunk)
+        for e in chunk:
+            if type(e) is Read:
+                judge.verdict(e)  # ReadVerdict: counts (exact, stale, foreign, not judged),
                                   # pieces = its non-exact runs (slots.Piece tuples)
-            judge.pages(e)        # [PageVerdict] every page: source, slot, class, lag,
+                judge.pages(e)    # [PageVerdict] every page: source, slot, class, lag,
                                   # host version, holder Copy (whose bytes), why not judged
-            judge.missed_writes() # seqs of the writes its stale/foreign pages missed (flows)
-            judge.flows()         # the same with the class that missed each: (seq, cls)
-    judge.live_writes()           # writes still the last of some page (the rest may
-                                  # be forgotten by a surface drawing flows)
+                judge.missed(e)   # (write seq, class) of the writes its stale/foreign
+                                  # pages missed: the flows
+        judge.live_writes()       # writes still the last of some page (a surface drawing
+                                  # flows may forget the rest)
 
-Reads change no state, so ask right after feeding the read. Any fits event, any time:
+A read is asked about while its chunk is the last one fed (``judge.feed(e)`` is a chunk of
+one; ``judge.last`` the last read of the last chunk). Any fits event, any time:
 ``judge.fits_verdict(e)`` → :class:`~.fits.FitsVerdict` (``outcome``, ``failed``, ``by``,
 ``conditions``, ``note``); :func:`.fits.outcome` alone says whether a decision is bad.
 

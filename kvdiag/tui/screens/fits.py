@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from kvdiag.analysis.judgement.ledger import OUTCOME_CODE
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE
 from kvdiag.analysis.trace_index import F_FITS_FALSE, ROUTES
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.fitsdetail import FitsStyles, fits_detail, fitsline_detail
