@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -206,6 +206,7 @@ class Judge:
             ev.Step: self.adapt.feed, ev.Abort: self._abort, ev.Warn: self._warn,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
+            ev.Records: self._records,
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
@@ -232,10 +233,10 @@ class Judge:
 
     def _judge(self, chunk: list[Any]) -> None:
         types = list(map(type, chunk))
-        if types.count(ev.Unknown):
+        if len(chunk) > 1 and (types.count(ev.Records) or types.count(ev.Unknown)):
             # a records event declares more kinds: what follows it is judged with them
-            for i, (e, t) in enumerate(zip(chunk, types, strict=True)):
-                if t is ev.Unknown and e.kind == "records" and len(chunk) > 1:
+            for i, e in enumerate(chunk):
+                if _declares(e):
                     if i:
                         self._judge(chunk[:i])
                     self._judge([e])
@@ -282,14 +283,21 @@ class Judge:
 
     def _unknown_event(self, e: ev.Unknown) -> None:
         self._unknown[e.kind] += 1
-        if e.kind == "records":  # a declaration of more recorded kinds (format 1.2)
+        if e.kind == "records":  # from a reader that does not know the 1.2 kind
             kinds = e.fields.get("kinds")
             if isinstance(kinds, list):
-                self.completeness.declare(kinds)
-                st = self.state
-                st.writes = st.writes or self.completeness.is_declared("write")
-                up = self.completeness.is_declared("upload")
-                st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
+                self._declare(kinds)
+
+    def _records(self, e: ev.Records) -> None:
+        self._declare(list(e.kinds))
+
+    def _declare(self, kinds: list[Any]) -> None:
+        """A ``records`` event (format 1.2): more kinds declared, for what follows it."""
+        self.completeness.declare(kinds)
+        st = self.state
+        st.writes = st.writes or self.completeness.is_declared("write")
+        up = self.completeness.is_declared("upload")
+        st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
 
     def _abort(self, e: ev.Abort) -> None:
         self.groups.aborts.append(e)
@@ -748,3 +756,32 @@ class Judgement:
             "residency": self.residency,
             "completeness": self.completeness.as_json(),
         }
+
+
+def _declares(e: object) -> bool:
+    """Is ``e`` a ``records`` event (more kinds declared)?"""
+    t = type(e)
+    return t is ev.Records or (t is ev.Unknown and e.kind == "records")  # type: ignore[attr-defined]
+
+
+def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
+            ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
+    """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
+    ``records`` event alone in its list. The Judge answers (:meth:`~Judge.verdict`,
+    :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
+    and judges what follows a declaration with it, so a list that held one in its middle would
+    leave the reads before it unanswered."""
+    chunk: list[ev.AnyEvent | ev.Unknown] = []
+    for e in events:
+        if _declares(e):
+            if chunk:
+                yield chunk
+                chunk = []
+            yield [e]
+            continue
+        chunk.append(e)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
