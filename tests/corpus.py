@@ -32,6 +32,7 @@ from native_runtime import run as run_kvrt
 
 from kvdiag.analysis.judgement import Judge, Judgement
 from kvdiag.analysis.judgement.completeness import JUDGED_KINDS
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.cli import main
 from kvdiag.errors import KvdiagError
 from kvdiag.kvstream.plan import make_plan
@@ -239,11 +240,14 @@ def judged(path: Path) -> Judged:
             pages: dict[tuple[int, int], tuple[str, int]] = {}
             reads: dict[int, tuple[int, int, int, int]] = {}
             where: dict[int, tuple[int, int, int]] = {}
-            for e in reader:
-                judge.feed(e)
-                if type(e) is ev.Read:
-                    assert judge.last is not None
-                    reads[e.seq] = judge.last.counts
+            for batch in batches(reader):
+                judge.feed_all(batch)
+                for e in batch:
+                    if type(e) is not ev.Read:
+                        continue
+                    v = judge.verdict(e)
+                    assert v is not None
+                    reads[e.seq] = v.counts
                     where[e.seq] = (e.step, e.layer, e.stream)
                     for p in judge.pages(e):
                         pages[(p.seq, p.page)] = (p.cls, p.lag)

@@ -35,14 +35,14 @@ track of the writes that are still some page's last write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 import msgspec
 
 from kvdiag.analysis.judgement import CLASSES, SOURCES, WHY, Judge, Judgement
 from kvdiag.analysis.judgement.fits import BAD
-from kvdiag.analysis.judgement.judge import CHUNK
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
 
 RUNTIME_PID = 1
@@ -393,23 +393,3 @@ def _run(p: tuple[int, ...]) -> dict[str, Any]:
         out["why"] = WHY[p[12]]
     return out
 
-
-def batches(events: Iterable[ev.AnyEvent | ev.Unknown]
-            ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
-    """``events`` as lists of at most :data:`~kvdiag.analysis.judgement.judge.CHUNK`, a
-    ``records`` event (more kinds declared) alone in its list: the Judge judges what follows a
-    declaration with it, and answers only about the reads of the last list it was fed."""
-    chunk: list[ev.AnyEvent | ev.Unknown] = []
-    for e in events:
-        if type(e) is ev.Records or (type(e) is ev.Unknown and e.kind == "records"):
-            if chunk:
-                yield chunk
-                chunk = []
-            yield [e]
-            continue
-        chunk.append(e)
-        if len(chunk) >= CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

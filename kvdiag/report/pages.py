@@ -16,7 +16,6 @@ judgement's (:mod:`kvdiag.analysis.judgement`), the same ``kvdiag check`` counts
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -24,7 +23,7 @@ import msgspec
 
 from kvdiag.analysis.judgement import Judge, PageVerdict
 from kvdiag.analysis.judgement.classes import NO_SERVED, WHY
-from kvdiag.analysis.judgement.judge import CHUNK
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
 
 _encode = msgspec.json.Encoder().encode
@@ -59,15 +58,12 @@ def write_pages(events: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, out: I
     """Judge ``events`` (``judge`` made with ``detail=True``) and write every read page to
     ``out``; returns pages per class."""
     counts = {"exact": 0, "stale": 0, "foreign": 0, "not judged": 0}
-    it = iter(events)
-    while True:
-        chunk = list(itertools.islice(it, CHUNK))
-        if not chunk:
-            return counts
+    for chunk in batches(events):  # a records event alone: every read stays answerable
         judge.feed_all(chunk)
         for e in chunk:
             if type(e) is ev.Read:
                 _write_read(judge, e, out, as_json, counts)
+    return counts
 
 
 def _write_read(judge: Judge, e: ev.Read, out: IO[bytes], as_json: bool,
