@@ -48,6 +48,7 @@ def test_shared_vs_per_stream_slot1_first_explains_the_stale_read(
     assert (effect["kind"], effect["step"], effect["layer"], effect["stream"]) == (
         "provenance", 1, 0, 1)
     assert effect["a"]["class"] == "stale" and effect["b"]["class"] == "exact"
+    assert effect["a"]["page"] == effect["b"]["page"] == 1  # the page both sides read
     assert effect["a"]["copy"]["uploaded_step"] == 0 and effect["a"]["lag"] == 1
     chain = doc["chain"]
     assert chain[0].startswith("rows: stream 1 rows 2348-2348 (cells 300-300) last wrote page 1 "

@@ -365,8 +365,8 @@ def _verdict(v: PageVerdict) -> str:
 
 
 def _verdict_json(v: PageVerdict, read: ev.Read) -> dict[str, Any]:
-    out: dict[str, Any] = {"seq": read.seq, "source": v.source, "slot": v.slot, "class": v.cls,
-                           "lag": v.lag, "version": v.version}
+    out: dict[str, Any] = {"seq": read.seq, "page": v.page, "source": v.source, "slot": v.slot,
+                           "class": v.cls, "lag": v.lag, "version": v.version}
     if v.holder is not None:
         out["copy"] = {"layer": v.holder.layer, "stream": v.holder.stream,
                        "page": v.holder.page, "version": v.holder.version,

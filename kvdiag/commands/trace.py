@@ -110,20 +110,25 @@ def _export(path: str, output: str, fmt: str, *, force: bool = False) -> int:
     with TraceReader.open(path) as reader, open_output(target) as sink:
         out = sink.file
         if fmt == "llama-log":
-            from kvdiag.trace.export_log import LogExporter
+            from kvdiag.export.llama_log import LogExporter
 
-            lines = LogExporter(reader.header, reader.extras).lines(reader)
+            log = LogExporter(reader.header, reader.extras)
             # streamed: a long trace's log need not be held in memory
-            n = sum(1 for _ in map(out.write, (line.encode() + b"\n" for line in lines)))
-            what = "log lines"
+            n = sum(1 for _ in map(out.write, (line.encode() + b"\n" for line in log.lines(reader))))
+            what = f"log lines ({_plural(log.bad_fits, 'fits=false line')}: the decisions " \
+                   f"the judgement finds bad)"
         else:
-            from kvdiag.trace.export_chrome import ChromeExporter
+            from kvdiag.export.chrome import ChromeExporter
 
             title = f"kvdiag {reader.header.scenario.get('name', path)}"
-            exporter = ChromeExporter(reader.extras, reader.header_extras)
+            exporter = ChromeExporter(reader.header, reader.extras, reader.header_extras)
             n = exporter.write(reader, out, title=title)
+            assert exporter.judgement is not None
+            classes = exporter.judgement.residency["read_classes"]
             what = f"trace events ({_plural(exporter.flows, 'flow')} from writes to reads " \
-                   f"that missed them)"
+                   f"that missed them; pages exact {classes['exact']:,}, stale " \
+                   f"{classes['stale']:,}, foreign {classes['foreign']:,}, not judged " \
+                   f"{classes['not_judged']:,})"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
     # with -o - standard output carries the export itself
@@ -158,6 +163,8 @@ def _info(path: str, *, as_json: bool) -> int:
         import msgspec
 
         doc = summary.to_dict()
+        # the step span is the judgement's (End excluded: a header and an End have no steps)
+        doc["first_step"], doc["last_step"] = judgement.steps.first, judgement.steps.last
         doc["judgement"] = {**judgement.summary(), "findings": {
             sev: sum(1 for f in judgement.findings if f.severity.label == sev)
             for sev in ("critical", "error", "warning", "info")}}
