@@ -5,6 +5,7 @@ the line reported; sizes the runtime cannot hold are refused by plan and capture
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -145,7 +146,7 @@ def test_devices_index(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _newer_minor_with_bad_key(path: Path, key: bytes) -> Path:
     lines = TRACE.read_bytes().split(b"\n")
-    lines[0] = lines[0].replace(b'"version":"1.0"', b'"version":"1.7"')
+    lines[0] = re.sub(rb'"version":"[0-9.]+"', b'"version":"1.7"', lines[0])
     lines[3] = lines[3][:-1] + b',"' + key + b'":[1,2]}'
     path.write_bytes(b"\n".join(lines))
     return path
@@ -162,7 +163,8 @@ def test_an_unknown_key_that_is_not_utf8_is_a_problem_not_a_crash(
         assert f"{path}:4: corrupt: fields unknown to format 1.7 not kept" in out
     assert main(["trace", "info", "--json", str(path)]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["events"] == 96  # the event itself is kept either way
+    # the event itself is kept either way
+    assert info["events"] == len(TRACE.read_bytes().splitlines()) - 1
     assert main(["check", "--json", str(path)]) in (0, 1)
     json.loads(capsys.readouterr().out)
     assert main(["trace", "export", str(path), "-o", str(tmp_path / "t.json")]) == 0
