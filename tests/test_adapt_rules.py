@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from kvdiag.analysis.adapt_rules import AdaptAnalyzer
+from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 

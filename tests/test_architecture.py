@@ -85,3 +85,14 @@ def test_model_needs_only_the_standard_library_and_msgspec() -> None:
             if top not in sys.stdlib_module_names and top not in ("kvdiag", "__future__"):
                 third_party.add(top)
     assert third_party <= {"msgspec"}
+
+
+def test_the_judgement_imports_only_the_model() -> None:
+    """kvdiag/analysis/judgement is the one place verdicts come from; it stands on the raw
+    events alone (design.md, "One judgement, every surface")."""
+    bad = [f"{p.relative_to(ROOT)} imports {name}"
+           for p in sorted((ROOT / "analysis" / "judgement").rglob("*.py"))
+           for name in imports(p)
+           if name.startswith("kvdiag.") and not name.startswith(
+               ("kvdiag.model", "kvdiag.analysis.judgement"))]
+    assert bad == []

@@ -148,14 +148,22 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, captured: Capture,
 
 
 def test_reads_without_served_pages_are_counted_not_compared(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """The committed samples are format 1.0 (no served pages): diff says what it could not
-    compare instead of calling them equivalent on provenance."""
+    """A trace without served pages (format 1.0: the annotation only): diff says what it
+    could not compare instead of calling the traces equivalent on provenance."""
     sample = Path(__file__).resolve().parent.parent / "traces" / "slot1-first-shared.kvtrace"
-    code, doc = diff_json(capsys, str(sample), str(sample))
+    bare = tmp_path / "bare.kvtrace"
+    with TraceReader.open(sample) as r:
+        lines = [msgspec.json.encode(r.header)]
+        lines += [msgspec.json.encode(msgspec.structs.replace(e, served=())
+                                      if isinstance(e, ev.Read) else e) for e in r]
+    bare.write_bytes(b"\n".join(lines) + b"\n")
+    code, doc = diff_json(capsys, str(bare), str(bare))
     assert code == 0
     assert doc["compared"]["reads"] == 0 and doc["compared"]["reads_not_recorded"] == 60
     capsys.readouterr()
-    main(["diff", str(sample), str(sample)])
+    main(["diff", str(bare), str(bare)])
     assert "not compared: 60 read(s) without served pages" in capsys.readouterr().out
+    code, doc = diff_json(capsys, str(sample), str(sample))
+    assert code == 0 and doc["compared"]["reads"] == 60

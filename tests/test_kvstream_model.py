@@ -194,17 +194,18 @@ def test_config_rejects_nonsense(field: str, value: object, message: str) -> Non
         RuntimeConfig(**{field: value})  # type: ignore[arg-type]
 
 
-def test_analyzer_counts_every_kind_including_unknown_ones() -> None:
-    from kvdiag.analysis.trace_rules import TraceAnalyzer
+def test_judge_counts_every_kind_including_unknown_ones() -> None:
+    from kvdiag.analysis.judgement import Judge
     from kvdiag.model import events as ev
 
-    a = TraceAnalyzer()
-    a.feed(ev.Step(1, 0, 0, phase="decode", streams=(0,), tokens=1, n_kv=256))
-    a.feed(ev.Unknown("gpu_clock", 2, 5, 0, {"mhz": 1980}))
-    a.feed(ev.Warn(3, 6, 0, message="x"))
-    a.feed(ev.Unknown("gpu_clock", 4, 7, 0, {"mhz": 1970}))
-    assert a.counts == {"step": 1, "gpu_clock": 2, "warn": 1}
-    assert a.summary()["events"] == 4 and a.summary()["steps"] == 1 and a.last_seq == 4
+    j = Judge()
+    j.feed(ev.Step(1, 0, 0, phase="decode", streams=(0,), tokens=1, n_kv=256))
+    j.feed(ev.Unknown("gpu_clock", 2, 5, 0, {"mhz": 1980}))
+    j.feed(ev.Warn(3, 6, 0, message="x"))
+    j.feed(ev.Unknown("gpu_clock", 4, 7, 0, {"mhz": 1970}))
+    assert j.counts == {"step": 1, "gpu_clock": 2, "warn": 1}
+    summary = j.snapshot().summary()
+    assert summary["events"] == 4 and summary["steps"] == 1 and j.last_seq == 4
 
 
 def test_every_condition_fits_can_fail_has_an_explanation() -> None:

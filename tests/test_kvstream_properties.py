@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.analysis.judgement import Judge, Judgement
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.pool import PoolError, plan_pool
@@ -46,13 +46,13 @@ def schedules(draw: st.DrawFn, n_slots: int) -> tuple[Request, ...]:
     return tuple(requests)
 
 
-def run(cfg: RuntimeConfig, requests: tuple[Request, ...]) -> tuple[TraceAnalyzer, list[Any]]:
+def run(cfg: RuntimeConfig, requests: tuple[Request, ...]) -> tuple[Judgement, list[Any]]:
     sink = ListSink()
     runner = Runner(cfg, Scenario("random", "", {}, requests), NumpyExecutor())
     runner.run(sink)
     sink.events.append(ev.End(len(sink.events) + 1, 0, 0, status="completed", steps=0,
                               events=len(sink.events)))
-    return TraceAnalyzer().feed_all(sink.events), sink.events
+    return Judge().feed_all(sink.events).snapshot(), sink.events
 
 
 SMALL = dict(head_dim=256, n_head=2, n_head_kv=1, ctx=4096, type_k="q8_0", type_v="q4_0")
@@ -67,7 +67,7 @@ def test_per_stream_layout_is_always_exact(data: st.DataObject, np_: int, layers
                         dispatch=dispatch, **SMALL)  # type: ignore[arg-type]
     requests = data.draw(schedules(np_))
     a, events = run(cfg, requests)
-    rules = {f.rule for f in a.findings()}
+    rules = {f.rule for f in a.findings}
     assert not rules & {"stale-page-read", "foreign-page-read", "stream-divergence"}
     # two slots in one ubatch: the upstream dispatcher aborts, the fixed one falls back
     shared_ubatch = any(isinstance(e, ev.Step) and len(e.streams) > 1 for e in events)
@@ -86,7 +86,7 @@ def test_per_stream_fits_refreshes_a_page_rewritten_by_a_fallback_ubatch() -> No
     requests = (Request(slot=0, prompt=1, decode=0), Request(slot=1, prompt=2, decode=0),
                 Request(slot=0, prompt=256, decode=0), Request(slot=1, prompt=256, decode=1))
     a, events = run(cfg, requests)
-    assert [f.rule for f in a.findings()] == ["fallback"]
+    assert [f.rule for f in a.findings] == ["fallback"]
     steps = [(e.step, e.streams) for e in events if isinstance(e, ev.Step)]
     assert steps == [(0, (0, 1)), (1, (1,)), (2, (0, 1)), (3, (1,))]
     assert [(e.step, e.route) for e in events if isinstance(e, ev.Fits)] == [
@@ -111,8 +111,8 @@ def test_a_single_stream_is_always_exact_even_with_shared_bookkeeping(
     cfg = RuntimeConfig(layers=layers, np=np_, kv_unified=True, stage_mib=stage,
                         layout="shared", dispatch="membership", **SMALL)  # type: ignore[arg-type]
     a, _ = run(cfg, data.draw(schedules(np_)))
-    assert [f.rule for f in a.findings()] == []
-    assert a.residency.routes.keys() <= {"streamed"}
+    assert [f.rule for f in a.findings] == []
+    assert a.residency["routes"].keys() <= {"streamed"}
 
 
 @given(pool_mib=st.integers(1, 4096), page_kib=st.integers(64, 2048), layers=st.integers(1, 64),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.analysis.judgement import Judge
 from kvdiag.cli import main
 from kvdiag.model import events as ev
 from kvdiag.trace.reader import TraceReader
@@ -90,7 +90,7 @@ def test_slot1_first_shared_layout_diverges_on_stream_1(
     assert found["stale-page-read"]["details"]["stream"] == 1
     assert found["foreign-page-read"]["details"]["stream"] == 1
     # the foreign pages hold slot 0's bytes
-    assert "hold stream 0's bytes" in found["foreign-page-read"]["evidence"][0]["text"]
+    assert "held stream 0 pages" in found["foreign-page-read"]["evidence"][0]["text"]
     # slot 0 is exact throughout
     outputs = [e for e in events_of(path) if isinstance(e, ev.Output)]
     assert all(o.max_abs_delta == 0.0 for o in outputs if o.stream == 0)
@@ -143,12 +143,12 @@ def test_pool_pressure_streams_through_the_ring(captured: Capture) -> None:
                           "--prompt-tokens", "1500")
     assert code == 0
     with TraceReader.open(path) as r:
-        a = TraceAnalyzer().feed_all(r)
-    res = a.summary()["residency"]
+        j = Judge(r.header).feed_all(r).snapshot()
+    res = j.summary()["residency"]
     assert res["pages_read"]["ring"] > res["pages_read"]["pool"] > 0
     ring_uploads = [e for e in events_of(path) if isinstance(e, ev.Upload) and e.target == "ring"]
     assert ring_uploads and all(e.pages[1] - e.pages[0] <= 32 for e in ring_uploads)
-    assert a.findings() == []
+    assert j.findings == ()
 
 
 def test_kv_unified_keeps_two_slots_on_the_streamed_path(

@@ -14,8 +14,8 @@ type named ``CUDA_KV_Stream_Host``, the real ``ggml_flash_attn_ext`` node per la
 aborts through ggml's real ``GGML_ASSERT`` / ``ggml_abort`` under membership dispatch.
 ``GGML_NO_BACKTRACE=1`` keeps ggml from attaching gdb after the trace's abort hook ran.
 
-The stale/foreign assertions need provenance derived from raw events
-(``kvdiag.analysis.provenance``, the analysis branch); where it is absent they skip.
+The stale/foreign assertions come from the judgement of the raw events
+(``kvdiag.analysis.judgement``): kvdemo writes no model annotation.
 """
 
 from __future__ import annotations
@@ -137,20 +137,6 @@ def svg_text(path: Path) -> str:
     return html.unescape("".join(re.findall(r"<text[^>]*>(.*?)</text>", svg))).replace("\xa0", " ")
 
 
-def has_derived_provenance() -> bool:
-    try:
-        import kvdiag.analysis.provenance  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_provenance = pytest.mark.skipif(
-    not has_derived_provenance(),
-    reason="kvdiag.analysis.provenance (stale/foreign derived from read.served) is not in this "
-           "kvdiag: native traces carry no model annotation to classify reads from")
-
-
 def assert_line() -> int:
     lines = DEMO_SOURCE.read_text(encoding="utf-8").splitlines()
     return next(i for i, text in enumerate(lines, 1)
@@ -244,7 +230,6 @@ def test_slot1_first_shared_layout_diverges_on_stream_1(run: Callable[..., DemoR
     assert report["summary"]["residency"]["routes"] == {"streamed": 50}
 
 
-@needs_provenance
 def test_slot1_first_shared_layout_reads_stale_then_foreign_pages(
         run: Callable[..., DemoRun]) -> None:
     r = run("slot1-first", "shared", "membership")
@@ -260,7 +245,6 @@ def test_slot1_first_shared_layout_reads_stale_then_foreign_pages(
     assert classes["stale"] == 16 and classes["foreign"] == 20
 
 
-@needs_provenance
 def test_per_stream_layout_reads_only_exact_pages(run: Callable[..., DemoRun]) -> None:
     r = run("slot1-first", "per-stream", "fits")
     _, report = check_json(r.trace)

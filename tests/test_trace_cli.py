@@ -127,7 +127,7 @@ def test_info_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     assert _row(out, "write") == ["write", "15", "71.4%"]
     assert _row(out, "step") == ["step", "5", "23.8%"]
     assert _row(out, "total") == ["total", "21"]
-    assert "0 – 4 (5 steps)" in out
+    assert "0 – 4 (5 step(s))" in out
     assert "completed (End: 5 steps, 20 events)" in out
     assert "no problems" in out
 

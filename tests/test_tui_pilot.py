@@ -78,8 +78,8 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_overview_of_a_trace_and_a_log(samples: dict[str, Path]) -> None:
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
         screen = text(app)
-        assert "ERROR: stream 1 read 12 resident page(s) holding another stream's bytes in 6 " \
-               "read(s), first at step 2" in screen
+        assert "ERROR: stream 1 read 12 foreign resident page(s) holding other bytes (12 " \
+               "another stream's) in 6 read(s), first at step 2" in screen
         assert "scenario  aliasing — slot 1 first, then slot 0 overwrites" in screen
         assert " read 10 " in screen and " telemetry 5 " in screen and " evict 4 " in screen
         assert "error 2" in screen and "foreign-page-read" in screen

@@ -34,6 +34,7 @@ from kvdiag.model.events import (
     Output,
     Read,
     ReadRange,
+    Served,
     Step,
     Telemetry,
     Upload,
@@ -127,7 +128,8 @@ def write_aliasing(path: Path, monkeypatch: pytest.MonkeyPatch, telemetry: bool 
             w.emit(Upload, step, layer=layer, stream=stream, pages=(0, 2), slot=base,
                    target="resident", bytes=8192, reason="miss" if stream == 1 else "dirty")
             w.emit(Read, step, layer=layer, stream=stream, pool=2, ring=0, host=0,
-                   ranges=(ReadRange(0, 2, "pool", stream, "exact"),))
+                   ranges=(ReadRange(0, 2, "pool", stream, "exact"),),
+                   served=(Served(0, 2, "pool", base),))
         w.emit(Output, step, stream=stream, checksum="0000aaaa", ref_checksum="0000aaaa",
                max_abs_delta=0.0, tolerance=1e-3, worst_layer=0)
 
@@ -154,7 +156,8 @@ def write_aliasing(path: Path, monkeypatch: pytest.MonkeyPatch, telemetry: bool 
             w.emit(Fits, step, **fits_fields(layer, 512, 1, 1))
             w.emit(Read, step, layer=layer, stream=1, pool=2, ring=0, host=0,
                    ranges=(ReadRange(0, 1, "pool", 0, "foreign"),
-                           ReadRange(1, 2, "pool", 0, "foreign")))
+                           ReadRange(1, 2, "pool", 0, "foreign")),
+                   served=(Served(0, 2, "pool", RING + layer * WINDOW),))
         w.emit(Output, step, stream=1, checksum=f"0000bb{step:02x}",
                ref_checksum=f"0000cc{step:02x}", max_abs_delta=0.25 * step, tolerance=1e-3,
                worst_layer=1)
@@ -170,7 +173,7 @@ def write_abort(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     w.emit(Step, 0, phase="decode", streams=(0, 1), tokens=1, n_kv=512, slots=(0, 1))
     for stream in (0, 1):
         w.emit(Write, 0, layer=0, stream=stream, cells=(300, 301),
-               rows=(stream * KV + 300, stream * KV + 301), versions=((1, 2),))
+               rows=(stream * KV + 300, stream * KV + 301), versions=((1, 1),))
     w.emit(Fits, 0, **fits_fields(0, 512, 1, 2))
     w.emit(Abort, 0, message=f"{ASSERT_FILE}:1898: GGML_ASSERT("
                              "ggml_cuda_kv_stream_fattn_fits(dst)) failed",
@@ -202,7 +205,8 @@ def write_marks(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         w.emit(Upload, 0, layer=layer, stream=1, pages=(0, 2), slot=RING + layer * WINDOW,
                target="resident", bytes=8192, reason="miss")
         w.emit(Read, 0, layer=layer, stream=1, pool=2, ring=0, host=0,
-               ranges=(ReadRange(0, 2, "pool", 1, "exact"),))
+               ranges=(ReadRange(0, 2, "pool", 1, "exact"),),
+               served=(Served(0, 2, "pool", RING + layer * WINDOW),))
     w.end_step()
     w.emit(Step, 1, phase="decode", streams=(1,), tokens=1, n_kv=512, slots=(1,))
     w.emit(Mark, 1, rows=((KV + 300, KV + 301),), outside=((None, 5),))
@@ -211,7 +215,8 @@ def write_marks(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                versions=((1, 2),))
         w.emit(Read, 1, layer=layer, stream=1, pool=2, ring=0, host=0,
                ranges=(ReadRange(0, 1, "pool", 1, "exact"),
-                       ReadRange(1, 2, "pool", 1, "stale", 1)))
+                       ReadRange(1, 2, "pool", 1, "stale", 1)),
+               served=(Served(0, 2, "pool", RING + layer * WINDOW),))
     w.end_step()
     w.close()
     return path

@@ -9,8 +9,9 @@ stream), the first of these that differs is the divergence:
   bookkeeping keys. The shared layout's ``(layer, page)`` key is read as the writing stream's
   page, so stream 0 keys agree across layouts and stream 1's do not when the page differs;
 - ``route``: the FA node of a layer took a different route (streamed, fallback, abort);
-- ``provenance``: a read page got a different verdict (exact / stale / foreign), derived from
-  the raw events by :mod:`kvdiag.analysis.provenance`, never from the annotation;
+- ``provenance``: a read page got a different verdict (exact / stale / foreign), as each
+  trace's judgement (:mod:`kvdiag.analysis.judgement`) has it, never the annotation; pages
+  not judged in either trace are not compared;
 - ``output``: a stream's output diverged from its reference in one trace and not the other
   (or, for traces of the same backend, its checksum differs).
 
@@ -18,7 +19,7 @@ A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first
 ``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
 marked in each trace, the upload the resident copy came from, the read.
 
-Memory is bounded by one step's events and the derivation's per-page state. The schedules
+Memory is bounded by one step's events and the two judgements' per-page state. The schedules
 (step events: phase, streams, tokens) are compared for every step both traces have; a trace
 that stopped early (an abort) is a prefix of the other.
 """
@@ -29,9 +30,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdiag.analysis.provenance import MAX_PAGE, PageVerdict, Provenance
+from kvdiag.analysis.judgement import Judge, PageVerdict
 from kvdiag.model import events as ev
-from kvdiag.model.pages import PAGE_TOKENS
 
 Key = tuple[int, int | None, int]
 
@@ -86,27 +86,21 @@ def _fmt_keys(keys: Iterable[Key]) -> str:
 
 
 class _Side:
-    """One trace's derivation plus what a cause chain needs: the last write of every page and
-    the step's mark."""
+    """One trace's judgement, keeping what a cause chain needs: the last write of every page
+    and the mark of its ubatch."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.prov = Provenance()
-        self.last_write: dict[tuple[int, int, int], tuple[ev.Write, ev.Mark | None]] = {}
-        """The last write of every host page, with the mark of its ubatch."""
-        self.mark: ev.Mark | None = None
+        self.judge = Judge(keep_writes=True)
         self.abort: ev.Abort | None = None
 
+    @property
+    def mark(self) -> ev.Mark | None:
+        return self.judge.mark
+
     def apply(self, e: ev.AnyEvent | ev.Unknown) -> None:
-        self.prov.feed(e)
-        if isinstance(e, ev.Write):
-            c0, c1 = e.cells
-            p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1 if c1 > c0 else 0
-            for page in range(max(p0, 0), min(p1, MAX_PAGE)):  # the derivation's bounds
-                self.last_write[(e.layer, e.stream, page)] = (e, self.mark)
-        elif isinstance(e, ev.Mark):
-            self.mark = e
-        elif isinstance(e, ev.Abort):
+        self.judge.feed(e)
+        if isinstance(e, ev.Abort):
             self.abort = e
 
 
@@ -249,8 +243,8 @@ class Differ:
                 self.result.compared["reads_not_recorded"] += 1
                 continue  # provenance not recorded: nothing derived to compare
             self.result.compared["reads"] += 1
-            va = {v.page: v for v in self.a.prov.pages(ra[stream])}
-            vb = {v.page: v for v in self.b.prov.pages(rb[stream])}
+            va = {v.page: v for v in self.a.judge.pages(ra[stream]) if v.cls != "not judged"}
+            vb = {v.page: v for v in self.b.judge.pages(rb[stream]) if v.cls != "not judged"}
             for page in sorted(set(va) & set(vb)):
                 pa, pb = va[page], vb[page]
                 if pa.cls != pb.cls or _holder(pa) != _holder(pb):
@@ -266,8 +260,8 @@ class Differ:
                pa: PageVerdict, pb: PageVerdict) -> list[str]:
         """rows → key → upload → read, for the page whose verdicts differ."""
         out: list[str] = []
-        wa, ma = self.a.last_write.get((layer, stream, page), (None, None))
-        wb, mb = self.b.last_write.get((layer, stream, page), (None, None))
+        wa, ma = self.a.judge.last_write(layer, stream, page) or (None, None)
+        wb, mb = self.b.judge.last_write(layer, stream, page) or (None, None)
         if wa is not None:
             line = (f"rows: stream {stream} rows {wa.rows[0]}-{wa.rows[1] - 1} (cells "
                     f"{wa.cells[0]}-{wa.cells[1] - 1}) last wrote page {page} at step {wa.step}")
@@ -281,11 +275,11 @@ class Differ:
             if v.source == "host":
                 out.append(f"{name}: page {page} was read zero-copy from the host store "
                            f"(version {v.version})")
-            elif v.copy is None:
+            elif v.holder is None:
                 out.append(f"{name}: {v.source} slot {v.slot} held no copy of any page "
                            f"when read at step {step}")
             else:
-                c = v.copy
+                c = v.holder
                 what = (f"page {c.page} of stream {c.stream}"
                         if (c.layer, c.stream, c.page) != (layer, stream, page)
                         else f"page {c.page} version {c.version}")
@@ -337,7 +331,7 @@ def _by_layer(group: list[Any]) -> dict[int | None, list[Any]]:
 
 
 def _holder(v: PageVerdict) -> tuple[int, int, int] | None:
-    return None if v.copy is None else (v.copy.layer, v.copy.stream, v.copy.page)
+    return None if v.holder is None else (v.holder.layer, v.holder.stream, v.holder.page)
 
 
 def _verdict(v: PageVerdict) -> str:
@@ -346,20 +340,21 @@ def _verdict(v: PageVerdict) -> str:
     if v.cls == "stale":
         return f"stale from {v.source} slot {v.slot} ({v.lag} write(s) old)"
     if v.cls == "foreign":
-        if v.copy is None:
+        if v.holder is None:
             return f"foreign from {v.source} slot {v.slot} (never loaded)"
-        return (f"foreign from {v.source} slot {v.slot} (holding stream {v.copy.stream} "
-                f"page {v.copy.page})")
+        layer = "" if v.holder.layer == v.layer else f"layer {v.holder.layer} "
+        return (f"foreign from {v.source} slot {v.slot} (holding {layer}stream "
+                f"{v.holder.stream} page {v.holder.page})")
     return f"exact from {v.source} slot {v.slot}"
 
 
 def _verdict_json(v: PageVerdict, read: ev.Read) -> dict[str, Any]:
     out: dict[str, Any] = {"seq": read.seq, "source": v.source, "slot": v.slot, "class": v.cls,
                            "lag": v.lag, "version": v.version}
-    if v.copy is not None:
-        out["copy"] = {"layer": v.copy.layer, "stream": v.copy.stream, "page": v.copy.page,
-                       "version": v.copy.version, "uploaded_step": v.copy.step,
-                       "upload_seq": v.copy.seq}
+    if v.holder is not None:
+        out["copy"] = {"layer": v.holder.layer, "stream": v.holder.stream,
+                       "page": v.holder.page, "version": v.holder.version,
+                       "uploaded_step": v.holder.step, "upload_seq": v.holder.seq}
     return out
 
 

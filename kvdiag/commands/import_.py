@@ -26,13 +26,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from kvdiag.check import analyse_file
     from kvdiag.logimport import import_log
 
     result = import_log(args.log, args.output, force=args.force)
-    counts = ", ".join(f"{k} {n}" for k, n in sorted(result.counts.by_kind.items()))
+    # what the trace says is the judgement's, as check, trace info and the TUI will say it
+    judgement = analyse_file(result.output).judgement
+    counts = ", ".join(f"{k} {n}" for k, n in sorted(judgement.counts.items()) if k != "end")
     end = result.end
-    print(f"{result.output}: {result.counts.imported} events from {result.lines} lines "
-          f"({counts}), {end.steps} steps, end {end.status}")
+    print(f"{result.output}: {sum(judgement.counts.values()) - judgement.counts.get('end', 0)} "
+          f"events from {result.lines} lines ({counts}), {judgement.steps.text()}, end "
+          f"{end.status}")
+    missing = [k.kind for k in judgement.completeness.missing]
+    if missing:
+        print(f"  a log does not record {', '.join(missing)} events: kvdiag check says what "
+              "that leaves unjudged")
     if result.counts.inferred_routes:
         print(f"  {result.counts.inferred_routes} fits route(s) inferred as fallback "
               "(no abort or fallback warning followed); see the warn events "

@@ -1,7 +1,10 @@
 """Inspect, validate and export .kvtrace files.
 
 trace info FILE [--json] shows the header, event counts per kind, step and time spans,
-problems and whether the capture ended.
+problems, whether the capture ended, and the judgement's counts (steps, read pages by class,
+what the trace does not record).
+
+trace pages FILE [--json] prints every judged read page.
 
 trace validate FILE prints one line per problem and exits 0 when the file is valid (no
 problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
@@ -21,6 +24,7 @@ from kvdiag.report.text import cap, cap_value
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from kvdiag.analysis.judgement import Judgement
     from kvdiag.model.events import Device
     from kvdiag.trace.summary import TraceSummary
 
@@ -43,6 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "problems, has an End event), 1 problems, 2 not a readable trace."
     )
     validate.add_argument("file", metavar="FILE", help="a .kvtrace file")
+    pages = sub.add_parser(
+        "pages", help="every judged read page, one line each (--json: JSON Lines)")
+    pages.add_argument("file", metavar="FILE", help="a .kvtrace file ('-' reads standard input)")
+    pages.add_argument("--json", action="store_true", help="one JSON object per page")
     export = sub.add_parser(
         "export", help="write the trace as Chrome trace-event JSON (chrome://tracing, "
                        "Perfetto) or as the llama-server log the run would print",
@@ -63,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args.file)
     if args.trace_command == "export":
         return _export(args.file, args.output, args.format)
+    if args.trace_command == "pages":
+        return _pages(args.file, as_json=args.json)
     return _info(args.file, as_json=args.json)
 
 
@@ -121,24 +131,44 @@ def _export(path: str, output: str, fmt: str) -> int:
     return EXIT_OK
 
 
+def _pages(path: str, *, as_json: bool) -> int:
+    import sys
+
+    from kvdiag.analysis.judgement import Judge
+    from kvdiag.report.pages import write_pages
+    from kvdiag.trace.reader import TraceReader
+
+    with TraceReader.open(path) as reader:
+        write_pages(reader, Judge(reader.header), sys.stdout.buffer, as_json)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 def _info(path: str, *, as_json: bool) -> int:
+    from kvdiag.analysis.judgement import Judge
     from kvdiag.trace.reader import TraceReader
     from kvdiag.trace.summary import summarize
 
     with TraceReader.open(path) as reader:
-        summary = summarize(reader)
+        judge = Judge(reader.header, name=path)
+        summary = summarize(reader, observe=judge.feed)
+    judgement = judge.snapshot()
     if as_json:
         import msgspec
 
-        print(msgspec.json.format(msgspec.json.encode(summary.to_dict()), indent=2).decode())
+        doc = summary.to_dict()
+        doc["judgement"] = {**judgement.summary(), "findings": {
+            sev: sum(1 for f in judgement.findings if f.severity.label == sev)
+            for sev in ("critical", "error", "warning", "info")}}
+        print(msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
         return EXIT_OK
     from kvdiag.report.console import print_renderables
 
-    print_renderables(_info_renderables(summary))
+    print_renderables(_info_renderables(summary, judgement))
     return EXIT_OK
 
 
-def _info_renderables(s: TraceSummary) -> list[RenderableType]:
+def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
     from rich.table import Table
     from rich.text import Text
 
@@ -175,11 +205,11 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     span = Table(show_header=False, title="span", title_justify="left")
     span.add_column("field", style="bold", no_wrap=True)
     span.add_column("value")
-    if s.first_step is None or s.last_step is None:
-        span.add_row("steps", "no events")
+    steps = j.steps
+    if steps.first is None or steps.last is None:
+        span.add_row("steps", "no steps" if s.events else "no events")
     else:
-        n_steps = s.last_step - s.first_step + 1
-        span.add_row("steps", f"{s.first_step} – {s.last_step} ({_plural(n_steps, 'step')})")
+        span.add_row("steps", f"{steps.first} – {steps.last} ({steps.text()})")
     if s.duration_ns is not None:
         span.add_row("time", f"{s.first_t_ns:,} – {s.last_t_ns:,} ns ({_duration(s.duration_ns)})")
     span.add_row("lines", f"{s.lines:,}")
@@ -196,6 +226,8 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     if s.truncated:
         span.add_row("truncated", Text(f"yes: last line {s.lines} is cut short", style="red"))
     parts.append(span)
+
+    parts.append(_judgement_table(j))
 
     if s.extra_fields:
         extra = Table(title="fields unknown to this version (kept)", title_justify="left")
@@ -218,6 +250,26 @@ def _info_renderables(s: TraceSummary) -> list[RenderableType]:
     else:
         parts.append(Text("no problems", style="green"))
     return parts
+
+
+def _judgement_table(j: Judgement) -> RenderableType:
+    """What the judgement counted (``kvdiag check`` lists the findings)."""
+    from rich.table import Table
+
+    t = Table(show_header=False, title="judgement (kvdiag check lists the findings)",
+              title_justify="left")
+    t.add_column("field", style="bold", no_wrap=True)
+    t.add_column("value")
+    rc = j.residency["read_classes"]
+    t.add_row("read pages", f"exact {rc['exact']:,}, stale {rc['stale']:,}, foreign "
+                            f"{rc['foreign']:,}, not judged {rc['not_judged']:,}")
+    by_severity = [f"{sum(1 for f in j.findings if f.severity.label == sev)} {sev}"
+                   for sev in ("critical", "error", "warning", "info")]
+    t.add_row("findings", ", ".join(by_severity))
+    missing = [k.kind for k in j.completeness.missing]
+    t.add_row(f"recorded ({j.completeness.source})",
+              "every judged kind" if not missing else f"not recorded: {', '.join(missing)}")
+    return t
 
 
 def _device_text(device: Device) -> str:

@@ -9,16 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvdiag.kvstream.ggml_types import ggml_type
-from kvdiag.model.pages import PAGE_TOKENS
+from kvdiag.model.pages import PAGE_TOKENS, V_ALIGN, round_up
 
-V_ALIGN = 128
-"""The V plane of a page starts at the K bytes rounded up to this many bytes."""
+__all__ = ["MIB", "PAGE_TOKENS", "V_ALIGN", "PageGeometry", "host_kv_bytes", "pad_ctx", "round_up"]
 
 MIB = 1 << 20
-
-
-def round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,15 @@ from typing import NamedTuple
 PAGE_TOKENS = 256
 """Tokens per page; the G1 resident cache refuses any other value (brief §1.3)."""
 
+V_ALIGN = 128
+"""The V plane of a page starts at the K bytes rounded up to this many bytes (and the streamed
+kernel pads K rows of a block to it)."""
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
 Key = tuple[int, int | None, int]
 """A bookkeeping key: (layer, stream or None in the shared layout, page)."""
 

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
-from kvdiag.report.check_output import verdict_line
+from kvdiag.report.check_output import steps_text, verdict_line
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table
 from kvdiag.report.text import cap, cap_value
 
@@ -117,6 +117,11 @@ def _pool_mismatch(cfg: dict[str, Any], plan: dict[str, Any]) -> str:
             "layer)")
 
 
+def _classes(c: dict[str, int]) -> str:
+    text = f"exact {c['exact']}, stale {c['stale']}, foreign {c['foreign']}"
+    return text + (f", not judged {c['not_judged']}" if c.get("not_judged") else "")
+
+
 def residency_table(summary: dict[str, Any]) -> Table:
     r = summary["residency"]
     t = Table(title="Residency", show_header=False, title_justify="left")
@@ -127,25 +132,37 @@ def residency_table(summary: dict[str, Any]) -> Table:
     rate = r["resident_hit_rate"]
     t.add_row("pages read", f"pool {pr['pool']}, ring {pr['ring']}, host (zero-copy) {pr['host']}")
     t.add_row("read classes (pages)", (
-        f"exact {rc['exact']}, stale {rc['stale']}, foreign {rc['foreign']}"
-        + (f", not recorded {rc['not_recorded']}" if rc.get("not_recorded") else "")
-        + f"; resident hits {r['resident_hits']}" + (f" ({rate:.0%})" if rate is not None else "")))
-    prov = r.get("provenance")
-    if prov:
-        t.add_row("provenance (reads)", (
-            f"derived from served pages {prov['derived_reads']}, model annotation "
-            f"{prov['annotated_reads']}, not recorded {prov['not_recorded_reads']}"
-            + (f"; annotation disagrees with derivation in {prov['annotation_disagrees']}"
-               if prov["annotation_disagrees"] else "")
-            + (f"; {prov['out_of_range']} event(s) with impossible pages or slots ignored"
-               if prov.get("out_of_range") else "")))
+        _classes(rc) + f"; resident hits {r['resident_hits']}"
+        + (f" ({rate:.0%})" if rate is not None else "")))
+    by = r.get("read_classes_by_source", {})
+    if by.get("ring") and any(by["ring"].values()):
+        t.add_row("by source (pages)", "; ".join(
+            f"{src} {_classes(c)}" for src, c in by.items() if any(c.values())))
+    if r.get("not_judged"):
+        t.add_row("not judged (pages)", ", ".join(f"{k} {v}" for k, v in r["not_judged"].items()))
+    reads = r.get("reads")
+    if reads:
+        cross = r.get("cross_check", {})
+        t.add_row("reads", (
+            f"judged from served pages {reads['judged']}, without served pages "
+            f"{reads['without_served']}"
+            + (f"; the model's annotation disagrees in {cross['annotation_disagrees']}"
+               if cross.get("annotation_disagrees") else "")
+            + (f"; {r['out_of_range']} event(s) with impossible pages or slots ignored"
+               if r.get("out_of_range") else "")))
     t.add_row("uploads", (
         f"resident {up.get('resident', 0)} pages ({ub.get('resident', 0) / 2**20:.1f} MiB), "
         f"ring {up.get('ring', 0)} pages ({ub.get('ring', 0) / 2**20:.1f} MiB)"))
     if r["upload_reasons"]:
         t.add_row("upload reasons", ", ".join(f"{k} {v}" for k, v in sorted(r["upload_reasons"].items())))
-    t.add_row("evictions", str(r["evictions"]))
+    t.add_row("evictions", str(r["evictions"]) + (
+        f", invalidations {r['invalidations']}" if r.get("invalidations") else ""))
     t.add_row("FA routes", ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items())) or "none")
+    comp = summary.get("completeness")
+    if comp:
+        missing = [k for k, v in comp["kinds"].items() if not v["recorded"]]
+        t.add_row(f"recorded ({comp['source']})",
+                  "every judged kind" if not missing else f"not recorded: {', '.join(missing)}")
     return t
 
 
@@ -154,7 +171,7 @@ def check_report(
 ) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
     counts = ", ".join(f"{cap(k, 100)} {v}" for k, v in sorted(summary["counts"].items()))
-    parts.append(Text(f"{summary['events']} events over {summary['steps']} step(s) "
+    parts.append(Text(f"{summary['events']} events over {steps_text(summary)} "
                       f"[{summary['status']}]: {counts}", style="dim"))
     for p in summary.get("problems", []):
         parts.append(Text(f"trace problem at line {p['line']}: {cap(p['message'])}",

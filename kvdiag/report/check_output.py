@@ -15,6 +15,19 @@ from kvdiag.report.formats import findings_junit, findings_markdown, findings_sa
 from kvdiag.report.text import cap
 
 
+def steps_text(summary: dict[str, Any]) -> str:
+    """``"4 step(s)"``, with the span when it does not start at 0 and a note when no step
+    event marks them (the judgement's one steps rule)."""
+    n = summary["steps"]
+    span = summary.get("step_span") or {}
+    text = f"{n} step(s)"
+    if n and span.get("first") not in (None, 0):
+        text += f" ({span['first']}-{span['last']})"
+    if n and not span.get("step_events"):
+        text += ", numbered by the writer (no step events)"
+    return text
+
+
 def verdict_line(findings: Sequence[Finding]) -> str:
     worst = max((f.severity for f in findings), default=None)
     if worst is None:
@@ -51,7 +64,7 @@ def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding]
         sc = header.scenario
         facts = [("trace", path), ("scenario", str(sc.get("name", "?"))),
                  ("executor", f"{header.backend} on {header.device.name}"),
-                 ("events", f"{summary['events']} over {summary['steps']} step(s) "
+                 ("events", f"{summary['events']} over {steps_text(summary)} "
                             f"[{summary['status']}]"),
                  ("fail on", f"{threshold.label} ({failing} finding(s) at or above)")]
         facts += [(f"trace problem (line {p['line']})", str(p["message"]))

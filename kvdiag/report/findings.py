@@ -53,8 +53,10 @@ def findings_table(findings: Sequence[Finding], max_evidence: int = 3) -> Render
         shown = [evidence_text(e) for e in f.evidence[:max_evidence]]
         total = f.details.get("evidence_total", len(f.evidence))
         if total > len(shown):
+            command = f.details.get("evidence_command")
             shown.append(f"first {len(shown)} of {total}"
-                         + (f" ({len(f.evidence)} in --json)" if len(f.evidence) > len(shown) else ""))
+                         + (f" ({len(f.evidence)} in --json)" if len(f.evidence) > len(shown) else "")
+                         + (f"; all: {cap(command)}" if isinstance(command, str) else ""))
         body: list[RenderableType] = [Text(cap(f.title))]
         if f.fix:
             body.append(Text(f"fix: {cap(f.fix)}", style="dim"))

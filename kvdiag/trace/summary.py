@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from kvdiag.model.events import End, Header, Unknown
+from kvdiag.model.events import AnyEvent, End, Header, Unknown
 from kvdiag.trace.problems import Problem
 from kvdiag.trace.reader import TraceReader
 
@@ -61,8 +62,10 @@ class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
         return data
 
 
-def summarize(reader: TraceReader) -> TraceSummary:
-    """Read the rest of ``reader`` and summarise it."""
+def summarize(reader: TraceReader,
+              observe: Callable[[AnyEvent | Unknown], object] | None = None) -> TraceSummary:
+    """Read the rest of ``reader`` and summarise it; ``observe`` sees every event too (so
+    that ``trace info`` judges the trace in the same pass)."""
     kinds: Counter[str] = Counter()
     unknown: set[str] = set()
     extra_fields: Counter[str] = Counter()
@@ -71,6 +74,8 @@ def summarize(reader: TraceReader) -> TraceSummary:
     first_step = last_step = first_t = last_t = None
     lo_step = hi_step = lo_t = hi_t = 0
     for event in reader:
+        if observe is not None:
+            observe(event)
         if isinstance(event, Unknown):
             kind = event.kind
             unknown.add(kind)

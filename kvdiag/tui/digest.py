@@ -2,9 +2,10 @@
 
 The index (:mod:`kvdiag.analysis.trace_index`) is for navigation; this pass is the analysis
 :class:`kvdiag.trace.reader.TraceReader` (which reports damage line by line) feeding
-:class:`kvdiag.analysis.trace_rules.TraceAnalyzer` (the same findings as ``kvdiag check``),
-plus what the viewer marks on its step scrubber (steps with stale or foreign reads, diverged
-outputs, aborts), the telemetry samples and the abort events for the backtrace view.
+:class:`kvdiag.analysis.judgement.Judge` (the same judgement as ``kvdiag check``), plus what
+the viewer marks on its step scrubber — steps with stale or foreign reads, diverged outputs,
+fallbacks and aborts, all from the judgement's verdicts — the telemetry samples and the abort
+events for the backtrace view.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
-from kvdiag.analysis.trace_rules import TraceAnalyzer
+from kvdiag.analysis.judgement import Judge, outcome
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
@@ -145,24 +146,27 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
     samples: list[ev.Telemetry] = []
     aborts: list[ev.Abort] = []
     partition: list[ev.Adapt | ev.Repartition] = []
-    analyzer = TraceAnalyzer()
-    feed = analyzer.feed
     try:
         reader = TraceReader(stream, str(p), close_stream=True)  # type: ignore[arg-type]
+        judge = Judge(reader.header, name=str(p))
+        feed = judge.feed
         for n, event in enumerate(reader, 1):
             feed(event)
             t = type(event)
             # type() is, not isinstance: this loop runs per event of traces of millions.
             if t is ev.Read:
-                for r in cast(ev.Read, event).ranges:
-                    if r.cls != "exact":
-                        marks[r.cls].add(event.step)
+                verdict = judge.last
+                if verdict is not None and (verdict.counts[1] or verdict.counts[2]):
+                    if verdict.counts[1]:
+                        marks["stale"].add(event.step)
+                    if verdict.counts[2]:
+                        marks["foreign"].add(event.step)
             elif t is ev.Output:
                 out = cast(ev.Output, event)
                 if out.diverged:
                     marks["diverged"].add(event.step)
             elif t is ev.Fits:
-                if cast(ev.Fits, event).route == "fallback":
+                if outcome(cast(ev.Fits, event)) == "fallback":
                     marks["fallback"].add(event.step)
             elif t is ev.Telemetry:
                 samples.append(cast(ev.Telemetry, event))
@@ -175,12 +179,13 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
                 progress(min(stream.count / size, 1.0))
     finally:
         stream.close()
-    summary = analyzer.summary()
+    judgement = judge.snapshot()
+    summary = judgement.summary()
     summary["problems"] = [{"line": pr.line, "kind": pr.kind, "message": pr.message}
                            for pr in reader.problems]
     # every string here can come from the file: clipped for display (kvdiag.tui.clip)
     return TraceDigest(
-        findings=clip_deep(tuple(analyzer.findings())),
+        findings=clip_deep(judgement.findings),
         summary=clip_deep(summary),
         problems=clip_deep(tuple(reader.problems)),
         marks={k: np.array(sorted(v), dtype=np.int64) for k, v in marks.items()},

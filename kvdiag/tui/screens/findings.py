@@ -42,7 +42,7 @@ def finding_columns(rows: FindingRows) -> tuple[Column, ...]:
 
 def evidence_count(f: Finding) -> tuple[int, int]:
     """(evidence items the finding carries, occurrences the rule counted). A rule keeps its
-    first items only and records the total in ``details["count"]`` (kvdiag.analysis.trace_rules
+    first items only and records the total in ``details["count"]`` (kvdiag.analysis.judgement.findings
     MAX_EVIDENCE), so a count shown without the total would understate it."""
     shown = len(f.evidence)
     total = f.details.get("count")

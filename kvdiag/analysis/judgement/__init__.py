@@ -1,0 +1,90 @@
+"""The judgement of a trace: the one place that turns raw events into verdicts.
+
+Every surface — ``check`` (all formats), ``diff``, ``trace info`` / ``pages`` / ``export``,
+``import``'s summary, every TUI screen — renders what this package concludes and decides
+nothing itself: no class, condition, flow or count is computed anywhere else
+(design.md, "One judgement, every surface"). It imports only :mod:`kvdiag.model`.
+
+Modules, one idea each:
+
+- :mod:`.classes` — the classification rule (exact / stale / foreign / not judged) and codes;
+- :mod:`.slots` — what every pool and ring slot holds, host page versions, the ring rule;
+- :mod:`.fits` — one fits decision: outcome (which decisions are bad) and every condition
+  held / failed with its logged value / unknown and why (predicate: :mod:`kvdiag.model.fits`);
+- :mod:`.completeness` — which kinds the trace records (declared or inferred) and what a
+  missing one hides;
+- :mod:`.judge` — the streaming :class:`Judge` and its :class:`Judgement` snapshot;
+- :mod:`.ledger` — compact per-read tables for viewers;
+- :mod:`.findings` — verdicts grouped into findings (rule ids as ``kvdiag check`` prints them);
+- :mod:`.adapt` — the adaptive partition's rules.
+
+Using it
+--------
+
+Headless, one pass (what ``kvdiag check`` does)::
+
+    judge = Judge(reader.header, name=path)
+    judge.feed_all(reader)                  # events in file order, any iterable
+    j = judge.snapshot()                    # Judgement: an immutable value
+    j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
+
+Per read, as it streams (``diff``, ``trace pages``, an exporter's flows)::
+
+    for e in reader:
+        judge.feed(e)
+        if type(e) is Read:
+            judge.last            # ReadVerdict: counts (exact, stale, foreign, not judged),
+                                  # pieces = its non-exact runs (slots.Piece tuples)
+            judge.pages(e)        # [PageVerdict] every page: source, slot, class, lag,
+                                  # host version, holder Copy (whose bytes), why not judged
+            judge.missed_writes() # seqs of the writes its stale/foreign pages missed (flows)
+
+Reads change no state, so ask right after feeding the read. Any fits event, any time:
+``judge.fits_verdict(e)`` → :class:`~.fits.FitsVerdict` (``outcome``, ``failed``, ``by``,
+``conditions``, ``note``); :func:`.fits.outcome` alone says whether a decision is bad.
+
+Behind a viewer's background indexer (the TUI): ``Judge(header, ledger=True)``, feed the same
+chunks as they are indexed (``judge.skip()`` for a row that is not an event, so that ledger rows
+stay the index's rows), and publish ``judge.snapshot()`` every so often: a snapshot is a
+read-only prefix (``Judgement.rows`` events judged; show later rows as "judging…"). Its
+``ledger`` (:class:`~.ledger.LedgerSnapshot`) has numpy tables — ``reads`` (row, seq, step,
+layer, stream, page counts per class), ``pieces`` (non-exact runs with whose bytes the slot
+held), ``flows`` (write → read), ``fits`` (outcome per decision), ``outputs`` (diverged or
+not) — and ``steps_with("foreign")`` etc. for scrubber marks; a page of a read outside its
+pieces is exact.
+
+What every verdict means is in the modules' docstrings and docs/trace-format.md,
+"Derivation"; the steps rule is :class:`Steps`.
+"""
+
+from __future__ import annotations
+
+from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
+from kvdiag.analysis.judgement.completeness import Completeness, KindStatus
+from kvdiag.analysis.judgement.fits import FitsVerdict, outcome
+from kvdiag.analysis.judgement.judge import (
+    Judge,
+    Judgement,
+    PageVerdict,
+    ReadVerdict,
+    Steps,
+)
+from kvdiag.analysis.judgement.ledger import LedgerSnapshot
+from kvdiag.analysis.judgement.slots import Copy
+
+__all__ = [
+    "CLASSES",
+    "SOURCES",
+    "WHY",
+    "Completeness",
+    "Copy",
+    "FitsVerdict",
+    "Judge",
+    "Judgement",
+    "KindStatus",
+    "LedgerSnapshot",
+    "PageVerdict",
+    "ReadVerdict",
+    "Steps",
+    "outcome",
+]
