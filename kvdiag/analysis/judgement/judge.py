@@ -55,6 +55,7 @@ from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTra
 from kvdiag.analysis.judgement.fits import BAD, FitsJudge, FitsVerdict, outcome
 from kvdiag.analysis.judgement.ledger import OUTCOME_CODE, Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy, HostPages, Piece, Ring, Slots
+from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
@@ -183,7 +184,11 @@ class Judge:
             ev.Invalidate: self._invalidate, ev.Abort: self.groups.aborts.append,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
+            ev.Snapshot: self._snapshot,
         }
+        self.snapshot_replaced: list[int] = []
+        """Seqs of snapshots that replaced a state the events had built (a gap before them,
+        or a writer that disagrees with the judgement): :mod:`.snapshot`."""
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
 
@@ -262,6 +267,20 @@ class Judge:
         up = self.completeness.is_declared("upload")
         for target in self._uploads:
             self._uploads[target] = up or self._uploads[target]
+
+    def _snapshot(self, e: ev.Snapshot) -> None:
+        """A segment's starting state (:mod:`.snapshot`): compared when the events before it
+        built the same state, else taken as the state."""
+        if matches(self.host, self.pool, self.ring, e):
+            return
+        if self.rows > 0:
+            self.snapshot_replaced.append(e.seq)
+        seed(self.host, self.pool, self.ring, e)
+        if e.versions and self._writes is None:
+            self._writes = True
+        for target, runs in (("resident", e.pool), ("ring", e.ring)):
+            if runs and self._uploads[target] is None:
+                self._uploads[target] = True
 
     def _mark(self, e: ev.Mark) -> None:
         self.mark = e
@@ -696,7 +715,8 @@ class Judge:
             "not_judged": {WHY_KEY[w]: n for w, n in sorted(self.not_judged_why.items())},
             "reads": {"judged": self.reads[0], "without_served": self.reads[1]},
             "cross_check": {"annotation_disagrees": self.groups.annotation.count,
-                            "versions_disagree": self.groups.versions.count},
+                            "versions_disagree": self.groups.versions.count,
+                            "snapshot_replaced": len(self.snapshot_replaced)},
             "out_of_range": self.out_of_range,
             "resident_hits": pool_read - up_pages["resident"],
             "resident_hit_rate": (max(0.0, 1.0 - up_pages["resident"] / pool_read)

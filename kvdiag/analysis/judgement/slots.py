@@ -47,6 +47,7 @@ from kvdiag.analysis.judgement.classes import (
     EXACT,
     FOREIGN,
     NO_WRITE,
+    BEFORE_SNAPSHOT,
     NOT_JUDGED,
     RING_HISTORY,
     STALE,
@@ -247,6 +248,10 @@ class Ring(Slots):
         self.log: deque[RingCopy] = deque(maxlen=RING_LOG)
         self.batch: dict[View, list[int]] = {}
         """Per view: [seq of the batch's first copy, 1 if a read of the view came since]."""
+        self.history_from = 0
+        """Seq of the snapshot the ring's state was taken from (:mod:`.snapshot`): copies
+        before it are not in :attr:`log`. 0: the log goes back to the trace's start (or the
+        last invalidate, which emptied every slot)."""
 
     def copy_ring(self, seq: int, step: int, layer: int, stream: int, p0: int, s0: int,
                   versions: list[int]) -> None:
@@ -269,6 +274,7 @@ class Ring(Slots):
         super().clear()
         self.log.clear()
         self.batch.clear()
+        self.history_from = 0
 
     def pieces(self, layer: int, stream: int, begin: int, slot: int, current: list[int],
                source: int, writes: bool, out: list[Piece]) -> None:
@@ -323,5 +329,9 @@ class Ring(Slots):
         if not seen_start and len(self.log) == self.log.maxlen:
             return (page, page + 1, source, slot, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
                     RING_HISTORY)
+        if not seen_start and start < self.history_from:
+            # the batch began before the segment's snapshot: its earlier copies are unknown
+            return (page, page + 1, source, slot, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
+                    BEFORE_SNAPSHOT)
         return (page, page + 1, source, slot, FOREIGN, 0, newest.layer, newest.stream,
                 newest.page, newest.version, newest.step, newest.seq, 0)
