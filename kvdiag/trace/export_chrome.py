@@ -233,6 +233,11 @@ class ChromeExporter:
                 out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "records",
                             "name": _name("records + " + ", ".join(event.kinds)), "args": args})
+            case ev.Snapshot():
+                out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
+                            "ts": ts, "cat": "snapshot",
+                            "name": _name(f"segment starts ({event.reason or 'snapshot'})"),
+                            "args": {"seq": event.seq, "step": event.step}})
             case ev.End():
                 self._close((RUNTIME_PID, UBATCH_TID), ts, out, float("inf"))
                 reason = f": {_name(event.reason)}" if event.reason else ""
