@@ -22,6 +22,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
 from kvdiag.trace.reader import TraceReader
+from kvdiag.trace.segments import open_trace
 from kvdiag.tui.clip import clip_deep
 
 TELEMETRY_FIELDS: tuple[str, ...] = (
@@ -134,20 +135,26 @@ class _Counting:
     def close(self) -> None:
         self.raw.close()
 
+    def __getattr__(self, name: str) -> Any:
+        # what a joined segment set tells its reader (problems, locate, skipped_seqs)
+        return getattr(self.raw, name)
+
 
 def digest_trace(path: str | Path, progress: Callable[[float], None] | None = None,
                  every: int = 1 << 16) -> TraceDigest:
     """Read ``path`` once; ``progress(fraction)`` is called every ``every`` events."""
     p = Path(path)
-    size = max(p.stat().st_size, 1)
-    stream = _Counting(p.open("rb"))
+    opened = open_trace(p)  # a plain file, a compressed one, or a segment set (one stream)
+    size = max(int(getattr(opened.stream, "size", 0)) or (p.stat().st_size if p.is_file()
+                                                          else 0), 1)
+    stream = _Counting(opened.stream)
     marks: dict[str, set[int]] = {k: set() for k in ("stale", "foreign", "diverged", "abort",
                                                       "fallback")}
     samples: list[ev.Telemetry] = []
     aborts: list[ev.Abort] = []
     partition: list[ev.Adapt | ev.Repartition] = []
     try:
-        reader = TraceReader(stream, str(p), close_stream=True)  # type: ignore[arg-type]
+        reader = TraceReader(stream, opened.name, close_stream=True)  # type: ignore[arg-type]
         judge = Judge(reader.header, name=str(p))
         feed = judge.feed
         for n, event in enumerate(reader, 1):

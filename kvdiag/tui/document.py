@@ -24,6 +24,7 @@ from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
+from kvdiag.trace.segments import ZSTD_MAGIC, open_trace
 from kvdiag.tui.digest import TraceDigest
 
 Stage = Literal["opening", "indexing", "analysing", "ready"]
@@ -120,11 +121,34 @@ def _refuse_special(p: Path) -> None:
     raise InputError(f"{p}: {what}, not a file (save the stream to a file first)")
 
 
+def _starts_with(p: Path, magic: bytes) -> bool:
+    try:
+        with p.open("rb") as fh:
+            return fh.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def _detect_joined(path: str | Path) -> FileKind:
+    """A segment set (its stem, folder or a glob) or a zstd-compressed file: only traces come
+    that way (kvdiag.trace.segments); anything else is the error ``open_trace`` words."""
+    opened = open_trace(path)
+    try:
+        head = opened.stream.read(4096)
+    finally:
+        opened.stream.close()
+    if head.lstrip(b"\xef\xbb\xbf").startswith(_TRACE_START):
+        return "trace"
+    raise InputError(f"{path}: compressed data that is not a kvtrace trace")
+
+
 def detect_kind(path: str | Path) -> FileKind:
     """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data,
     empty files, FIFOs and other non-regular files and unreadable paths are an
     :class:`InputError`."""
     p = Path(path)
+    if not p.is_file() or _starts_with(p, ZSTD_MAGIC):
+        return _detect_joined(path)
     _refuse_special(p)
     with open_input(p) as fh:
         try:

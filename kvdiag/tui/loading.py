@@ -23,6 +23,7 @@ from kvdiag.analysis.replay import geometry_from_header
 from kvdiag.analysis.trace_index import FITS, READ, UPLOAD, WRITE, IndexBuilder, header_end
 from kvdiag.errors import InputError
 from kvdiag.trace.reader import TraceReader
+from kvdiag.trace.segments import read_all
 from kvdiag.tui.clip import clip, clip_deep
 from kvdiag.tui.digest import digest_trace
 from kvdiag.tui.document import (
@@ -85,7 +86,10 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     t0 = time.perf_counter()
     with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
         header = clip_deep(reader.header)
-    source = LineSource.open(path)
+    # a segment set or a compressed trace is joined in memory: lines are addressed by offset
+    whole = read_all(path)
+    source = LineSource.open(path) if whole is None else LineSource(whole[0], whole[1],
+                                                                    compressed=True)
     builder = IndexBuilder(source, header_end(source))
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
     publish(doc)
