@@ -30,7 +30,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import msgspec
 
@@ -134,7 +134,8 @@ def _zstd_reader(raw: BinaryIO, path: Path) -> BinaryIO:
 
     reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
                                                         closefd=True)
-    return _Guarded(reader, str(path))
+    # a reader of the interface TraceReader uses (read, readline, close), typed as the file
+    return cast(BinaryIO, _Guarded(reader, str(path)))
 
 
 class _Guarded:
@@ -345,13 +346,13 @@ def open_trace(path: str | os.PathLike[str]) -> Opened:
     is an :class:`InputError` ("no such file")."""
     text = os.fspath(path)
     p = Path(text)
-    if not any(c in _GLOB_CHARS for c in text) and not p.is_dir():
-        if p.exists() or p.is_symlink():
-            stream = open_input(p, directory="is a directory, not a trace file")
-            head = stream.peek(4)[:4] if hasattr(stream, "peek") else b""
-            if head == ZSTD_MAGIC:
-                return Opened(_zstd_reader(stream, p), str(p), None)
-            return Opened(stream, str(p), None)
+    if not any(c in _GLOB_CHARS for c in text) and not p.is_dir() and (
+            p.exists() or p.is_symlink()):
+        stream = open_input(p, directory="is a directory, not a trace file")
+        head = stream.peek(4)[:4] if hasattr(stream, "peek") else b""
+        if head == ZSTD_MAGIC:
+            return Opened(_zstd_reader(stream, p), str(p), None)
+        return Opened(stream, str(p), None)
     found = find_set(text)
     if found is None:
         if any(c in _GLOB_CHARS for c in text):
@@ -394,7 +395,7 @@ def _open_set(stem: str, parts: list[Part]) -> Opened:
                    run=run if isinstance(run, str) else "",
                    keep=keep if type(keep) is int else None, left_out=tuple(left_out))
     name = f"{stem}.kvtrace" if len(used) > 1 else str(used[0].path)
-    return Opened(JoinedStream(used, name, problems, firsts), name, info)
+    return Opened(cast(BinaryIO, JoinedStream(used, name, problems, firsts)), name, info)
 
 
 def read_all(path: str | os.PathLike[str]) -> tuple[bytes, str, SetInfo | None] | None:

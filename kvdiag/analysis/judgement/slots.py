@@ -44,10 +44,10 @@ from collections import deque
 from typing import NamedTuple
 
 from kvdiag.analysis.judgement.classes import (
+    BEFORE_SNAPSHOT,
     EXACT,
     FOREIGN,
     NO_WRITE,
-    BEFORE_SNAPSHOT,
     NOT_JUDGED,
     RING_HISTORY,
     STALE,
