@@ -166,7 +166,9 @@ class TraceReader:
         name = self.name
         line = self._read(lambda: self._stream.readline(self._max_line))
         if not line:
-            raise InputError(f"{name}: empty file, not a kvtrace trace")
+            broken = getattr(self._stream, "broken", "")
+            raise InputError(f"{name}: {broken}" if broken else
+                             f"{name}: empty file, not a kvtrace trace")
         self.lines_read = 1
         if not line.endswith(b"\n") and len(line) >= self._max_line:
             raise InputError(f"{name}: not a kvtrace trace (no header line)")
@@ -266,6 +268,10 @@ class TraceReader:
                 + (f"; or segment {index:06d} of a rotated trace, continued in the next one"
                    if type(index) is int and self.segments is None else ""),
             )
+        broken = getattr(self._stream, "broken", "")
+        if broken:  # a compressed file whose data breaks: read up to there
+            self.truncated = True
+            self._problem(self.lines_read, "truncated", broken)
         joined = getattr(self._stream, "problems", None)
         if joined:
             self.problems.extend(joined)

@@ -139,20 +139,24 @@ def _zstd_reader(raw: BinaryIO, path: Path) -> BinaryIO:
 
 
 class _Guarded:
-    """A zstd reader whose damage is an :class:`InputError` naming the file (a cut or corrupt
-    frame), read up to where it breaks."""
+    """A zstd reader read up to where its data breaks (a cut or corrupt frame): there it ends,
+    and ``broken`` says why (the reader reports it as the trace's truncation)."""
 
     def __init__(self, raw: Any, name: str) -> None:
         self.raw = raw
         self.name = name
+        self.broken = ""
 
     def read(self, n: int = -1) -> bytes:
         import zstandard
 
+        if self.broken:
+            return b""
         try:
             return bytes(self.raw.read(n))
         except zstandard.ZstdError as exc:
-            raise InputError(f"{self.name}: compressed data breaks: {exc}") from None
+            self.broken = f"compressed data breaks in {Path(self.name).name}: {exc}"
+            return b""
 
     def readline(self, limit: int = -1) -> bytes:
         out = bytearray()
@@ -273,6 +277,9 @@ class JoinedStream:
 
     def _finish_part(self) -> None:
         assert self._cur is not None
+        broken = getattr(self._cur, "broken", "")
+        if broken:
+            self.problems.append(Problem(self._lines + 1, "truncated", broken))
         self._cur.close()
         self._cur = None
         if self._tail and not self._tail.endswith(b"\n"):
@@ -326,6 +333,13 @@ class JoinedStream:
             self._cur = None
 
 
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -373,7 +387,10 @@ def _open_set(stem: str, parts: list[Part]) -> Opened:
     if not good:
         raise InputError(f"{stem}.kvtrace: no segment has a kvtrace header ("
                          + ", ".join(p.path.name for p in parts[:5]) + ")")
-    last_extra = _segment_extra(headers[good[-1]] or {})
+    # the newest writer's run: the segment written last (a longer run before it under the same
+    # name can leave segments with higher numbers behind)
+    newest = max(good, key=lambda i: (_mtime(parts[i].path), parts[i].index))
+    last_extra = _segment_extra(headers[newest] or {})
     run = last_extra.get("run")
     keep = last_extra.get("keep")
     used: list[Part] = []
@@ -383,7 +400,7 @@ def _open_set(stem: str, parts: list[Part]) -> Opened:
         why = ("not a kvtrace segment (no header line)" if header is None else
                f"from another run ({seg.get('run')!r}, the set's newest segment is from "
                f"{run!r})" if seg.get("run") != run else "")
-        if why and i != good[-1]:
+        if why and i != newest:
             left_out.append(f"{part.path.name}: {why}")
             continue
         used.append(part)
