@@ -130,44 +130,74 @@ def _open_part(part: Part) -> BinaryIO:
 
 
 def _zstd_reader(raw: BinaryIO, path: Path) -> BinaryIO:
-    import zstandard  # only where a compressed file is read
-
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
-                                                        closefd=True)
     # a reader of the interface TraceReader uses (read, readline, close), typed as the file
-    return cast(BinaryIO, _Guarded(reader, str(path)))
+    return cast(BinaryIO, _Zstd(raw, str(path)))
 
 
-class _Guarded:
-    """A zstd reader read up to where its data breaks (a cut or corrupt frame): there it ends,
-    and ``broken`` says why (the reader reports it as the trace's truncation)."""
+class _Zstd:
+    """A zstd-compressed file decompressed as it is read, frame after frame, up to where its
+    data breaks (a corrupt frame, or one cut short: the writer of the .zst was stopped); there
+    it ends, and ``broken`` says why (the reader reports the trace as truncated)."""
 
-    def __init__(self, raw: Any, name: str) -> None:
+    def __init__(self, raw: BinaryIO, name: str) -> None:
+        import zstandard  # only where a compressed file is read
+
         self.raw = raw
         self.name = name
         self.broken = ""
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._error = zstandard.ZstdError
+        self._obj = self._new()
+        self._in_frame = False
+        self._buf = b""
+        self._pos = 0
+
+    def _more(self) -> bool:
+        while not self.broken:
+            chunk = self.raw.read(_PIECE // 4)
+            if not chunk:
+                if self._in_frame:
+                    self.broken = (f"compressed data of {Path(self.name).name} ends inside a "
+                                   "zstd frame (cut short)")
+                return False
+            out = []
+            try:
+                while chunk:
+                    self._in_frame = True
+                    out.append(self._obj.decompress(chunk))
+                    chunk = b""
+                    if self._obj.eof:
+                        chunk = self._obj.unused_data
+                        self._obj = self._new()
+                        self._in_frame = False
+            except self._error as exc:
+                self.broken = f"compressed data of {Path(self.name).name} breaks: {exc}"
+            data = b"".join(out)
+            if data:
+                self._buf = self._buf[self._pos:] + data
+                self._pos = 0
+                return True
+        return False
 
     def read(self, n: int = -1) -> bytes:
-        import zstandard
-
-        if self.broken:
-            return b""
-        try:
-            return bytes(self.raw.read(n))
-        except zstandard.ZstdError as exc:
-            self.broken = f"compressed data breaks in {Path(self.name).name}: {exc}"
-            return b""
+        while (n < 0 or len(self._buf) - self._pos < n) and self._more():
+            pass
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
 
     def readline(self, limit: int = -1) -> bytes:
-        out = bytearray()
-        while limit < 0 or len(out) < limit:
-            c = self.read(1)
-            if not c:
+        while True:
+            nl = self._buf.find(b"\n", self._pos)
+            if nl >= 0 or 0 <= limit <= len(self._buf) - self._pos or not self._more():
                 break
-            out += c
-            if c == b"\n":
-                break
-        return bytes(out)
+        end = len(self._buf) if nl < 0 else nl + 1
+        if limit >= 0:
+            end = min(end, self._pos + limit)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
 
     def close(self) -> None:
         self.raw.close()
@@ -419,7 +449,7 @@ def read_all(path: str | os.PathLike[str]) -> tuple[bytes, str, SetInfo | None] 
     """The whole bytes of a compressed trace or a segment set (for a viewer that addresses
     lines by offset), None for a plain file (map it instead)."""
     opened = open_trace(path)
-    if isinstance(opened.stream, JoinedStream | _Guarded):
+    if isinstance(opened.stream, JoinedStream | _Zstd):
         try:
             return opened.stream.read(), opened.name, opened.segments
         finally:
