@@ -9,6 +9,7 @@ the bytes, not against kvdiag's own idea.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -106,10 +107,8 @@ def watch_size(folder: Path, stop: threading.Event, seen: list[int]) -> None:
     while not stop.is_set():
         total = 0
         for f in folder.iterdir():
-            try:
+            with contextlib.suppress(FileNotFoundError):  # deleted by KVTRACE_KEEP meanwhile
                 total += f.stat().st_size
-            except FileNotFoundError:
-                pass  # deleted by KVTRACE_KEEP while we looked
         seen.append(total)
         time.sleep(0.001)
 
