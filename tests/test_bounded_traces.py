@@ -114,7 +114,7 @@ def watch_size(folder: Path, stop: threading.Event, seen: list[int]) -> None:
 
 
 def test_a_long_run_stays_within_its_disk_budget_and_every_segment_is_judged_right(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN a long kvrt run (300 requests with restarts, invalidations, two streams' aliasing:
     some 90,000 events), rotated at 0.25 MB and keeping 4 segments
     WHEN the folder's size is watched while it runs
@@ -148,6 +148,11 @@ def test_a_long_run_stays_within_its_disk_budget_and_every_segment_is_judged_rig
     assert reader.problems == [] and reader.complete
     assert reader.segments is not None and reader.segments.dropped_before == last - 4
     assert f"{last - 4} before them deleted" in reader.segments.text()
+    assert main(["trace", "info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["segments"]["indices"] == list(range(last - 3, last + 1))
+    assert info["segments"]["text"].endswith(
+        f"(4 read; {last - 4} before them deleted by the writer's KVTRACE_KEEP=4 rotation)")
     assert len(keyed) > 2000 and all(truth[(s, p)] == c for s, p, c in keyed)
 
     every = tmp_path / "all"

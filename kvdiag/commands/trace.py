@@ -188,6 +188,8 @@ def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
         head.add_row(key, value)
     if h.plan:
         head.add_row("plan", _count(h.plan))
+    if s.segments is not None:
+        head.add_row("segments", cap(s.segments["text"]))
     for key, value in s.header_extras.items():
         head.add_row(f"{cap(key)} (unknown)", _short(value))
     parts: list[RenderableType] = [head]
