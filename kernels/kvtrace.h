@@ -579,6 +579,7 @@ struct kvtrace_bounded_ {
     int64_t dropped; /* flight recorder: events that did not fit after a failure */
     kvtrace_view_ *views;
     int64_t n_views, cap_views; /* open addressing; cap a power of 2 */
+    kvtrace_view_ *last_view;   /* a write, its upload and its read name one view in a row */
     kvtrace_copy_ *slots[2];    /* 0: pool (resident), 1: ring */
     int64_t n_slots[2];
     int64_t resident, ring; /* partition of the last repartition; -1 unknown */
@@ -643,6 +644,8 @@ static inline void kvtrace_seg_path_(const kvtrace_bounded_ *B, int64_t index, i
 static inline kvtrace_view_ *kvtrace_view_of_(kvtrace_bounded_ *B, int64_t layer, int64_t stream,
                                               int create) {
     uint64_t h, mask;
+    kvtrace_view_ *v = B->last_view;
+    if (v && v->layer == layer && v->stream == stream) return v;
     if (layer != (int32_t)layer || stream != (int32_t)stream) return NULL;
     if (create && (B->n_views + 1) * 2 > B->cap_views) {
         int64_t cap = B->cap_views ? B->cap_views * 2 : 64, i;
@@ -660,21 +663,22 @@ static inline kvtrace_view_ *kvtrace_view_of_(kvtrace_bounded_ *B, int64_t layer
         free(old);
         B->views = grown;
         B->cap_views = cap;
+        B->last_view = NULL;
     }
     if (!B->cap_views) return NULL;
     mask = (uint64_t)(B->cap_views - 1);
     h = ((uint64_t)(uint32_t)layer * 2654435761u) ^ (uint32_t)stream;
     for (;; h++) {
-        kvtrace_view_ *v = &B->views[h & mask];
+        v = &B->views[h & mask];
         if (!v->used) {
             if (!create) return NULL;
             v->used = 1;
             v->layer = (int32_t)layer;
             v->stream = (int32_t)stream;
             B->n_views++;
-            return v;
+            return B->last_view = v;
         }
-        if (v->layer == layer && v->stream == stream) return v;
+        if (v->layer == layer && v->stream == stream) return B->last_view = v;
     }
 }
 
