@@ -535,7 +535,8 @@ static inline void kvtrace_fail_(kvtrace_state_12_ *S) {
  *                      and written (header, snapshot, events, end) at KVTRACE_END, exit(), an
  *                      abort through the ggml hook or KVTRACE_ABORT, and SIGSEGV, SIGBUS, SIGILL,
  *                      SIGFPE or SIGABRT (that path only calls write()). Wins over KVTRACE_MAX_MB.
- * M and N may have a fraction ("0.25"); a segment or half the ring is at least 4 KiB.
+ * M and N may have a fraction ("0.25"); a segment is at least 4 KiB, half the ring at least
+ * two of the longest events (2 KVTRACE_LINE_MAX + 8 KiB, 40 KiB by default).
  *
  * A segment (and a flight recorder's window) starts with a header line and a `snapshot` event:
  * what the judgement needs to judge it alone -- what every pool and ring slot holds (layer,
@@ -1084,7 +1085,9 @@ static inline kvtrace_bounded_ *kvtrace_bounded_new_(kvtrace_state_12_ *S, char 
         int64_t bytes = ring_m * 1048576 / 1000;
         B->flight = 1;
         B->mb_milli = ring_m;
-        B->chunk_cap = (size_t)(bytes / 2 < 4096 ? 4096 : bytes / 2);
+        /* a half holds at least two of the longest events */
+        B->chunk_cap = (size_t)(bytes / 2 < 2 * KVTRACE_GAP_ + 2 * KVTRACE_LINE_MAX
+                                    ? 2 * KVTRACE_GAP_ + 2 * KVTRACE_LINE_MAX : bytes / 2);
         B->chunk[0] = (char *)malloc(B->chunk_cap);
         B->chunk[1] = (char *)malloc(B->chunk_cap);
         if (!B->chunk[0] || !B->chunk[1]) {
