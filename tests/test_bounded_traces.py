@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import zstandard
+from native_cc import CC, KERNELS, TESTS_C
+from native_cc import build as build_c
 from native_runtime import CONFIGS, RuntimeUnavailable, build, read_truth, run_with
 
 from kvdiag.analysis.judgement import Judge
@@ -361,3 +365,36 @@ def test_rotation_and_ring_settings_that_are_not_numbers_are_refused(tmp_path: P
     assert rc == 0
     assert "KVTRACE_MAX_MB is not a positive number" in err
     assert (tmp_path / "x.kvtrace").is_file() and not segments(tmp_path, "x")
+
+
+def test_eight_threads_rotating_lose_nothing_and_every_snapshot_matches(tmp_path: Path) -> None:
+    """GIVEN 8 threads writing 120,000 upload events with no step events, rotated at 0.125 MB
+    (so every rotation is the forced one at 2 × 0.125 MB, in the middle of the threads' stream)
+    WHEN the set is read as one THEN seq runs 1..N without a hole or a repeat across all
+    segments, every segment but the first starts with a snapshot, and each snapshot equals the
+    state the judgement derived from the events before it (none replaced a state)."""
+    if CC is None:  # pragma: no cover - every CI machine has gcc
+        pytest.skip("no gcc")
+    exe = tmp_path / "kvtrace_bench"
+    build_c([CC, "-std=c99", "-O2", "-I", str(KERNELS), str(TESTS_C / "kvtrace_bench.c"), "-o",
+             str(exe), "-pthread"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_")}
+    env.update(KVTRACE_FILE=str(tmp_path / "mt.kvtrace"), KVTRACE_MAX_MB="0.125")
+    proc = subprocess.run([str(exe), "on", "120000", "8"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    files = segments(tmp_path, "mt")
+    assert len(files) > 20
+    reader = TraceReader.open(tmp_path / "mt.kvtrace")
+    judge = Judge(reader.header)
+    seqs: list[int] = []
+    snapshots = 0
+    for e in reader:
+        judge.feed(e)
+        seqs.append(e.seq)
+        snapshots += type(e) is ev.Snapshot
+    assert reader.problems == [] and reader.complete
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert snapshots == len(files) - 1
+    assert len(seqs) == 120000 + snapshots + 1  # the uploads, the snapshots, the end
+    assert judge.snapshot_replaced == []
