@@ -398,3 +398,15 @@ def test_eight_threads_rotating_lose_nothing_and_every_snapshot_matches(tmp_path
     assert snapshots == len(files) - 1
     assert len(seqs) == 120000 + snapshots + 1  # the uploads, the snapshots, the end
     assert judge.snapshot_replaced == []
+
+
+def test_a_file_whose_name_looks_like_a_glob_is_read_as_the_file(tmp_path: Path) -> None:
+    """GIVEN a trace file named with glob characters ('run[1].kvtrace') WHEN it is read THEN
+    it is that file, not a pattern."""
+    src = tmp_path / "plain.kvtrace"
+    rc, err = run_with(args_of("fixed"), src, tmp_path / "p.truth", {}, BUILT)
+    assert rc == 0, err
+    odd = tmp_path / "run[1].kvtrace"
+    src.rename(odd)
+    with TraceReader.open(odd) as reader:
+        assert sum(1 for _ in reader) > 10 and reader.problems == [] and reader.segments is None

@@ -390,8 +390,7 @@ def open_trace(path: str | os.PathLike[str]) -> Opened:
     is an :class:`InputError` ("no such file")."""
     text = os.fspath(path)
     p = Path(text)
-    if not any(c in _GLOB_CHARS for c in text) and not p.is_dir() and (
-            p.exists() or p.is_symlink()):
+    if not p.is_dir() and (p.exists() or p.is_symlink()):  # a file, whatever its name
         stream = open_input(p, directory="is a directory, not a trace file")
         head = stream.peek(4)[:4] if hasattr(stream, "peek") else b""
         if head == ZSTD_MAGIC:
@@ -402,8 +401,7 @@ def open_trace(path: str | os.PathLike[str]) -> Opened:
         if any(c in _GLOB_CHARS for c in text):
             raise InputError(f"{text}: matches no trace segment (<stem>.NNNNNN.kvtrace[.zst])")
         if p.is_dir():
-            raise InputError(f"{text}: is a directory, not a trace file (and holds no trace "
-                             "segments)")
+            raise InputError(f"{text}: is a directory, not a trace file")
         raise InputError(f"{text}: no such file")
     stem, parts = found
     return _open_set(stem, parts)
