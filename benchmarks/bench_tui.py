@@ -60,6 +60,7 @@ def write_trace(path: Path, n_events: int) -> int:
         Output,
         Read,
         ReadRange,
+        Served,
         Step,
         Telemetry,
         Upload,
@@ -127,8 +128,14 @@ def write_trace(path: Path, n_events: int) -> int:
                                             step % 8)]
                     if n_pages > WINDOW:
                         ranges.append(ReadRange(WINDOW, n_pages, "ring", s, "exact"))
+                    # served: the raw fact the judgement classifies (the annotated ranges are
+                    # its cross-check only)
+                    served = [Served(0, WINDOW, "pool", base)]
+                    if n_pages > WINDOW:
+                        served.append(Served(WINDOW, n_pages, "ring", layer % RING))
                     w.emit(Read, step, layer=layer, stream=s, pool=WINDOW,
-                           ring=max(0, n_pages - WINDOW), host=0, ranges=tuple(ranges))
+                           ring=max(0, n_pages - WINDOW), host=0, ranges=tuple(ranges),
+                           served=tuple(served))
                 w.emit(Upload, step, layer=layer, stream=layer % 2,
                        pages=(WINDOW, min(n_pages, WINDOW + 8)), slot=layer % RING,
                        target="ring", bytes=8 << 20, reason="ring")
@@ -294,7 +301,7 @@ def baselines(path: Path, step: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--presses", type=int, default=200)
     ap.add_argument("--write-only", metavar="PATH", help=argparse.SUPPRESS)

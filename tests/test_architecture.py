@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "logimport": {"postmortem", "kvstream", "trace", "model"},
     "tui": {"report", "analysis", "trace", "model", "postmortem"},
 }
-LEAVES = {"errors", "__init__"}
+LEAVES = {"errors", "files", "__init__"}
 
 
 def imports(path: Path) -> list[str]:

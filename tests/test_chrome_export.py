@@ -117,9 +117,11 @@ def every_kind_trace(path: Path, version: str = "1.2", **extra_fields: Any) -> P
         event_line("telemetry", 19, 1, gpu_util=40, mem_used=1 << 30),
         event_line("warn", 20, 1, message="fell back", code="fallback", layer=2),
         event_line("records", 21, 1, kinds=["learn", "mark.outside"]),
-        event_line("prefetch", 22, 1, layer=2, stream=1, pages=[1, 3]),
-        event_line("abort", 23, 1, message=LONG, file="fattn.cu", line=7),
-        event_line("end", 24, 1, status="aborted", steps=2, events=23),
+        event_line("timing", 22, 1, prompt_tokens=500, prompt_ms=400.0, decode_tokens=8,
+                   decode_ms=320.0, slot=1, depth_start=512, depth_end=520),
+        event_line("prefetch", 23, 1, layer=2, stream=1, pages=[1, 3]),
+        event_line("abort", 24, 1, message=LONG, file="fattn.cu", line=7),
+        event_line("end", 25, 1, status="aborted", steps=2, events=24),
     ]
     path.write_bytes(header_line(version, **({"writer_build": "b77"} if version != "1.2"
                                               else {})) + b"".join(lines))
@@ -148,7 +150,12 @@ def test_one_track_per_stream_and_layer(tmp_path: Path) -> None:
     assert threads[(s1, 3)] == "layer 2"
     on_s1_l2 = {e["args"]["seq"] for e in doc if e["ph"] == "X" and (e["pid"], e["tid"]) == (s1, 3)}
     # stream 1 layer 2: its writes, upload, reads, evict, kernel and the unknown kind's event
-    assert on_s1_l2 == {4, 6, 8, 10, 11, 13, 14, 22}
+    assert on_s1_l2 == {4, 6, 8, 10, 11, 13, 14, 23}
+    # the request of the timing event is a slice on slot 1's request track
+    (req,) = [e for e in doc if e.get("cat") == "timing"]
+    assert threads[(req["pid"], req["tid"])] == "requests, slot 1"
+    # without started_ns it would begin 720 ms before its line, before the trace: cut at 0
+    assert req["ts"] == 0 and req["dur"] == 2.2 and req["name"] == "task None: decode at depth 512"
 
 
 def test_flows_join_the_missed_write_to_stale_and_foreign_reads(tmp_path: Path) -> None:
@@ -188,7 +195,7 @@ def test_newer_minor_fields_and_kinds_are_carried(tmp_path: Path) -> None:
     assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(log)]) == 0
     text = log.read_text()
     assert 'D kvtrace: seq 4 fields unknown to this version: {"gpu_uuid":"GPU-42",' in text
-    assert "D kvtrace: event of unknown kind 'prefetch' seq 22 step 1: " in text
+    assert "D kvtrace: event of unknown kind 'prefetch' seq 23 step 1: " in text
     pm = subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", "--json", str(log)],
                         capture_output=True, text=True, timeout=120)
     assert pm.returncode in (0, 1) and json.loads(pm.stdout)["problems"] == []

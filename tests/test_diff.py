@@ -71,8 +71,13 @@ def test_a_trace_is_equivalent_to_itself(captured: Capture,
     assert code == 0 and doc["equivalent"] is True and doc["first"] is None
     assert doc["steps_compared"] == doc["steps"]["a"] == doc["steps"]["b"] > 10
     with TraceReader.open(path) as r:
-        reads = sum(1 for e in r if isinstance(e, ev.Read))
-    assert doc["compared"] == {"reads": reads, "reads_not_recorded": 0,
+        events = list(r)
+    reads = sum(1 for e in events if isinstance(e, ev.Read))
+    routes = sum(1 for e in events if isinstance(e, ev.Fits))
+    writes = sum(1 for e in events if isinstance(e, ev.Write))
+    assert doc["verdict"] == "equivalent" and writes > 0 and routes > 0
+    assert doc["compared"] == {"writes": writes, "routes": routes,
+                               "reads": reads, "reads_not_recorded": 0,
                                "outputs": doc["steps"]["a"], "outputs_not_recorded": 0}
     capsys.readouterr()
     assert main(["diff", str(path), str(path)]) == 0

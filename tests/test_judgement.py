@@ -36,7 +36,7 @@ def annotated_pages(e: ev.Read) -> dict[int, tuple[str, int, str, int]]:
 def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str, str]]:
     """Assert judged == annotated for every page of every read; return pages per
     (source, class)."""
-    j = Judge()
+    j = Judge(detail=True)
     seen: Counter[tuple[str, str]] = Counter()
     for e in events:
         j.feed(e)
@@ -111,7 +111,7 @@ def test_the_matrix_exercises_every_verdict_and_source() -> None:
 def test_judgement_ignores_the_annotation_and_the_write_versions() -> None:
     """Strip ``ranges`` and ``versions`` (what a native trace lacks): same verdicts."""
     events = capture("slot1-first", "shared", "membership", False)
-    full, bare = Judge(), Judge()
+    full, bare = Judge(detail=True), Judge(detail=True)
     for e in events:
         full.feed(e)
         stripped: Any = e
@@ -131,7 +131,7 @@ def test_stale_verdict_names_the_copy_the_lag_and_the_missed_write() -> None:
     """The first stale page of slot1-first (shared): its copy was made by an upload earlier
     than the write that made the host page newer; that write is the flow's start."""
     events = capture("slot1-first", "shared", "membership", False)
-    j = Judge()
+    j = Judge(flows=True)
     for e in events:
         j.feed(e)
         if isinstance(e, ev.Read):
@@ -392,7 +392,8 @@ def test_out_of_range_pages_and_slots_are_not_believed_not_allocated() -> None:
 def test_many_ring_copies_stay_bounded() -> None:
     j = Judge()
     j.feed(ev.Write(1, 0, 0, layer=0, stream=0, cells=(0, 256 * 4), rows=(0, 1024)))
-    for i in range(20000):
-        j.feed(U(2 + i, 0, 0, 0, 0, 4, 0, "ring"))
-    assert len(j.ring.log) <= j.ring.log.maxlen  # type: ignore[operator]
+    j.feed_all(U(2 + i, 0, 0, 0, 0, 4, 0, "ring") for i in range(40000))
+    from kvdiag.analysis.judgement.slots import RING_LOG
+
+    assert RING_LOG <= j.state.ring_log.size < RING_LOG + 4 * 8192  # one chunk's copies more
     assert [c[1] for c in classes(j, R(30000, 0, 0, 0, (0, 4, "ring", 0)))] == ["exact"] * 4

@@ -79,7 +79,8 @@ def test_the_modelled_slot1_log_raises_the_aliasing_risk(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, doc = _postmortem_json(tmp_path, "slot1-first-shared", capsys)
-    assert code == 0 and doc["crashes"] == []
+    # no crash, but an error-level risk: postmortem fails on it as check does (issue 16)
+    assert code == 1 and doc["crashes"] == []
     risk = [f for f in doc["findings"] if f["rule"] == "kvstream-multislot-aliasing-risk"]
     assert risk and risk[0]["details"]["slot"] == 1 and risk[0]["details"]["n_stream"] == 2
     assert "K (q8_0):   17.00 MiB, V (q5_1):   12.00 MiB" in " ".join(

@@ -104,13 +104,13 @@ def test_bad_inputs_become_notifications_and_overview_messages(tmp_path: Path) -
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
         messages = [n.message for n in app._notifications]
         assert any("no such file" in m for m in messages)
-        assert any("binary data, neither a kvtrace trace nor a text log" in m for m in messages)
+        assert any("not a text log" in m for m in messages)
         assert any("9.0" in m for m in messages)
         assert "This file cannot be shown" in text(app) and "no such file" in text(app)
         for key in "2345671":
             await show(pilot, key)  # every screen copes with an unreadable file
         await show(pilot, "o")
-        assert app.current == 1 and "binary data, neither a kvtrace trace" in text(app)
+        assert app.current == 1 and "not a text log" in text(app)
         await show(pilot, "o")
         assert app.current == 2 and "trace format 9.0 is newer" in text(app)
 
@@ -392,12 +392,16 @@ def test_export_svg_and_usage_errors(samples: dict[str, Path], tmp_path: Path,
                  "--step", "2", "--size", "120x30"]) == 0
     svg = out.read_text()
     assert svg.startswith("<svg") and "stream&#160;1" in svg and "step&#160;2&#160;of&#160;4" in svg
-    assert main(["tui", str(samples["aliasing"]), "--export-svg", str(out), "--screen", "9"]) == 2
-    assert "--screen: '9' is not 1-7" in capsys.readouterr().err
+    assert main(["tui", str(samples["aliasing"]), "--export-svg", str(out), "--screen", "9",
+                 "--force"]) == 2
+    assert "--screen: '9' is not 1-8" in capsys.readouterr().err
     assert main(["tui", str(samples["aliasing"])]) == 2  # stdout is not a terminal here
     assert "standard output is not a terminal" in capsys.readouterr().err
     assert main(["tui", str(tmp_path / "nope.kvtrace"), "--export-svg", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["tui", str(samples["aliasing"]), "--export-svg", str(out)]) == 2
+    assert f"{out} exists (use --force to replace it)" in capsys.readouterr().err
+    assert out.read_text() == svg
 
 
 # -- symbolized log backtraces (--binary) --------------------------------------------------

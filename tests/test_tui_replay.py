@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvdiag.analysis.judgement import Judge
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import (
@@ -38,8 +39,23 @@ def query_for(path: Path) -> tuple[PagesQuery, dict[int, object], PagesGeometry]
     builder = IndexBuilder(source, header_end(source))
     for _ in builder.run():
         pass
-    return PagesQuery(builder.snapshot(), source, geometry), replay_steps(geometry, events), \
-        geometry
+    ledger = Judge(header, ledger=True).feed_all(events).snapshot().ledger
+    return PagesQuery(builder.snapshot(), source, geometry, ledger), \
+        replay_steps(geometry, events), geometry
+
+
+def test_without_the_judgements_ledger_read_pages_are_not_judged(aliasing: Path) -> None:
+    """The Pages screen before the judgement has run: reads are shown, their classes are not
+    invented (never taken from the model's annotation)."""
+    with TraceReader.open(aliasing) as reader:
+        header = reader.header
+    source = LineSource.open(aliasing)
+    builder = IndexBuilder(source, header_end(source))
+    for _ in builder.run():
+        pass
+    query = PagesQuery(builder.snapshot(), source, geometry_from_header(header))
+    read = query.snapshot(2).cell(1, 0, 0).read
+    assert read is not None and (read.source, read.cls) == ("pool", "not judged")
 
 
 @pytest.fixture(scope="module")

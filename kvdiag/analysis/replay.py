@@ -8,11 +8,12 @@ rebuilt from the events up to the end of S (docs/trace-format.md):
   being the host page's version at that moment; the bookkeeping key
   ``(layer, key_stream, page)`` (``key_stream`` absent in the shared layout) now maps to it;
 - ``evict`` empties a slot;
-- ``write`` sets the host versions of the pages it lists (``versions``) and names the
-  bookkeeping keys it marked dirty (``dirty``, the keys of the ubatch in progress);
+- ``write`` makes the pages its cells touch one version newer and names the bookkeeping keys
+  it marked dirty (``dirty``, the keys of the ubatch in progress);
 - ``read`` tells, per run of pages of one (layer, stream), where they were served from (pool,
-  ring, host), whose bytes they were (``holder``) and whether that was the right data
-  (``exact``), an older version (``stale``) or another stream's (``foreign``);
+  ring, host); whose bytes they were and whether that was the right data (``exact``), an
+  older version (``stale``), another's (``foreign``) or cannot be told (``not judged``) is the
+  judgement's verdict (:mod:`kvdiag.analysis.judgement`), never the model's annotation;
 - ``learn`` maps K view pointers to layer numbers (cleared when ``relearn``);
 - ``invalidate`` empties every slot and forgets every bookkeeping key (brief §1.5); in an
   adaptive trace it is also when the resident cache takes its new shape: the partition and
@@ -32,6 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement.crosscheck import as_ranges
 from kvdiag.model import events as ev
 from kvdiag.model.decode_layout import decode_layout
 from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
@@ -289,11 +292,14 @@ def write_pages(cells: tuple[int, int]) -> range:
 
 @dataclass
 class PagesReplay:
-    """Apply events in file order; :meth:`snapshot` gives the state after the last one."""
+    """Apply events in file order; :meth:`snapshot` gives the state after the last one.
+
+    Slot contents, host versions and every read page's verdict are the judgement's (a
+    :class:`~kvdiag.analysis.judgement.Judge` is fed each event); this adds what the runtime's
+    bookkeeping recorded (keys, dirty marks, learned layers, the window's shape)."""
 
     geometry: PagesGeometry
-    versions: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    holders: dict[int, Holder] = field(default_factory=dict)
+    judge: Judge = field(default_factory=lambda: Judge(detail=True))
     key_slot: dict[Key, int] = field(default_factory=dict)
     reads: dict[tuple[int, int], tuple[int, tuple[ev.ReadRange, ...]]] = field(
         default_factory=dict)
@@ -306,10 +312,9 @@ class PagesReplay:
     last_repartition: ev.Repartition | None = None
 
     def apply(self, event: object) -> None:
+        self.judge.feed(event)  # type: ignore[arg-type]
         match event:
             case ev.Write():
-                for page, version in event.versions:
-                    self.versions[(event.layer, event.stream, page)] = version
                 if self.dirty_step != event.step:
                     self.dirty.clear()
                     self.dirty_step = event.step
@@ -317,21 +322,18 @@ class PagesReplay:
             case ev.Upload(target="resident"):
                 shared = event.key_stream is None
                 for i, page in enumerate(range(event.pages[0], event.pages[1])):
-                    slot = event.slot + i
-                    self.holders[slot] = Holder(
-                        event.layer, event.stream, page,
-                        self.versions.get((event.layer, event.stream, page), 0))
-                    self.key_slot[(event.layer, None if shared else event.key_stream, page)] = slot
-            case ev.Evict():
-                self.holders.pop(event.slot, None)
+                    self.key_slot[(event.layer, None if shared else event.key_stream, page)] = \
+                        event.slot + i
             case ev.Read():
-                self.reads[(event.layer, event.stream)] = (event.step, event.ranges)
+                verdict = self.judge.verdict(event)
+                pieces = [] if verdict is None or not event.served else list(verdict.pieces)
+                self.reads[(event.layer, event.stream)] = (event.step,
+                                                           as_ranges(event, pieces))
             case ev.Adapt():
                 self.last_adapt = event
             case ev.Repartition():
                 self.last_repartition = event
             case ev.Invalidate():
-                self.holders.clear()
                 self.key_slot.clear()
                 self.shape = reshaped_window(self.geometry, self.last_adapt,
                                              self.last_repartition) or self.shape
@@ -345,16 +347,34 @@ class PagesReplay:
                 pass
 
     def snapshot(self, step: int) -> PagesSnapshot:
-        """The state now, as a value: later events do not change it (the maps are copied)."""
+        """The state now, as a value: later events do not change it (the state is copied)."""
         dirty = frozenset(self.dirty) if self.dirty_step == step else frozenset()
-        reads, key_slot, holders = dict(self.reads), dict(self.key_slot), dict(self.holders)
-        versions = dict(self.versions)
+        reads, key_slot = dict(self.reads), dict(self.key_slot)
+        state = self.judge.state
+        views = dict(state.views.ids)
+        v_layer, v_stream = state.views.layer.copy(), state.views.stream.copy()
+        pool = state.pool
+        s_view, s_page, s_ver = pool.view.copy(), pool.page.copy(), pool.version.copy()
+        offset, cap, version = (state.pages.offset.copy(), state.pages.cap.copy(),
+                                state.pages.version.copy())
+
+        def holder_of(slot: int) -> Holder | None:
+            if not 0 <= slot < s_view.size or s_view[slot] < 0:
+                return None
+            v = int(s_view[slot])
+            return Holder(int(v_layer[v]), int(v_stream[v]), int(s_page[slot]),
+                          int(s_ver[slot]))
+
+        def version_of(layer: int, stream: int, page: int) -> int:
+            v = views.get((layer, stream))
+            if v is None or v >= cap.size or not 0 <= page < int(cap[v]):
+                return 0
+            return int(version[int(offset[v]) + page])
+
         return assemble(
             self.geometry, step,
             read_of=lambda layer, stream: reads.get((layer, stream)),
-            slot_of=key_slot.get,
-            holder_of=holders.get,
-            version_of=lambda layer, stream, page: versions.get((layer, stream, page), 0),
+            slot_of=key_slot.get, holder_of=holder_of, version_of=version_of,
             dirty=dirty, learned=tuple(sorted(self.learned.items())),
             relearn_step=self.relearn_step, shape=self.shape,
         )

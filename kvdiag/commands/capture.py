@@ -8,13 +8,16 @@ from kvdiag.commands._shape import add_shape_args
 
 SCENARIO_NAMES = (
     "single-slot", "two-slot-concurrent", "slot1-first", "late-join", "pool-pressure",
+    "multiturn-growth",
 )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="two-slot-concurrent", choices=SCENARIO_NAMES,
                         help="what the server does (default: two-slot-concurrent)")
-    parser.add_argument("-o", "--output", required=True, help="trace file to write (.kvtrace)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="trace file to write (.kvtrace); '-' writes it to standard output")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"),
                         help="auto: CuPy on a GPU, else NumPy")
     parser.add_argument("--layout", choices=("shared", "per-stream"),

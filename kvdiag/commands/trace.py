@@ -60,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "run would print, which kvdiag postmortem and kvdiag import read."
     )
     export.add_argument("file", metavar="FILE", help="a .kvtrace file")
-    export.add_argument("-o", "--output", required=True, help="file to write")
+    export.add_argument("-o", "--output", required=True,
+                        help="file to write; '-' writes to standard output")
+    export.add_argument("--force", action="store_true", help="replace OUT if it exists")
     export.add_argument("--format", default="chrome", choices=("chrome", "llama-log"),
                         help="chrome: trace-event JSON (default); llama-log: the llama-server "
                              "log the modelled run would print (for kvdiag postmortem)")
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_command == "validate":
         return _validate(args.file)
     if args.trace_command == "export":
-        return _export(args.file, args.output, args.format)
+        return _export(args.file, args.output, args.format, force=args.force)
     if args.trace_command == "pages":
         return _pages(args.file, as_json=args.json)
     return _info(args.file, as_json=args.json)
@@ -100,22 +102,21 @@ def _validate(path: str) -> int:
         return EXIT_OK
 
 
-def _export(path: str, output: str, fmt: str) -> int:
-    from pathlib import Path
+def _export(path: str, output: str, fmt: str, *, force: bool = False) -> int:
+    import sys
 
-    from kvdiag.errors import InputError
+    from kvdiag.files.outputs import open_output, plan_output
     from kvdiag.trace.reader import TraceReader
 
-    target = Path(output)
-    if target.is_dir() or not target.parent.exists():
-        raise InputError(f"cannot write {output}: not a file in an existing directory")
-    with TraceReader.open(path) as reader, target.open("wb") as out:
+    target = plan_output(output, force=force)
+    with TraceReader.open(path) as reader, open_output(target) as sink:
+        out = sink.file
         if fmt == "llama-log":
             from kvdiag.trace.export_log import LogExporter
 
-            lines = [line.encode() + b"\n" for line in LogExporter(reader.header, reader.extras).lines(reader)]
-            out.writelines(lines)
-            n = len(lines)
+            lines = LogExporter(reader.header, reader.extras).lines(reader)
+            # streamed: a long trace's log need not be held in memory
+            n = sum(1 for _ in map(out.write, (line.encode() + b"\n" for line in lines)))
             what = "log lines"
         else:
             from kvdiag.trace.export_chrome import ChromeExporter
@@ -127,7 +128,9 @@ def _export(path: str, output: str, fmt: str) -> int:
                    f"that missed them)"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
-    print(f"{output}: {n} {what}{note}")
+    # with -o - standard output carries the export itself
+    print(f"{target.display}: {n} {what}{note}",
+          file=sys.stderr if target.to_stdout else sys.stdout)
     return EXIT_OK
 
 
@@ -139,7 +142,7 @@ def _pages(path: str, *, as_json: bool) -> int:
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(path) as reader:
-        write_pages(reader, Judge(reader.header), sys.stdout.buffer, as_json)
+        write_pages(reader, Judge(reader.header, detail=True), sys.stdout.buffer, as_json)
     sys.stdout.flush()
     return EXIT_OK
 

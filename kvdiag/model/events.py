@@ -22,8 +22,13 @@ Source = Literal["pool", "ring", "host"]
 ReadClass = Literal["exact", "stale", "foreign"]
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
-    """Common header of every event."""
+class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True, gc=False):
+    """Common header of every event.
+
+    Events are not tracked by Python's cyclic garbage collector (``gc=False``): they hold only
+    numbers, strings and tuples of other such structs, so they cannot form a reference cycle,
+    and a reader holding thousands of them (the judgement judges chunks of events) would
+    otherwise have the collector walk them over and over."""
 
     seq: int
     t_ns: int
@@ -142,7 +147,7 @@ class Invalidate(Event, tag="invalidate", frozen=True):
     generation: int | None = None
 
 
-class ReadRange(msgspec.Struct, frozen=True, array_like=True):
+class ReadRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` read from one source whose bytes were written by ``holder``."""
 
     begin: int
@@ -153,7 +158,7 @@ class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     version_lag: int = 0
 
 
-class Served(msgspec.Struct, frozen=True, array_like=True):
+class Served(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` served from ``source``; ``slot`` is the pool or ring slot of
     ``begin`` (consecutive pages in consecutive slots), -1 for the host store (1.1)."""
 
@@ -286,6 +291,33 @@ class Records(Event, tag="records", frozen=True):
     kinds: tuple[str, ...]
 
 
+class Timing(Event, tag="timing", frozen=True):
+    """One request a server slot completed: its ``print_timing`` figures and its depth
+    (brief §7.3), 1.2. ``kvdiag import`` writes one per request of a llama-server log at the
+    time of its ``eval time`` line; ``started_ns`` is the time of its ``new prompt`` line, so
+    that the kv-stream events in between are known to have happened while it was in flight.
+    ``graphs_reused`` is the printed cumulative count of the context (per request: the
+    difference to the previous timing of the same ``boot``)."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    decode_tokens: int
+    decode_ms: float
+    slot: int | None = None
+    task: int | None = None
+    prompt_tps: float | None = None
+    decode_tps: float | None = None
+    ms_per_token: float | None = None
+    depth_start: int | None = None
+    depth_end: int | None = None
+    cached: int | None = None
+    n_ctx_slot: int | None = None
+    truncated: bool | None = None
+    graphs_reused: int | None = None
+    boot: int = 0
+    started_ns: int | None = None
+
+
 class HostVersions(msgspec.Struct, frozen=True, array_like=True):
     """``[layer, stream, page, [version, ...]]``: the host versions of pages ``page``,
     ``page + 1``, ... of one view (pages never written are 0 and may be left out)."""
@@ -356,7 +388,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Snapshot | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Timing | Snapshot | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -376,6 +408,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "telemetry",
     "kernel",
     "records",
+    "timing",
     "snapshot",
     "end",
 )

@@ -19,7 +19,8 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from kvdiag.errors import STDIN_NAME, InputError, open_input
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
@@ -343,11 +344,24 @@ class TraceReader:
                 return None
         else:
             if self.newer_minor:
-                extras = extra_fields(event, _json_decode(text))
-                if extras:
-                    self.extras[event.seq] = extras
+                self._keep_extras(event, text, number)
         self._accept(event, number)
         return event
+
+    def _keep_extras(self, event: TraceItem, text: bytes, number: int) -> None:
+        """Keep the fields of a newer minor version that ``event`` has no field for. The typed
+        decode skips unknown keys without reading them, so a key or value that is not valid
+        UTF-8 surfaces only here: the event is kept, the unknown fields are not, and the line
+        is reported."""
+        try:
+            raw = _json_decode(text)
+        except _DECODE_ERRORS as exc:
+            self._problem(number, "corrupt", f"fields unknown to format {self.version_text} "
+                          f"not kept ({exc}); the {_kind(event)} event itself is")
+            return
+        extras = extra_fields(event, raw)
+        if extras:
+            self.extras[event.seq] = extras
 
     def _fallback(
         self, text: bytes, number: int, error: BaseException, *, last: bool
@@ -417,6 +431,13 @@ class TraceReader:
         if where is not None:
             message += f" ({where[0]} line {where[1]})"
         self.problems.append(Problem(line, kind, message))
+
+
+def _kind(event: TraceItem) -> str:
+    if isinstance(event, Unknown):
+        return event.kind
+    tag = type(event).__struct_config__.tag
+    return tag if isinstance(tag, str) else type(event).__name__.lower()
 
 
 def _huge_integer(text: bytes) -> str | None:

@@ -34,7 +34,8 @@ from typing import Any, BinaryIO, cast
 
 import msgspec
 
-from kvdiag.errors import InputError, open_input
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import open_input
 from kvdiag.trace.problems import Problem
 
 SEGMENT = re.compile(r"^(?P<stem>.+)\.(?P<index>\d{6})\.kvtrace(?P<zst>\.zst)?$")
@@ -123,7 +124,7 @@ def find_set(path: str) -> tuple[str, list[Part]] | None:
 
 
 def _open_part(part: Part) -> BinaryIO:
-    raw = open_input(part.path, directory="is a directory, not a trace file")
+    raw = open_input(part.path, what="a trace file")
     if not part.compressed:
         return raw
     return _zstd_reader(raw, part.path)
@@ -391,7 +392,7 @@ def open_trace(path: str | os.PathLike[str]) -> Opened:
     text = os.fspath(path)
     p = Path(text)
     if not p.is_dir() and (p.exists() or p.is_symlink()):  # a file, whatever its name
-        stream = open_input(p, directory="is a directory, not a trace file")
+        stream = open_input(p, what="a trace file")
         head = stream.peek(4)[:4] if hasattr(stream, "peek") else b""
         if head == ZSTD_MAGIC:
             return Opened(_zstd_reader(stream, p), str(p), None)

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
-from kvdiag.analysis.judgement import Judge, outcome
+from kvdiag.analysis.judgement import Judge, LedgerSnapshot
+from kvdiag.analysis.judgement.judge import chunks
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
@@ -113,6 +114,8 @@ class TraceDigest:
     truncated: bool
     partition: TelemetrySeries = field(default_factory=lambda: partition_series([]))
     """Resident pages/layer, ring slots, miss and copy-busy % from kv_stream_adapt (1.1)."""
+    ledger: LedgerSnapshot | None = None
+    """The judgement's per-read tables (the Pages screen's read classes)."""
 
 
 class _Counting:
@@ -155,38 +158,29 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
     partition: list[ev.Adapt | ev.Repartition] = []
     try:
         reader = TraceReader(stream, opened.name, close_stream=True)  # type: ignore[arg-type]
-        judge = Judge(reader.header, name=str(p))
-        feed = judge.feed
-        for n, event in enumerate(reader, 1):
-            feed(event)
-            t = type(event)
-            # type() is, not isinstance: this loop runs per event of traces of millions.
-            if t is ev.Read:
-                verdict = judge.last
-                if verdict is not None and (verdict.counts[1] or verdict.counts[2]):
-                    if verdict.counts[1]:
-                        marks["stale"].add(event.step)
-                    if verdict.counts[2]:
-                        marks["foreign"].add(event.step)
-            elif t is ev.Output:
-                out = cast(ev.Output, event)
-                if out.diverged:
-                    marks["diverged"].add(event.step)
-            elif t is ev.Fits:
-                if outcome(cast(ev.Fits, event)) == "fallback":
-                    marks["fallback"].add(event.step)
-            elif t is ev.Telemetry:
-                samples.append(cast(ev.Telemetry, event))
-            elif t is ev.Abort:
-                aborts.append(cast(ev.Abort, event))
-                marks["abort"].add(event.step)
-            elif t is ev.Adapt or t is ev.Repartition:
-                partition.append(cast(ev.Adapt | ev.Repartition, event))
-            if progress is not None and n % every == 0:
-                progress(min(stream.count / size, 1.0))
+        judge = Judge(reader.header, name=str(p), ledger=True)
+        n = 0
+        for chunk in chunks(reader):
+            judge.feed_all(chunk)
+            for event in chunk:
+                n += 1
+                t = type(event)
+                # type() is, not isinstance: this loop runs per event of traces of millions.
+                if t is ev.Telemetry:
+                    samples.append(cast(ev.Telemetry, event))
+                elif t is ev.Abort:
+                    aborts.append(cast(ev.Abort, event))
+                    marks["abort"].add(event.step)
+                elif t is ev.Adapt or t is ev.Repartition:
+                    partition.append(cast(ev.Adapt | ev.Repartition, event))
+                if progress is not None and n % every == 0:
+                    progress(min(stream.count / size, 1.0))
     finally:
         stream.close()
     judgement = judge.snapshot()
+    assert judgement.ledger is not None
+    for what in ("stale", "foreign", "fallback", "diverged"):
+        marks[what].update(judgement.ledger.steps_with(what).tolist())
     summary = judgement.summary()
     summary["problems"] = [{"line": pr.line, "kind": pr.kind, "message": pr.message}
                            for pr in reader.problems]
@@ -201,4 +195,5 @@ def digest_trace(path: str | Path, progress: Callable[[float], None] | None = No
         complete=reader.complete,
         truncated=reader.truncated,
         partition=partition_series(partition),
+        ledger=judgement.ledger,
     )

@@ -7,7 +7,6 @@ always draw from a consistent value and never from a half-built one.
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +14,18 @@ from typing import Literal
 
 import numpy as np
 
-from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
+from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import PagesGeometry
 from kvdiag.analysis.trace_index import TraceIndex
-from kvdiag.errors import InputError, open_input
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import open_input
+from kvdiag.files.logs import open_log
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
+from kvdiag.model.perf import PerfRun
 from kvdiag.trace.segments import ZSTD_MAGIC, open_trace
 from kvdiag.tui.digest import TraceDigest
 
@@ -45,6 +47,8 @@ class TraceDoc:
     digest: TraceDigest | None = None
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    perf: PerfRun | None = None
+    """Its ``timing`` events as a run (the Perf screen), when it has any."""
 
     kind: Literal["trace"] = "trace"
 
@@ -68,6 +72,8 @@ class LogDoc:
     progress: float = 1.0
     notes: tuple[str, ...] = ()
     """What went wrong around the log itself (a binary that could not be used, ...)."""
+    perf: PerfRun | None = None
+    """Its requests' timing and the kv-stream lines around them (the Perf screen)."""
     kind: Literal["log"] = "log"
 
     @property
@@ -107,20 +113,6 @@ Document = TraceDoc | LogDoc | ErrorDoc | PendingDoc
 Publish = Callable[[Document], None]
 
 
-def _refuse_special(p: Path) -> None:
-    """A FIFO, socket or device is an :class:`InputError` before anything opens it: opening a
-    FIFO blocks until a writer comes, and none of them is a file the viewer can index."""
-    try:
-        mode = p.stat().st_mode
-    except OSError:
-        return  # open_input words a missing or unreadable path
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
-    what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-    raise InputError(f"{p}: {what}, not a file (save the stream to a file first)")
-
-
 def _starts_with(p: Path, magic: bytes) -> bool:
     try:
         with p.open("rb") as fh:
@@ -143,26 +135,22 @@ def _detect_joined(path: str | Path) -> FileKind:
 
 
 def detect_kind(path: str | Path) -> FileKind:
-    """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data,
-    empty files, FIFOs and other non-regular files and unreadable paths are an
-    :class:`InputError`."""
+    """``trace`` when line 1 starts a kvtrace header, else ``log`` when it is one by the rule
+    every log reader shares (kvdiag.files.logs: gzip by content, a NUL-filled start skipped,
+    mostly text); anything else — empty, binary, a FIFO or other non-regular file, an
+    unreadable path — is an :class:`InputError`."""
     p = Path(path)
     if not p.is_file() or _starts_with(p, ZSTD_MAGIC):
         return _detect_joined(path)
-    _refuse_special(p)
-    with open_input(p) as fh:
+    with open_input(p, what="a regular file (a trace or a log)",
+                    hint="; save the stream to a file first") as fh:
         try:
             head = fh.read(4096)
         except OSError as exc:
             raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
-    if head.startswith(GZIP_MAGIC):
-        return "log"
     stripped = head.lstrip(b"\xef\xbb\xbf")
     if stripped.startswith(_TRACE_START) or (stripped.startswith(b"{") and b'"kvtrace"' in
                                              stripped.split(b"\n", 1)[0]):
         return "trace"
-    if not head:
-        raise InputError(f"{p}: empty file")
-    if b"\x00" in head:
-        raise InputError(f"{p}: binary data, neither a kvtrace trace nor a text log")
+    open_log(str(p)).close()
     return "log"

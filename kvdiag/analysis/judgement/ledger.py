@@ -19,16 +19,20 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
   exact;
 - ``flows``: write → read: the last write of a page (``write_seq``) before a read that got that
   page stale or foreign (``read_seq``, ``read`` index, ``cls``): one row per (write, read);
-- ``fits``: one row per fits event: outcome code (:data:`OUTCOMES`), failed-condition count;
+- ``fits``: one row per fits event: outcome code (:data:`~kvdiag.analysis.judgement.fits.OUTCOMES`),
+  failed-condition count;
 - ``outputs``: one row per output event: 1 diverged, 0 within tolerance, -1 no reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE
+from kvdiag.analysis.judgement.slots import Piece
 
 BLOCK = 8192
 
@@ -48,10 +52,10 @@ FITS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"), ("l
                                ("outcome", "i1"), ("failed", "i2")]
 OUTPUTS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"),
                                   ("stream", "i4"), ("diverged", "i1")]
-OUTCOMES: tuple[str, ...] = ("streamed", "mismatch", "fallback", "ordinary", "other")
-OUTCOME_CODE = {o: i for i, o in enumerate(OUTCOMES)}
 
 _I32 = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
+_LIMITS = {np.dtype(t).char: (np.iinfo(t).min, np.iinfo(t).max)
+           for t in (np.int8, np.int16, np.int32, np.int64)}
 
 
 class Table:
@@ -69,6 +73,20 @@ class Table:
         if len(self.rows) >= BLOCK:
             self.blocks.append(self._seal(self.rows))
             self.rows = []
+
+    def extend(self, columns: list[np.ndarray]) -> None:
+        """Many rows at once, one array per column (in :attr:`dtype`'s order)."""
+        if not columns or not columns[0].size:
+            return
+        if self.rows:
+            self.blocks.append(self._seal(self.rows))
+            self.rows = []
+        block = np.empty(columns[0].size, self.dtype)
+        for name, col in zip(self.dtype.names or (), columns, strict=True):
+            block[name] = np.clip(col, *_LIMITS[block[name].dtype.char])
+        block.flags.writeable = False
+        self.blocks.append(block)
+        self.n += block.size
 
     def _seal(self, rows: list[tuple[int, ...]]) -> np.ndarray:
         try:
@@ -142,6 +160,10 @@ class LedgerSnapshot:
         col = self.pieces.column("read")
         lo, hi = np.searchsorted(col, read, side="left"), np.searchsorted(col, read, "right")
         return self.pieces.array[lo:hi]
+
+    def piece_tuples(self, read: int) -> list[Piece]:
+        """:meth:`pieces_of` as :data:`~kvdiag.analysis.judgement.slots.Piece` tuples."""
+        return [cast(Piece, tuple(r[1:])) for r in self.pieces_of(read).tolist()]
 
     def steps_with(self, what: str) -> np.ndarray:
         """Sorted unique steps with ``stale`` or ``foreign`` or ``not judged`` pages, a
