@@ -24,6 +24,7 @@ from native_cc import build as build_c
 from native_runtime import CONFIGS, RuntimeUnavailable, build, read_truth, run_with
 
 from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement.judge import chunks
 from kvdiag.cli import main
 from kvdiag.model import events as ev
 from kvdiag.trace import TraceReader
@@ -44,12 +45,14 @@ def judged(path: Path | str) -> tuple[list[tuple[int, int, str]], list[Verdict],
     judge = Judge(reader.header)
     keyed: list[tuple[int, int, str]] = []
     pages: list[Verdict] = []
-    for e in reader:
-        judge.feed(e)
-        if type(e) is ev.Read:
-            for p in judge.pages(e):
-                keyed.append((p.seq, p.page, p.cls))
-                pages.append((p.step, p.layer, p.stream, p.page, p.source, p.slot, p.cls, p.lag))
+    for chunk in chunks(reader):
+        judge.feed_all(chunk)  # then ask about the chunk's reads
+        for e in chunk:
+            if type(e) is ev.Read:
+                for p in judge.pages(e):
+                    keyed.append((p.seq, p.page, p.cls))
+                    pages.append((p.step, p.layer, p.stream, p.page, p.source, p.slot, p.cls,
+                                  p.lag))
     return keyed, pages, reader, judge
 
 
@@ -389,10 +392,10 @@ def test_eight_threads_rotating_lose_nothing_and_every_snapshot_matches(tmp_path
     judge = Judge(reader.header)
     seqs: list[int] = []
     snapshots = 0
-    for e in reader:
-        judge.feed(e)
-        seqs.append(e.seq)
-        snapshots += type(e) is ev.Snapshot
+    for chunk in chunks(reader):
+        judge.feed_all(chunk)
+        seqs += [e.seq for e in chunk]
+        snapshots += sum(type(e) is ev.Snapshot for e in chunk)
     assert reader.problems == [] and reader.complete
     assert seqs == list(range(1, len(seqs) + 1))
     assert snapshots == len(files) - 1

@@ -91,6 +91,16 @@ def chunks(events: Iterable[Any]) -> Iterator[list[Any]]:
         chunk = list(itertools.islice(it, CHUNK))
         if not chunk:
             return
+        if ev.Snapshot in map(type, chunk):  # (a C-speed scan)
+            # a segment's snapshot starts a chunk: the reads after it are then the chunk's
+            # own, and :meth:`Judge.pages` can be asked about every one of them
+            types = list(map(type, chunk))
+            cut = [i for i, t in enumerate(types) if t is ev.Snapshot and i] + [len(chunk)]
+            start = 0
+            for end in cut:
+                yield chunk[start:end]
+                start = end
+            continue
         yield chunk
 
 
