@@ -1,9 +1,11 @@
-"""Shared fixtures: captured traces of the core scenarios (captured once per test session)."""
+"""Shared fixtures: captured traces of the core scenarios (captured once per test session) and
+kvrt, the C runtime with its own truth (built once, tests/native_runtime.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,17 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Capture:
         return cache[key]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def kvrt() -> Any:
+    """kvrt built (content-hashed cache), or the test skipped where no compiler is."""
+    from native_runtime import RuntimeUnavailable, build
+
+    try:
+        return build()
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -296,6 +296,15 @@ def test_a_gap_between_segments_is_reported_not_joined(tmp_path: Path,
     flat = " ".join(out.split())  # the line may wrap at the terminal's width
     assert f"({len(files) - 1} read, 1 missing between)" in flat
 
+    from kvdiag.tui.loading import load_trace
+
+    for in_process in (False, True):  # the viewer's judging pass, here and in a child
+        docs: list[object] = []
+        load_trace(str(tmp_path / "s.kvtrace"), docs.append, judge_in_process=in_process)
+        digest = docs[-1].digest  # type: ignore[attr-defined]
+        assert [p.kind for p in digest.problems] == ["gap"]
+        assert digest.summary["residency"]["cross_check"]["snapshot_replaced"] == 1
+
 
 def test_segments_of_an_earlier_run_are_left_out(tmp_path: Path) -> None:
     """GIVEN an earlier, longer run's segments under the same name and a newer, shorter run

@@ -57,7 +57,7 @@ def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str,
 
 
 def test_the_matrix_covers_every_scenario_and_the_unified_cache() -> None:
-    assert len(CASES) == 32
+    assert len(CASES) == 36  # multiturn-growth (np 1) adds 4
     assert {c[0] for c in CASES} == set(SCENARIOS)
     assert sum(1 for c in CASES if c[3]) == 12  # three two-slot scenarios × 2 × 2
 
@@ -397,3 +397,22 @@ def test_many_ring_copies_stay_bounded() -> None:
 
     assert RING_LOG <= j.state.ring_log.size < RING_LOG + 4 * 8192  # one chunk's copies more
     assert [c[1] for c in classes(j, R(30000, 0, 0, 0, (0, 4, "ring", 0)))] == ["exact"] * 4
+
+
+def test_unsigned_64_bit_values_are_not_believed_and_do_not_crash() -> None:
+    """A trace's integers may be unsigned 64-bit (kvtrace.h writes pointers so): values past
+    the signed range in a layer, cells, slot or step are clipped and left out, not a crash."""
+    big = (1 << 64) - 1
+    events = [
+        ev.Write(1, 0, big, layer=big, stream=0, cells=(0, big), rows=(0, 1)),
+        ev.Upload(2, 0, 0, layer=0, stream=big, pages=(big - 1, big), slot=big,
+                  target="resident", bytes=big, reason="miss"),
+        ev.Read(3, 0, 0, layer=big, stream=0, pool=1, ring=0, host=0,
+                served=(ev.Served(0, 1, "pool", big),)),
+        ev.End(4, 0, 0, status="completed", steps=1, events=3),
+    ]
+    snap = Judge().feed_all(events).snapshot()
+    assert snap.residency["out_of_range"] == 1  # the write; the upload's pages clip to none
+    assert snap.residency["read_classes"]["not_judged"] == 1
+    assert snap.residency["not_judged"] == {"out-of-range": 1}
+    assert snap.steps.last == 1 << 62

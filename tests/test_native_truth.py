@@ -20,8 +20,6 @@ from native_runtime import (
     CONFIGS,
     Built,
     RuntimeRun,
-    RuntimeUnavailable,
-    build,
     counts,
     prefix_through,
     run,
@@ -36,14 +34,6 @@ RING_REUSE_XFAIL = pytest.mark.xfail(
     reason="check judges a ring page by the last ring copy of that page in the same step, not "
            "by what the slot holds: a slot reused by another layer reads foreign, check says "
            "stale or exact (issue 15; fixed by the judgement, which tracks every slot)")
-
-
-@pytest.fixture(scope="module")
-def kvrt() -> Built:
-    try:
-        return build()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 def _check(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

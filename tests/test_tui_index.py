@@ -177,7 +177,8 @@ def test_non_ui_modules_do_not_import_textual() -> None:
     code = ("import sys; import kvdiag.analysis.trace_index, kvdiag.analysis.pages_query, "
             "kvdiag.tui.digest, kvdiag.analysis.log_index, kvdiag.tui.document, "
             "kvdiag.tui.loading, kvdiag.tui.rows, kvdiag.tui.summaries, kvdiag.tui.fitsdetail, "
-            "kvdiag.tui.crashes, kvdiag.tui.pagestext, kvdiag.tui.sparkline; "
+            "kvdiag.tui.crashes, kvdiag.tui.pagestext, kvdiag.tui.sparkline, "
+            "kvdiag.tui.judging, kvdiag.tui.judgeproc, kvdiag.tui.shown; "
             "print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -1,4 +1,11 @@
-"""Run a scenario through the KV-stream runtime model on an executor and record a trace."""
+"""Run a scenario through the KV-stream runtime model on an executor and record a trace.
+
+The trace goes to -o OUT through a temporary file beside it, renamed when the run ends (also
+when a signal ends it: status error), and removed if writing fails; an existing OUT is
+replaced only with --force; '-' writes the trace to standard output. Exit status: 0 ran to the
+end, 3 ended in a modelled abort, 2 bad options, sizes the runtime or this machine cannot hold
+(the limit is named), or an output that may not or cannot be written.
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ trace validate FILE prints one line per problem and exits 0 when the file is val
 problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
 
 trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto, or
-(--format llama-log) the llama-server log the modelled run would print.
+(--format llama-log) the llama-server log the modelled run would print; an existing OUT is
+replaced only with --force, and '-' writes to standard output.
 """
 
 from __future__ import annotations

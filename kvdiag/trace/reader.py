@@ -127,6 +127,16 @@ class TraceReader:
         return reader
 
     @property
+    def skipped_seqs(self) -> int:
+        """Seqs lost in a segment set's gaps (0 for one file): what the End count allows for."""
+        return int(getattr(self._stream, "skipped_seqs", 0))
+
+    def allow_skipped(self, n: int) -> None:
+        """Blocks decoded by :meth:`decode_block` come from a set with ``n`` seqs lost in its
+        gaps (read by another reader): the End count allows for them."""
+        self._count_base += n
+
+    @property
     def version_text(self) -> str:
         return f"{self.version[0]}.{self.version[1]}"
 
@@ -283,30 +293,65 @@ class TraceReader:
 
     def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
+        events = self._fast_block(block)
+        if events is not None:
+            return events
+        return [e for e in self._slow_block(block) if e is not None]
+
+    def _fast_block(self, block: bytes) -> Sequence[TraceItem] | None:
+        """The whole run in one ``decode_lines`` call, when every line is a well-ordered event
+        (None: decode it line by line)."""
         n = block.count(b"\n")
         if not self.newer_minor and self.end is None and not _long_digits(block):
             try:
                 events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
-                pass
-            else:
-                # decode_lines splits on any whitespace and skips blank lines, so one value per
-                # newline is what proves the line numbers right. (Only a crafted file with a
-                # blank line and a line of two events together would pass where the line-by-line
-                # path reports both; the writer writes neither.)
-                if len(events) == n and self._fast_accept(events):
-                    self.lines_read += n
-                    return events
+                return None
+            # decode_lines splits on any whitespace and skips blank lines, so one value per
+            # newline is what proves the line numbers right. (Only a crafted file with a
+            # blank line and a line of two events together would pass where the line-by-line
+            # path reports both; the writer writes neither.)
+            if len(events) == n and self._fast_accept(events):
+                self.lines_read += n
+                return events
+        return None
+
+    def _slow_block(self, block: bytes) -> list[TraceItem | None]:
         first = self.lines_read + 1
         lines = block.split(b"\n")
         lines.pop()
-        out: list[TraceItem] = []
-        for number, text in enumerate(lines, first):
-            event = self._line(text, number, last=False)
-            if event is not None:
-                out.append(event)
-        self.lines_read += n
+        out = [self._line(text, number, last=False) for number, text in enumerate(lines, first)]
+        self.lines_read += len(lines)
         return out
+
+    def decode_block(self, block: bytes) -> Sequence[TraceItem | None]:
+        """Lines of this trace that the caller read itself (a viewer that indexes the same
+        bytes), decoded as iterating the reader decodes them: one entry per line of ``block``,
+        the event or None for a line that is not one (its problem recorded, numbered from the
+        lines given so far). ``block`` is whole lines in file order, each ending in a newline
+        except possibly the file's last line. Call :meth:`finish` after the last block; do not
+        also iterate the reader."""
+        cut = block.rfind(b"\n") + 1
+        body, tail = block[:cut], block[cut:]
+        out: Sequence[TraceItem | None] = []
+        if body:
+            fast = self._fast_block(body)
+            out = fast if fast is not None else self._slow_block(body)
+        if tail:
+            self.lines_read += 1
+            out = [*out, self._line(tail, self.lines_read, last=True)]
+        return out
+
+    def finish(self) -> None:
+        """The caller of :meth:`decode_block` reached the end of the file: report a missing
+        End event as iteration does."""
+        if self.end is None and not self._finished:
+            self._problem(
+                self.lines_read,
+                "incomplete",
+                f"no End event: the capture did not finish ({self.lines_read} lines read)",
+            )
+        self._finished = True
 
     def _fast_accept(self, events: Sequence[TraceItem]) -> bool:
         """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End."""

@@ -17,7 +17,7 @@ import numpy as np
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
-from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot
 from kvdiag.analysis.trace_index import TraceIndex
 from kvdiag.errors import InputError
 from kvdiag.files.inputs import open_input
@@ -26,10 +26,10 @@ from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
 from kvdiag.model.perf import PerfRun
-from kvdiag.trace.segments import ZSTD_MAGIC, open_trace
+from kvdiag.trace.segments import ZSTD_MAGIC, open_trace, read_all
 from kvdiag.tui.digest import TraceDigest
 
-Stage = Literal["opening", "indexing", "analysing", "ready"]
+Stage = Literal["opening", "indexing", "judging", "ready"]
 FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 
@@ -45,10 +45,13 @@ class TraceDoc:
     geometry: PagesGeometry | None = None
     pages: PagesQuery | None = None
     digest: TraceDigest | None = None
+    """The judgement of a prefix of the index (``digest.rows`` rows; all once ``done``)."""
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
     perf: PerfRun | None = None
     """Its ``timing`` events as a run (the Perf screen), when it has any."""
+    judge_error: str | None = None
+    """Why the judgement stopped before the end of the file (an internal error)."""
 
     kind: Literal["trace"] = "trace"
 
@@ -58,7 +61,20 @@ class TraceDoc:
 
     @property
     def findings(self) -> tuple[Finding, ...]:
+        """The findings of the judged prefix (of the whole trace once ``judged``)."""
         return self.digest.findings if self.digest is not None else ()
+
+    def pages_at(self, step: int) -> PagesSnapshot:
+        """The Pages state at the end of ``step`` with the reads the judgement has reached."""
+        assert self.pages is not None
+        d = self.digest
+        return self.pages.snapshot(step, d.ledger if d is not None else None,
+                                   d.rows if d is not None else 0)
+
+    @property
+    def judged(self) -> bool:
+        """The whole trace is judged."""
+        return self.digest is not None and self.digest.done
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,6 +148,15 @@ def _detect_joined(path: str | Path) -> FileKind:
     if head.lstrip(b"\xef\xbb\xbf").startswith(_TRACE_START):
         return "trace"
     raise InputError(f"{path}: compressed data that is not a kvtrace trace")
+
+
+def trace_source(path: str | Path) -> LineSource:
+    """The bytes of a trace, addressable by line offset: a plain file mapped, a segment set or
+    a zstd-compressed trace joined in memory (kvdiag.trace.segments)."""
+    whole = read_all(path)
+    if whole is None:
+        return LineSource.open(path)
+    return LineSource(whole[0], whole[1], compressed=True)
 
 
 def detect_kind(path: str | Path) -> FileKind:

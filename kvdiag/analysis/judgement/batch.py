@@ -90,14 +90,31 @@ def pick(items: Sequence[Any], idx: np.ndarray) -> list[Any]:
     return list(operator.itemgetter(*idx.tolist())(items))
 
 
+BOUND = 1 << 62
+"""Integers are clipped to ±2^62 for arithmetic (a trace's integers are 64-bit, signed or
+not; values that large are beyond every believable page, slot or step anyway)."""
+
+
+def _clipped(values: Any) -> Any:
+    return (min(max(v, -BOUND), BOUND) for v in values)
+
+
 def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
-    return np.fromiter(map(getter, objs), np.int64, len(objs))
+    """One integer field of each object, as an array."""
+    try:
+        return np.fromiter(map(getter, objs), np.int64, len(objs))
+    except OverflowError:  # a damaged or hostile trace's 64-bit unsigned value
+        return np.fromiter(_clipped(map(getter, objs)), np.int64, len(objs))
 
 
 def pairs(objs: Sequence[Any], getter: Any) -> tuple[np.ndarray, np.ndarray]:
     """The two halves of a ``[a, b)`` field (cells, pages) of each object."""
-    both = np.fromiter(itertools.chain.from_iterable(map(getter, objs)), np.int64,
-                       2 * len(objs)).reshape(-1, 2)
+    try:
+        both = np.fromiter(itertools.chain.from_iterable(map(getter, objs)), np.int64,
+                           2 * len(objs)).reshape(-1, 2)
+    except OverflowError:
+        both = np.fromiter(_clipped(itertools.chain.from_iterable(map(getter, objs))),
+                           np.int64, 2 * len(objs)).reshape(-1, 2)
     return both[:, 0], both[:, 1]
 
 
@@ -540,8 +557,8 @@ def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np
     total = int(vl.sum())
     if not total:
         return []
-    pairs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(vlists)),
-                        np.int64, 2 * total).reshape(-1, 2)
+    pairs = np.fromiter(_clipped(itertools.chain.from_iterable(
+        itertools.chain.from_iterable(vlists))), np.int64, 2 * total).reshape(-1, 2)
     wix = np.repeat(np.arange(len(ws)), vl)
     page, annotated = pairs[:, 0], pairs[:, 1]
     okidx = np.cumsum(w_ok) - 1

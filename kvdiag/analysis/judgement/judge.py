@@ -38,7 +38,15 @@ import numpy as np
 from kvdiag.analysis.judgement import crosscheck
 from kvdiag.analysis.judgement import findings as fnd
 from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
-from kvdiag.analysis.judgement.batch import CODE_OF, OTHER, REASONS, Chunk, State, judge_chunk
+from kvdiag.analysis.judgement.batch import (
+    CODE_OF,
+    OTHER,
+    REASONS,
+    Chunk,
+    State,
+    ints,
+    judge_chunk,
+)
 from kvdiag.analysis.judgement.classes import (
     CLASSES,
     EXACT,
@@ -279,7 +287,7 @@ class Judge:
                     return
         self._types.update(types)
         n = len(chunk)
-        steps = np.fromiter(map(_STEP, chunk), np.int64, n)
+        steps = ints(chunk, _STEP)
         ran = steps
         if types.count(ev.End):  # the End's step is not a step the run ran
             ran = steps[[t is not ev.End for t in types]]
@@ -405,9 +413,7 @@ class Judge:
             failed[k] = self._bad_fits(fs[k])
         if self.ledger is not None:
             self.ledger.fits.extend([rows0 + np.asarray(idx, np.int64),
-                                     np.fromiter(map(_SEQ, fs), np.int64, len(fs)),
-                                     np.fromiter(map(_STEP, fs), np.int64, len(fs)),
-                                     np.fromiter(map(_LAYER, fs), np.int64, len(fs)),
+                                     ints(fs, _SEQ), ints(fs, _STEP), ints(fs, _LAYER),
                                      codes.astype(np.int64), failed])
 
     def _bad_fits(self, e: ev.Fits) -> int:
@@ -508,8 +514,7 @@ class Judge:
         ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
         owner = np.repeat(np.arange(nr), annotated)
         n = len(ranges)
-        width = (np.fromiter(map(_END, ranges), np.int64, n)
-                 - np.fromiter(map(_BEGIN, ranges), np.int64, n))
+        width = ints(ranges, _END) - ints(ranges, _BEGIN)
         bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]

@@ -98,6 +98,9 @@ class Views:
         the usual small layer and stream numbers)."""
         if layer.size == 0:
             return np.empty(0, np.int64)
+        # a hostile layer or stream beyond 32 bits: one view for all of them (keys fit int64)
+        layer = np.clip(layer, -(1 << 31), (1 << 31) - 1)
+        stream = np.clip(stream, -(1 << 31), (1 << 31) - 1)
         dense = self._dense
         lo, hi = int(layer.min()), int(layer.max())
         so, sh = int(stream.min()), int(stream.max())
