@@ -51,7 +51,8 @@ def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str,
             for p in j.pages(e):
                 seen[(p.source, p.cls)] += 1
     snap = j.snapshot()
-    assert snap.residency["cross_check"] == {"annotation_disagrees": 0, "versions_disagree": 0}
+    assert snap.residency["cross_check"] == {"annotation_disagrees": 0, "versions_disagree": 0,
+                                           "snapshot_replaced": 0}
     return seen
 
 

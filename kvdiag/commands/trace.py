@@ -2,9 +2,12 @@
 
 trace info FILE [--json] shows the header, event counts per kind, step and time spans,
 problems, whether the capture ended, and the judgement's counts (steps, read pages by class,
-what the trace does not record). trace pages FILE [--json] prints every judged read page. trace validate FILE prints one line per problem and
-exits 0 when the file is valid (no problems, has an End event), 1 when it has problems, and 2
-when it is not a readable trace.
+what the trace does not record).
+
+trace pages FILE [--json] prints every judged read page.
+
+trace validate FILE prints one line per problem and exits 0 when the file is valid (no
+problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
 
 trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto, or
 (--format llama-log) the llama-server log the modelled run would print; an existing OUT is
@@ -196,6 +199,8 @@ def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
         head.add_row(key, value)
     if h.plan:
         head.add_row("plan", _count(h.plan))
+    if s.segments is not None:
+        head.add_row("segments", cap(s.segments["text"]))
     for key, value in s.header_extras.items():
         head.add_row(f"{cap(key)} (unknown)", _short(value))
     parts: list[RenderableType] = [head]

@@ -250,6 +250,11 @@ class ChromeExporter:
                 out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "records",
                             "name": _name("records + " + ", ".join(event.kinds)), "args": args})
+            case ev.Snapshot():
+                out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
+                            "ts": ts, "cat": "snapshot",
+                            "name": _name(f"segment starts ({event.reason or 'snapshot'})"),
+                            "args": {"seq": event.seq, "step": event.step}})
             case ev.Timing():
                 tid = REQUEST_TID0 + max(event.slot or 0, 0)
                 if (RUNTIME_PID, tid) not in self._named:

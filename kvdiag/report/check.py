@@ -170,6 +170,8 @@ def check_report(
     path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
 ) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
+    if summary.get("segments"):
+        parts.append(Text(cap(summary["segments"]["text"]), style="dim"))
     counts = ", ".join(f"{cap(k, 100)} {v}" for k, v in sorted(summary["counts"].items()))
     parts.append(Text(f"{summary['events']} events over {steps_text(summary)} "
                       f"[{summary['status']}]: {counts}", style="dim"))

@@ -24,6 +24,7 @@ from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
+from kvdiag.trace.segments import SetInfo, open_trace
 from kvdiag.trace.version import FORMAT_NAME, check_compatible, parse_version
 
 TraceItem = AnyEvent | Unknown
@@ -61,6 +62,10 @@ class TraceReader:
     Construction raises :class:`InputError` for anything that is not a readable v1 trace;
     damage after the header never raises, it is recorded in ``problems``.
 
+    A segment set or a compressed file (:mod:`kvdiag.trace.segments`) is read through
+    :meth:`open` like one file: ``segments`` describes the set (None otherwise), a problem's
+    ``line`` counts the lines of the joined set and its message names the file and line.
+
     After (and during) iteration: ``problems``, ``truncated``, ``complete``, ``end``,
     ``lines_read`` (lines consumed, header included) and, for a file of a
     newer minor version, ``extras``: ``{seq: {path: value}}`` for fields of known kinds that
@@ -94,7 +99,13 @@ class TraceReader:
         self._decode = msgspec.json.Decoder(AnyEvent).decode
         self._iterator: Iterator[TraceItem] | None = None
         self._finished = False
+        self.segments: SetInfo | None = None
         self.header, self.version, self.newer_minor = self._read_header()
+        seg = self.header.extra.get("segment")
+        first = seg.get("first_seq") if isinstance(seg, dict) else None
+        self._count_base = first - 1 if type(first) is int and first > 0 else 0
+        """Events before this file's first (a segment, a flight recorder's window): the End
+        event counts every event of the run."""
 
     @classmethod
     def open(cls, path: str | Path, **options: Any) -> TraceReader:
@@ -106,13 +117,24 @@ class TraceReader:
         if str(path) == STDIN_NAME:
             # standard input: read, not closed (the process owns it)
             return cls(open_input(STDIN_NAME, stdin=True), "<stdin>", **options)
-        p = Path(path)
-        stream = open_input(p, what="a trace file")
+        opened = open_trace(Path(path))
         try:
-            return cls(stream, str(p), close_stream=True, **options)
+            reader = cls(opened.stream, opened.name, close_stream=True, **options)
         except BaseException:
-            stream.close()
+            opened.stream.close()
             raise
+        reader.segments = opened.segments
+        return reader
+
+    @property
+    def skipped_seqs(self) -> int:
+        """Seqs lost in a segment set's gaps (0 for one file): what the End count allows for."""
+        return int(getattr(self._stream, "skipped_seqs", 0))
+
+    def allow_skipped(self, n: int) -> None:
+        """Blocks decoded by :meth:`decode_block` come from a set with ``n`` seqs lost in its
+        gaps (read by another reader): the End count allows for them."""
+        self._count_base += n
 
     @property
     def version_text(self) -> str:
@@ -155,7 +177,9 @@ class TraceReader:
         name = self.name
         line = self._read(lambda: self._stream.readline(self._max_line))
         if not line:
-            raise InputError(f"{name}: empty file, not a kvtrace trace")
+            broken = getattr(self._stream, "broken", "")
+            raise InputError(f"{name}: {broken}" if broken else
+                             f"{name}: empty file, not a kvtrace trace")
         self.lines_read = 1
         if not line.endswith(b"\n") and len(line) >= self._max_line:
             raise InputError(f"{name}: not a kvtrace trace (no header line)")
@@ -246,11 +270,23 @@ class TraceReader:
             if event is not None:
                 yield [event]
         if self.end is None:
+            seg = self.header.extra.get("segment")
+            index = seg.get("index") if isinstance(seg, dict) else None
             self._problem(
                 self.lines_read,
                 "incomplete",
-                f"no End event: the capture did not finish ({self.lines_read} lines read)",
+                f"no End event: the capture did not finish ({self.lines_read} lines read)"
+                + (f"; or segment {index:06d} of a rotated trace, continued in the next one"
+                   if type(index) is int and self.segments is None else ""),
             )
+        broken = getattr(self._stream, "broken", "")
+        if broken:  # a compressed file whose data breaks: read up to there
+            self.truncated = True
+            self._problem(self.lines_read, "truncated", broken)
+        joined = getattr(self._stream, "problems", None)
+        if joined:
+            self.problems.extend(joined)
+            self.problems.sort(key=lambda pr: pr.line)
         self._finished = True
         # A file opened by open() is closed once read to the end, so list(open(p)) leaks nothing.
         self.close()
@@ -424,8 +460,9 @@ class TraceReader:
             self._problem(number, "after-end", f"event seq {event.seq} after the End event")
         if isinstance(event, End) and self.end is None:
             self.end = event
-            # Lines between the header (line 1) and this End line, damaged ones included.
-            present = number - 2
+            # Lines between the header (line 1) and this End line, damaged ones included;
+            # plus the events before a segment's first and in a set's gaps.
+            present = number - 2 + self._count_base + getattr(self._stream, "skipped_seqs", 0)
             if event.events != present:
                 self._problem(
                     number,
@@ -434,6 +471,10 @@ class TraceReader:
                 )
 
     def _problem(self, line: int, kind: ProblemKind, message: str) -> None:
+        locate = getattr(self._stream, "locate", None)
+        where = locate(line) if locate is not None else None
+        if where is not None:
+            message += f" ({where[0]} line {where[1]})"
         self.problems.append(Problem(line, kind, message))
 
 

@@ -37,6 +37,9 @@ class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
     problems: tuple[Problem, ...]
     extra_fields: dict[str, int]
     header_extras: dict[str, Any]
+    segments: dict[str, Any] | None = None
+    """A segment set read as one (kvdiag/trace/segments.py): ``text``, ``indices`` read,
+    ``dropped_before`` (deleted by KVTRACE_KEEP), ``keep``, ``left_out``; None for one file."""
 
     @property
     def complete(self) -> bool:
@@ -112,4 +115,8 @@ def summarize(reader: TraceReader,
         problems=tuple(reader.problems),
         extra_fields=dict(sorted(extra_fields.items())),
         header_extras=dict(reader.header_extras),
+        segments=None if reader.segments is None else {
+            "text": reader.segments.text(), "indices": list(reader.segments.indices),
+            "dropped_before": reader.segments.dropped_before, "keep": reader.segments.keep,
+            "left_out": list(reader.segments.left_out)},
     )

@@ -26,6 +26,7 @@ from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
 from kvdiag.model.perf import PerfRun
+from kvdiag.trace.segments import ZSTD_MAGIC, open_trace, read_all
 from kvdiag.tui.digest import TraceDigest
 
 Stage = Literal["opening", "indexing", "judging", "ready"]
@@ -128,12 +129,44 @@ Document = TraceDoc | LogDoc | ErrorDoc | PendingDoc
 Publish = Callable[[Document], None]
 
 
+def _starts_with(p: Path, magic: bytes) -> bool:
+    try:
+        with p.open("rb") as fh:
+            return fh.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def _detect_joined(path: str | Path) -> FileKind:
+    """A segment set (its stem, folder or a glob) or a zstd-compressed file: only traces come
+    that way (kvdiag.trace.segments); anything else is the error ``open_trace`` words."""
+    opened = open_trace(path)
+    try:
+        head = opened.stream.read(4096)
+    finally:
+        opened.stream.close()
+    if head.lstrip(b"\xef\xbb\xbf").startswith(_TRACE_START):
+        return "trace"
+    raise InputError(f"{path}: compressed data that is not a kvtrace trace")
+
+
+def trace_source(path: str | Path) -> LineSource:
+    """The bytes of a trace, addressable by line offset: a plain file mapped, a segment set or
+    a zstd-compressed trace joined in memory (kvdiag.trace.segments)."""
+    whole = read_all(path)
+    if whole is None:
+        return LineSource.open(path)
+    return LineSource(whole[0], whole[1], compressed=True)
+
+
 def detect_kind(path: str | Path) -> FileKind:
     """``trace`` when line 1 starts a kvtrace header, else ``log`` when it is one by the rule
     every log reader shares (kvdiag.files.logs: gzip by content, a NUL-filled start skipped,
     mostly text); anything else — empty, binary, a FIFO or other non-regular file, an
     unreadable path — is an :class:`InputError`."""
     p = Path(path)
+    if not p.is_file() or _starts_with(p, ZSTD_MAGIC):
+        return _detect_joined(path)
     with open_input(p, what="a regular file (a trace or a log)",
                     hint="; save the stream to a file first") as fh:
         try:

@@ -213,6 +213,11 @@ def describe(event: object, judged: ReadJudged | FitsVerdict | None = None
             return " ".join(parts) or "(no fields)", ""
         case ev.Records():
             return "now also records " + _listed(list(event.kinds), "kinds"), ""
+        case ev.Snapshot():
+            return (f"segment starts ({event.reason or 'snapshot'}): "
+                    f"{sum(len(c.versions) for c in event.pool)} pool and "
+                    f"{sum(len(c.versions) for c in event.ring)} ring slots held, "
+                    f"{sum(len(v.versions) for v in event.versions)} host pages"), ""
         case ev.End():
             return f"{event.status}: {event.steps} steps, {event.events} events", (
                 "" if event.status == "completed" else "abort")

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.trace_index import CHUNK, header_end, line_blocks
 from kvdiag.tui.digest import Delta
+from kvdiag.tui.document import trace_source
 from kvdiag.tui.judging import JudgingPass
 
 _LENGTH = struct.Struct("<Q")
@@ -58,7 +58,7 @@ def run(path: str, out: BinaryIO, every: float) -> None:
     gc.disable()
     try:
         judging = JudgingPass(path, hand_over=True)
-        source = LineSource.open(path)
+        source = trace_source(path)  # a plain file, a segment set or a .zst
         last = time.monotonic()
         for offset, block in line_blocks(source, header_end(source), CHUNK):
             judging.feed(block, offset)

@@ -65,6 +65,14 @@ class JudgingPass:
         # the reader validates the header (InputError) and then only decodes what it is given
         with TraceReader.open(path) as reader:
             self.reader = reader
+        if reader.segments is not None:
+            # a segment set's gaps and left-out files are said by the joined stream as it is
+            # read (the blocks fed here come from the joined bytes): read it once for them
+            with TraceReader.open(path) as whole:
+                for _ in whole:
+                    pass
+            reader.problems.extend(p for p in whole.problems if p.kind in ("gap", "segment"))
+            reader.allow_skipped(whole.skipped_seqs)
         self.judge = Judge(reader.header, ledger=True, name=str(path))
         self.hand_over = hand_over
         """Deltas carry the ledger's sealed blocks away (a pass in another process): the

@@ -46,6 +46,7 @@ from kvdiag.tui.document import (
     Publish,
     TraceDoc,
     detect_kind,
+    trace_source,
 )
 from kvdiag.tui.judgeproc import Failed, JudgeProcess
 from kvdiag.tui.judging import JudgingPass
@@ -146,7 +147,7 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     t0 = time.perf_counter()
     with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
         header = clip_deep(reader.header)
-    source = LineSource.open(path)
+    source = trace_source(path)  # a segment set or a compressed trace: joined in memory
     start = header_end(source)
     builder = IndexBuilder(source, start)
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")

@@ -68,6 +68,7 @@ from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTra
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy, Piece
+from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
@@ -228,6 +229,9 @@ class Judge:
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
+        self.snapshot_replaced: list[int] = []
+        """Seqs of snapshots that replaced a state the events had built (a gap before them,
+        or a writer that disagrees with the judgement): :mod:`.snapshot`."""
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -248,6 +252,17 @@ class Judge:
 
     def _judge(self, chunk: list[Any]) -> None:
         types = list(map(type, chunk))
+        if types.count(ev.Snapshot):
+            # a segment's starting state (format 1.2): what follows is judged from it
+            i = types.index(ev.Snapshot)
+            if len(chunk) > 1:
+                if i:
+                    self._judge(chunk[:i])
+                self._judge([chunk[i]])
+                if i + 1 < len(chunk):
+                    self._judge(chunk[i + 1:])
+                return
+            self._snapshot(chunk[0])
         if len(chunk) > 1 and (types.count(ev.Records) or types.count(ev.Unknown)):
             # a records event declares more kinds: what follows it is judged with them
             for i, e in enumerate(chunk):
@@ -321,6 +336,21 @@ class Judge:
     def _warn(self, e: ev.Warn) -> None:
         if e.code == FALLBACK_WARN:
             self.completeness.decided += 1
+
+    def _snapshot(self, e: ev.Snapshot) -> None:
+        """A segment's starting state (:mod:`.snapshot`): compared when the events before it
+        built the same state, else taken as the state."""
+        st = self.state
+        if matches(st, e):
+            return
+        if self.rows > 0:
+            self.snapshot_replaced.append(e.seq)
+        seed(st, e, self.rows)
+        if e.versions and st.writes is None:
+            st.writes = True
+        for target, runs in enumerate((e.pool, e.ring)):
+            if runs and st.uploads[target] is None:
+                st.uploads[target] = True
 
     def _mark(self, e: ev.Mark) -> None:
         self.mark = e
@@ -724,7 +754,8 @@ class Judge:
             "not_judged": {WHY_KEY[w]: n for w, n in sorted(self.not_judged_why.items())},
             "reads": {"judged": self.reads[0], "without_served": self.reads[1]},
             "cross_check": {"annotation_disagrees": self.groups.annotation.count,
-                            "versions_disagree": self.groups.versions.count},
+                            "versions_disagree": self.groups.versions.count,
+                            "snapshot_replaced": len(self.snapshot_replaced)},
             "out_of_range": self.state.out_of_range,
             "resident_hits": pool_read - up_pages["resident"],
             "resident_hit_rate": (max(0.0, 1.0 - up_pages["resident"] / pool_read)
@@ -793,6 +824,11 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
                 chunk = []
             yield [e]
             continue
+        if type(e) is ev.Snapshot and chunk:
+            # a segment's snapshot starts a list: the reads after it are then the list's own,
+            # and the Judge can be asked about every one of them
+            yield chunk
+            chunk = []
         chunk.append(e)
         if len(chunk) >= size:
             yield chunk
