@@ -53,6 +53,10 @@ def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str,
     snap = j.snapshot()
     assert snap.residency["cross_check"] == {"annotation_disagrees": 0, "versions_disagree": 0,
                                            "snapshot_replaced": 0}
+    # what check runs (no per-page detail: exact pages take the quick path) judges the same
+    quick = Judge().feed_all(events).snapshot()
+    assert quick.residency == snap.residency
+    assert [f.title for f in quick.findings] == [f.title for f in snap.findings]
     return seen
 
 
@@ -131,7 +135,7 @@ def test_stale_verdict_names_the_copy_the_lag_and_the_missed_write() -> None:
     """The first stale page of slot1-first (shared): its copy was made by an upload earlier
     than the write that made the host page newer; that write is the flow's start."""
     events = capture("slot1-first", "shared", "membership", False)
-    j = Judge(flows=True)
+    j = Judge(flows=True, detail=True)
     for e in events:
         j.feed(e)
         if isinstance(e, ev.Read):
@@ -174,6 +178,7 @@ def R(seq: int, step: int, layer: int, stream: int, *served: tuple[int, int, str
 
 def classes(j: Judge, read: ev.Read) -> list[tuple[int, str, str]]:
     """(page, class, holder) after feeding ``read``."""
+    j.detail = True  # pages() lists every page
     j.feed(read)
     return [(p.page, p.cls, "-" if p.holder is None else
              f"L{p.holder.layer}s{p.holder.stream}p{p.holder.page}v{p.holder.version}")
@@ -375,7 +380,7 @@ def test_random_schedules_judge_as_the_annotation(data: st.DataObject, np_: int,
 
 def test_out_of_range_pages_and_slots_are_not_believed_not_allocated() -> None:
     huge = 10**12
-    j = Judge()
+    j = Judge(detail=True)
     j.feed(ev.Write(1, 0, 0, layer=0, stream=0, cells=(0, huge), rows=(0, huge)))
     j.feed(ev.Write(2, 0, 0, layer=0, stream=0, cells=(-512, 10), rows=(0, 10)))
     j.feed(ev.Upload(3, 0, 0, layer=0, stream=0, pages=(0, 1), slot=huge, target="resident",

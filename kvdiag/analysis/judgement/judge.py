@@ -624,7 +624,9 @@ class Judge:
 
     def pages(self, e: ev.Read) -> list[PageVerdict]:
         """Every page of a read of the last chunk fed, judged (a read without served pages
-        has no pages to list: :meth:`verdict` counts them not judged)."""
+        has no pages to list: :meth:`verdict` counts them not judged). Without
+        ``Judge(detail=True)`` an exact page's copy is not named (its holder's step and seq
+        are -1)."""
         c = self._chunk
         k = self._read_index(e)
         if c is None or k is None or k in self._unserved:
