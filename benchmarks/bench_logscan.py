@@ -177,7 +177,7 @@ def time_grep(path: Path, repeat: int) -> tuple[float, int, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--mib", type=int, default=1024, help="log size in MiB (default 1024)")
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
@@ -190,7 +190,7 @@ def main() -> int:
             while fh.read(16 << 20):
                 pass
         g_s, g_count, pattern = time_grep(path, args.repeat)
-        helper = parse._spare_core() and size >= parse.PARALLEL_MIN_BYTES
+        helper = parse.spare_core() and size >= parse.PARALLEL_MIN_BYTES
         k_s, crashes, k_cpu = time_kvdiag(path, args.repeat)
         g2_s, _, _ = time_grep(path, args.repeat)
         g_s = min(g_s, g2_s)

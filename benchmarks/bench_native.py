@@ -11,6 +11,11 @@ baseline from the same run:
   vs a loop of plain ``write()`` calls of a line of the same size to an O_APPEND file (the
   floor: kvtrace.h does one write() per event). Target: >= 1,000,000 events/s single-threaded.
   The same two into /dev/null give kvtrace.h's own cost per event without the file system.
+- ROTATION (issue 18): the decode-shaped ``gen`` workload (below) into a file, written by
+  kvtrace.h as it is on ``main`` (``git show main:kernels/kvtrace.h``, when git has it), by this
+  kvtrace.h with plain tracing, and by this kvtrace.h rotating (``KVTRACE_MAX_MB``,
+  ``KVTRACE_KEEP=2``: the shadow of slots and versions, a snapshot per segment, deletions),
+  alternating runs, best of ``--repeat``. Target: rotation costs within 5 % of today's header.
 - ``kvdiag check`` on a native trace of ``--events`` events written by the same program
   (a decode-shaped mix: step, mark, per layer write/upload/read, outputs, fits every 64th
   step; both streams' pages share slots, so 44 % of the pages read are foreign), wall and CPU
@@ -46,20 +51,36 @@ SOURCE = ROOT / "kernels" / "native_tests" / "kvtrace_bench.c"
 OFF_TARGET_NS = 1.0
 ON_TARGET = 1_000_000
 CHECK_TARGET = 1.5
+ROTATION_TARGET = 1.05
 
 
-def build(out: Path) -> Path:
+def build(out: Path, include: Path = ROOT / "kernels", name: str = "kvtrace_bench") -> Path:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         sys.exit("bench_native: no C compiler (gcc) found")
-    exe = out / "kvtrace_bench"
-    subprocess.run([cc, "-std=c99", "-O2", "-I", str(ROOT / "kernels"), str(SOURCE), "-o",
+    exe = out / name
+    subprocess.run([cc, "-std=c99", "-O2", "-I", str(include), str(SOURCE), "-o",
                     str(exe), "-pthread"], check=True)
     return exe
 
 
-def run(exe: Path, *args: str, trace: Path | None = None) -> list[float]:
-    env = {k: v for k, v in os.environ.items() if k != "KVTRACE_FILE"}
+def main_header(out: Path) -> Path | None:
+    """A folder holding main's kvtrace.h (the header before bounded traces), or None."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "show", "main:kernels/kvtrace.h"],
+                          capture_output=True, check=False)
+    if proc.returncode != 0 or b"kvtrace_12_" not in proc.stdout:
+        return None
+    folder = out / "main_kernels"
+    folder.mkdir()
+    (folder / "kvtrace.h").write_bytes(proc.stdout)
+    return folder
+
+
+def run(exe: Path, *args: str, trace: Path | None = None,
+        env_extra: dict[str, str] | None = None) -> list[float]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KVTRACE_FILE", "KVTRACE_MAX_MB", "KVTRACE_KEEP", "KVTRACE_RING_MB")}
+    env.update(env_extra or {})
     if trace is not None:
         env["KVTRACE_FILE"] = str(trace)
     proc = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, check=True)
@@ -126,7 +147,7 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--off-iters", type=int, default=300_000_000)
     ap.add_argument("--repeat", type=int, default=3)
@@ -134,6 +155,9 @@ def main() -> int:
                     help="where trace files go (default: the system temp folder)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the kvdiag check/validate part (C figures only)")
+    ap.add_argument("--rotation-only", action="store_true",
+                    help="only the rotation figures (issue 18)")
+    ap.add_argument("--max-mb", default="16", help="KVTRACE_MAX_MB of the rotation runs")
     ap.add_argument("--rss", default="",
                     help="comma-separated event counts: peak RSS of kvdiag check on each "
                          "streamed trace (only this is measured)")
@@ -145,6 +169,11 @@ def main() -> int:
         tmp = Path(tmp_name)
         exe = build(tmp)
         n, r = args.events, max(1, args.repeat)
+        rotation = rotation_runs(tmp, exe, n, r, args.max_mb)
+        if args.rotation_only:
+            print_header(load_before)
+            print_rotation(rotation, n, args.max_mb)
+            return 0
 
         offs = [run(exe, "off", str(args.off_iters)) for _ in range(r)]
         empty, macro = min(o[0] for o in offs), min(o[1] for o in offs)
@@ -191,12 +220,7 @@ def main() -> int:
             check_cpu = min(c[3] for c in check_runs)
             check_rc = check_runs[0][1]
 
-    load_after = os.getloadavg()
-    print(f"date      {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
-    print(f"machine   {platform.machine()}, {os.cpu_count()} cores, no GPU used, "
-          f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
-          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print("          wall clock (this process's CPU time)")
+    print_header(load_before)
     print(f"off       empty loop {empty:.3f} ({empty_cpu:.3f}) ns/iter, with KVTRACE_UPLOAD "
           f"{macro:.3f} ({macro_cpu:.3f}) ns/iter: +{macro - empty:.3f} "
           f"({macro_cpu - empty_cpu:.3f}) ns per call; CPU spread of the empty loop over "
@@ -222,7 +246,58 @@ def main() -> int:
         print(f"target    check ≤ {CHECK_TARGET}x validate (wall): "
               f"{verdict(check / validate <= CHECK_TARGET)}; (CPU): "
               f"{verdict(check_cpu / validate_cpu <= CHECK_TARGET)}")
+    print_rotation(rotation, n, args.max_mb)
     return 0
+
+
+def print_header(load_before: tuple[float, float, float]) -> None:
+    load_after = os.getloadavg()
+    print(f"date      {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
+    print(f"machine   {platform.machine()}, {os.cpu_count()} cores, no GPU used, "
+          f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print("          wall clock (this process's CPU time)")
+
+
+def rotation_runs(tmp: Path, exe: Path, n: int, r: int, max_mb: str
+                  ) -> dict[str, tuple[float, float, int]]:
+    """Best (wall, CPU) of the gen workload per variant, runs alternating; and the segments a
+    rotating run leaves."""
+    today_dir = main_header(tmp)
+    variants: dict[str, tuple[Path, dict[str, str]]] = {
+        "plain": (exe, {}), "rotate": (exe, {"KVTRACE_MAX_MB": max_mb, "KVTRACE_KEEP": "2"})}
+    if today_dir is not None:
+        variants["today"] = (build(tmp, today_dir, "kvtrace_bench_main"), {})
+    best: dict[str, list[float]] = {k: [float("inf"), float("inf")] for k in variants}
+    segments = 0
+    for _ in range(r):
+        for name, (program, env) in variants.items():
+            folder = tmp / f"rot_{name}"
+            folder.mkdir(exist_ok=True)
+            _, wall, cpu = run(program, "gen", str(n), trace=folder / "g.kvtrace",
+                               env_extra=env)
+            best[name] = [min(best[name][0], wall), min(best[name][1], cpu)]
+            if name == "rotate":
+                segments = len(list(folder.glob("g.*.kvtrace")))
+            shutil.rmtree(folder)
+    return {k: (v[0], v[1], segments if k == "rotate" else 0) for k, v in best.items()}
+
+
+def print_rotation(res: dict[str, tuple[float, float, int]], n: int, max_mb: str) -> None:
+    base = res.get("today", res["plain"])
+    label = "main's kvtrace.h" if "today" in res else "plain tracing (main's header not found)"
+    for name, text in (("today", "main's header "), ("plain", "plain tracing "),
+                       ("rotate", f"rotating {max_mb} MB, keep 2")):
+        if name not in res:
+            continue
+        wall, cpu, _ = res[name]
+        print(f"rotation  {text:27s} {n / wall:11,.0f} ({n / cpu:11,.0f}) events/s, "
+              f"{wall / n * 1e9:5.0f} ({cpu / n * 1e9:5.0f}) ns/event")
+    wall, cpu, segs = res["rotate"]
+    print(f"rotation  ratio to {label}: {wall / base[0]:.3f}x wall ({cpu / base[1]:.3f}x CPU); "
+          f"{segs} segments kept of the last run")
+    print(f"target    rotation within {ROTATION_TARGET:.2f}x today's cost (CPU): "
+          f"{verdict(cpu / base[1] <= ROTATION_TARGET)}")
 
 
 if __name__ == "__main__":

@@ -45,10 +45,14 @@ def analyse_file(path: str | Path) -> CheckResult:
             judgement = Judge(reader.header, name=name).feed_all(reader).snapshot()
             problems = list(reader.problems)
             header = reader.header
+            segments = reader.segments
     finally:
         if paused:
             gc.enable()
     summary = judgement.summary()
+    if segments is not None:  # a rotated trace read as one set (kvdiag/trace/segments.py)
+        summary["segments"] = {"text": segments.text(), "indices": list(segments.indices),
+                               "dropped_before": segments.dropped_before}
     summary["problems"] = [
         {"line": p.line, "kind": p.kind, "message": p.message} for p in problems
     ]

@@ -53,7 +53,7 @@ def test_switching_files_from_every_screen_both_ways(samples: dict[str, Path]) -
 
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
         n = len(app.docs)
-        for key, screen in zip("1234567", SCREENS, strict=True):
+        for key, screen in zip("12345678", SCREENS, strict=True):
             await show(pilot, key)
             await expect(app, screen, 0)
             for i in range(1, n + 1):  # forward through all, back to the first
@@ -130,8 +130,8 @@ def test_tui_refuses_what_it_cannot_show(kind: str, tmp_path: Path, samples: dic
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"kvdiag: error: {bad}: ")
     assert {"missing": "no such file", "directory": "is a directory",
-            "binary": "binary data, neither a kvtrace trace nor a text log",
-            "empty": "empty file", "fifo": "a FIFO (named pipe), not a file"}[kind] in err
+            "binary": "not a text log", "empty": "empty file",
+            "fifo": "a FIFO (named pipe), not a regular file"}[kind] in err
     assert started == []
     assert main(["tui", str(bad), "--export-svg", str(tmp_path / "x.svg")]) == 2
     assert not (tmp_path / "x.svg").exists()

@@ -1,18 +1,17 @@
 """Pages snapshots by random access: the state at any step without replaying the trace.
 
 Every part of the state at the end of step S is "the latest event of some kind, for some key,
-at or before S" (see :mod:`kvdiag.analysis.replay`): the latest read of a (layer, stream), the
-latest upload into a slot (unless an eviction came after it), the latest upload of a bookkeeping
-key, the number of writes that gave a host page its version. What a slot held and a page's
-version come from the judgement's random-access form of its slot rule
-(:mod:`kvdiag.analysis.judgement.history`); what each page of a read was — exact, stale,
-foreign, whose bytes — comes from the judgement's ledger (:mod:`kvdiag.analysis.judgement.ledger`)
-and never from the model's annotation: without a ledger (the judgement still running) read
-pages are "not judged". The cost of a snapshot depends on the grid size, not on the step or the
-trace length. An ``invalidate`` empties the slots and forgets the keys, so an upload counts
-only after the latest one, and the window is the shape of the ``adapt`` before it
-(:func:`~kvdiag.analysis.replay.reshaped_window`). The result equals
-:class:`~kvdiag.analysis.replay.PagesReplay`'s (tested).
+at or before S" (see :mod:`kvdiag.analysis.replay`): the latest read of a (layer, stream) —
+with the judgement's verdicts on it from its ledger (:class:`~kvdiag.analysis.judgement.
+LedgerSnapshot`, by the read's row) — the latest upload into a slot (unless an eviction came
+after it), the latest upload of a bookkeeping key, and the number of writes that touched a
+host page before S (its version, the judgement's rule). So the index rows of those kinds are
+grouped once by key (sorted row numbers per key, built with numpy), and a snapshot is a binary
+search per key plus decoding the handful of lines found. The cost of a snapshot depends on the
+grid size, not on the step or the trace length, which keeps a scrub step fast on a trace of
+millions of events. An ``invalidate`` empties the slots and forgets the keys, so an upload
+counts only after the latest one, and the window is the shape of the ``adapt`` before it
+(:func:`~kvdiag.analysis.replay.reshaped_window`). The result equals :class:`~kvdiag.analysis.replay.PagesReplay`'s (tested).
 """
 
 from __future__ import annotations
@@ -23,12 +22,18 @@ from collections.abc import Callable
 import numpy as np
 
 from kvdiag.analysis.judgement import LedgerSnapshot
-from kvdiag.analysis.judgement.classes import MAX_PAGE, NOT_JUDGED, SOURCE_CODE
-from kvdiag.analysis.judgement.crosscheck import as_ranges
-from kvdiag.analysis.judgement.history import History, expand, group, last_below
-from kvdiag.analysis.judgement.slots import Piece
+from kvdiag.analysis.judgement.classes import MAX_PAGE
 from kvdiag.analysis.linesource import LineSource
-from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot, Window, assemble, reshaped_window
+from kvdiag.analysis.replay import (
+    PagesGeometry,
+    PagesSnapshot,
+    Run,
+    Window,
+    assemble,
+    judged_runs,
+    judging_runs,
+    reshaped_window,
+)
 from kvdiag.analysis.trace_index import (
     EVICT,
     F_RELEARN,
@@ -42,18 +47,68 @@ from kvdiag.analysis.trace_index import (
     decode_event,
 )
 from kvdiag.model import events as ev
-from kvdiag.model.pages import Holder, Key
+from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
+
+Groups = dict[tuple[int, ...], np.ndarray]
+
+
+def _group(keys: list[np.ndarray], rows: np.ndarray, *values: np.ndarray
+           ) -> dict[tuple[int, ...], tuple[np.ndarray, ...]]:
+    """Group ``rows`` (ascending) by the key columns; per key, its rows and ``values``.
+
+    The key columns (small integers, -1 allowed) are packed into one int64 so that a single
+    stable argsort groups them: less memory at the peak than sorting a stacked key matrix,
+    and rows stay ascending within a key.
+    """
+    if rows.size == 0:
+        return {}
+    packed = np.zeros(rows.size, np.int64)
+    bases: list[int] = []
+    mins: list[int] = []
+    for k in keys:
+        lo = int(k.min())
+        base = int(k.max()) - lo + 1
+        packed = packed * base + (k - lo)
+        bases.append(base)
+        mins.append(lo)
+    order = np.argsort(packed, kind="stable")
+    packed = packed[order]
+    cut = np.flatnonzero(packed[1:] != packed[:-1]) + 1
+    starts = np.concatenate(([0], cut)).tolist()
+    ends = np.concatenate((cut, [len(order)])).tolist()
+    sorted_rows = rows[order]
+    sorted_values = [v[order] for v in values]
+    out: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
+    for s, e in zip(starts, ends, strict=True):
+        code = int(packed[s])
+        key: list[int] = []
+        for base, lo in zip(reversed(bases), reversed(mins), strict=True):
+            code, digit = divmod(code, base)
+            key.append(digit + lo)
+        out[tuple(reversed(key))] = (sorted_rows[s:e], *(v[s:e] for v in sorted_values))
+    return out
+
+
+def _expand(rows: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One entry per (row, i) for i in range(count): (row repeated, first + i, i)."""
+    count = np.maximum(count, 0)
+    rep = np.repeat(rows, count)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return rep, np.repeat(first, count) + within, within
+
+
+def _last(rows: np.ndarray, limit: int) -> int:
+    """Position of the last entry of ``rows`` below ``limit`` (-1 when none)."""
+    return int(np.searchsorted(rows, limit)) - 1
 
 
 class PagesQuery:
     """Snapshots of an indexed trace (complete or not: only indexed rows are used)."""
 
-    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry,
-                 ledger: LedgerSnapshot | None = None) -> None:
+    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry) -> None:
         self.index = index
         self.source = source
         self.geometry = geometry
-        self.ledger = ledger
         c = index.columns
         kind = c["kind"]
 
@@ -64,22 +119,33 @@ class PagesQuery:
             return out
 
         r = np.flatnonzero(kind == READ)
-        self._reads = group([col("layer", r), col("stream", r)], r)
-        self._judged = self._ledger_reads(ledger)
+        self._reads = _group([col("layer", r), col("stream", r)], r)
+
+        w = np.flatnonzero(kind == WRITE)
+        wa, wb = col("a", w), col("b", w)
+        # the writes the judgement counts (Judge._write): a believable page range
+        valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
+        w, wa, wb = w[valid], wa[valid], wb[valid]
+        p0 = wa // PAGE_TOKENS
+        p1 = (wb - 1) // PAGE_TOKENS + 1
+        wrow, wpage, _ = _expand(w, p0, p1 - p0)
+        self._writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
+        del w, wa, wb, p0, p1, wpage
 
         u = np.flatnonzero((kind == UPLOAD) & ((c["flags"] & F_RING) == 0))
-        self.history = History(c["layer"], c["stream"], c["slot"], c["a"], c["b"],
-                               np.flatnonzero(kind == WRITE), u,
-                               np.flatnonzero(kind == EVICT),
-                               np.flatnonzero(kind == KIND_CODE["invalidate"]))
-        ua, ub = col("a", u), col("b", u)
-        ok = (ub > ua) & (ua >= 0) & (ub <= MAX_PAGE)  # the judgement's bounds
-        urow, upage, within = expand(u[ok], ua[ok], (ub - ua)[ok])
+        ua = col("a", u)
+        urow, upage, within = _expand(u, ua, col("b", u) - ua)
         uslot = col("slot", urow) + within
-        self._key_uploads = group([col("layer", urow), col("key", urow), upage], urow, uslot)
+        ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
+        self._slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
+        self._key_uploads = _group([ulayer, ukey, upage], urow, uslot)
+
+        e = np.flatnonzero(kind == EVICT)
+        self._evicts = _group([col("slot", e)], e)
 
         self._learns = np.flatnonzero(kind == LEARN)
         self._relearns = self._learns[(c["flags"][self._learns] & F_RELEARN) != 0]
+        self._invalidates = np.flatnonzero(kind == KIND_CODE["invalidate"])
         self._adapts = np.flatnonzero(kind == KIND_CODE["adapt"])
         self._repartitions = np.flatnonzero(kind == KIND_CODE["repartition"])
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
@@ -89,46 +155,44 @@ class PagesQuery:
 
     # -- lookups at a cutoff (rows [0, limit)) ---------------------------------------------
 
-    @staticmethod
-    def _ledger_reads(ledger: LedgerSnapshot | None) -> dict[int, int]:
-        """seq → index of the read in the ledger's tables."""
-        if ledger is None:
-            return {}
-        return {int(seq): i for i, seq in enumerate(ledger.reads.column("seq").tolist())}
-
-    def _read_of(self, limit: int, layer: int, stream: int
-                 ) -> tuple[int, tuple[ev.ReadRange, ...]] | None:
-        group_ = self._reads.get((layer, stream))
-        if group_ is None:
+    def _read_of(self, limit: int, layer: int, stream: int, ledger: LedgerSnapshot | None,
+                 judged: int) -> tuple[Run, ...] | None:
+        """The latest read of (layer, stream) below row ``limit``, with the judgement's verdicts
+        from ``ledger`` (its reads up to row ``judged``; later ones are still being judged)."""
+        group = self._reads.get((layer, stream))
+        if group is None:
             return None
-        i = last_below(group_[0], limit)
-        if i < 0:
-            return None
-        event = self.event(int(group_[0][i]))
-        if not isinstance(event, ev.Read):
-            return None
-        at = self._judged.get(event.seq)
-        if at is None or self.ledger is None:  # not judged (yet)
-            pieces: list[Piece] = [
-                (s.begin, s.end, SOURCE_CODE[s.source], s.slot, NOT_JUDGED, 0, -1, -1, -1, -1,
-                 -1, -1, 0) for s in event.served if s.end > s.begin]
-        else:
-            pieces = self.ledger.piece_tuples(at)
-        return event.step, as_ranges(event, pieces)
+        i = _last(group[0], limit)
+        while i >= 0:
+            row = int(group[0][i])
+            event = self.event(row)
+            if isinstance(event, ev.Read):
+                if ledger is None or row >= judged:
+                    return judging_runs(event.step, event.served)
+                j = ledger.read_at(row)
+                if j is not None:
+                    pieces = [p[1:] for p in ledger.pieces_of(j).tolist()]
+                    return judged_runs(event.step, layer, stream, event.served, pieces)
+            i -= 1  # a line the judgement did not take as a read (damaged): the one before
+        return None
 
     def _version_at(self, layer: int, stream: int, page: int, limit: int) -> int:
-        return self.history.version(layer, stream, page, limit)
+        """The host page's version before row ``limit``: the writes that touched it (the
+        judgement's rule, :class:`kvdiag.analysis.judgement.slots.HostPages`)."""
+        group = self._writes.get((layer, stream, page))
+        return 0 if group is None else int(np.searchsorted(group[0], limit))
 
     def _cleared(self, limit: int) -> int:
         """Row of the latest ``invalidate`` below ``limit`` (-1 when none)."""
-        return self.history.cleared(limit)
+        i = _last(self._invalidates, limit)
+        return int(self._invalidates[i]) if i >= 0 else -1
 
     def _shape(self, cleared: int) -> Window | None:
         """The window the clear at row ``cleared`` left (see ``reshaped_window``)."""
         if cleared < 0:
             return None
-        a = last_below(self._adapts, cleared)
-        r = last_below(self._repartitions, cleared)
+        a = _last(self._adapts, cleared)
+        r = _last(self._repartitions, cleared)
         adapt = self.event(int(self._adapts[a])) if a >= 0 else None
         rep = self.event(int(self._repartitions[r])) if r >= 0 else None
         return reshaped_window(self.geometry, adapt if isinstance(adapt, ev.Adapt) else None,
@@ -139,13 +203,24 @@ class PagesQuery:
         group = self._key_uploads.get((layer, -1 if stream is None else stream, page))
         if group is None:
             return None
-        i = last_below(group[0], limit)
+        i = _last(group[0], limit)
         return int(group[1][i]) if i >= 0 and int(group[0][i]) > cleared else None
 
     def _holder_of(self, limit: int, cleared: int, slot: int) -> Holder | None:
-        held = self.history.held(slot, limit)
-        return None if held is None else Holder(held.layer, held.stream, held.page,
-                                                held.version)
+        group = self._slot_uploads.get((slot,))
+        if group is None:
+            return None
+        rows, layers, streams, pages = group
+        i = _last(rows, limit)
+        if i < 0 or int(rows[i]) < cleared:
+            return None
+        evicts = self._evicts.get((slot,))
+        if evicts is not None:
+            j = _last(evicts[0], limit)
+            if j >= 0 and int(evicts[0][j]) > int(rows[i]):
+                return None
+        layer, stream, page = int(layers[i]), int(streams[i]), int(pages[i])
+        return Holder(layer, stream, page, self._version_at(layer, stream, page, int(rows[i])))
 
     def _dirty(self, step: int, limit: int) -> frozenset[Key]:
         lo, hi = self.index.step_rows(step)
@@ -161,7 +236,7 @@ class PagesQuery:
         return frozenset(out)
 
     def _learned(self, limit: int) -> tuple[tuple[tuple[int, int], ...], int | None]:
-        i = last_below(self._relearns, limit)
+        i = _last(self._relearns, limit)
         start = int(self._relearns[i]) if i >= 0 else 0
         relearn_step: int | None = None
         learned: dict[int, int] = {}
@@ -177,13 +252,18 @@ class PagesQuery:
                 learned[event.layer] = event.k_ptr
         return tuple(sorted(learned.items())), relearn_step
 
-    def snapshot(self, step: int) -> PagesSnapshot:
+    def snapshot(self, step: int, ledger: LedgerSnapshot | None = None,
+                 judged: int | None = None) -> PagesSnapshot:
+        """The state at the end of ``step``; reads as the judgement's ``ledger`` judged them
+        (its first ``judged`` rows, default all; without a ledger every read is still being
+        judged)."""
         limit = self.index.cutoff(step)
+        upto = self.index.n if judged is None else judged
         learned, relearn_step = self._learned(limit)
         cleared = self._cleared(limit)
         return assemble(
             self.geometry, step,
-            read_of=lambda layer, stream: self._read_of(limit, layer, stream),
+            read_of=lambda layer, stream: self._read_of(limit, layer, stream, ledger, upto),
             slot_of=lambda key: self._slot_of(limit, cleared, key),
             holder_of=lambda slot: self._holder_of(limit, cleared, slot),
             version_of=lambda layer, stream, page: self._version_at(layer, stream, page, limit),

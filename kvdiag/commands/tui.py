@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import argparse
 
+from kvdiag.commands._values import MAX_COLUMNS, MAX_ROWS, MIN_COLUMNS, MIN_ROWS, terminal_size
 from kvdiag.errors import UsageError
 
-SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings")
+SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings",
+                "perf")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="traces and/or logs")
     parser.add_argument("--export-svg", metavar="OUT",
-                        help="save a screenshot of one screen to OUT (no interactive session)")
+                        help="save a screenshot of one screen to OUT (no interactive session); "
+                             "'-' writes it to standard output")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --export-svg file if it exists")
     parser.add_argument("--screen", default="1", metavar="N",
-                        help="screen for --export-svg: 1-7 or a name (overview, timeline, fits, "
-                             "pages, backtrace, telemetry, findings); default 1")
-    parser.add_argument("--size", default="160x48", metavar="WxH",
-                        help="terminal size for --export-svg (default 160x48)")
+                        help="screen for --export-svg: 1-8 or a name (overview, timeline, fits, "
+                             "pages, backtrace, telemetry, findings, perf); default 1")
+    parser.add_argument("--size", default=(160, 48), type=terminal_size, metavar="COLSxROWS",
+                        help=f"terminal size for --export-svg, {MIN_COLUMNS}x{MIN_ROWS} to "
+                             f"{MAX_COLUMNS}x{MAX_ROWS} (default 160x48)")
     parser.add_argument("--step", type=int, default=None,
                         help="step to show on the Pages/Telemetry screens (--export-svg)")
     parser.add_argument("--binary", action="append", default=[], metavar="PATH",
@@ -39,20 +45,14 @@ def screen_name(value: str) -> str:
         return SCREEN_NAMES[int(v) - 1]
     if v in SCREEN_NAMES:
         return v
-    raise UsageError(f"--screen: {value!r} is not 1-7 or one of {', '.join(SCREEN_NAMES)}")
-
-
-def parse_size(value: str) -> tuple[int, int]:
-    w, sep, h = value.lower().partition("x")
-    if not sep or not w.isdigit() or not h.isdigit() or not (20 <= int(w) <= 1000) or not (
-            5 <= int(h) <= 500):
-        raise UsageError(f"--size: {value!r} is not WIDTHxHEIGHT (e.g. 160x48)")
-    return int(w), int(h)
+    raise UsageError(f"--screen: {value!r} is not 1-8 or one of {', '.join(SCREEN_NAMES)}")
 
 
 def run(args: argparse.Namespace) -> int:
     screen = screen_name(args.screen)
-    size = parse_size(args.size)
+    size: tuple[int, int] = args.size
+    if args.step is not None and args.step < 0:
+        raise UsageError(f"--step {args.step}: steps are numbered from 0")
     if args.debug_dir and not args.binary:
         raise UsageError("--debug-dir needs at least one --binary")
     from kvdiag.tui.loading import Symbols
@@ -63,9 +63,13 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         detect_kind(path)  # a file the viewer cannot show is refused before it starts
     if args.export_svg:
+        from kvdiag.files.outputs import plan_output
+
+        # checked before the files are loaded, which can take a while
+        target = plan_output(args.export_svg, force=args.force, flag="--export-svg")
         from kvdiag.tui.export import export_svg
 
-        export_svg(list(args.files), args.export_svg, screen=screen, size=size, step=args.step,
+        export_svg(list(args.files), target, screen=screen, size=size, step=args.step,
                    symbols=symbols)
         return 0
     import sys

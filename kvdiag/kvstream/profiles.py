@@ -1,7 +1,9 @@
 """Device profiles on disk: ``kvdiag devices --profile`` saves one, captures load one.
 
 A profile is a small JSON file (the fields of :class:`~kvdiag.kvstream.timing.DeviceProfile`)
-in ``<user config dir>/kvdiag/profiles/<slug>.json``. ``h200`` names the built-in default.
+in ``<user config dir>/kvdiag/profiles/<slug>.json``. ``h200`` names the built-in default (a
+measurement); the consumer cards of :mod:`kvdiag.kvstream.cards` are built in too, as spec-sheet
+figures.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import msgspec
 import platformdirs
 
 from kvdiag.errors import InputError
+from kvdiag.files.outputs import Output, plan_output, write_output
+from kvdiag.kvstream.cards import CARDS
 from kvdiag.kvstream.timing import H200, DeviceProfile
 
-BUILTIN = {"h200": H200}
+BUILTIN = {"h200": H200, **CARDS}
 
 
 def profile_dir() -> Path:
@@ -27,13 +31,16 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
-def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
-    target = path or profile_dir() / f"{slug(profile.name)}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(profile)) + b"\n")
-    tmp.replace(target)
-    return target
+def save_profile(profile: DeviceProfile, out: Output | None = None) -> str:
+    """Write ``profile`` to ``out`` (checked by the command: ``devices --save``), else to
+    the profile folder, kvdiag's own store, where a new measurement of the same GPU replaces
+    the last (kvdiag.files.outputs writes both)."""
+    if out is None:
+        store = profile_dir()
+        store.mkdir(parents=True, exist_ok=True)
+        out = plan_output(store / f"{slug(profile.name)}.json", force=True)
+    write_output(out, msgspec.json.format(msgspec.json.encode(profile)) + b"\n")
+    return out.display
 
 
 def load_profile(spec: str) -> DeviceProfile:

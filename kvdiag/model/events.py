@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from kvdiag.model.conditions import canonical_all
 from kvdiag.model.geometry import Tensor
 
 Route = Literal["streamed", "fallback", "abort", "ordinary"]
@@ -70,6 +71,15 @@ class Fits(Event, tag="fits", frozen=True):
     evaluated: bool = True
     """False when the writer (a fork through kvtrace.h) did not compute the failed conditions:
     ``failed`` is then empty and kvdiag evaluates them from the logged geometry (1.1)."""
+
+    def __post_init__(self) -> None:
+        # A fork names the conditions in its own spelling ("Q->ne[3] == 1"); every reader of
+        # the event sees the canonical names (kvdiag.model.conditions.canonical). msgspec
+        # calls this after decoding too, so the trace reader and the TUI's indexer get it.
+        if self.failed:
+            names = canonical_all(self.failed)
+            if names is not self.failed:
+                msgspec.structs.force_setattr(self, "failed", names)
 
 
 class Write(Event, tag="write", frozen=True):
@@ -273,6 +283,89 @@ class Kernel(Event, tag="kernel", frozen=True):
     dropped: int = 0
 
 
+class Records(Event, tag="records", frozen=True):
+    """More kinds the process can write from now on (1.2): a native writer's shared object
+    loaded after the header line, or a late ``KVTRACE_DECLARE``. They add to the header's
+    ``records`` (kernels/kvtrace.h, kvtrace_12_add_records)."""
+
+    kinds: tuple[str, ...]
+
+
+class Timing(Event, tag="timing", frozen=True):
+    """One request a server slot completed: its ``print_timing`` figures and its depth
+    (brief §7.3), 1.2. ``kvdiag import`` writes one per request of a llama-server log at the
+    time of its ``eval time`` line; ``started_ns`` is the time of its ``new prompt`` line, so
+    that the kv-stream events in between are known to have happened while it was in flight.
+    ``graphs_reused`` is the printed cumulative count of the context (per request: the
+    difference to the previous timing of the same ``boot``)."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    decode_tokens: int
+    decode_ms: float
+    slot: int | None = None
+    task: int | None = None
+    prompt_tps: float | None = None
+    decode_tps: float | None = None
+    ms_per_token: float | None = None
+    depth_start: int | None = None
+    depth_end: int | None = None
+    cached: int | None = None
+    n_ctx_slot: int | None = None
+    truncated: bool | None = None
+    graphs_reused: int | None = None
+    boot: int = 0
+    started_ns: int | None = None
+
+
+class HostVersions(msgspec.Struct, frozen=True, array_like=True):
+    """``[layer, stream, page, [version, ...]]``: the host versions of pages ``page``,
+    ``page + 1``, ... of one view (pages never written are 0 and may be left out)."""
+
+    layer: int
+    stream: int
+    page: int
+    versions: tuple[int, ...]
+
+
+class SlotCopies(msgspec.Struct, frozen=True, array_like=True):
+    """``[slot, layer, stream, page, step, seq, [version, ...]]``: slot ``slot + i`` holds page
+    ``page + i`` of (layer, stream) at host version ``versions[i]``, copied by the upload event
+    ``seq`` at ``step``."""
+
+    slot: int
+    layer: int
+    stream: int
+    page: int
+    step: int
+    seq: int
+    versions: tuple[int, ...]
+
+
+class Partition(msgspec.Struct, frozen=True):
+    """Resident pages per layer and ring slots after the last repartition (null: unknown)."""
+
+    resident: int | None = None
+    ring: int | None = None
+
+
+class Snapshot(Event, tag="snapshot", frozen=True):
+    """The state a trace segment starts from (1.2): written by kernels/kvtrace.h at the start of
+    every segment of a rotated trace and of a flight recorder's window, so that the segment can
+    be judged alone. It holds what the judgement derives from earlier events: what every pool
+    (``resident``) and ring slot holds, every written host page's version, the views whose ring
+    copies wait for their read (``ring_pending``), and the partition."""
+
+    reason: str = ""
+    """``rotate`` (a new segment) or ``flight-recorder`` (a window's start)."""
+    versions: tuple[HostVersions, ...] = ()
+    pool: tuple[SlotCopies, ...] = ()
+    ring: tuple[SlotCopies, ...] = ()
+    ring_pending: tuple[tuple[int, int], ...] = ()
+    """(layer, stream) of views with ring copies made since their last read."""
+    partition: Partition | None = None
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -295,7 +388,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Timing | Snapshot | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -314,6 +407,9 @@ KNOWN_KINDS: tuple[str, ...] = (
     "adapt",
     "telemetry",
     "kernel",
+    "records",
+    "timing",
+    "snapshot",
     "end",
 )
 
@@ -340,3 +436,7 @@ class Header(msgspec.Struct, frozen=True, omit_defaults=True):
     scenario: dict[str, Any] = msgspec.field(default_factory=dict)
     plan: dict[str, Any] = msgspec.field(default_factory=dict)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    records: tuple[str, ...] | None = None
+    """What the writer declares it can record (1.2): event kinds, plus ``"kind.field"`` for an
+    optional raw field a kind may carry (``"mark.outside"``). None: not declared (a 1.0/1.1
+    trace, or a writer that does not say), so what is recorded can only be inferred."""

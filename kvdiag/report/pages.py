@@ -23,7 +23,7 @@ import msgspec
 
 from kvdiag.analysis.judgement import Judge, PageVerdict
 from kvdiag.analysis.judgement.classes import NO_SERVED, WHY
-from kvdiag.analysis.judgement.judge import chunks
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
 
 _encode = msgspec.json.Encoder().encode
@@ -58,7 +58,7 @@ def write_pages(events: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, out: I
     """Judge ``events`` (``judge`` made with ``detail=True``) and write every read page to
     ``out``; returns pages per class."""
     counts = {"exact": 0, "stale": 0, "foreign": 0, "not judged": 0}
-    for chunk in chunks(events):
+    for chunk in batches(events):  # a records event alone: every read stays answerable
         judge.feed_all(chunk)
         for e in chunk:
             if type(e) is ev.Read:

@@ -32,24 +32,24 @@ Headless, one pass (what ``kvdiag check`` does)::
     j = judge.snapshot()                    # Judgement: an immutable value
     j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
 
-Per read, as it streams (``diff``, ``trace pages``, an exporter's flows): feed a chunk, then
-ask about the reads in it (the judgement is computed a chunk at a time; the verdicts of the
-last chunk fed are kept)::
+Per read, a chunk at a time (``diff``, ``trace pages``, ``trace export``)::
 
-    judge = Judge(header, detail=True, flows=True)   # what pages() and flows need
-    for chunk in chunks(reader):                      # lists of CHUNK events
+    judge = Judge(reader.header, flows=True)    # flows: which writes each read missed
+    for chunk in batches:                       # lists of events (judge.CHUNK at a time)
         judge.feed_all(chunk)
         for e in chunk:
             if type(e) is Read:
-                judge.verdict(e)      # ReadVerdict: counts (exact, stale, foreign, not judged),
-                                      # pieces = its non-exact runs (slots.Piece tuples)
-                judge.pages(e)        # [PageVerdict] every page: source, slot, class, lag,
-                                      # host version, holder Copy (whose bytes), why not judged
-                judge.missed_writes(judge.verdict(e))  # writes its stale/foreign pages missed
+                judge.verdict(e)  # ReadVerdict: counts (exact, stale, foreign, not judged),
+                                  # pieces = its non-exact runs (slots.Piece tuples)
+                judge.pages(e)    # [PageVerdict] every page: source, slot, class, lag,
+                                  # host version, holder Copy (whose bytes), why not judged
+                judge.missed(e)   # (write seq, class) of the writes its stale/foreign
+                                  # pages missed: the flows
+        judge.live_writes()       # writes still the last of some page (a surface drawing
+                                  # flows may forget the rest)
 
-``detail`` keeps which upload made even an exact page's copy, ``flows`` finds missed writes;
-``kvdiag check`` needs neither. ``judge.feed(e)`` feeds one event (slow for many). Any fits
-event, any time:
+A read is asked about while its chunk is the last one fed (``judge.feed(e)`` is a chunk of
+one; ``judge.last`` the last read of the last chunk). Any fits event, any time:
 ``judge.fits_verdict(e)`` → :class:`~.fits.FitsVerdict` (``outcome``, ``failed``, ``by``,
 ``conditions``, ``note``); :func:`.fits.outcome` alone says whether a decision is bad.
 
@@ -79,7 +79,7 @@ from kvdiag.analysis.judgement.judge import (
     PageVerdict,
     ReadVerdict,
     Steps,
-    chunks,
+    batches,
 )
 from kvdiag.analysis.judgement.ledger import LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy
@@ -99,6 +99,6 @@ __all__ = [
     "PageVerdict",
     "ReadVerdict",
     "Steps",
-    "chunks",
+    "batches",
     "outcome",
 ]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import (
+    BEFORE_SNAPSHOT,
     EXACT,
     FOREIGN,
     HOST,
@@ -58,7 +59,7 @@ class _Codes(dict[type, int]):
 CODE_OF = _Codes({ev.Write: WRITE, ev.Upload: UPLOAD, ev.Evict: EVICT,
                   ev.Invalidate: INVALIDATE, ev.Read: READ})
 for _t in (ev.Step, ev.Learn, ev.Fits, ev.Mark, ev.Abort, ev.Warn, ev.Output, ev.Repartition,
-           ev.Adapt, ev.Telemetry, ev.Kernel, ev.End, ev.Unknown):
+           ev.Adapt, ev.Telemetry, ev.Kernel, ev.End, ev.Unknown, ev.Snapshot):
     CODE_OF[_t] = OTHER
 
 _SOURCE = {"pool": POOL, "ring": RING, "host": HOST}
@@ -143,6 +144,9 @@ class State:
     uploads: list[bool | None] = field(default_factory=lambda: [None, None])
     """Per target (resident, ring): an upload is recorded (or declared)."""
     out_of_range: int = 0
+    history_row: int = -1
+    """Row of the snapshot the state was taken from (:mod:`.snapshot`): ring copies before it
+    are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
     upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 3, 8), np.int64))
     """[target, (uploads, pages, bytes), reason] (reason index 5: another reason)."""
 
@@ -587,7 +591,7 @@ def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray
     carried_slot[dst] = q
 
 
-def _grow_views(state: State) -> None:
+def grow_views(state: State) -> None:
     n = len(state.views.ids)
     if n > state.batch_start.size:
         grow = n - state.batch_start.size
@@ -599,7 +603,7 @@ def _advance_batches(state: State, c_vid: np.ndarray, c_row: np.ndarray, r_vid: 
                      r_row: np.ndarray) -> None:
     """Each view's ring batch after a chunk's ring copies and reads (rule 3): a copy after a
     read of its view starts a new batch; reads and copies are taken in row order."""
-    _grow_views(state)
+    grow_views(state)
     if not c_vid.size and not r_vid.size:
         return
     nv = state.batch_start.size
@@ -686,6 +690,9 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page:
                 break
         if verdict is None and state.ring_log.dropped and start <= oldest:
             verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)
+        if verdict is None and start < state.history_row:
+            # the batch began before the segment's snapshot: its earlier copies are unknown
+            verdict = (NOT_JUDGED, 0, BEFORE_SNAPSHOT, -1, -1, -1, -1, -1)
         if verdict is None:
             continue  # foreign, holding the newest copy: as judged already
         cls[i], lag[i], why[i] = verdict[0], verdict[1], verdict[2]

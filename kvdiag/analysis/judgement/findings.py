@@ -385,14 +385,14 @@ def incomplete(end: ev.End | None, last_seq: int, last_step: int | None) -> Find
     """``trace-incomplete`` (error): the run did not complete — killed before its End event,
     or ended with status error (End.reason says why where the writer knew, format 1.1).
     ``kvdiag check --allow-incomplete`` lowers it to a warning."""
-    at = f"step {last_step}" if last_step is not None else "before the first step"
+    at = f"at step {last_step}" if last_step is not None else "before the first step"
     if end is None:
         why = "no End event: the capture was killed or is still running"
-        title = f"the run did not complete ({why}) at {at}; analysed up to event #{last_seq}"
+        title = f"the run did not complete ({why}) {at}; analysed up to event #{last_seq}"
         evidence = Evidence(seq=last_seq, step=last_step, text=why)
     else:
         why = end.reason or "no reason recorded"
-        title = f"the run did not complete: ended with status error at {at} ({why})"
+        title = f"the run did not complete: ended with status error {at} ({why})"
         evidence = Evidence(seq=end.seq, step=last_step, text=why)
     return Finding(
         rule="trace-incomplete", severity=Severity.ERROR, title=title, evidence=(evidence,),

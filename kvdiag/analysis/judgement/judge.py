@@ -68,6 +68,7 @@ from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTra
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy, Piece
+from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
@@ -90,15 +91,11 @@ class _NotExact(dict[str, bool]):
 _NOT_EXACT = _NotExact(exact=False)
 
 
-def chunks(events: Iterable[Any]) -> Iterator[list[Any]]:
-    """``events`` as lists of :data:`CHUNK` (the last one shorter): feed a chunk with
-    :meth:`Judge.feed_all`, then ask about its reads."""
-    it = iter(events)
-    while True:
-        chunk = list(itertools.islice(it, CHUNK))
-        if not chunk:
-            return
-        yield chunk
+FITS_ASSERT = "ggml_cuda_kv_stream_fattn_fits"
+"""The streamed kernel's assert (``GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst))``,
+kv-stream-domain.md §2.3): its abort says a fits decision was made."""
+FALLBACK_WARN = "kv-stream-fallback"
+"""The fixed dispatcher's warning when fits() is false (docs/trace-format.md, ``warn``)."""
 
 
 @dataclass(frozen=True)
@@ -223,13 +220,18 @@ class Judge:
         self._unserved: dict[int, int] = {}
         """Reads of the last chunk without served pages: index → pages."""
         self._index: dict[int, int] | None = None
+        self._flows_by_read: tuple[Chunk, np.ndarray, np.ndarray] | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Step: self.adapt.feed, ev.Abort: self.groups.aborts.append,
+            ev.Step: self.adapt.feed, ev.Abort: self._abort, ev.Warn: self._warn,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
+            ev.Records: self._records,
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
+        self.snapshot_replaced: list[int] = []
+        """Seqs of snapshots that replaced a state the events had built (a gap before them,
+        or a writer that disagrees with the judgement): :mod:`.snapshot`."""
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -240,7 +242,7 @@ class Judge:
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
         """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
         operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
-        for chunk in chunks(events):
+        for chunk in batches(events):
             self._judge(chunk)
         return self
 
@@ -250,10 +252,21 @@ class Judge:
 
     def _judge(self, chunk: list[Any]) -> None:
         types = list(map(type, chunk))
-        if types.count(ev.Unknown):
+        if types.count(ev.Snapshot):
+            # a segment's starting state (format 1.2): what follows is judged from it
+            i = types.index(ev.Snapshot)
+            if len(chunk) > 1:
+                if i:
+                    self._judge(chunk[:i])
+                self._judge([chunk[i]])
+                if i + 1 < len(chunk):
+                    self._judge(chunk[i + 1:])
+                return
+            self._snapshot(chunk[0])
+        if len(chunk) > 1 and (types.count(ev.Records) or types.count(ev.Unknown)):
             # a records event declares more kinds: what follows it is judged with them
-            for i, (e, t) in enumerate(zip(chunk, types, strict=True)):
-                if t is ev.Unknown and e.kind == "records" and len(chunk) > 1:
+            for i, e in enumerate(chunk):
+                if _declares(e):
                     if i:
                         self._judge(chunk[:i])
                     self._judge([e])
@@ -299,14 +312,45 @@ class Judge:
 
     def _unknown_event(self, e: ev.Unknown) -> None:
         self._unknown[e.kind] += 1
-        if e.kind == "records":  # a declaration of more recorded kinds (format 1.2)
+        if e.kind == "records":  # from a reader that does not know the 1.2 kind
             kinds = e.fields.get("kinds")
             if isinstance(kinds, list):
-                self.completeness.declare(kinds)
-                st = self.state
-                st.writes = st.writes or self.completeness.is_declared("write")
-                up = self.completeness.is_declared("upload")
-                st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
+                self._declare(kinds)
+
+    def _records(self, e: ev.Records) -> None:
+        self._declare(list(e.kinds))
+
+    def _declare(self, kinds: list[Any]) -> None:
+        """A ``records`` event (format 1.2): more kinds declared, for what follows it."""
+        self.completeness.declare(kinds)
+        st = self.state
+        st.writes = st.writes or self.completeness.is_declared("write")
+        up = self.completeness.is_declared("upload")
+        st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
+
+    def _abort(self, e: ev.Abort) -> None:
+        self.groups.aborts.append(e)
+        if e.condition.startswith(FITS_ASSERT):
+            self.completeness.decided += 1
+
+    def _warn(self, e: ev.Warn) -> None:
+        if e.code == FALLBACK_WARN:
+            self.completeness.decided += 1
+
+    def _snapshot(self, e: ev.Snapshot) -> None:
+        """A segment's starting state (:mod:`.snapshot`): compared when the events before it
+        built the same state, else taken as the state."""
+        st = self.state
+        if matches(st, e):
+            return
+        if self.rows > 0:
+            self.snapshot_replaced.append(e.seq)
+        seed(st, e, self.rows)
+        if e.versions and st.writes is None:
+            st.writes = True
+        for target, runs in enumerate((e.pool, e.ring)):
+            if runs and st.uploads[target] is None:
+                st.uploads[target] = True
 
     def _mark(self, e: ev.Mark) -> None:
         self.mark = e
@@ -558,6 +602,26 @@ class Judge:
             k = found[0]
         return sorted(set(c.flows[c.flows[:, 1] == k, 0].tolist())) if c.flows.size else []
 
+    def missed(self, e: ev.Read) -> list[tuple[int, str]]:
+        """(write seq, ``"stale"`` or ``"foreign"``) of each write a read of the last chunk
+        fed missed — the ledger's ``flows`` rows of that read, for a surface that draws them
+        as it goes (``trace export``). Needs ``flows`` (or a ledger) on when it is fed."""
+        c, k = self._chunk, self._read_index(e)
+        if c is None or k is None or not c.flows.size:
+            return []
+        if self._flows_by_read is None or self._flows_by_read[0] is not c:
+            order = np.argsort(c.flows[:, 1], kind="stable")
+            self._flows_by_read = (c, c.flows[order], c.flows[order, 1])
+        _, rows, reads = self._flows_by_read
+        lo, hi = np.searchsorted(reads, k, "left"), np.searchsorted(reads, k, "right")
+        return [(w, CLASSES[cls]) for w, _, cls in rows[lo:hi].tolist()]
+
+    def live_writes(self) -> set[int]:
+        """Seqs of the writes that are still the last write of some page: the only writes a
+        later read can miss, so a surface that remembers writes to draw flows may forget the
+        others (memory bounded by the pages, not the trace's length)."""
+        return set(np.unique(self.state.pages.wseq).tolist()) - {0}
+
     def pages(self, e: ev.Read) -> list[PageVerdict]:
         """Every page of a read of the last chunk fed, judged (a read without served pages
         has no pages to list: :meth:`verdict` counts them not judged). Without
@@ -692,7 +756,8 @@ class Judge:
             "not_judged": {WHY_KEY[w]: n for w, n in sorted(self.not_judged_why.items())},
             "reads": {"judged": self.reads[0], "without_served": self.reads[1]},
             "cross_check": {"annotation_disagrees": self.groups.annotation.count,
-                            "versions_disagree": self.groups.versions.count},
+                            "versions_disagree": self.groups.versions.count,
+                            "snapshot_replaced": len(self.snapshot_replaced)},
             "out_of_range": self.state.out_of_range,
             "resident_hits": pool_read - up_pages["resident"],
             "resident_hit_rate": (max(0.0, 1.0 - up_pages["resident"] / pool_read)
@@ -738,3 +803,37 @@ class Judgement:
             "residency": self.residency,
             "completeness": self.completeness.as_json(),
         }
+
+
+def _declares(e: object) -> bool:
+    """Is ``e`` a ``records`` event (more kinds declared)?"""
+    t = type(e)
+    return t is ev.Records or (t is ev.Unknown and e.kind == "records")  # type: ignore[attr-defined]
+
+
+def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
+            ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
+    """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
+    ``records`` event alone in its list. The Judge answers (:meth:`~Judge.verdict`,
+    :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
+    and judges what follows a declaration with it, so a list that held one in its middle would
+    leave the reads before it unanswered."""
+    chunk: list[ev.AnyEvent | ev.Unknown] = []
+    for e in events:
+        if _declares(e):
+            if chunk:
+                yield chunk
+                chunk = []
+            yield [e]
+            continue
+        if type(e) is ev.Snapshot and chunk:
+            # a segment's snapshot starts a list: the reads after it are then the list's own,
+            # and the Judge can be asked about every one of them
+            yield chunk
+            chunk = []
+        chunk.append(e)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -13,7 +13,7 @@ from textual.widgets import Markdown
 GLOBAL = """\
 | key | everywhere |
 |---|---|
-| `1`…`7` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings |
+| `1`…`8` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings, Perf |
 | `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
@@ -44,12 +44,16 @@ SCREEN_KEYS = {
 | `←` `→` | previous / next step · `shift+←/→` ten steps |
 | `space` | play / pause · `home` / `end` first / last step |
 | `n` / `N` | next / previous step with a stale or foreign read |
-| `↑↓` layer · `[` `]` page · `tab` stream panel | move the cell cursor (or click a cell) |
+| `↑` `↓` | cell cursor: layer up / down (or click a cell) |
+| `[` `]` | cell cursor: page left / right |
+| `tab` / `shift+tab` | cell cursor: next / previous stream panel |
 | `c` | compare: this trace's selected stream next to the same stream of the other open trace (same schedule, steps aligned by number; `tab` picks the stream, `c` again ends it) |
 
 Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as
-`stream:page v version`; `*` the key was marked dirty this step. `!` (red): foreign read
-(another stream's bytes); `~` (yellow): stale read (an older version); `^` (underlined): a
+`stream:page v version`; `*` the key was marked dirty this step. The classes are the
+judgement's (what each slot held, as `kvdiag check` judges it): `!` (red): foreign read
+(another stream's, layer's or page's bytes); `~` (yellow): stale read (an older version); `?`:
+not judged (the trace does not record what it takes; the cell says what); `^` (underlined): a
 `mark` at this step put the page's rows outside every resident window, so its resident copy is
 never refreshed; bold: read at this step. A layer the plan does not stream is labelled so.
 """,
@@ -64,6 +68,19 @@ never refreshed; bold: read at this step. A layer the plan does not stream is la
 | key | Telemetry |
 |---|---|
 | `←` `→` | move the step cursor (shared with Pages) · `home` / `end` |
+""",
+    "perf": """\
+| key | Perf |
+|---|---|
+| `←` `→` | the request cursor: previous / next request of this file · `home` / `end` |
+| `b` | the baseline: the next other open file with request timings |
+
+Decode tok/s against context depth for this file and the baseline (dots: requests, lines:
+depth bins), then on the same depth axis the partition kv_stream_adapt recorded (resident
+pages/layer, ring slots) against the requests' active pages, with repartitions and fallbacks
+marked, and the deadline miss %. Below: the request under the cursor, its bin against the
+baseline, the partition recorded there and the causes its evidence names (or "not explained
+by what the log records"), as `kvdiag perf` reports them.
 """,
     "findings": """\
 | key | Findings |

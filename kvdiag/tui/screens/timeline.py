@@ -21,10 +21,11 @@ from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.marks import place
 from kvdiag.tui.messages import RowHighlighted, RowSelected
 from kvdiag.tui.navigation import Target, evidence_target
-from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows
+from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows, read_judged
 from kvdiag.tui.rowsource import EmptySource
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FILTER_HINT = "filter (f): kind:read,upload layer:0-3 stream:1 slot:10 step:5-9"
@@ -59,6 +60,7 @@ class TimelineScreen(KvScreen):
             yield Input(placeholder="search (/)", id="search")
         yield Static(id="timeline-info")
         yield VirtualTable(TRACE_COLUMNS, id="timeline")
+        yield RowDetail(id="timeline-detail")
 
     @property
     def table(self) -> VirtualTable:
@@ -75,6 +77,7 @@ class TimelineScreen(KvScreen):
             self.rows = None
             table.set_source(EmptySource())
             self._info()
+            self.refit()
             return
         if old is None or type(old) is not type(doc):
             self.flt = RowFilter()
@@ -95,6 +98,10 @@ class TimelineScreen(KvScreen):
         cursor = rows.nearest_position(keep_row) if keep_row is not None and len(rows) else 0
         self.table.set_source(rows, cursor=cursor)
         self._info()
+        self.refit()
+
+    def refit(self) -> None:
+        self.query_one("#timeline-detail", RowDetail).follow(self.table)
 
     def _info(self, extra: str = "") -> None:
         doc = self.doc
@@ -103,6 +110,9 @@ class TimelineScreen(KvScreen):
             shown = len(self.rows) if self.rows is not None else 0
             what = "lines" if isinstance(doc, LogDoc) else "events"
             text = f"{shown:,} of {total:,} {what}"
+            if isinstance(doc, TraceDoc) and not doc.judged:
+                judged = doc.digest.rows if doc.digest is not None else 0
+                text += f" · reads past event {judged:,} are still judging…"
             if not self.flt.empty:
                 text += f" · filter {self.flt.describe()}"
             if self.needle:
@@ -146,7 +156,10 @@ class TimelineScreen(KvScreen):
 
     @on(Input.Submitted, "#search")
     def search_submitted(self, event: Input.Submitted) -> None:
+        # enter ends the typing: the table takes the keys again, so n / N step through the
+        # matches instead of going into the search box
         self._search(forward=True, from_next=True)
+        self.table.focus()
 
     @on(Input.Submitted, "#filter")
     def filter_submitted(self, event: Input.Submitted) -> None:
@@ -201,6 +214,7 @@ class TimelineScreen(KvScreen):
 
     @on(RowHighlighted, "#timeline")
     def highlighted(self, message: RowHighlighted) -> None:
+        self.refit()
         doc = self.doc
         row = self.current_row()
         if isinstance(doc, TraceDoc) and row is not None:
@@ -215,11 +229,11 @@ class TimelineScreen(KvScreen):
         c = doc.index.columns
         kind = KINDS[int(c["kind"][row])]
         page = int(c["a"][row]) if kind in ("upload", "evict") else None
-        if kind == "read" and isinstance(self.rows, TraceRows):
-            # open the read at its first wrong page, if it has one
-            event = self.rows.event(row)
-            if isinstance(event, ev.Read):
-                page = next((r.begin for r in event.ranges if r.cls != "exact"), None)
+        if kind == "read" and doc.digest is not None and row < doc.digest.rows:
+            # open the read at its first page the judgement did not find exact, if any
+            judged = read_judged(doc.digest, row)
+            if judged is not None and len(judged.pieces):
+                page = int(judged.pieces["begin"].min())
         stream: int | None = None
         if kind == "mark" and isinstance(self.rows, TraceRows) and doc.geometry is not None:
             # open the Pages on the first page the mark put outside the window
