@@ -121,8 +121,11 @@ def every_kind_trace(path: Path, version: str = "1.2", **extra_fields: Any) -> P
         event_line("timing", 22, 1, prompt_tokens=500, prompt_ms=400.0, decode_tokens=8,
                    decode_ms=320.0, slot=1, depth_start=512, depth_end=520),
         event_line("prefetch", 23, 1, layer=2, stream=1, pages=[1, 3]),
-        event_line("abort", 24, 1, message=LONG, file="fattn.cu", line=7),
-        event_line("end", 25, 1, status="aborted", steps=2, events=24),
+        event_line("snapshot", 24, 1, reason="rotate", versions=[[2, 1, 0, [3]]],
+                   pool=[[5, 2, 1, 0, 1, 6, [3]]], ring=[], ring_pending=[],
+                   partition={"resident": 3, "ring": 14}),
+        event_line("abort", 25, 1, message=LONG, file="fattn.cu", line=7),
+        event_line("end", 26, 1, status="aborted", steps=2, events=25),
     ]
     path.write_bytes(header_line(version, **({"writer_build": "b77"} if version != "1.2"
                                               else {})) + b"".join(lines))

@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from kvdiag.check import analyse_file
@@ -35,9 +36,12 @@ def run(args: argparse.Namespace) -> int:
     end = result.end
     # with -o - standard output carries the trace itself (and cannot be read back to judge it)
     report = sys.stderr if args.output == "-" else sys.stdout
-    if args.output == "-":
+    if args.output == "-" or not os.path.isfile(result.output):
+        # standard output or the null device: nothing written can be read back to judge it
+        again = "kvdiag check - judges what was written" if args.output == "-" else \
+            "nothing kept to judge"
         print(f"{result.output}: {result.counts.imported} events from {result.lines} lines, "
-              f"end {end.status} (kvdiag check - judges what was written)", file=report)
+              f"end {end.status} ({again})", file=report)
     else:
         # what the trace says is the judgement's, as check, trace info and the TUI will say it
         judgement = analyse_file(result.output).judgement

@@ -254,7 +254,13 @@ class ChromeExporter:
                 out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "snapshot",
                             "name": _name(f"segment starts ({event.reason or 'snapshot'})"),
-                            "args": {"seq": event.seq, "step": event.step}})
+                            # counts only: a snapshot holds every pool and ring slot
+                            "args": {"kind": "snapshot", "seq": event.seq, "step": event.step,
+                                     "reason": event.reason,
+                                     "pool_slots": sum(len(c.versions) for c in event.pool),
+                                     "ring_slots": sum(len(c.versions) for c in event.ring),
+                                     "host_views": len(event.versions),
+                                     "ring_pending": len(event.ring_pending)}})
             case ev.Timing():
                 tid = REQUEST_TID0 + max(event.slot or 0, 0)
                 if (RUNTIME_PID, tid) not in self._named:
