@@ -1,4 +1,4 @@
-/* kvtrace.h — write kvdiag traces (kvtrace format 1.1) from a C/C++/CUDA runtime.
+/* kvtrace.h — write kvdiag traces (kvtrace format 1.2) from a C/C++/CUDA runtime.
  *
  * SPDX-License-Identifier: MIT
  * Copyright (c) 2026 the kvdiag authors
@@ -23,7 +23,8 @@
  *
  *   Off unless the environment variable KVTRACE_FILE is set (non-empty) when the first macro
  *   runs; "%p" in it becomes the process id, "%%" a percent sign. Off, every macro is one
- *   load of a global int and one not-taken branch; its arguments are not evaluated.
+ *   load of a global int and one not-taken branch; its arguments are never evaluated (the
+ *   first call decides on/off before it evaluates anything).
  *   On, each event is formatted on the caller's stack and written with ONE write() to an
  *   O_APPEND descriptor while a mutex is held, so file order == seq order; lines are laid out
  *   so that a process killed at any instant leaves only complete lines (see KVTRACE_PAGE_:
@@ -38,11 +39,17 @@
  *   copies from several translation units and shared objects (libggml-cuda.so, libllama.so)
  *   bind to one definition. Define KVTRACE_STATIC for per-translation-unit state (a
  *   single-TU program), KVTRACE_DISABLE to compile every macro away.
+ *
+ *   The header line says which event kinds the process can write ("records"): every macro
+ *   expansion leaves its kinds in an ELF section (kvtrace_rec_12, an assembler directive, no
+ *   code) that a constructor of each translation unit folds into the process-wide state, so what a fork compiles in -- in the
+ *   program and in every shared object, dlopen()ed ones included -- is declared. Compilers or
+ *   formats without named sections: KVTRACE_DECLARE("step write upload read ...").
  */
 #ifndef KVTRACE_H
 #define KVTRACE_H
 
-#define KVTRACE_H_VERSION "1.1"
+#define KVTRACE_H_VERSION "1.2"
 
 /* clock_gettime, O_CLOEXEC and gmtime_r are POSIX 2008: ask for it when nothing has decided
  * the feature set yet (strict -std=c99 with this header included first). */
@@ -59,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -138,36 +146,84 @@ typedef struct kvtrace_tensor {
 
 enum { KVTRACE_POOL = 0, KVTRACE_RING = 1, KVTRACE_HOST = 2 };
 
+/* What the header line's "records" lists: the event kinds this process can write, decided
+ * by the macros compiled in (KVTRACE_R_*_ bits, names in kvtrace_record_names_), plus
+ * "mark.outside" when KVTRACE_MARK_OUTSIDE is used (KVTRACE_MARK leaves `outside` out). */
+#define KVTRACE_R_STEP_ (1u << 0)
+#define KVTRACE_R_LEARN_ (1u << 1)
+#define KVTRACE_R_FITS_ (1u << 2)
+#define KVTRACE_R_WRITE_ (1u << 3)
+#define KVTRACE_R_MARK_ (1u << 4)
+#define KVTRACE_R_UPLOAD_ (1u << 5)
+#define KVTRACE_R_INVALIDATE_ (1u << 6)
+#define KVTRACE_R_READ_ (1u << 7)
+#define KVTRACE_R_ABORT_ (1u << 8)
+#define KVTRACE_R_WARN_ (1u << 9)
+#define KVTRACE_R_OUTPUT_ (1u << 10)
+#define KVTRACE_R_REPARTITION_ (1u << 11)
+#define KVTRACE_R_ADAPT_ (1u << 12)
+#define KVTRACE_R_END_ (1u << 13)
+#define KVTRACE_R_MARK_OUTSIDE_ (1u << 14)
+#define KVTRACE_R_COUNT_ 15
+/* the writer itself can always write these: warn (kvtrace-truncated, -bad-arg) and end (exit) */
+#define KVTRACE_R_ALWAYS_ (KVTRACE_R_WARN_ | KVTRACE_R_END_)
+
 typedef struct kvtrace_read_run_ {
     int64_t begin, end, slot;
     int source;
 } kvtrace_read_run_;
 
-/* Builder of one read event, on the caller's stack (KVTRACE_READ_BEGIN/PAGE/END). */
+/* Builder of one read event, on the caller's stack (KVTRACE_READ_BEGIN/PAGE/END). `seq` is
+ * the seq of the last read event it wrote (set by KVTRACE_READ_END), so a runtime can tie its
+ * own records to the trace; while tracing is off no macro touches the builder, so zero it
+ * first (`kvtrace_read r = {0};`, C++ `kvtrace_read r{};`) if you read `seq`. */
 typedef struct kvtrace_read {
     int64_t layer, stream;
     int64_t count[3];
     int n;
     kvtrace_read_run_ runs[KVTRACE_READ_RUNS];
+    int64_t seq;
 } kvtrace_read;
 
 /* ---- process-wide state (one per process, see the top comment) ---------------------------- */
 
-typedef struct kvtrace_state_11_ {
+typedef struct kvtrace_state_12_ {
     pthread_mutex_t lock;
     int inited, header_done, ended, fd;
     int64_t seq, step, t0, stage_bytes, offset;
     long pid;
     void (*abort_prev)(const char *);
     int abort_installed;
-} kvtrace_state_11_;
+    uint32_t records;     /* KVTRACE_R_*_ bits declared so far */
+    int records_declared; /* 0: nothing declared (no sections, no KVTRACE_DECLARE) */
+} kvtrace_state_12_;
 
 /* -1: not decided yet (the next macro decides), 0: off, 1: on. */
-KVTRACE_VAR_ int kvtrace_11_enabled = -1;
-KVTRACE_VAR_ kvtrace_state_11_ kvtrace_11_state = {
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0};
+KVTRACE_VAR_ int kvtrace_12_enabled = -1;
+KVTRACE_VAR_ kvtrace_state_12_ kvtrace_12_state = {
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0, 0u, 0};
+/* The state this copy of the writer uses: 0 = its own, else the address of the one that opened
+ * the trace, when this copy could not bind to it (see kvtrace_adopt_). An integer, not a
+ * pointer: nvcc's front end (cudafe++ 13.0) crashes on __atomic_load_n of a pointer. */
+KVTRACE_VAR_ uintptr_t kvtrace_12_owner = 0;
+static inline kvtrace_state_12_ *kvtrace_s_(void) {
+    uintptr_t owner = __atomic_load_n(&kvtrace_12_owner, __ATOMIC_ACQUIRE);
+    return owner ? (kvtrace_state_12_ *)owner : &kvtrace_12_state;
+}
+#define KVTRACE_S_() kvtrace_s_()
 
-#define KVTRACE_ON_() KVTRACE_UNLIKELY(__atomic_load_n(&kvtrace_11_enabled, __ATOMIC_RELAXED))
+KVTRACE_FN_ int kvtrace_12_start(void);
+
+/* The decision before the arguments: a macro's call (and so its arguments) runs only when
+ * tracing is on. Off is one relaxed load and one untaken branch; -1 ("not decided") and 1 go
+ * to kvtrace_on_slow_, where the first call of the process decides. */
+static inline int kvtrace_on_slow_(void) {
+    int on = __atomic_load_n(&kvtrace_12_enabled, __ATOMIC_ACQUIRE);
+    return on < 0 ? kvtrace_12_start() : on;
+}
+#define KVTRACE_ON_()                                                                          \
+    (KVTRACE_UNLIKELY(__atomic_load_n(&kvtrace_12_enabled, __ATOMIC_RELAXED) != 0) &&           \
+     kvtrace_on_slow_())
 
 /* ---- line formatting (stack buffer; no allocation) ------------------------------------------ */
 
@@ -412,15 +468,17 @@ static inline int kvtrace_is_one_of_(const char *s, const char *const *words) {
 
 /* ---- the writer (weak: one per process) ------------------------------------------------------ */
 
-KVTRACE_FN_ int64_t kvtrace_11_now(void);
-KVTRACE_FN_ int kvtrace_11_start(void);
-KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b, int advance);
-KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason);
-KVTRACE_FN_ void kvtrace_11_warn(const char *code, const char *message);
-KVTRACE_FN_ void kvtrace_11_atexit(void);
-KVTRACE_FN_ void kvtrace_11_atfork_child(void);
+KVTRACE_FN_ int64_t kvtrace_12_now(void);
+KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_ *b,
+                                      int advance);
+KVTRACE_FN_ void kvtrace_12_end(const char *status, const char *reason);
+KVTRACE_FN_ void kvtrace_12_warn(const char *code, const char *message);
+KVTRACE_FN_ void kvtrace_12_warn_layer(const char *code, int64_t layer, const char *message);
+KVTRACE_FN_ void kvtrace_12_add_records(uint32_t bits);
+KVTRACE_FN_ void kvtrace_12_atexit(void);
+KVTRACE_FN_ void kvtrace_12_atfork_child(void);
 
-KVTRACE_FN_ int64_t kvtrace_11_now(void) {
+KVTRACE_FN_ int64_t kvtrace_12_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
@@ -448,21 +506,78 @@ static inline void kvtrace_stderr_(const char *a, const char *b2, const char *c)
     if (c) { ssize_t r = write(2, c, strlen(c)); (void)r; }
 }
 
+/* One state per process even where symbol binding cannot give it: a shared object dlopen()ed
+ * with RTLD_LOCAL while the program that carries the header does not export its symbols (no
+ * -rdynamic), or one linked with -Bsymbolic, has its own copy of the state. The copy that opens
+ * the trace publishes its state in the environment (KVTRACE_STATE_12 =
+ * "<pid>:<state address>:<fd>:<st_dev>:<st_ino>"); a later copy in the same process adopts it
+ * instead of opening (and truncating) the file a second time. The descriptor check proves the
+ * address belongs to this process image: after exec() (same pid, environment kept) the
+ * O_CLOEXEC descriptor is closed, so a stale entry is never followed. */
+static inline kvtrace_state_12_ *kvtrace_adopt_(void) {
+    const char *env = getenv("KVTRACE_STATE_12");
+    unsigned long long v[5];
+    struct stat st;
+    int i;
+    char *end;
+    if (!env) return NULL;
+    for (i = 0; i < 5; i++) {
+        v[i] = strtoull(env, &end, 10);
+        if (end == env || (i < 4 && *end != ':') || (i == 4 && *end)) return NULL;
+        env = end + 1;
+    }
+    if (v[0] != (unsigned long long)getpid() || v[2] > 1u << 30) return NULL;
+    if (fstat((int)v[2], &st) != 0 || (unsigned long long)st.st_dev != v[3] ||
+        (unsigned long long)st.st_ino != v[4])
+        return NULL;
+    if ((uintptr_t)v[1] == (uintptr_t)&kvtrace_12_state) return NULL;
+    return (kvtrace_state_12_ *)(uintptr_t)v[1];
+}
+
+static inline void kvtrace_publish_(kvtrace_state_12_ *S) {
+    char text[128];
+    struct stat st;
+    size_t n = 0;
+    unsigned long long v[5];
+    int i;
+    if (fstat(S->fd, &st) != 0) return;
+    v[0] = (unsigned long long)S->pid;
+    v[1] = (unsigned long long)(uintptr_t)S;
+    v[2] = (unsigned long long)S->fd;
+    v[3] = (unsigned long long)st.st_dev;
+    v[4] = (unsigned long long)st.st_ino;
+    for (i = 0; i < 5; i++) {
+        if (i) text[n++] = ':';
+        n += kvtrace_u64_text_(text + n, (uint64_t)v[i]);
+    }
+    text[n] = 0;
+    setenv("KVTRACE_STATE_12", text, 1);
+}
+
 /* Decides on/off once per process: open KVTRACE_FILE (%p -> pid) or stay off. */
-KVTRACE_FN_ int kvtrace_11_start(void) {
-    kvtrace_state_11_ *S = &kvtrace_11_state;
+KVTRACE_FN_ int kvtrace_12_start(void) {
+    kvtrace_state_12_ *S = &kvtrace_12_state, *owner;
     const char *env;
     char path[4096];
     size_t n = 0;
-    int on = __atomic_load_n(&kvtrace_11_enabled, __ATOMIC_ACQUIRE);
+    int on = __atomic_load_n(&kvtrace_12_enabled, __ATOMIC_ACQUIRE);
     if (on >= 0) return on;
     pthread_mutex_lock(&S->lock);
     if (S->inited) {
         pthread_mutex_unlock(&S->lock);
-        return __atomic_load_n(&kvtrace_11_enabled, __ATOMIC_ACQUIRE);
+        return __atomic_load_n(&kvtrace_12_enabled, __ATOMIC_ACQUIRE);
     }
     S->inited = 1;
     on = 0;
+    owner = kvtrace_adopt_();
+    if (owner) { /* another copy of the writer opened the trace: write through its state */
+        __atomic_store_n(&kvtrace_12_owner, (uintptr_t)owner, __ATOMIC_RELEASE);
+        __atomic_store_n(&kvtrace_12_enabled, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&S->lock);
+        /* kinds this copy's constructors registered before the trace was opened */
+        if (S->records_declared) kvtrace_12_add_records(S->records);
+        return 1;
+    }
     env = getenv("KVTRACE_FILE");
     if (env && *env) {
         S->pid = (long)getpid();
@@ -488,35 +603,36 @@ KVTRACE_FN_ int kvtrace_11_start(void) {
                 kvtrace_stderr_("kvtrace: cannot open ", path, ": ");
                 kvtrace_stderr_(strerror(errno), "; tracing off\n", NULL);
             } else {
-                S->t0 = kvtrace_11_now();
+                S->t0 = kvtrace_12_now();
                 S->step = -1;
-                atexit(kvtrace_11_atexit);
-                pthread_atfork(NULL, NULL, kvtrace_11_atfork_child);
+                atexit(kvtrace_12_atexit);
+                pthread_atfork(NULL, NULL, kvtrace_12_atfork_child);
+                kvtrace_publish_(S);
                 on = 1;
             }
         }
     }
-    __atomic_store_n(&kvtrace_11_enabled, on, __ATOMIC_RELEASE);
+    __atomic_store_n(&kvtrace_12_enabled, on, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&S->lock);
     return on;
 }
 
 /* A forked child shares the descriptor: it must not write into the parent's trace. */
-KVTRACE_FN_ void kvtrace_11_atfork_child(void) {
-    kvtrace_11_state.ended = 1;
-    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+KVTRACE_FN_ void kvtrace_12_atfork_child(void) {
+    KVTRACE_S_()->ended = 1;
+    __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
 }
 
-static inline void kvtrace_fail_(kvtrace_state_11_ *S) {
+static inline void kvtrace_fail_(kvtrace_state_12_ *S) {
     int err = errno;
     S->ended = 1;
-    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
     kvtrace_stderr_("kvtrace: write failed: ", strerror(err), "; tracing off\n");
 }
 
 /* Writes [start, stop) -- "\n<event>" -- with the pad described at KVTRACE_PAGE_; start has
  * KVTRACE_PAGE_ writable bytes before it. Lock held. */
-static inline void kvtrace_emit_locked_(kvtrace_state_11_ *S, char *start, const char *stop) {
+static inline void kvtrace_emit_locked_(kvtrace_state_12_ *S, char *start, const char *stop) {
     size_t n = (size_t)(stop - start), in_page = (size_t)(S->offset % KVTRACE_PAGE_), pad = 0;
     if (n <= KVTRACE_PAGE_ && in_page + n > KVTRACE_PAGE_) pad = KVTRACE_PAGE_ - in_page;
     start -= pad;
@@ -525,8 +641,25 @@ static inline void kvtrace_emit_locked_(kvtrace_state_11_ *S, char *start, const
     else kvtrace_fail_(S);
 }
 
+static const char *const kvtrace_record_names_[KVTRACE_R_COUNT_] = {
+    "step", "learn", "fits", "write", "mark", "upload", "invalidate", "read", "abort", "warn",
+    "output", "repartition", "adapt", "end", "mark.outside"};
+
+/* ["step","write",...]: the names of the set bits, in kvtrace_record_names_ order */
+static inline void kvtrace_records_json_(kvtrace_buf_ *b, uint32_t bits) {
+    int i, first = 1;
+    KVTRACE_LIT_(b, "[");
+    for (i = 0; i < KVTRACE_R_COUNT_; i++) {
+        if (!(bits & (1u << i))) continue;
+        if (!first) KVTRACE_LIT_(b, ",");
+        first = 0;
+        kvtrace_str_(b, kvtrace_record_names_[i], 32);
+    }
+    KVTRACE_LIT_(b, "]");
+}
+
 /* The header line: called with the lock held. plan NULL -> the minimal header. */
-static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_plan *p) {
+static inline void kvtrace_header_locked_(kvtrace_state_12_ *S, const kvtrace_plan *p) {
     char line[8192], created[40];
     kvtrace_buf_ b;
     struct tm tm;
@@ -586,7 +719,12 @@ static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_pl
             b.p--;
         }
     }
-    KVTRACE_LIT_(&b, "},\"extra\":{}}"); /* its newline comes with the first event */
+    KVTRACE_LIT_(&b, "},\"extra\":{}");
+    if (S->records_declared) {
+        KVTRACE_LIT_(&b, ",\"records\":");
+        kvtrace_records_json_(&b, S->records);
+    }
+    KVTRACE_LIT_(&b, "}"); /* its newline comes with the first event */
     if (b.over) { /* only absurd strings get here: fall back to the minimal header */
         kvtrace_header_locked_(S, NULL);
         return;
@@ -597,13 +735,16 @@ static inline void kvtrace_header_locked_(kvtrace_state_11_ *S, const kvtrace_pl
 }
 
 /* Stamps kind/seq/t_ns/step into the gap before the body and writes the line (one write()).
- * advance: 1 for a step event (the step counter moves first). */
-KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b, int advance) {
-    kvtrace_state_11_ *S = &kvtrace_11_state;
+ * advance: 1 for a step event (the step counter moves first). Returns the event's seq, 0 when
+ * nothing was written. */
+KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_ *b,
+                                      int advance) {
+    kvtrace_state_12_ *S = KVTRACE_S_();
     char pre[KVTRACE_PREFIX_];
     kvtrace_buf_ h;
     char *body = line + KVTRACE_GAP_, *start;
     size_t plen;
+    int64_t seq;
     if (b->over) { /* cannot happen with the builders here; never write a broken line */
         b->p = body;
         b->over = 0;
@@ -620,16 +761,17 @@ KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b
     pthread_mutex_lock(&S->lock);
     if (S->ended || S->fd < 0) {
         pthread_mutex_unlock(&S->lock);
-        return;
+        return 0;
     }
     if (!S->header_done) kvtrace_header_locked_(S, NULL);
     if (advance) S->step++;
     KVTRACE_LIT_(&h, "\n{\"kind\":\"");
     kvtrace_put_(&h, kind, strlen(kind));
     KVTRACE_LIT_(&h, "\",\"seq\":");
-    kvtrace_i64_(&h, ++S->seq);
+    seq = ++S->seq;
+    kvtrace_i64_(&h, seq);
     KVTRACE_LIT_(&h, ",\"t_ns\":");
-    kvtrace_i64_(&h, kvtrace_11_now() - S->t0);
+    kvtrace_i64_(&h, kvtrace_12_now() - S->t0);
     KVTRACE_LIT_(&h, ",\"step\":");
     kvtrace_i64_(&h, S->step < 0 ? 0 : S->step);
     plen = (size_t)(h.p - pre);
@@ -637,6 +779,7 @@ KVTRACE_FN_ void kvtrace_11_commit(const char *kind, char *line, kvtrace_buf_ *b
     memcpy(start, pre, plen);
     kvtrace_emit_locked_(S, start, b->p);
     pthread_mutex_unlock(&S->lock);
+    return seq;
 }
 
 /* Every event builder starts like this: a stack line with the gap, the body after it. */
@@ -660,7 +803,7 @@ static inline void kvtrace_dropped_(const char *what, int64_t dropped, int64_t t
     kvtrace_i64_(&b, total);
     KVTRACE_LIT_(&b, " elements did not fit in KVTRACE_LINE_MAX and were left out");
     *b.p = 0;
-    kvtrace_11_warn("kvtrace-truncated", msg);
+    kvtrace_12_warn("kvtrace-truncated", msg);
 }
 
 static inline void kvtrace_bad_arg_(const char *macro, const char *arg, const char *value) {
@@ -677,25 +820,100 @@ static inline void kvtrace_bad_arg_(const char *macro, const char *arg, const ch
     kvtrace_put_(&b, value, strnlen(value, 64));
     KVTRACE_LIT_(&b, "'; event not written");
     *b.p = 0;
-    kvtrace_11_warn("kvtrace-bad-arg", msg);
+    kvtrace_12_warn("kvtrace-bad-arg", msg);
 }
 
-KVTRACE_FN_ void kvtrace_11_warn(const char *code, const char *message) {
-    if (!kvtrace_11_start()) return;
+/* layer < 0: no layer (null) */
+KVTRACE_FN_ void kvtrace_12_warn_layer(const char *code, int64_t layer, const char *message) {
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYSTR_(&b, "message", message);
         KVTRACE_KEYSTR_(&b, "code", code ? code : "");
-        kvtrace_11_commit("warn", line, &b, 0);
+        if (layer >= 0) KVTRACE_KEYI_(&b, "layer", layer);
+        kvtrace_12_commit("warn", line, &b, 0);
     }
 }
 
-KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
+KVTRACE_FN_ void kvtrace_12_warn(const char *code, const char *message) {
+    kvtrace_12_warn_layer(code, -1, message);
+}
+
+/* Adds kinds to what the process declares. Before the header line they go into it; after it,
+ * the kinds not declared yet are written as a `records` event (a shared object dlopen()ed
+ * later, a late KVTRACE_DECLARE). Never decides on/off itself: it runs from constructors. */
+KVTRACE_FN_ void kvtrace_12_add_records(uint32_t bits) {
+    kvtrace_state_12_ *S = KVTRACE_S_();
+    uint32_t fresh;
+    int late;
+    if (S == &kvtrace_12_state && !__atomic_load_n(&S->inited, __ATOMIC_ACQUIRE)) {
+        /* a shared object with its own copy of the state, loaded after the trace was opened:
+         * its kinds belong to the process's trace (kvtrace_adopt_) */
+        kvtrace_state_12_ *owner = kvtrace_adopt_();
+        if (owner) {
+            __atomic_store_n(&kvtrace_12_owner, (uintptr_t)owner, __ATOMIC_RELEASE);
+            S = owner;
+        }
+    }
+    bits |= KVTRACE_R_ALWAYS_;
+    pthread_mutex_lock(&S->lock);
+    fresh = bits & ~S->records;
+    S->records |= bits;
+    S->records_declared = 1;
+    late = fresh && S->header_done && !S->ended && S->fd >= 0;
+    pthread_mutex_unlock(&S->lock);
+    if (late) {
+        KVTRACE_BEGIN_(line, b);
+        KVTRACE_LIT_(&b, ",\"kinds\":");
+        kvtrace_records_json_(&b, fresh);
+        kvtrace_12_commit("records", line, &b, 0);
+    }
+}
+
+/* The entries one linked object (program or shared object) holds in its kvtrace_rec_12
+ * section, between the linker's __start_/__stop_ symbols. */
+KVTRACE_FN_ void kvtrace_12_register(const uint32_t *begin, const uint32_t *end);
+KVTRACE_FN_ void kvtrace_12_register(const uint32_t *begin, const uint32_t *end) {
+    uint32_t bits = 0;
+    for (; begin && begin < end; begin++) bits |= *begin;
+    kvtrace_12_add_records(bits);
+}
+
+/* KVTRACE_DECLARE: names separated by blanks or commas; an unknown name is a bad-arg warn. */
+KVTRACE_FN_ void kvtrace_12_declare(const char *names);
+KVTRACE_FN_ void kvtrace_12_declare(const char *names) {
+    uint32_t bits = 0;
+    const char *p = names ? names : "";
+    while (*p) {
+        size_t n = 0;
+        int i, found = 0;
+        while (*p == ' ' || *p == ',' || *p == '\t') p++;
+        while (p[n] && p[n] != ' ' && p[n] != ',' && p[n] != '\t') n++;
+        if (!n) break;
+        for (i = 0; i < KVTRACE_R_COUNT_; i++) {
+            if (strlen(kvtrace_record_names_[i]) == n && memcmp(kvtrace_record_names_[i], p, n) == 0) {
+                bits |= 1u << i;
+                found = 1;
+            }
+        }
+        if (!found) {
+            char word[64];
+            size_t w = n < sizeof word - 1 ? n : sizeof word - 1;
+            memcpy(word, p, w);
+            word[w] = 0;
+            kvtrace_bad_arg_("KVTRACE_DECLARE", "kind", word);
+        }
+        p += n;
+    }
+    kvtrace_12_add_records(bits);
+}
+
+KVTRACE_FN_ void kvtrace_12_end(const char *status, const char *reason) {
     static const char *const statuses[] = {"completed", "aborted", "error", NULL};
-    kvtrace_state_11_ *S = &kvtrace_11_state;
+    kvtrace_state_12_ *S = KVTRACE_S_();
     char line[KVTRACE_PAGE_ + 2048];
     kvtrace_buf_ b;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     if (!kvtrace_is_one_of_(status, statuses)) status = "error";
     b.p = line + KVTRACE_PAGE_;
     b.end = line + sizeof line - KVTRACE_RESERVE_;
@@ -708,7 +926,7 @@ KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
     if (!S->header_done) kvtrace_header_locked_(S, NULL);
     KVTRACE_LIT_(&b, "\n{\"kind\":\"end\"");
     KVTRACE_KEYI_(&b, "seq", S->seq + 1);
-    KVTRACE_KEYI_(&b, "t_ns", kvtrace_11_now() - S->t0);
+    KVTRACE_KEYI_(&b, "t_ns", kvtrace_12_now() - S->t0);
     KVTRACE_KEYI_(&b, "step", S->step < 0 ? 0 : S->step);
     KVTRACE_KEYSTR_(&b, "status", status);
     KVTRACE_KEYI_(&b, "steps", S->step + 1);
@@ -722,19 +940,19 @@ KVTRACE_FN_ void kvtrace_11_end(const char *status, const char *reason) {
     S->ended = 1;
     S->seq++;
     kvtrace_emit_locked_(S, line + KVTRACE_PAGE_, b.p);
-    __atomic_store_n(&kvtrace_11_enabled, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&S->lock);
 }
 
-KVTRACE_FN_ void kvtrace_11_atexit(void) { kvtrace_11_end("completed", ""); }
+KVTRACE_FN_ void kvtrace_12_atexit(void) { kvtrace_12_end("completed", ""); }
 
 /* ---- events ---------------------------------------------------------------------------------- */
 
-KVTRACE_FN_ void kvtrace_11_boot(const kvtrace_plan *plan);
-KVTRACE_FN_ void kvtrace_11_boot(const kvtrace_plan *plan) {
-    kvtrace_state_11_ *S = &kvtrace_11_state;
+KVTRACE_FN_ void kvtrace_12_boot(const kvtrace_plan *plan);
+KVTRACE_FN_ void kvtrace_12_boot(const kvtrace_plan *plan) {
+    kvtrace_state_12_ *S = KVTRACE_S_();
     int late;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     pthread_mutex_lock(&S->lock);
     late = S->header_done;
     if (!late && !S->ended && S->fd >= 0) {
@@ -744,25 +962,25 @@ KVTRACE_FN_ void kvtrace_11_boot(const kvtrace_plan *plan) {
     }
     pthread_mutex_unlock(&S->lock);
     if (late)
-        kvtrace_11_warn("kvtrace-late-boot",
+        kvtrace_12_warn("kvtrace-late-boot",
                         "KVTRACE_BOOT after the header was written (an event came first, or a "
                         "second BOOT): this plan is not in the header");
 }
 
-KVTRACE_FN_ void kvtrace_11_step(const char *phase, const int32_t *streams, int64_t n_streams,
+KVTRACE_FN_ void kvtrace_12_step(const char *phase, const int32_t *streams, int64_t n_streams,
                                  int64_t tokens, int64_t n_kv);
-KVTRACE_FN_ void kvtrace_11_step(const char *phase, const int32_t *streams, int64_t n_streams,
+KVTRACE_FN_ void kvtrace_12_step(const char *phase, const int32_t *streams, int64_t n_streams,
                                  int64_t tokens, int64_t n_kv) {
     static const char *const phases[] = {"prefill", "decode", NULL};
     int64_t i, dropped = 0;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         if (!kvtrace_is_one_of_(phase, phases)) {
             /* the step still advances so later events keep their step numbers */
             KVTRACE_KEYSTR_(&b, "message", "KVTRACE_STEP: invalid phase (want prefill|decode)");
             KVTRACE_KEYSTR_(&b, "code", "kvtrace-bad-arg");
-            kvtrace_11_commit("warn", line, &b, 1);
+            kvtrace_12_commit("warn", line, &b, 1);
             return;
         }
         KVTRACE_KEYSTR_(&b, "phase", phase);
@@ -779,20 +997,20 @@ KVTRACE_FN_ void kvtrace_11_step(const char *phase, const int32_t *streams, int6
         KVTRACE_LIT_(&b, "]");
         KVTRACE_KEYI_(&b, "tokens", tokens);
         KVTRACE_KEYI_(&b, "n_kv", n_kv);
-        kvtrace_11_commit("step", line, &b, 1);
+        kvtrace_12_commit("step", line, &b, 1);
     }
     if (dropped) kvtrace_dropped_("step streams", dropped, n_streams);
 }
 
-KVTRACE_FN_ void kvtrace_11_learn(int64_t layer, uint64_t k_ptr, int relearn);
-KVTRACE_FN_ void kvtrace_11_learn(int64_t layer, uint64_t k_ptr, int relearn) {
-    if (!kvtrace_11_start()) return;
+KVTRACE_FN_ void kvtrace_12_learn(int64_t layer, uint64_t k_ptr, int relearn);
+KVTRACE_FN_ void kvtrace_12_learn(int64_t layer, uint64_t k_ptr, int relearn) {
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "layer", layer);
         KVTRACE_KEYU_(&b, "k_ptr", k_ptr);
         KVTRACE_KEYB_(&b, "relearn", relearn);
-        kvtrace_11_commit("learn", line, &b, 0);
+        kvtrace_12_commit("learn", line, &b, 0);
     }
 }
 
@@ -827,19 +1045,19 @@ static inline void kvtrace_tensor_json_(kvtrace_buf_ *b, const kvtrace_tensor *t
 }
 
 /* failed == NULL: the caller did not evaluate the conditions ("evaluated": false). */
-KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
+KVTRACE_FN_ void kvtrace_12_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
                                  const kvtrace_tensor *k, const kvtrace_tensor *v,
                                  const kvtrace_tensor *mask, const kvtrace_tensor *dst,
                                  int result, const char *route, const char *const *failed,
                                  int64_t n_failed);
-KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
+KVTRACE_FN_ void kvtrace_12_fits(const char *node, int64_t layer, const kvtrace_tensor *q,
                                  const kvtrace_tensor *k, const kvtrace_tensor *v,
                                  const kvtrace_tensor *mask, const kvtrace_tensor *dst,
                                  int result, const char *route, const char *const *failed,
                                  int64_t n_failed) {
     static const char *const routes[] = {"streamed", "fallback", "abort", "ordinary", NULL};
     int64_t i, dropped = 0;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     if (!kvtrace_is_one_of_(route, routes)) {
         kvtrace_bad_arg_("KVTRACE_FITS", "route", route);
         return;
@@ -865,7 +1083,7 @@ KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_
             kvtrace_tensor_json_(&b, mask);
         }
         KVTRACE_KEYI_(&b, "stage_bytes",
-                      __atomic_load_n(&kvtrace_11_state.stage_bytes, __ATOMIC_RELAXED));
+                      __atomic_load_n(&KVTRACE_S_()->stage_bytes, __ATOMIC_RELAXED));
         KVTRACE_KEYB_(&b, "result", result);
         KVTRACE_KEYSTR_(&b, "route", route);
         KVTRACE_KEYB_(&b, "membership", k->runtime != 0 || v->runtime != 0);
@@ -888,7 +1106,7 @@ KVTRACE_FN_ void kvtrace_11_fits(const char *node, int64_t layer, const kvtrace_
             kvtrace_bad_arg_("KVTRACE_FITS", "size", "event longer than KVTRACE_LINE_MAX");
             return;
         }
-        kvtrace_11_commit("fits", line, &b, 0);
+        kvtrace_12_commit("fits", line, &b, 0);
     }
     if (dropped) kvtrace_dropped_("fits failed", dropped, n_failed);
 }
@@ -911,14 +1129,14 @@ static inline int64_t kvtrace_keys_(kvtrace_buf_ *b, const int32_t (*keys)[3], i
     return 0;
 }
 
-KVTRACE_FN_ void kvtrace_11_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
+KVTRACE_FN_ void kvtrace_12_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
                                  int64_t n_keys, int all, const int32_t (*outside)[2],
                                  int64_t n_outside);
-KVTRACE_FN_ void kvtrace_11_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
+KVTRACE_FN_ void kvtrace_12_mark(const int64_t *rows, int64_t n_rows, const int32_t (*keys)[3],
                                  int64_t n_keys, int all, const int32_t (*outside)[2],
                                  int64_t n_outside) {
     int64_t i = 0, d_rows = 0, d_keys = 0, d_out = 0, runs = 0;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_LIT_(&b, ",\"rows\":[");
@@ -956,21 +1174,21 @@ KVTRACE_FN_ void kvtrace_11_mark(const int64_t *rows, int64_t n_rows, const int3
             }
             KVTRACE_LIT_(&b, "]");
         }
-        kvtrace_11_commit("mark", line, &b, 0);
+        kvtrace_12_commit("mark", line, &b, 0);
     }
     if (d_rows) kvtrace_dropped_("mark rows", d_rows, n_rows);
     if (d_keys) kvtrace_dropped_("mark keys", d_keys, n_keys);
     if (d_out) kvtrace_dropped_("mark outside", d_out, n_outside);
 }
 
-KVTRACE_FN_ void kvtrace_11_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
+KVTRACE_FN_ void kvtrace_12_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
                                   int64_t row0, int64_t row1, const int32_t (*keys)[3],
                                   int64_t n_keys);
-KVTRACE_FN_ void kvtrace_11_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
+KVTRACE_FN_ void kvtrace_12_write(int64_t layer, int64_t stream, int64_t cell0, int64_t cell1,
                                   int64_t row0, int64_t row1, const int32_t (*keys)[3],
                                   int64_t n_keys) {
     int64_t dropped;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "layer", layer);
@@ -982,21 +1200,21 @@ KVTRACE_FN_ void kvtrace_11_write(int64_t layer, int64_t stream, int64_t cell0, 
         KVTRACE_LIT_(&b, ",\"dirty\":[");
         dropped = kvtrace_keys_(&b, keys, n_keys);
         KVTRACE_LIT_(&b, "]");
-        kvtrace_11_commit("write", line, &b, 0);
+        kvtrace_12_commit("write", line, &b, 0);
     }
     if (dropped) kvtrace_dropped_("write dirty", dropped, n_keys);
 }
 
-KVTRACE_FN_ void kvtrace_11_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
+KVTRACE_FN_ void kvtrace_12_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
                                    int64_t slot, const char *target, int64_t bytes,
                                    const char *reason, int64_t key_stream);
-KVTRACE_FN_ void kvtrace_11_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
+KVTRACE_FN_ void kvtrace_12_upload(int64_t layer, int64_t stream, int64_t page0, int64_t page1,
                                    int64_t slot, const char *target, int64_t bytes,
                                    const char *reason, int64_t key_stream) {
     static const char *const targets[] = {"resident", "ring", NULL};
     static const char *const reasons[] = {"miss", "dirty", "wide-query", "last-chunk", "ring",
                                           NULL};
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     if (!kvtrace_is_one_of_(target, targets)) {
         kvtrace_bad_arg_("KVTRACE_UPLOAD", "target", target);
         return;
@@ -1016,15 +1234,15 @@ KVTRACE_FN_ void kvtrace_11_upload(int64_t layer, int64_t stream, int64_t page0,
         KVTRACE_KEYI_(&b, "bytes", bytes);
         KVTRACE_KEYSTR_(&b, "reason", reason);
         if (key_stream >= 0) KVTRACE_KEYI_(&b, "key_stream", key_stream);
-        kvtrace_11_commit("upload", line, &b, 0);
+        kvtrace_12_commit("upload", line, &b, 0);
     }
 }
 
-KVTRACE_FN_ void kvtrace_11_read_emit(kvtrace_read *r);
-KVTRACE_FN_ void kvtrace_11_read_emit(kvtrace_read *r) {
+KVTRACE_FN_ void kvtrace_12_read_emit(kvtrace_read *r);
+KVTRACE_FN_ void kvtrace_12_read_emit(kvtrace_read *r) {
     static const char *const names[] = {"pool", "ring", "host"};
     int i;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "layer", r->layer);
@@ -1047,7 +1265,7 @@ KVTRACE_FN_ void kvtrace_11_read_emit(kvtrace_read *r) {
             KVTRACE_LIT_(&b, "]");
         }
         KVTRACE_LIT_(&b, "]");
-        kvtrace_11_commit("read", line, &b, 0);
+        r->seq = kvtrace_12_commit("read", line, &b, 0);
     }
 }
 
@@ -1056,6 +1274,7 @@ static inline void kvtrace_read_begin_(kvtrace_read *r, int64_t layer, int64_t s
     r->stream = stream;
     r->count[0] = r->count[1] = r->count[2] = 0;
     r->n = 0;
+    r->seq = 0;
 }
 
 /* Consecutive pages in consecutive slots (any slot for the host) from one source share a run. */
@@ -1069,7 +1288,7 @@ static inline void kvtrace_read_page_(kvtrace_read *r, int64_t page, int source,
         last->end++;
     } else {
         if (r->n == KVTRACE_READ_RUNS) { /* full: emit this part and carry on */
-            kvtrace_11_read_emit(r);
+            kvtrace_12_read_emit(r);
             r->count[0] = r->count[1] = r->count[2] = 0;
             r->n = 0;
         }
@@ -1082,25 +1301,25 @@ static inline void kvtrace_read_page_(kvtrace_read *r, int64_t page, int source,
     r->count[source]++;
 }
 
-KVTRACE_FN_ void kvtrace_11_invalidate(const char *reason, int64_t generation);
-KVTRACE_FN_ void kvtrace_11_invalidate(const char *reason, int64_t generation) {
-    if (!kvtrace_11_start()) return;
+KVTRACE_FN_ void kvtrace_12_invalidate(const char *reason, int64_t generation);
+KVTRACE_FN_ void kvtrace_12_invalidate(const char *reason, int64_t generation) {
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYSTR_(&b, "reason", reason);
         KVTRACE_KEY_(&b, "generation");
         kvtrace_i64_or_null_(&b, generation);
-        kvtrace_11_commit("invalidate", line, &b, 0);
+        kvtrace_12_commit("invalidate", line, &b, 0);
     }
 }
 
-KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
+KVTRACE_FN_ void kvtrace_12_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
                                         int64_t ring_to, double miss_pct, double busy_pct,
                                         const char *reason);
-KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
+KVTRACE_FN_ void kvtrace_12_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
                                         int64_t ring_to, double miss_pct, double busy_pct,
                                         const char *reason) {
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_LIT_(&b, ",\"resident\":");
@@ -1112,19 +1331,19 @@ KVTRACE_FN_ void kvtrace_11_repartition(int64_t res_from, int64_t res_to, int64_
         KVTRACE_KEY_(&b, "busy_pct");
         kvtrace_f64_or_null_(&b, busy_pct);
         KVTRACE_KEYSTR_(&b, "reason", reason ? reason : "");
-        kvtrace_11_commit("repartition", line, &b, 0);
+        kvtrace_12_commit("repartition", line, &b, 0);
     }
 }
 
-KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring,
+KVTRACE_FN_ void kvtrace_12_adapt(int64_t active, int64_t resident, int64_t ring,
                                   int64_t samples, int64_t misses, double busy_pct,
                                   int64_t peak, int64_t layout, int64_t skipped,
                                   int64_t resident_attended);
-KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring,
+KVTRACE_FN_ void kvtrace_12_adapt(int64_t active, int64_t resident, int64_t ring,
                                   int64_t samples, int64_t misses, double busy_pct,
                                   int64_t peak, int64_t layout, int64_t skipped,
                                   int64_t resident_attended) {
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "active", active);
@@ -1141,7 +1360,7 @@ KVTRACE_FN_ void kvtrace_11_adapt(int64_t active, int64_t resident, int64_t ring
         if (layout >= 0) KVTRACE_KEYI_(&b, "layout", layout);
         if (skipped >= 0) KVTRACE_KEYI_(&b, "skipped", skipped);
         if (resident_attended >= 0) KVTRACE_KEYI_(&b, "resident_attended", resident_attended);
-        kvtrace_11_commit("adapt", line, &b, 0);
+        kvtrace_12_commit("adapt", line, &b, 0);
     }
 }
 
@@ -1155,11 +1374,11 @@ static inline void kvtrace_crc_(kvtrace_buf_ *b, uint32_t v) {
     kvtrace_put_(b, t, 10);
 }
 
-KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
+KVTRACE_FN_ void kvtrace_12_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
                                    int has_ref, double max_abs_delta, double tolerance);
-KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
+KVTRACE_FN_ void kvtrace_12_output(int64_t stream, uint32_t checksum, uint32_t ref_checksum,
                                    int has_ref, double max_abs_delta, double tolerance) {
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYI_(&b, "stream", stream);
@@ -1173,7 +1392,7 @@ KVTRACE_FN_ void kvtrace_11_output(int64_t stream, uint32_t checksum, uint32_t r
         kvtrace_f64_or_null_(&b, max_abs_delta);
         KVTRACE_KEY_(&b, "tolerance");
         kvtrace_f64_or_null_(&b, tolerance);
-        kvtrace_11_commit("output", line, &b, 0);
+        kvtrace_12_commit("output", line, &b, 0);
     }
 }
 
@@ -1196,45 +1415,83 @@ static inline size_t kvtrace_abort_split_(const char *msg, size_t *file_len, int
     return 0;
 }
 
-/* The abort event and the end {status "aborted"}; one write() each, no allocation. */
-KVTRACE_FN_ void kvtrace_11_abort(const char *msg);
-KVTRACE_FN_ void kvtrace_11_abort(const char *msg) {
-    static const char pre[] = "GGML_ASSERT(", post[] = ") failed";
+/* "<NAME>(<condition>) failed" -- GGML_ASSERT's message, or a runtime's own assert macro of
+ * the same shape: the offset and length of <condition>, 0 when the message has another shape. */
+static inline size_t kvtrace_condition_(const char *m, size_t n, size_t *len) {
+    static const char post[] = ") failed";
+    size_t i = 0, k = sizeof post - 1;
+    while (i < n && ((m[i] >= 'A' && m[i] <= 'Z') || (m[i] >= 'a' && m[i] <= 'z') || m[i] == '_' ||
+                     (i > 0 && m[i] >= '0' && m[i] <= '9')))
+        i++;
+    if (i == 0 || i >= n || m[i] != '(' || n < i + 1 + k + 1 || memcmp(m + n - k, post, k) != 0)
+        return 0;
+    *len = n - k - (i + 1);
+    return i + 1;
+}
+
+/* The abort event (message = "<file>:<line>: <text>", as ggml_abort formats it) and the end
+ * {status "aborted"}; one write() each, no allocation. */
+static inline void kvtrace_abort_event_(const char *whole, const char *file, size_t file_len,
+                                        int64_t line_no, const char *text) {
+    size_t n = strlen(text), clen = 0, at = kvtrace_condition_(text, n, &clen);
+    KVTRACE_BEGIN_(line, b);
+    KVTRACE_KEYSTR_(&b, "message", whole);
+    if (file) {
+        KVTRACE_KEY_(&b, "file");
+        kvtrace_str_(&b, file, file_len < 512 ? file_len : 512);
+        KVTRACE_KEYI_(&b, "line", line_no);
+        if (at) {
+            KVTRACE_KEY_(&b, "condition");
+            kvtrace_str_(&b, text + at, clen);
+        }
+    }
+    kvtrace_12_commit("abort", line, &b, 0);
+    kvtrace_12_end("aborted", "");
+}
+
+/* ggml_abort's whole text (the abort hook's path). */
+KVTRACE_FN_ void kvtrace_12_abort(const char *msg);
+KVTRACE_FN_ void kvtrace_12_abort(const char *msg) {
     size_t file_len = 0, at;
     int64_t line_no = 0;
-    if (!kvtrace_11_start()) return;
+    if (!kvtrace_12_start()) return;
     msg = msg ? msg : "";
     at = kvtrace_abort_split_(msg, &file_len, &line_no);
-    {
-        KVTRACE_BEGIN_(line, b);
-        KVTRACE_KEYSTR_(&b, "message", msg);
-        if (at) {
-            const char *rest = msg + at;
-            size_t n = strlen(rest);
-            KVTRACE_KEY_(&b, "file");
-            kvtrace_str_(&b, msg, file_len < 512 ? file_len : 512);
-            KVTRACE_KEYI_(&b, "line", line_no);
-            if (n > sizeof pre - 1 + sizeof post - 1 && memcmp(rest, pre, sizeof pre - 1) == 0 &&
-                memcmp(rest + n - (sizeof post - 1), post, sizeof post - 1) == 0) {
-                KVTRACE_KEY_(&b, "condition");
-                kvtrace_str_(&b, rest + sizeof pre - 1, n - (sizeof pre - 1) - (sizeof post - 1));
-            }
-        }
-        kvtrace_11_commit("abort", line, &b, 0);
-    }
-    kvtrace_11_end("aborted", "");
+    if (at) kvtrace_abort_event_(msg, msg, file_len, line_no, msg + at);
+    else kvtrace_abort_event_(msg, NULL, 0, 0, msg);
+}
+
+/* KVTRACE_ABORT: a runtime without ggml reports its own fatal assertion. */
+KVTRACE_FN_ void kvtrace_12_abort_at(const char *file, int64_t line_no, const char *text);
+KVTRACE_FN_ void kvtrace_12_abort_at(const char *file, int64_t line_no, const char *text) {
+    char whole[512 + 32 + KVTRACE_STRING_MAX];
+    size_t f, t;
+    if (!kvtrace_12_start()) return;
+    file = file ? file : "";
+    text = text ? text : "";
+    f = strnlen(file, 512);
+    t = strnlen(text, KVTRACE_STRING_MAX);
+    memcpy(whole, file, f);
+    whole[f] = ':';
+    f++;
+    f += kvtrace_u64_text_(whole + f, (uint64_t)(line_no < 0 ? 0 : line_no));
+    whole[f++] = ':';
+    whole[f++] = ' ';
+    memcpy(whole + f, text, t);
+    whole[f + t] = 0;
+    kvtrace_abort_event_(whole, file, strnlen(file, 512), line_no, whole + f);
 }
 
 #if KVTRACE_HAVE_GGML
 /* ggml's abort callback: record, then behave as if kvtrace were not there: chain the callback
  * that was installed before, or (none) re-raise through ggml_abort with no callback so ggml
  * prints the message and its backtrace to stderr as usual (the log kvdiag postmortem reads). */
-KVTRACE_FN_ void kvtrace_11_on_abort(const char *msg);
-KVTRACE_FN_ void kvtrace_11_on_abort(const char *msg) {
-    void (*prev)(const char *) = kvtrace_11_state.abort_prev;
+KVTRACE_FN_ void kvtrace_12_on_abort(const char *msg);
+KVTRACE_FN_ void kvtrace_12_on_abort(const char *msg) {
+    void (*prev)(const char *) = KVTRACE_S_()->abort_prev;
     size_t file_len = 0, at;
     int64_t line_no = 0;
-    kvtrace_11_abort(msg);
+    kvtrace_12_abort(msg);
     if (prev) {
         prev(msg);
         return;
@@ -1250,14 +1507,14 @@ KVTRACE_FN_ void kvtrace_11_on_abort(const char *msg) {
     kvtrace_stderr_(msg ? msg : "", "\n", NULL);
 }
 
-KVTRACE_FN_ void kvtrace_11_install_abort_hook(void);
-KVTRACE_FN_ void kvtrace_11_install_abort_hook(void) {
-    kvtrace_state_11_ *S = &kvtrace_11_state;
-    if (!kvtrace_11_start()) return;
+KVTRACE_FN_ void kvtrace_12_install_abort_hook(void);
+KVTRACE_FN_ void kvtrace_12_install_abort_hook(void) {
+    kvtrace_state_12_ *S = KVTRACE_S_();
+    if (!kvtrace_12_start()) return;
     pthread_mutex_lock(&S->lock);
     if (!S->abort_installed) { /* twice would make the hook its own predecessor */
         S->abort_installed = 1;
-        S->abort_prev = ggml_set_abort_callback(kvtrace_11_on_abort);
+        S->abort_prev = ggml_set_abort_callback(kvtrace_12_on_abort);
     }
     pthread_mutex_unlock(&S->lock);
 }
@@ -1287,7 +1544,7 @@ static inline void kvtrace_fits_ggml_(const struct ggml_tensor *dst, int64_t lay
                                       const void *v_runtime) {
     kvtrace_tensor q, k, v, m, d;
     if (!dst || !dst->src[0] || !dst->src[1] || !dst->src[2]) {
-        kvtrace_11_fits(dst ? dst->name : "", layer, NULL, NULL, NULL, NULL, NULL, result, route,
+        kvtrace_12_fits(dst ? dst->name : "", layer, NULL, NULL, NULL, NULL, NULL, result, route,
                         failed, n_failed);
         return;
     }
@@ -1296,7 +1553,7 @@ static inline void kvtrace_fits_ggml_(const struct ggml_tensor *dst, int64_t lay
     kvtrace_from_ggml_(&v, dst->src[2], v_runtime);
     kvtrace_from_ggml_(&d, dst, NULL);
     if (dst->src[3]) kvtrace_from_ggml_(&m, dst->src[3], NULL);
-    kvtrace_11_fits(dst->name, layer, &q, &k, &v, dst->src[3] ? &m : NULL, &d, result, route,
+    kvtrace_12_fits(dst->name, layer, &q, &k, &v, dst->src[3] ? &m : NULL, &d, result, route,
                     failed, n_failed);
 }
 #endif /* KVTRACE_HAVE_GGML */
@@ -1318,67 +1575,129 @@ static inline void kvtrace_plan_defaults(kvtrace_plan *p) {
 
 /* C before C23 does not convert int32_t (*)[3] to const int32_t (*)[3] implicitly */
 #define KVTRACE_KEYS_(keys) ((const int32_t(*)[3])(keys))
-#ifndef KVTRACE_DISABLE
-#define KVTRACE_CALL_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
-#else /* compiled away; the arguments still type-check and count as used */
-#define KVTRACE_CALL_(call) do { if (0) { call; } } while (0)
+
+/* Where "records" comes from: each macro expansion leaves a 4-byte entry (its KVTRACE_R_*_
+ * bits) in the section kvtrace_rec_12 of the object it is compiled into -- an assembler
+ * directive, not code: nothing runs for it. The linker gathers a program's or shared object's
+ * entries between __start_kvtrace_rec_12 and __stop_kvtrace_rec_12 (symbols it defines for a
+ * section whose name is a C identifier), and a constructor in every translation unit hands that
+ * range to the process-wide state. The symbols are hidden so that each object sees its own
+ * range, never its neighbour's. (Inline asm rather than a section attribute on a static: GCC
+ * ignores the attribute for a static inside a template instantiation, and C++ forks put their
+ * dispatch code in templates.) Without GCC/Clang on ELF, or with KVTRACE_NO_SECTIONS, nothing
+ * is registered: KVTRACE_DECLARE says what the process records (or the header line leaves
+ * "records" out: "not declared"). */
+#if !defined(KVTRACE_DISABLE) && !defined(KVTRACE_NO_SECTIONS) && defined(__ELF__) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define KVTRACE_SECTIONS_ 1
+#define KVTRACE_REC_(bits)                                                                     \
+    __asm__(".pushsection kvtrace_rec_12,\"a\"\n\t.balign 4\n\t.long %c0\n\t.popsection"      \
+            : : "i"((unsigned)(bits)))
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern const uint32_t __start_kvtrace_rec_12[] __attribute__((weak, visibility("hidden")));
+extern const uint32_t __stop_kvtrace_rec_12[] __attribute__((weak, visibility("hidden")));
+#ifdef __cplusplus
+}
+#endif
+static void kvtrace_rec_ctor_(void) __attribute__((constructor, unused));
+static void kvtrace_rec_ctor_(void) {
+    kvtrace_12_register(__start_kvtrace_rec_12, __stop_kvtrace_rec_12);
+}
+#else
+#define KVTRACE_SECTIONS_ 0
+#define KVTRACE_REC_(bits) ((void)0)
 #endif
 
-#define KVTRACE_BOOT(plan) KVTRACE_CALL_(kvtrace_11_boot(plan))
+#ifndef KVTRACE_DISABLE
+#define KVTRACE_CALL_(bits, call)                                                              \
+    do {                                                                                       \
+        KVTRACE_REC_(bits);                                                                    \
+        if (KVTRACE_ON_()) { call; }                                                           \
+    } while (0)
+#define KVTRACE_CALL0_(call) do { if (KVTRACE_ON_()) { call; } } while (0)
+#else /* compiled away; the arguments still type-check and count as used */
+#define KVTRACE_CALL_(bits, call) do { if (0) { call; } } while (0)
+#define KVTRACE_CALL0_(call) do { if (0) { call; } } while (0)
+#endif
+
+#define KVTRACE_BOOT(plan) KVTRACE_CALL0_(kvtrace_12_boot(plan))
+#define KVTRACE_DECLARE(kinds) KVTRACE_CALL0_(kvtrace_12_declare(kinds))
 #define KVTRACE_STEP(phase, streams, n_streams, tokens, n_kv)                                  \
-    KVTRACE_CALL_(kvtrace_11_step((phase), (streams), (int64_t)(n_streams), (int64_t)(tokens), \
+    KVTRACE_CALL_(KVTRACE_R_STEP_,                                                             \
+                  kvtrace_12_step((phase), (streams), (int64_t)(n_streams), (int64_t)(tokens), \
                                   (int64_t)(n_kv)))
-#define KVTRACE_LEARN(layer, k_ptr, relearn) \
-    KVTRACE_CALL_(kvtrace_11_learn((int64_t)(layer), (uint64_t)(uintptr_t)(k_ptr), (relearn)))
+#define KVTRACE_LEARN(layer, k_ptr, relearn)                                                   \
+    KVTRACE_CALL_(KVTRACE_R_LEARN_, kvtrace_12_learn((int64_t)(layer),                         \
+                                                     (uint64_t)(uintptr_t)(k_ptr), (relearn)))
 #define KVTRACE_FITS_RAW(node, layer, q, k, v, mask, dst, result, route, failed, n_failed)      \
-    KVTRACE_CALL_(kvtrace_11_fits((node), (int64_t)(layer), (q), (k), (v), (mask), (dst),        \
+    KVTRACE_CALL_(KVTRACE_R_FITS_,                                                             \
+                  kvtrace_12_fits((node), (int64_t)(layer), (q), (k), (v), (mask), (dst),      \
                                   (result), (route), (failed), (int64_t)(n_failed)))
 #if KVTRACE_HAVE_GGML
 #define KVTRACE_FITS(dst, layer, result, route, failed, n_failed, k_runtime, v_runtime)          \
-    KVTRACE_CALL_(kvtrace_fits_ggml_((dst), (int64_t)(layer), (result), (route), (failed),       \
+    KVTRACE_CALL_(KVTRACE_R_FITS_,                                                               \
+                  kvtrace_fits_ggml_((dst), (int64_t)(layer), (result), (route), (failed),       \
                                      (int64_t)(n_failed), (k_runtime), (v_runtime)))
-#define KVTRACE_INSTALL_ABORT_HOOK() KVTRACE_CALL_(kvtrace_11_install_abort_hook())
+#define KVTRACE_INSTALL_ABORT_HOOK() \
+    KVTRACE_CALL_(KVTRACE_R_ABORT_, kvtrace_12_install_abort_hook())
 #endif
+#define KVTRACE_ABORT(file, line, message)                                                     \
+    KVTRACE_CALL_(KVTRACE_R_ABORT_,                                                            \
+                  kvtrace_12_abort_at((file), (int64_t)(line), (message)))
 #define KVTRACE_MARK_OUTSIDE(rows, n_rows, keys, n_keys, all, outside, n_outside)               \
-    KVTRACE_CALL_(kvtrace_11_mark((rows), (int64_t)(n_rows), KVTRACE_KEYS_(keys),             \
+    KVTRACE_CALL_(KVTRACE_R_MARK_ | KVTRACE_R_MARK_OUTSIDE_,                                    \
+                  kvtrace_12_mark((rows), (int64_t)(n_rows), KVTRACE_KEYS_(keys),               \
                                   (int64_t)(n_keys), (all),                                     \
                                   (const int32_t(*)[2])(outside), (int64_t)(n_outside)))
-#define KVTRACE_MARK(rows, n_rows, keys, n_keys, all) \
-    KVTRACE_MARK_OUTSIDE(rows, n_rows, keys, n_keys, all, NULL, 0)
+#define KVTRACE_MARK(rows, n_rows, keys, n_keys, all)                                          \
+    KVTRACE_CALL_(KVTRACE_R_MARK_,                                                             \
+                  kvtrace_12_mark((rows), (int64_t)(n_rows), KVTRACE_KEYS_(keys),              \
+                                  (int64_t)(n_keys), (all), NULL, 0))
 #define KVTRACE_WRITE(layer, stream, cell0, cell1, row0, row1, keys, n_keys)                    \
-    KVTRACE_CALL_(kvtrace_11_write((int64_t)(layer), (int64_t)(stream), (int64_t)(cell0),       \
+    KVTRACE_CALL_(KVTRACE_R_WRITE_,                                                             \
+                  kvtrace_12_write((int64_t)(layer), (int64_t)(stream), (int64_t)(cell0),       \
                                    (int64_t)(cell1), (int64_t)(row0), (int64_t)(row1),          \
-                                   KVTRACE_KEYS_(keys),                                         \
-                                   (int64_t)(n_keys)))
+                                   KVTRACE_KEYS_(keys), (int64_t)(n_keys)))
 #define KVTRACE_UPLOAD(layer, stream, page0, page1, slot, target, bytes, reason, key_stream)    \
-    KVTRACE_CALL_(kvtrace_11_upload((int64_t)(layer), (int64_t)(stream), (int64_t)(page0),      \
+    KVTRACE_CALL_(KVTRACE_R_UPLOAD_,                                                            \
+                  kvtrace_12_upload((int64_t)(layer), (int64_t)(stream), (int64_t)(page0),      \
                                     (int64_t)(page1), (int64_t)(slot), (target),                 \
                                     (int64_t)(bytes), (reason), (int64_t)(key_stream)))
 #define KVTRACE_READ_BEGIN(r, layer, stream) \
-    KVTRACE_CALL_(kvtrace_read_begin_((r), (int64_t)(layer), (int64_t)(stream)))
+    KVTRACE_CALL0_(kvtrace_read_begin_((r), (int64_t)(layer), (int64_t)(stream)))
 #define KVTRACE_READ_PAGE(r, page, source, slot) \
-    KVTRACE_CALL_(kvtrace_read_page_((r), (int64_t)(page), (source), (int64_t)(slot)))
-#define KVTRACE_READ_END(r) KVTRACE_CALL_(kvtrace_11_read_emit(r))
-#define KVTRACE_INVALIDATE(reason, generation) \
-    KVTRACE_CALL_(kvtrace_11_invalidate((reason), (int64_t)(generation)))
+    KVTRACE_CALL0_(kvtrace_read_page_((r), (int64_t)(page), (source), (int64_t)(slot)))
+#define KVTRACE_READ_END(r) KVTRACE_CALL_(KVTRACE_R_READ_, kvtrace_12_read_emit(r))
+#define KVTRACE_INVALIDATE(reason, generation)                                                 \
+    KVTRACE_CALL_(KVTRACE_R_INVALIDATE_,                                                       \
+                  kvtrace_12_invalidate((reason), (int64_t)(generation)))
 #define KVTRACE_REPARTITION(res_from, res_to, ring_from, ring_to, miss_pct, busy_pct, reason)   \
-    KVTRACE_CALL_(kvtrace_11_repartition((int64_t)(res_from), (int64_t)(res_to),                \
+    KVTRACE_CALL_(KVTRACE_R_REPARTITION_,                                                       \
+                  kvtrace_12_repartition((int64_t)(res_from), (int64_t)(res_to),                \
                                          (int64_t)(ring_from), (int64_t)(ring_to),              \
                                          (double)(miss_pct), (double)(busy_pct), (reason)))
 #define KVTRACE_ADAPT_EX(active, resident, ring, samples, misses, busy_pct, peak, layout,       \
                          skipped, resident_attended)                                            \
-    KVTRACE_CALL_(kvtrace_11_adapt((int64_t)(active), (int64_t)(resident), (int64_t)(ring),     \
+    KVTRACE_CALL_(KVTRACE_R_ADAPT_,                                                             \
+                  kvtrace_12_adapt((int64_t)(active), (int64_t)(resident), (int64_t)(ring),     \
                                    (int64_t)(samples), (int64_t)(misses), (double)(busy_pct),   \
                                    (int64_t)(peak), (int64_t)(layout), (int64_t)(skipped),      \
                                    (int64_t)(resident_attended)))
 #define KVTRACE_ADAPT(active, resident, ring, samples, misses, busy_pct, peak) \
     KVTRACE_ADAPT_EX(active, resident, ring, samples, misses, busy_pct, peak, -1, -1, -1)
 #define KVTRACE_OUTPUT(stream, checksum, ref_checksum, has_ref, max_abs_delta, tolerance)       \
-    KVTRACE_CALL_(kvtrace_11_output((int64_t)(stream), (uint32_t)(checksum),                    \
+    KVTRACE_CALL_(KVTRACE_R_OUTPUT_,                                                            \
+                  kvtrace_12_output((int64_t)(stream), (uint32_t)(checksum),                    \
                                     (uint32_t)(ref_checksum), (has_ref),                        \
                                     (double)(max_abs_delta), (double)(tolerance)))
-#define KVTRACE_WARN(code, message) KVTRACE_CALL_(kvtrace_11_warn((code), (message)))
-#define KVTRACE_END(status) KVTRACE_CALL_(kvtrace_11_end((status), ""))
-#define KVTRACE_END_REASON(status, reason) KVTRACE_CALL_(kvtrace_11_end((status), (reason)))
+#define KVTRACE_WARN(code, message) \
+    KVTRACE_CALL_(KVTRACE_R_WARN_, kvtrace_12_warn((code), (message)))
+#define KVTRACE_WARN_LAYER(code, layer, message) \
+    KVTRACE_CALL_(KVTRACE_R_WARN_, kvtrace_12_warn_layer((code), (int64_t)(layer), (message)))
+#define KVTRACE_END(status) KVTRACE_CALL_(KVTRACE_R_END_, kvtrace_12_end((status), ""))
+#define KVTRACE_END_REASON(status, reason) \
+    KVTRACE_CALL_(KVTRACE_R_END_, kvtrace_12_end((status), (reason)))
 
 #endif /* KVTRACE_H */

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from kvdiag import __version__
@@ -31,15 +35,62 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+#: What ``kvdiag --help`` says kvdiag is (the README's first paragraph, shortened).
+DESCRIPTION = (
+    "Make adaptive KV-cache streaming in llama.cpp-style CUDA runtimes debuggable: reproduce "
+    "the two-slot failures in a modelled runtime and record every decision in a trace, check "
+    "and compare traces headlessly (CI exit codes), replay them in a terminal UI, and read "
+    "llama-server crash logs.\n\n"
+    "Run 'kvdiag COMMAND --help' for a command's options. Exit status: 0 fine, 1 findings "
+    "(what counts as one, and any other code, each command's --help says), 2 bad input or "
+    "usage, 70 an internal error, 130 interrupted.")
+
+_LITERAL = re.compile(r"``(.+?)``")
+
+
+def plain(text: str) -> str:
+    """Docstring markup (``double backticks``) as a terminal shows it: the literal alone."""
+    return _LITERAL.sub(r"\1", text)
+
+
+def summary(doc: str | None) -> str | None:
+    """A command's one-line summary: the first paragraph of its module docstring, whole (a
+    summary that goes on past the docstring's first line must not be cut there)."""
+    if not doc or not doc.strip():
+        return None
+    first = doc.strip().split("\n\n", 1)[0]
+    return plain(" ".join(first.split()))
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped to the terminal without breaking paths or flags at a hyphen
+    (``docs/log-`` / ``import.md``), and with the description's paragraphs kept apart."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(plain(" ".join(text.split())), width, break_on_hyphens=False,
+                             break_long_words=False) or [""]
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+        return "\n\n".join(
+            textwrap.fill(plain(" ".join(p.split())), width, initial_indent=indent,
+                          subsequent_indent=indent, break_on_hyphens=False,
+                          break_long_words=False) for p in paragraphs)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with exit code 2."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise KvdiagError(f"{self.prog}: {message}", EXIT_USAGE)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvdiag", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(prog="kvdiag", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"kvdiag {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks instead of one-line errors"
@@ -47,17 +98,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"kvdiag.commands.{name}")
-        doc = (module.__doc__ or "").strip().splitlines()
         # a command named after a Python keyword lives in "<name>_.py" (import_.py)
-        p = sub.add_parser(name.rstrip("_"), help=doc[0] if doc else None,
+        p = sub.add_parser(name.rstrip("_"), help=summary(module.__doc__),
                            description=module.__doc__)
         module.configure(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
+def keep_lines_whole() -> None:
+    """When standard output and standard error are one file (``2>&1`` into a pipe or a CI
+    log), flush output at each line end: block buffering would otherwise put a message written
+    to stderr inside a half-written output line (issue 16 #7)."""
+    try:
+        same = os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return  # not a file descriptor (captured in tests, embedded): nothing to interleave
+    if same and isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.line_buffering:
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    keep_lines_whole()
     debug = "--debug" in args_list
     try:
         parser = build_parser()

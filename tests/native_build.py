@@ -189,7 +189,7 @@ def _build_into(tmp: Path) -> dict[str, object]:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     import fcntl  # POSIX only, like the rest of the native build
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +219,7 @@ def ensure_ggml(root: Path | None = None) -> GgmlBuild:
     found = _load(final)
     if found is not None:
         return GgmlBuild(found.root, {**found.info, "cached": True})
-    with _locked(root / (build_dir_name() + ".lock")):
+    with locked(root / (build_dir_name() + ".lock")):
         found = _load(final)  # another run may have finished while we waited
         if found is not None:
             return GgmlBuild(found.root, {**found.info, "cached": True})

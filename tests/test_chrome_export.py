@@ -80,8 +80,8 @@ def tensor(name: str) -> dict[str, Any]:
 LONG = "GGML_ASSERT(" + "resident_cache_page_index_is_valid && " * 8 + "true) failed"
 
 
-def every_kind_trace(path: Path, version: str = "1.1", **extra_fields: Any) -> Path:
-    """One event of every 1.1 kind, plus an unknown kind. Stream 1 reads page 0 of layer 2
+def every_kind_trace(path: Path, version: str = "1.2", **extra_fields: Any) -> Path:
+    """One event of every 1.2 kind, plus an unknown kind. Stream 1 reads page 0 of layer 2
     from slot 5 after a second write to it (stale) and slot 6, which holds stream 0's page
     (foreign): two reads that missed stream 1's last write."""
     lines = [
@@ -116,11 +116,12 @@ def every_kind_trace(path: Path, version: str = "1.1", **extra_fields: Any) -> P
         event_line("output", 18, 1, stream=1, checksum="abcd1234"),
         event_line("telemetry", 19, 1, gpu_util=40, mem_used=1 << 30),
         event_line("warn", 20, 1, message="fell back", code="fallback", layer=2),
-        event_line("prefetch", 21, 1, layer=2, stream=1, pages=[1, 3]),
-        event_line("abort", 22, 1, message=LONG, file="fattn.cu", line=7),
-        event_line("end", 23, 1, status="aborted", steps=2, events=22),
+        event_line("records", 21, 1, kinds=["learn", "mark.outside"]),
+        event_line("prefetch", 22, 1, layer=2, stream=1, pages=[1, 3]),
+        event_line("abort", 23, 1, message=LONG, file="fattn.cu", line=7),
+        event_line("end", 24, 1, status="aborted", steps=2, events=23),
     ]
-    path.write_bytes(header_line(version, **({"writer_build": "b77"} if version != "1.1"
+    path.write_bytes(header_line(version, **({"writer_build": "b77"} if version != "1.2"
                                               else {})) + b"".join(lines))
     return path
 
@@ -147,7 +148,7 @@ def test_one_track_per_stream_and_layer(tmp_path: Path) -> None:
     assert threads[(s1, 3)] == "layer 2"
     on_s1_l2 = {e["args"]["seq"] for e in doc if e["ph"] == "X" and (e["pid"], e["tid"]) == (s1, 3)}
     # stream 1 layer 2: its writes, upload, reads, evict, kernel and the unknown kind's event
-    assert on_s1_l2 == {4, 6, 8, 10, 11, 13, 14, 21}
+    assert on_s1_l2 == {4, 6, 8, 10, 11, 13, 14, 22}
 
 
 def test_flows_join_the_missed_write_to_stale_and_foreign_reads(tmp_path: Path) -> None:
@@ -187,7 +188,7 @@ def test_newer_minor_fields_and_kinds_are_carried(tmp_path: Path) -> None:
     assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(log)]) == 0
     text = log.read_text()
     assert 'D kvtrace: seq 4 fields unknown to this version: {"gpu_uuid":"GPU-42",' in text
-    assert "D kvtrace: event of unknown kind 'prefetch' seq 21 step 1: " in text
+    assert "D kvtrace: event of unknown kind 'prefetch' seq 22 step 1: " in text
     pm = subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", "--json", str(log)],
                         capture_output=True, text=True, timeout=120)
     assert pm.returncode in (0, 1) and json.loads(pm.stdout)["problems"] == []

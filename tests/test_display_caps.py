@@ -24,7 +24,7 @@ HUGE = 4 << 20
 def huge_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("huge") / "huge.kvtrace"
     blob = "x" * HUGE
-    head = json.loads(header_line("1.2"))
+    head = json.loads(header_line("1.3"))
     head["device"]["name"] = "D" + blob
     head["scenario"]["description"] = "S" + blob
     head["from_a_newer_writer"] = "H" + blob

@@ -104,7 +104,7 @@ def test_completed_and_aborted_runs_are_not_incomplete(tmp_path: Path) -> None:
 def test_a_signalled_capture_fails_check(tmp_path: Path, sig: signal.Signals, exit_code: int,
                                          reason: str) -> None:
     out = tmp_path / "stopped.kvtrace"
-    proc = subprocess.Popen([*KVDIAG, "capture", "--scenario", "pool-pressure", "--steps", "400",
+    proc = subprocess.Popen([*KVDIAG, "capture", "--scenario", "pool-pressure", "--steps", "12000",
                              "--executor", "numpy", "-q", "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 90

@@ -1,5 +1,5 @@
 """kernels/kvtrace.h: it builds as C99, C++17 and from a .cu file, and what it writes is a valid
-kvtrace 1.1 file with the values it was given (read back with kvdiag's TraceReader).
+kvtrace 1.2 file with the values it was given (read back with kvdiag's TraceReader).
 
 The C programs live in kernels/native_tests/. The real-ggml side (KVTRACE_FITS on ggml tensors,
 the abort hook inside ggml_abort) is proved by tests/test_native_ggml.py against a real ggml;
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,35 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from native_cc import CC, CXX, KERNELS, NVCC, STRICT_C, STRICT_CXX, TESTS_C
+from native_cc import build as _build
+from native_cc import one_trace as _one_trace
+from native_cc import run as _run
 
 from kvdiag.cli import main
 from kvdiag.model import events as ev
 from kvdiag.trace import TraceReader
 
-ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ROOT / "kernels"
-TESTS_C = KERNELS / "native_tests"
+ROOT = KERNELS.parent
 SELFTEST = TESTS_C / "kvtrace_selftest.c"
-CC = shutil.which("gcc")
-CXX = shutil.which("g++")
-_LOCAL_NVCC = Path("/usr/local/bin/nvcc")
-NVCC = shutil.which("nvcc") or (str(_LOCAL_NVCC) if _LOCAL_NVCC.exists() else None)
-# -pedantic, plus the warnings ggml's own build turns on (ggml/cmake/common.cmake: -Wcast-qual,
-# -Wshadow, -Wstrict-prototypes, -Wpointer-arith, -Wmissing-prototypes for C,
-# -Wmissing-declarations for C++): the header must not add warnings to a fork's build.
-STRICT_C = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-Wcast-qual", "-Wshadow",
-            "-Wstrict-prototypes", "-Wpointer-arith", "-Wmissing-prototypes"]
-STRICT_CXX = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic", "-Wcast-qual",
-              "-Wshadow", "-Wmissing-declarations"]
 
 needs_cc = pytest.mark.skipif(CC is None, reason="gcc not found")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit not installed)")
-
-
-def _build(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +43,6 @@ def selftest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe = tmp_path_factory.mktemp("kvtrace") / "kvtrace_selftest"
     _build([CC, *STRICT_C, "-O2", "-I", str(KERNELS), str(SELFTEST), "-o", str(exe), "-pthread"])
     return exe
-
-
-def _run(exe: Path, cwd: Path, *args: str, trace: str | None = "t_%p.kvtrace",
-         timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KVTRACE_FILE"}
-    if trace is not None:
-        env["KVTRACE_FILE"] = trace
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _one_trace(folder: Path) -> Path:
-    found = sorted(folder.glob("*.kvtrace"))
-    assert len(found) == 1, found
-    return found[0]
 
 
 def _assert_no_line_crosses_a_page(data: bytes) -> None:
@@ -124,7 +95,7 @@ def test_cuda_demo_compiles_with_nvcc(tmp_path: Path) -> None:
     symbols = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
     # the kernel and the writer's weak functions are both in the object
     assert "add_one" in symbols
-    assert " W kvtrace_11_commit" in symbols
+    assert " W kvtrace_12_commit" in symbols
 
 
 MIXED = {
@@ -205,7 +176,7 @@ def test_every_kind_round_trips_with_its_values(selftest: Path, tmp_path: Path) 
     assert reader.complete and not reader.truncated
     h = reader.header
     assert (h.format, h.version, h.kvdiag_version, h.backend) == (
-        "kvtrace", "1.1", "kvtrace.h 1.1", "native")
+        "kvtrace", "1.2", "kvtrace.h 1.2", "native")
     assert h.device.name == "no GPU"
     assert h.created.endswith("+00:00") and h.created[4] == "-" and h.created[10] == "T"
     assert h.scenario == {
@@ -237,7 +208,9 @@ def test_every_kind_round_trips_with_its_values(selftest: Path, tmp_path: Path) 
     assert isinstance(fits, ev.Fits)
     assert (fits.node, fits.layer, fits.result, fits.route, fits.membership, fits.evaluated) == (
         "__fattn__-3", 3, False, "fallback", True, True)
-    assert fits.failed == ("Q->ne[3] == 1", "K->ne[3] == 1")
+    # the writer's own spelling is in the file; a reader sees the canonical names
+    assert fits.failed == ("Q.ne[3]==1", "K.ne[3]==1")
+    assert '"failed":["Q->ne[3] == 1","K->ne[3] == 1"]' in path.read_text()
     assert fits.stage_bytes == 73728
     assert fits.k.name == "k-3 (view)" and fits.k.type == "q8_0"
     assert fits.k.ne == (256, 512, 4, 2) and fits.k.nb == (34, 1088, 272, 4456448)
@@ -280,8 +253,15 @@ def test_every_kind_round_trips_with_its_values(selftest: Path, tmp_path: Path) 
     out1 = by[18]
     assert isinstance(out1, ev.Output)
     assert (out1.checksum, out1.ref_checksum, out1.diverged) == ("0000abcd", "", None)
-    assert by[19] == ev.Warn(seq=20, t_ns=t[19], step=1, code="fits-fallback",
+    assert by[19] == ev.Warn(seq=20, t_ns=t[19], step=1, code="kv-stream-fallback", layer=3,
                              message="layer 3: fits() false, ordinary flash attention")
+    # the read builder knows the seq of the read event it wrote
+    assert proc.stdout == f"read seq {read.seq}\n" and read.seq == 11
+    # every kind the program compiled in, in the format's vocabulary: abort too (its abort-at
+    # mode has KVTRACE_ABORT; "can write", not "did write"); warn and end always
+    assert h.records == ("step", "learn", "fits", "write", "mark", "upload", "invalidate", "read",
+                         "abort", "warn", "output", "repartition", "adapt", "end",
+                         "mark.outside")
     # END: steps = last step + 1, events = lines before it; nothing is written after it
     assert by[20] == ev.End(seq=21, t_ns=t[20], step=1, status="completed", steps=2, events=20)
     assert "after the end" not in path.read_text()
@@ -424,7 +404,7 @@ def test_ggml_fits_logs_the_real_tensors(ggml_hook: Path, tmp_path: Path) -> Non
     fits, raw, _abort, _end = events
     assert isinstance(fits, ev.Fits) and isinstance(raw, ev.Fits)
     assert (fits.node, fits.layer, fits.result, fits.route, fits.failed) == (
-        "__fattn__-0", 0, False, "abort", ("Q->ne[3] == 1", "K->ne[3] == 1"))
+        "__fattn__-0", 0, False, "abort", ("Q.ne[3]==1", "K.ne[3]==1"))
     assert fits.membership and fits.evaluated and fits.mask is None
     k, v, q = fits.k, fits.v, fits.q
     # ggml's own numbers: a q8_0 row of 1024 values is 32 blocks of 34 bytes
@@ -571,7 +551,7 @@ def test_native_include_dir_holds_the_header(capsys: pytest.CaptureFixture[str])
     assert main(["native", "--include-dir"]) == 0
     folder = Path(capsys.readouterr().out.strip())
     assert (folder / "kvtrace.h").is_file()
-    assert '#define KVTRACE_H_VERSION "1.1"' in (folder / "kvtrace.h").read_text()
+    assert '#define KVTRACE_H_VERSION "1.2"' in (folder / "kvtrace.h").read_text()
 
 
 def test_native_with_the_header_missing_is_one_line_and_exit_2(
@@ -596,23 +576,48 @@ def test_native_without_an_action_is_a_usage_error() -> None:
 
 
 @needs_cxx
-def test_native_example_compiles_runs_and_validates(capsys: pytest.CaptureFixture[str],
-                                                    tmp_path: Path) -> None:
+def test_native_example_compiles_and_runs_as_printed(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    """What `kvdiag native --example` prints is built with the build line it prints (the
+    command substituted, as a shell would) and run both ways its run lines say. The program
+    counts the pages it read right from its own page stamps; check derives the same counts
+    from the trace alone."""
     assert CXX is not None
     assert main(["native", "--include-dir"]) == 0
     include = capsys.readouterr().out.strip()
     assert main(["native", "--example"]) == 0
+    text = capsys.readouterr().out
     source = tmp_path / "kvtrace_example.cpp"
-    source.write_text(capsys.readouterr().out)
-    assert '#include "kvtrace.h"' in source.read_text()
+    source.write_text(text)
+    build_line = next(line[2:].strip() for line in text.splitlines()
+                      if line.startswith("//   c++ "))
+    words = shlex.split(build_line.replace('"$(kvdiag native --include-dir)"', shlex.quote(include)))
+    assert words[:2] == ["c++", "-std=c++17"] and words[-1] == "-pthread"
+    proc = subprocess.run([CXX, *words[1:]], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
     exe = tmp_path / "kvtrace_example"
-    _build([CXX, *STRICT_CXX, "-O2", "-I", include, str(source), "-o", str(exe), "-pthread"])
-    out = tmp_path / "out"
-    out.mkdir()
-    assert _run(exe, out).returncode == 0
-    trace = _one_trace(out)
-    assert main(["trace", "validate", str(trace)]) == 0
-    _, events = _read(trace)
-    assert [type(e).__name__ for e in events] == ["Step", "Write", "Upload", "Read", "End"]
-    read = events[3]
-    assert read.served == (ev.Served(0, 2, "pool", 0), ev.Served(2, 3, "host", -1))
+    assert exe.is_file()
+    # and it adds no warning under the flags a fork's build uses
+    _build([CXX, *STRICT_CXX, "-c", str(source), "-I", include, "-o", str(tmp_path / "x.o")])
+
+    results = {}
+    for name, args in (("upstream", ()), ("fixed", ("--fixed",))):
+        out = tmp_path / name
+        out.mkdir()
+        proc = _run(exe, out, *args, trace=f"{name}.kvtrace")
+        trace = out / f"{name}.kvtrace"
+        own = [int(x.strip(",")) for x in proc.stdout.split()[3::2]]
+        capsys.readouterr()
+        code = main(["check", "--json", str(trace)])
+        doc = json.loads(capsys.readouterr().out)
+        classes = doc["summary"]["residency"]["read_classes"]
+        assert [classes["exact"], classes["stale"], classes["foreign"]] == own
+        results[name] = (proc.returncode, code, own, {f["rule"] for f in doc["findings"]})
+    # upstream: the aliasing reads, then the membership dispatch aborts on the two-stream ubatch
+    assert results["upstream"] == (-signal.SIGABRT, 1, [42, 6, 12], {
+        "fits-dispatch-mismatch", "abort", "stale-page-read", "foreign-page-read",
+        "stream-divergence"})
+    # fixed: every page exact; the two-stream ubatches fall back (a warning)
+    assert results["fixed"] == (0, 0, [84, 0, 0], {"fallback"})
+    assert main(["trace", "validate", str(tmp_path / "fixed" / "fixed.kvtrace")]) == 0

@@ -25,9 +25,18 @@ def plan_text(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
 
 
 def row(out: str, name: str) -> str:
-    lines = [line for line in out.splitlines() if f"│ {name} " in line]
-    assert len(lines) == 1, out
-    return lines[0].split("│")[2].strip()
+    """The value cell of row ``name``, its wrapped lines (output that is not a terminal is
+    120 columns wide) joined."""
+    lines = out.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(f"│ {name} ")]
+    assert len(at) == 1, out
+    parts = [lines[at[0]].split("│")[2].strip()]
+    for line in lines[at[0] + 1:]:
+        cells = line.split("│")
+        if len(cells) < 3 or cells[1].strip():
+            break
+        parts.append(cells[2].strip())
+    return " ".join(p for p in parts if p)
 
 
 def test_fixed_ring_slots_are_the_minimum_and_the_remainder_is_said(

@@ -51,8 +51,12 @@ def test_module_at_the_logged_path_is_used_and_named(crash: tuple[native_ggml.Bu
     plan = [f for f in _lib_frames(data, built.lib)
             if f["function"] == "ggml_kv_stream_plan_pages"]
     assert [(f["file"], f["line"]) for f in plan] == [(str(built.src), _abort_line(built))]
-    assert {"path": str(built.lib), "origin": "logged-path", "checked_by": "frames"} in \
-        data["binaries"]
+    (lib_use,) = [b for b in data["binaries"] if b["path"] == str(built.lib)]
+    assert (lib_use["origin"], lib_use["checked_by"]) == ("logged-path", "frames")
+    # every frame of the library was placed and checked (glibc sym+0xOFF frames)
+    assert re.fullmatch(r"(\d) frame\(s\) land in the functions they name; \1 frame\(s\) agree "
+                        r"on one page-aligned load address; \d return address\(es\) follow a call "
+                        r"instruction", lib_use["evidence"]), lib_use["evidence"]
     assert not any(b["path"].endswith("libc.so.6") for b in data["binaries"])  # runtime lib
     code, text = run_command([str(log), "--no-cache"], capsys)
     # rich folds long paths: compare without whitespace
@@ -80,24 +84,37 @@ def test_binary_option_overrides_the_logged_path(crash: tuple[native_ggml.Built,
 # -- #5 cross-checking ---------------------------------------------------------------------
 
 
+def _first_failed_check(log: bytes, lib: Path) -> str:
+    """What ``nm`` says about the log's ``libggml-base.so(sym+0xOFF)[0xADDR]`` frames in
+    ``lib``, in the order the checks run (issue 16 #5): an offset beyond its symbol's size,
+    else a load address (ADDR − value − OFF) that is not a page multiple, else two different
+    load addresses, else a return address after no call."""
+    printed = [(sym.decode(), int(off, 16), int(addr, 16)) for sym, off, addr in re.findall(
+        rb"libggml-base\.so\((\w+)\+0x([0-9a-f]+)\)\[0x([0-9a-f]+)\]", log)]
+    assert len(printed) >= 3
+    nm = subprocess.run(["nm", "-S", str(lib)], capture_output=True, text=True,
+                        check=True).stdout
+    syms = {m.group(3): (int(m.group(1), 16), int(m.group(2), 16))
+            for m in re.finditer(r"^([0-9a-f]+) ([0-9a-f]+) [Tt] (\w+)$", nm, re.M)}
+    for sym, off, _addr in printed:
+        if off > syms[sym][1]:
+            return rf"the log's frame {sym}\+0x{off:x} lands in "
+    bases = [addr - syms[sym][0] - off for sym, off, addr in printed]
+    for (sym, off, _addr), base in zip(printed, bases, strict=True):
+        if base % 0x1000:
+            return (rf"the log's frame {sym}\+0x{off:x} puts its load address at {base:#x}, "
+                    "which is not a page boundary")
+    if len(set(bases)) > 1:
+        return r"the log's frames \S+ and \S+ put it at different load addresses"
+    return r"the log's frame \S+ returns to 0x[0-9a-f]+ in it, where no call instruction ends"
+
+
 @pytest.mark.parametrize("opt", ["-Os", "-O0"])
 def test_binary_from_another_build_is_refused(crash: tuple[native_ggml.Built, Path],
                                               tmp_path: Path, capsys: Any, opt: str) -> None:
     built, log = crash
     other = native_ggml.build(tmp_path / "other", opt=opt)
-    logged = re.search(rb"\(ggml_abort\+0x([0-9a-f]+)\)", log.read_bytes())
-    assert logged is not None
-    nm = subprocess.run(["nm", "-S", str(other.lib)], capture_output=True, text=True,
-                        check=True).stdout
-    size = re.search(r"^[0-9a-f]+ ([0-9a-f]+) T ggml_abort$", nm, re.M)
-    assert size is not None
-    if int(logged.group(1), 16) > int(size.group(1), 16):
-        # (gcc 12 -Os) the log's offset falls outside that build's ggml_abort
-        why = rf"the log's frame ggml_abort\+0x{logged.group(1).decode()} lands in "
-    else:
-        # (gcc 12 -O0) every offset still falls inside its function, not after a call
-        why = (r"\d of \d return addresses in the log's frames \(first ggml_\w+\+0x[0-9a-f]+\)"
-               r" do not follow a call instruction")
+    why = _first_failed_check(log.read_bytes(), other.lib)
     code, data = run_json([str(log), "--no-cache", "--no-auto-binaries",
                            "--binary", str(other.lib)], capsys)
     assert code == 1
@@ -164,7 +181,8 @@ def test_build_id_stated_by_the_log_decides(crash: tuple[native_ggml.Built, Path
     code, data = run_json([str(coredump(real.group(1))), "--no-cache", "--no-auto-binaries",
                            "--binary", str(built.lib)], capsys)
     assert data["binaries"] == [{"path": str(built.lib), "origin": "option",
-                                 "checked_by": "build-id"}]
+                                 "checked_by": "build-id",
+                                 "evidence": "its build-id is the one the log states"}]
     (c,) = data["crashes"]
     assert any(f["function"] == "ggml_graph_compute_step" and f["file"] == str(built.src)
                for f in c["frames"])

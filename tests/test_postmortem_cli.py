@@ -16,7 +16,7 @@ from kvdiag.errors import InputError
 
 CRASH_KEYS = {"kind", "assert", "error", "frames", "fingerprint"}
 FRAME_KEYS = {"index", "module", "offset", "address", "function", "file", "line", "inlined",
-              "in_app"}
+              "in_app", "unverified"}
 
 
 def test_json_schema_and_exit_code_for_a_crash(capsys: Any) -> None:

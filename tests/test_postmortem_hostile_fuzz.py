@@ -8,6 +8,9 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
+import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from rich.console import Console
 
 from kvdiag.analysis.signatures import evaluate
 from kvdiag.errors import InputError
+from kvdiag.model.logrecords import LogScan
 from kvdiag.postmortem.binaries import verify
 from kvdiag.postmortem.lines import open_log
 from kvdiag.postmortem.parse import LogParser
@@ -135,3 +139,54 @@ def test_mutated_libraries_open_check_and_resolve_or_fail_in_one_line(tmp_path: 
         finally:
             mod.close()
     assert errors > 0
+
+
+def test_wrong_binaries_are_refused_in_every_frame_form(tmp_path: Path) -> None:
+    """Seeded (issue 16 #5): the library frames of a real run, cut to random choices of three
+    or more and printed as glibc ``sym+0xOFF`` or ``(+0xOFF)`` frames, with or without the libc
+    lines that name the machine. The build that ran is always used and checked; other builds
+    of the same source and the same file marked for other machines are always refused."""
+    built = native_ggml.build(tmp_path / "ran")
+    ran = native_ggml.run(built, "abort", backtrace=True)
+    lib = str(built.lib)
+    frames = [(s.decode(), int(o, 16), int(a, 16)) for s, o, a in re.findall(
+        rb"libggml-base\.so\((\w+)\+0x([0-9a-f]+)\)\[0x([0-9a-f]+)\]", ran)]
+    assert len(frames) >= 4
+    nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                        check=True).stdout
+    value = {m.group(2): int(m.group(1), 16) for m in re.finditer(r"^([0-9a-f]+) T (\w+)$", nm,
+                                                                   re.M)}
+    wrong: list[Path] = [native_ggml.build(tmp_path / f"o{opt}", opt=opt).lib
+                         for opt in ("-O0", "-O2", "-Os")]
+    for machine in (183, 243, 21, 258, 40):
+        folder = tmp_path / f"m{machine}"
+        folder.mkdir()
+        data = bytearray(built.lib.read_bytes())
+        data[18:20] = struct.pack("<H", machine)
+        (folder / built.lib.name).write_bytes(bytes(data))
+        wrong.append(folder / built.lib.name)
+    rng = random.Random(1616)
+    for i in range(40):
+        chosen = sorted(rng.sample(range(len(frames)), rng.randint(3, len(frames))))
+        named = rng.random() < 0.5
+        lines = [f"{built.src}:39: fatal error"]
+        for k in chosen:
+            sym, off, addr = frames[k]
+            where = f"{sym}+0x{off:x}" if named else f"+0x{value[sym] + off:x}"
+            lines.append(f"{lib}({where})[0x{addr:x}]")
+        if rng.random() < 0.5:
+            lines.append("/lib/x86_64-linux-gnu/libc.so.6(__libc_start_main+0x85)[0x7f0a1c2305]")
+        scan = _scan(("\n".join(lines) + "\nAborted (core dumped)\n").encode())
+        used = resymbolize(scan, [lib], None, use_cache=False)
+        assert [(b.checked_by, b.path) for b in used.binaries] == [("frames", lib)], (i, lines)
+        other = wrong[i % len(wrong)]
+        refused = resymbolize(scan, [str(other)], None, use_cache=False)
+        assert refused.binaries == (), (i, other, lines)
+        (p,) = [p for p in refused.problems if p.code == "binary-mismatch"]
+        assert str(other) in p.message and "\n" not in p.message
+
+
+def _scan(data: bytes) -> LogScan:
+    parser = LogParser()
+    parser.feed("fuzz.log", io.BytesIO(data))
+    return parser.result()

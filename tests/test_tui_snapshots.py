@@ -40,8 +40,9 @@ async def loaded(pilot: Pilot[int]) -> None:
     await pilot.pause()
 
 
-def shot(snap_compare: SnapCompare, files: list[str], *keys: str) -> bool:
-    return snap_compare(KvdiagApp(files), press=keys, terminal_size=SIZE, run_before=loaded)
+def shot(snap_compare: SnapCompare, files: list[str], *keys: str,
+         size: tuple[int, int] = SIZE) -> bool:
+    return snap_compare(KvdiagApp(files), press=keys, terminal_size=size, run_before=loaded)
 
 
 def test_overview(here: Path, snap_compare: SnapCompare) -> None:
@@ -78,3 +79,19 @@ def test_findings(here: Path, snap_compare: SnapCompare) -> None:
 
 def test_help(here: Path, snap_compare: SnapCompare) -> None:
     assert shot(snap_compare, ["aliasing.kvtrace"], "4", "question_mark")
+
+
+# -- 80x24 (issue 16 #6): the narrow layouts -----------------------------------------------
+
+
+def test_backtrace_of_a_log_at_80x24(here: Path, snap_compare: SnapCompare) -> None:
+    assert shot(snap_compare, ["server.log"], "5", "down", "down", "down", "down",
+                size=(80, 24))
+
+
+def test_fits_at_80x24(here: Path, snap_compare: SnapCompare) -> None:
+    assert shot(snap_compare, ["abort.kvtrace"], "3", size=(80, 24))
+
+
+def test_timeline_at_80x24(here: Path, snap_compare: SnapCompare) -> None:
+    assert shot(snap_compare, ["server.log"], "2", "end", "up", size=(80, 24))

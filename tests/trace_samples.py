@@ -23,6 +23,7 @@ from kvdiag.model.events import (
     Output,
     Read,
     ReadRange,
+    Records,
     Repartition,
     Served,
     Step,
@@ -173,6 +174,7 @@ ALL_KINDS: list[tuple[type[Event], dict[str, Any]]] = [
             "worst_layer": 5,
         },
     ),
+    (Records, {"kinds": ("learn", "mark.outside")}),
     (
         Kernel,
         {

@@ -84,7 +84,7 @@ static int on(long n, int threads) {
     }
     t = now_s() - t;
     c = cpu_s() - c;
-    printf("%.9f %.2f %.9f\n", t, (double)kvtrace_11_state.offset / (double)(per_thread * threads),
+    printf("%.9f %.2f %.9f\n", t, (double)kvtrace_12_state.offset / (double)(per_thread * threads),
            c);
     return 0;
 }
@@ -148,7 +148,7 @@ static int gen(long n) {
     v.type = "q5_1";
     d = q;
     d.name = "fattn";
-    for (step = 0; kvtrace_11_state.seq < n; step++) {
+    for (step = 0; kvtrace_12_state.seq < n; step++) {
         int64_t rows[STREAMS];
         int32_t keys[STREAMS][3];
         long cell = step % (PAGES * 256);
@@ -175,7 +175,7 @@ static int gen(long n) {
         for (s = 0; s < STREAMS; s++) KVTRACE_OUTPUT(s, (uint32_t)step * 2654435761u, 0, 0, -1, -1);
     }
     KVTRACE_END("completed");
-    printf("%lld\n", (long long)kvtrace_11_state.seq);
+    printf("%lld\n", (long long)kvtrace_12_state.seq);
     return 0;
 }
 
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "off") == 0 && n > 0) {
         double ec, mc, e = loop_empty(n, &ec), m = loop_macro(n, &mc);
         printf("%.4f %.4f %.4f %.4f\n", e, m, ec, mc);
-        return kvtrace_11_enabled == 0 ? 0 : 1;
+        return kvtrace_12_enabled == 0 ? 0 : 1;
     }
     if (strcmp(mode, "on") == 0 && n > 0 && argc > 3) return on(n, atoi(argv[3]));
     if (strcmp(mode, "write") == 0 && n > 0 && argc > 4) return plain_write(n, atoi(argv[3]), argv[4]);

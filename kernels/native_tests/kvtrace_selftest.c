@@ -11,6 +11,7 @@
  *   kvtrace_selftest numbers      integers at the digit-count boundaries, 0 to 2^64-1 and negative
  *   kvtrace_selftest bad-args     invalid enumeration arguments, an event before KVTRACE_BOOT
  *   kvtrace_selftest abort-text   the abort event parser, fed ggml_abort's text directly
+ *   kvtrace_selftest abort-at [M] KVTRACE_ABORT (no ggml) with message M, then abort()
  *   kvtrace_selftest off          every macro with KVTRACE_FILE unset: writes nothing
  *
  * SPDX-License-Identifier: MIT
@@ -105,6 +106,7 @@ static int all_kinds(void) {
     KVTRACE_READ_PAGE(&r, 7, KVTRACE_HOST, 99);
     KVTRACE_READ_PAGE(&r, 8, KVTRACE_HOST, -1);
     KVTRACE_READ_END(&r);
+    printf("read seq %lld\n", (long long)r.seq);
     KVTRACE_INVALIDATE("buffer-clear", 5);
     KVTRACE_INVALIDATE("resize", -1);
     KVTRACE_REPARTITION(8, 7, 32, 40, 2.5, 61.25, "starved");
@@ -113,7 +115,7 @@ static int all_kinds(void) {
     KVTRACE_ADAPT_EX(1025, 8, 32, -1, -1, -1.0, -1, 2, 5, 9);
     KVTRACE_OUTPUT(0, 0xdeadbeefu, 0xdeadbeefu, 1, 0.0, 0.001);
     KVTRACE_OUTPUT(1, 0x0000abcdu, 0, 0, -1, -1);
-    KVTRACE_WARN("fits-fallback", "layer 3: fits() false, ordinary flash attention");
+    KVTRACE_WARN_LAYER("kv-stream-fallback", 3, "layer 3: fits() false, ordinary flash attention");
     KVTRACE_END("completed");
     KVTRACE_WARN("late", "after the end: must not be written");
     return 0;
@@ -145,7 +147,7 @@ static int end_race(void) {
     per_thread = 200000;
     boot("selftest end-race");
     for (i = 0; i < 4; i++) pthread_create(&tid[i], NULL, worker, (void *)(intptr_t)i);
-    while (__atomic_load_n(&kvtrace_11_state.seq, __ATOMIC_RELAXED) < 1000) nanosleep(&pause, NULL);
+    while (__atomic_load_n(&kvtrace_12_state.seq, __ATOMIC_RELAXED) < 1000) nanosleep(&pause, NULL);
     KVTRACE_END_REASON("completed", "ended while threads emit");
     for (i = 0; i < 4; i++) pthread_join(tid[i], NULL);
     return 0;
@@ -232,8 +234,16 @@ static int bad_args(void) {
 
 static int abort_text(void) {
     boot("selftest abort");
-    kvtrace_11_abort("/src/ggml/ggml-cuda.cu:1898: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed");
+    kvtrace_12_abort("/src/ggml/ggml-cuda.cu:1898: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed");
     return 0;
+}
+
+/* A runtime without ggml reporting its own assertion, then dying the way an assert does. */
+static int abort_at(const char *message) {
+    boot("selftest abort-at");
+    KVTRACE_ABORT("/src/runtime/kv_cache.c", 214, message);
+    fflush(stdout);
+    abort();
 }
 
 static int off(void) {
@@ -246,7 +256,7 @@ static int off(void) {
     KVTRACE_READ_PAGE(&r, 0, KVTRACE_HOST, -1);
     KVTRACE_READ_END(&r);
     KVTRACE_END("completed");
-    printf("enabled=%d\n", kvtrace_11_enabled);
+    printf("enabled=%d\n", kvtrace_12_enabled);
     return 0;
 }
 
@@ -259,9 +269,11 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "strings") == 0) return strings();
     if (strcmp(mode, "overflow") == 0) return overflow();
     if (strcmp(mode, "abort-text") == 0) return abort_text();
+    if (strcmp(mode, "abort-at") == 0)
+        return abort_at(argc > 2 ? argv[2] : "KV_ASSERT(page < window) failed");
     if (strcmp(mode, "bad-args") == 0) return bad_args();
     if (strcmp(mode, "numbers") == 0) return numbers();
     if (strcmp(mode, "off") == 0) return off();
-    fprintf(stderr, "usage: %s all|threads T N|end-race|forever|strings|overflow|numbers|bad-args|abort-text|off\n", argv[0]);
+    fprintf(stderr, "usage: %s all|threads T N|end-race|forever|strings|overflow|numbers|bad-args|abort-text|abort-at [M]|off\n", argv[0]);
     return 2;
 }

@@ -87,7 +87,8 @@ def _first_app_frame(crash: Crash) -> str | None:
     for fr in crash.backtrace.frames:
         if fr.in_app and fr.function:
             loc = f" {_short(fr.file)}:{fr.line}" if fr.file else ""
-            return f"{fr.function}{loc}"
+            unverified = " [unverified]" if fr.unverified else ""
+            return f"{fr.function}{loc}{unverified}"
     return None
 
 

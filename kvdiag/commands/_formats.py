@@ -9,8 +9,9 @@ FORMATS = ("text", "json", "markdown", "sarif", "junit")
 
 def add_format_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default=None,
-                        help="text (default: tables on a terminal, full-width lines "
-                             "elsewhere), json, markdown, sarif (SARIF 2.1.0) or junit "
+                        help="text (default: tables at the terminal's width, or 120 "
+                             "columns off a terminal, wider only for a word that needs it; "
+                             "nothing is cut), json, markdown, sarif (SARIF 2.1.0) or junit "
                              "(JUnit XML)")
     parser.add_argument("--json", action="store_true", help="same as --format json")
 

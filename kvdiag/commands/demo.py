@@ -14,7 +14,8 @@ import argparse
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="kvdiag-demo",
                         help="where the traces go (default: ./kvdiag-demo)")
-    parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"))
+    parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"),
+                        help="auto: CuPy on a GPU, else NumPy (default: auto)")
     parser.add_argument("--no-tui", action="store_true", help="print the reports instead")
 
 

@@ -80,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"no NVIDIA GPU found{why}", file=sys.stderr)
         return EXIT_NO_GPU
 
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="GPUs (NVML)")
@@ -91,5 +90,7 @@ def run(args: argparse.Namespace) -> int:
         mem = f"{g.memory_bytes / 2**30:.1f} GiB" if g.memory_bytes else "n/a"
         table.add_row(str(g.index), g.name, mem, g.driver or "n/a", g.cuda_driver or "n/a",
                       g.pcie or "n/a", g.compute_capability or "n/a", g.bus_id or "n/a")
-    Console(width=max(120, Console().width)).print(table)
+    from kvdiag.report.console import print_renderables
+
+    print_renderables([table])
     return 0

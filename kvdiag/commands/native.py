@@ -1,8 +1,9 @@
 """Help a C/C++/CUDA runtime write kvdiag traces through kernels/kvtrace.h.
 
 native --include-dir prints the folder that holds kvtrace.h (for -I); native --example prints a
-minimal C++ program that uses it (build line in its first comment). docs/native-bridge.md says
-where each macro goes in a kv-stream runtime.
+complete small C++ kv-stream runtime that uses every macro a fork needs (build and run lines in
+its first comment; kernels/native_tests/kvtrace_example.cpp). docs/native-bridge.md says where
+each macro goes in a kv-stream runtime.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--include-dir", action="store_true",
                       help="print the folder holding kvtrace.h (use as -I)")
     what.add_argument("--example", action="store_true",
-                      help="print a minimal C++ program that writes a trace through kvtrace.h")
+                      help="print a complete small C++ kv-stream runtime that writes a trace "
+                           "through kvtrace.h (build and run lines at its top)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from kvdiag.commands._shape import add_shape_args
+from kvdiag.commands._values import count_list
 from kvdiag.commands.capture import SCENARIO_NAMES
 
 
@@ -24,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stage sizes to try: START:STOP:STEP (STOP included) or a list "
                              "like 512,1024,2048")
     parser.add_argument("--np", dest="np_values", default=None, metavar="N[,N...]",
+                        type=count_list("slot counts", "1,2"),
                         help="slot counts to sweep (default: the scenario's)")
     parser.add_argument("--executor", default="decisions",
                         choices=("decisions", "numpy", "cupy", "auto"),
@@ -54,16 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_OK, UsageError
     from kvdiag.kvstream.profiles import load_profile
+    from kvdiag.report.console import print_renderables
     from kvdiag.report.sweep import save_plot, summary_lines, sweep_table, terminal_plot
     from kvdiag.sweep import PointSpec, run_sweep, stage_range
 
     try:
         stages = stage_range(args.stages)
-        nps = [int(x) for x in args.np_values.split(",")] if args.np_values else [None]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if any(n is not None and n <= 0 for n in nps):
-        raise UsageError(f"--np {args.np_values}: slot counts must be positive")
+    nps: list[int | None] = list(args.np_values) if args.np_values else [None]
     if args.jobs is not None and args.jobs <= 0:
         raise UsageError(f"--jobs must be positive, got {args.jobs}")
     scenario = scenario_from_args(args)
@@ -97,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
                    "summary": [s.as_json() for s in summaries]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
-    out = Console(width=None if sys.stdout.isatty() else 200)
-    out.print(sweep_table(points, summaries, title))
+    print_renderables([sweep_table(points, summaries, title)])
     if any(p.tokens_per_s for p in points):
-        print(terminal_plot(points, width=min(100, out.width), color=sys.stdout.isatty()))
+        width = Console().width if sys.stdout.isatty() else 100
+        print(terminal_plot(points, width=min(100, width), color=sys.stdout.isatty()))
     for line in summary_lines(points, summaries):
         print(line)
     if args.plot:

@@ -1,11 +1,16 @@
-"""Inspect and validate .kvtrace files.
+"""Inspect, validate and export .kvtrace files.
 
-trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto.
 trace info FILE [--json] shows the header, event counts per kind, step and time spans,
 problems, whether the capture ended, and the judgement's counts (steps, read pages by class,
-what the trace does not record). trace pages FILE [--json] prints every judged read page. trace validate FILE prints one line per problem and
-exits 0 when the file is valid (no problems, has an End event), 1 when it has problems, and 2
-when it is not a readable trace.
+what the trace does not record).
+
+trace pages FILE [--json] prints every judged read page.
+
+trace validate FILE prints one line per problem and exits 0 when the file is valid (no
+problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
+
+trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto, or
+(--format llama-log) the llama-server log the modelled run would print.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
         dest="trace_command", metavar="ACTION", required=True, parser_class=type(parser)
     )
-    info = sub.add_parser("info", help="header, counts, spans, problems and end status")
+    info = sub.add_parser("info", help="header, counts, spans, problems and end status",
+                          description="Show a trace's header, event counts per kind, step and "
+                                      "time spans, problems and whether the capture ended.")
     info.add_argument("file", metavar="FILE", help="a .kvtrace file")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     validate = sub.add_parser(
-        "validate", help="exit 0 if the trace is complete and undamaged, 1 if not"
+        "validate", help="exit 0 if the trace is complete and undamaged, 1 if not",
+        description="Print one line per problem of a trace. Exit status: 0 valid (no "
+                    "problems, has an End event), 1 problems, 2 not a readable trace."
     )
     validate.add_argument("file", metavar="FILE", help="a .kvtrace file")
     pages = sub.add_parser(
@@ -43,7 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pages.add_argument("file", metavar="FILE", help="a .kvtrace file ('-' reads standard input)")
     pages.add_argument("--json", action="store_true", help="one JSON object per page")
     export = sub.add_parser(
-        "export", help="write the trace as Chrome trace-event JSON (chrome://tracing, Perfetto)"
+        "export", help="write the trace as Chrome trace-event JSON (chrome://tracing, "
+                       "Perfetto) or as the llama-server log the run would print",
+        description="Write a trace as Chrome trace-event JSON for chrome://tracing or "
+                    "ui.perfetto.dev (a track per stream and layer, flow arrows from a write "
+                    "to the reads that missed it), or as the llama-server log the modelled "
+                    "run would print, which kvdiag postmortem and kvdiag import read."
     )
     export.add_argument("file", metavar="FILE", help="a .kvtrace file")
     export.add_argument("-o", "--output", required=True, help="file to write")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvdiag.commands._values import MAX_COLUMNS, MAX_ROWS, MIN_COLUMNS, MIN_ROWS, terminal_size
 from kvdiag.errors import UsageError
 
 SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings")
@@ -22,8 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--screen", default="1", metavar="N",
                         help="screen for --export-svg: 1-7 or a name (overview, timeline, fits, "
                              "pages, backtrace, telemetry, findings); default 1")
-    parser.add_argument("--size", default="160x48", metavar="WxH",
-                        help="terminal size for --export-svg (default 160x48)")
+    parser.add_argument("--size", default=(160, 48), type=terminal_size, metavar="COLSxROWS",
+                        help=f"terminal size for --export-svg, {MIN_COLUMNS}x{MIN_ROWS} to "
+                             f"{MAX_COLUMNS}x{MAX_ROWS} (default 160x48)")
     parser.add_argument("--step", type=int, default=None,
                         help="step to show on the Pages/Telemetry screens (--export-svg)")
     parser.add_argument("--binary", action="append", default=[], metavar="PATH",
@@ -42,17 +44,9 @@ def screen_name(value: str) -> str:
     raise UsageError(f"--screen: {value!r} is not 1-7 or one of {', '.join(SCREEN_NAMES)}")
 
 
-def parse_size(value: str) -> tuple[int, int]:
-    w, sep, h = value.lower().partition("x")
-    if not sep or not w.isdigit() or not h.isdigit() or not (20 <= int(w) <= 1000) or not (
-            5 <= int(h) <= 500):
-        raise UsageError(f"--size: {value!r} is not WIDTHxHEIGHT (e.g. 160x48)")
-    return int(w), int(h)
-
-
 def run(args: argparse.Namespace) -> int:
     screen = screen_name(args.screen)
-    size = parse_size(args.size)
+    size: tuple[int, int] = args.size
     if args.debug_dir and not args.binary:
         raise UsageError("--debug-dir needs at least one --binary")
     from kvdiag.tui.loading import Symbols

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from kvdiag.model.conditions import canonical_all
 from kvdiag.model.geometry import Tensor
 
 Route = Literal["streamed", "fallback", "abort", "ordinary"]
@@ -65,6 +66,15 @@ class Fits(Event, tag="fits", frozen=True):
     evaluated: bool = True
     """False when the writer (a fork through kvtrace.h) did not compute the failed conditions:
     ``failed`` is then empty and kvdiag evaluates them from the logged geometry (1.1)."""
+
+    def __post_init__(self) -> None:
+        # A fork names the conditions in its own spelling ("Q->ne[3] == 1"); every reader of
+        # the event sees the canonical names (kvdiag.model.conditions.canonical). msgspec
+        # calls this after decoding too, so the trace reader and the TUI's indexer get it.
+        if self.failed:
+            names = canonical_all(self.failed)
+            if names is not self.failed:
+                msgspec.structs.force_setattr(self, "failed", names)
 
 
 class Write(Event, tag="write", frozen=True):
@@ -268,6 +278,14 @@ class Kernel(Event, tag="kernel", frozen=True):
     dropped: int = 0
 
 
+class Records(Event, tag="records", frozen=True):
+    """More kinds the process can write from now on (1.2): a native writer's shared object
+    loaded after the header line, or a late ``KVTRACE_DECLARE``. They add to the header's
+    ``records`` (kernels/kvtrace.h, kvtrace_12_add_records)."""
+
+    kinds: tuple[str, ...]
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -290,7 +308,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -309,6 +327,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "adapt",
     "telemetry",
     "kernel",
+    "records",
     "end",
 )
 
@@ -335,3 +354,7 @@ class Header(msgspec.Struct, frozen=True, omit_defaults=True):
     scenario: dict[str, Any] = msgspec.field(default_factory=dict)
     plan: dict[str, Any] = msgspec.field(default_factory=dict)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    records: tuple[str, ...] | None = None
+    """What the writer declares it can record (1.2): event kinds, plus ``"kind.field"`` for an
+    optional raw field a kind may carry (``"mark.outside"``). None: not declared (a 1.0/1.1
+    trace, or a writer that does not say), so what is recorded can only be inferred."""

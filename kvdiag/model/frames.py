@@ -6,7 +6,9 @@ import msgspec
 
 
 class Frame(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One frame. ``inlined`` frames share the address of the physical frame they sit in."""
+    """One frame. ``inlined`` frames share the address of the physical frame they sit in;
+    ``unverified`` frames took their function and source from a binary that nothing in the log
+    could check against (``postmortem.binaries``): they may name another build's code."""
 
     index: int
     module: str | None = None
@@ -17,3 +19,4 @@ class Frame(msgspec.Struct, frozen=True, omit_defaults=True):
     line: int | None = None
     inlined: bool = False
     in_app: bool = True
+    unverified: bool = False

@@ -196,9 +196,12 @@ class BinaryUse(msgspec.Struct, frozen=True, omit_defaults=True):
 
     path: str
     origin: Literal["option", "logged-path"]
-    #: why it was trusted: "build-id" (matches the log's), "frames" (the log's symbol+offset
-    #: frames land in the symbols they name), or "unchecked" (the log gives nothing to check)
+    #: why it was trusted: "build-id" (matches the log's), "frames" (the log's frames of its
+    #: module pass the checks of ``postmortem.binaries``), or "unchecked" (nothing in the log
+    #: could be checked: the frames it symbolized are ``unverified``)
     checked_by: Literal["build-id", "frames", "unchecked"] = "unchecked"
+    #: what was checked and what could not be, in words
+    evidence: str = ""
 
 
 class FirstRequest(msgspec.Struct, frozen=True):

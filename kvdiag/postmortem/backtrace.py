@@ -33,6 +33,9 @@ _GLIBC = re.compile(
     r"^(\S[^()\[]*?)?\(([^()+]*?)?(?:\+(0x[0-9a-fA-F]+))?\) ?\[(0x[0-9a-fA-F]+)\]\s*$"
 )
 _GLIBC_BARE = re.compile(r"^\[(0x[0-9a-fA-F]+)\]\s*$")
+# glibc prints ``path[0xADDR]`` when dladdr finds no symbol and the module's load bias is 0 (an
+# executable that is not position independent): the address is then its link-time address
+_GLIBC_NOSYM = re.compile(r"^(\S*/[^()\[]*?)\[(0x[0-9a-fA-F]+)\]\s*$")
 _LLDB = re.compile(
     r"^[* ]*frame #(\d+): (0x[0-9a-fA-F]+)(?: ([^`\s]+)`(.*?))?"
     r"(?: \+ (\d+))?(?: at ([^:]+):(\d+)(?::\d+)?)?(?: \[\w+\])?\s*$"
@@ -238,6 +241,11 @@ def parse_frame(text: str) -> Parsed | None:
         m = _GLIBC_BARE.match(s)
         if m is not None:
             return Parsed("glibc", Frame(index=-1, address=int(m.group(1), 16)), True)
+        m = _GLIBC_NOSYM.match(s)
+        if m is not None:
+            module = m.group(1)
+            return Parsed("glibc", Frame(index=-1, module=module, address=int(m.group(2), 16),
+                                         in_app=is_in_app(None, module)), True)
     if s[0].isdigit():
         m = _MACOS.match(s)
         if m is not None and not m.group(2).startswith("0x"):

@@ -8,14 +8,25 @@ that way: their frames are never in-app and their symbols are in the log already
 Nothing is trusted on its name alone. A binary is refused for its module when:
 
 * its ELF machine differs from the one the log shows (``/x86_64-linux-gnu/`` paths, glibc's
-  ``_avx``/``_evex``/``_erms`` function variants, ``aarch64``/``riscv64`` paths);
+  ``_avx``/``_evex``/``_erms`` function variants, ``aarch64``/``riscv64`` paths) or, when the
+  log shows none, from the machine most of the other binaries are for;
 * the log states a build-id for the module (systemd-coredump) and the binary's differs;
-* otherwise, a frame that names a symbol does not land in it: ``sym+0xOFF`` (glibc) must fall
-  inside ``sym`` in this binary, and a ``function (module + 0xOFF)`` frame (systemd-coredump)
-  inside a symbol of that name;
-* or, on x86-64, most return addresses of the log's frames in this module do not follow a call
-  instruction: another build of the same source usually keeps every offset inside the same
-  function (a larger -O0 function holds any -O1 offset), but not on call boundaries.
+* otherwise, any frame of its module fails one of these:
+
+  - a frame that names a symbol lands in it: ``sym+0xOFF`` (glibc) inside ``sym`` in this
+    binary, a ``function (module + 0xOFF)`` frame (systemd-coredump) inside a symbol of that
+    name, gdb's ``0xADDR in f () from lib`` inside ``f`` at some load address;
+  - all frames of the module imply one load address (absolute address minus link-time
+    address), a multiple of the page size, and none for an executable that is not position
+    independent — another build puts its symbols elsewhere;
+  - every return address follows a call instruction (``callsite``): another build of the same
+    source often keeps an offset inside the same function, seldom on a call boundary, and this
+    is the only check that offset-only frames (``prog(+0x11c7)``) allow.
+
+Frames whose address is a PC (a debugger's innermost frame, the frame a signal interrupted) are
+not return addresses. What could not be checked (a machine without a call decoder, a log with
+no frame that can be placed) is said: such a binary is used as ``unchecked`` and the frames it
+named are marked unverified.
 
 A refused binary leaves its frames raw; the refusal is one ``binary-mismatch`` problem.
 """
@@ -32,8 +43,8 @@ from typing import Literal
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import Backtrace, LogScan
 from kvdiag.postmortem.backtrace import base_name, is_in_app
+from kvdiag.postmortem.callsite import check_return_address
 from kvdiag.postmortem.demangle import demangle
-from kvdiag.postmortem.elfindex import ElfImage
 from kvdiag.postmortem.symbolizer import Module, module_key
 
 #: ELF e_machine values (System V gABI, "Machine" table) and the names users know them by.
@@ -130,140 +141,229 @@ def _belongs(fr: Frame, mod: Module, is_main: bool) -> bool:
     return module_key(fr.module) == module_key(mod.path)
 
 
-def follows_call(image: ElfImage, vaddr: int) -> bool | None:
-    """Whether the x86-64 instruction bytes just before return address ``vaddr`` end in a call
-    (Intel SDM vol. 2, CALL: ``E8 rel32``; ``FF /2`` with a register, ``[reg]``, ``[reg+d8]``,
-    ``[reg+d32]``, ``[rip+d32]`` or SIB operand, with or without a REX prefix). None when it
-    cannot be told (another machine, bytes outside the file)."""
-    if image.machine != 62:
-        return None
-    window = image.code_bytes(vaddr - 8, 8) if vaddr >= 8 else None
-    if window is None:
-        return None
-    if window[-5] == 0xE8:
+#: Frames that are a signal's trampoline: the frame after one is where the signal came, a PC.
+SIGNAL_FRAMES = frozenset({"<signal handler called>", "__restore_rt", "_sigtramp",
+                           "__kernel_rt_sigreturn"})
+#: Forms whose innermost frame is the thread's PC (gdb, lldb and systemd-coredump unwind a
+#: stopped thread; an Android tombstone prints ``pc``), not a return address.
+_PC_FORMS = ("gdb", "lldb", "coredump", "android")
+
+
+def _is_pc(bt: Backtrace, pos: int) -> bool:
+    """Whether frame ``pos`` holds a PC rather than a return address: the innermost frame of a
+    debugger's stack, or the frame a signal interrupted. glibc's ``backtrace_symbols`` prints
+    the sigreturn trampoline (``__restore_rt``, a local symbol) as an unnamed libc frame."""
+    if pos == 0:
+        return bt.form in _PC_FORMS
+    prev = bt.frames[pos - 1]
+    if (prev.function or "") in SIGNAL_FRAMES:
         return True
-    for length in (2, 3, 4, 6, 7):
-        insn = window[-length:]
-        if insn[0] == 0x41 or insn[0] == 0x48:  # REX.B / REX.W prefix
-            insn = insn[1:]
-        if len(insn) < 2 or insn[0] != 0xFF or (insn[1] >> 3) & 7 != 2:
-            continue
-        mod, rm = insn[1] >> 6, insn[1] & 7
-        extra = (1 if rm == 4 and mod != 3 else 0) + {0: 4 if rm == 5 else 0, 1: 1, 2: 4,
-                                                      3: 0}[mod]
-        if len(insn) == 2 + extra:
-            return True
-    return False
-
-
-def _check_frames(scan: LogScan, mod: Module, is_main: bool) -> tuple[str | None, bool]:
-    """``(mismatch, checked)``: the first frame that does not land where it says (or, on
-    x86-64, return addresses that mostly do not follow a call instruction), and whether any
-    frame could be checked at all."""
-    image = mod.image
-    checked = False
-    calls = [0, 0]  # return addresses that follow a call, that do not
-    first_bad: str | None = None
-    for bt, pos, fr in _frames(scan):
-        if not _belongs(fr, mod, is_main):
-            continue
-        ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
-        vaddr: int | None = None
-        if ref is not None:
-            sym, off = ref
-            value = image.symbol_address(sym)
-            if value is None:
-                return f"the log's frame {sym}+0x{off:x} names a symbol it does not have", True
-            at = image.symbol_at(value + off - 1 if off > 0 else value)
-            checked = True
-            if at is None or (at[0] != sym and at[1] != value):
-                where = f"lands in {demangle(at[0])}" if at is not None else "lands in no symbol"
-                return f"the log's frame {sym}+0x{off:x} {where} in it", True
-            vaddr, label = value + off, f"{sym}+0x{off:x}"
-        elif fr.offset is not None and fr.function:
-            vaddr = image.base_vaddr + fr.offset
-            label = f"{fr.function} at offset 0x{fr.offset:x}"
-            at = image.symbol_at(vaddr - 1 if fr.offset > 0 else vaddr)
-            if at is not None:
-                checked = True
-                if base_name(demangle(at[0])) != base_name(fr.function):
-                    return f"the log's frame {label} lands in {demangle(at[0])} in it", True
-        if vaddr is None or (pos == 0 and bt.form in ("gdb", "lldb", "coredump")):
-            continue  # the innermost frame of a debugger's stack is a PC, not a return address
-        after_call = follows_call(image, vaddr)
-        if after_call is None:
-            continue
-        checked = True
-        calls[0 if after_call else 1] += 1
-        if not after_call and first_bad is None:
-            first_bad = label
-    bias_problem = _check_biases(scan, mod, is_main, calls)
-    if bias_problem is not None:
-        return bias_problem, True
-    if calls != [0, 0]:
-        checked = True
-    if calls[1] > calls[0]:
-        return (f"{calls[1]} of {sum(calls)} return addresses in the log's frames (first "
-                f"{first_bad}) do not follow a call instruction in it"), True
-    return None, checked
-
-
-def _check_biases(scan: LogScan, mod: Module, is_main: bool, calls: list[int]) -> str | None:
-    """Frames with a function name and an absolute address only (gdb's ``0xADDR in f () from
-    lib``): one load bias must put every such address inside its named function; with that
-    bias their return addresses count into ``calls`` like the others."""
-    if mod.image.is_exec:
-        return None  # not relocated: addresses are link-time addresses, checked as they are
-    named: list[tuple[Backtrace, int, Frame, set[int]]] = []
-    common: set[int] | None = None
-    for bt, pos, fr in _frames(scan):
-        if (not _belongs(fr, mod, is_main) or fr.address is None or not fr.function
-                or fr.offset is not None or fr.file is not None
-                or (pos < len(bt.symrefs) and bt.symrefs[pos] is not None)):
-            continue
-        if not mod.image.symbols_named(base_name(fr.function)):
-            continue  # a local function a stripped binary has no symbol for
-        found = biases(mod, fr.address, fr.function)
-        if not found:
-            return (f"the log's frame {fr.function} at 0x{fr.address:x} cannot lie inside "
-                    f"{base_name(fr.function)} in it at any load address")
-        common = found if common is None else common & found
-        if not common:
-            return (f"the log's frames of this module (up to {fr.function} at "
-                    f"0x{fr.address:x}) need different load addresses in it")
-        named.append((bt, pos, fr, found))
-    if common is None or len(common) != 1:
-        return None
-    bias = next(iter(common))
-    for bt, pos, fr, _found in named:
-        if pos == 0 and bt.form in ("gdb", "lldb", "coredump"):
-            continue
-        assert fr.address is not None
-        after_call = follows_call(mod.image, fr.address - bias)
-        if after_call is not None:
-            calls[0 if after_call else 1] += 1
-    return None
+    return (bt.form == "glibc" and prev.function is None and prev.module is not None
+            and module_key(prev.module) == "libc")
 
 
 CheckedBy = Literal["build-id", "frames", "unchecked"]
 
 
-def verify(scan: LogScan, mod: Module, is_main: bool,
-           machine: int | None) -> tuple[str | None, CheckedBy]:
-    """``(refusal, checked_by)``: why ``mod`` is not the build the log ran (None when it may
-    be used) and what vouched for it."""
+@dataclass
+class _Placed:
+    """A frame of the module with its link-time address in the binary, once known."""
+
+    bt: Backtrace
+    pos: int
+    fr: Frame
+    label: str
+    vaddr: int | None
+
+
+@dataclass
+class Verdict:
+    """What ``verify`` found: ``refusal`` (None when the binary may be used), what vouched for
+    it, a line saying what was checked (and what could not be), and how many of the log's
+    frames are in its module."""
+
+    refusal: str | None
+    checked_by: CheckedBy
+    evidence: str = ""
+    frames: int = 0
+    #: return addresses that follow a call as this binary's machine decodes it
+    calls: int = 0
+
+
+class _Mismatch(Exception):
+    """A check failed; the message is the reason."""
+
+
+class _FrameChecks:
+    """The checks of one binary against the log's frames of its module (see the module
+    docstring); each failure raises ``_Mismatch``."""
+
+    def __init__(self, mod: Module, placed: list[_Placed]) -> None:
+        self.image = mod.image
+        self.mod = mod
+        self.placed = placed
+        self.named = 0
+        #: (load bias, label, whether the bias depends on the binary)
+        self.exact: list[tuple[int, str, bool]] = []
+        self.ranged: list[tuple[set[int], str]] = []
+        self.calls = 0
+        self.undecoded = False
+
+    def run(self) -> str:
+        for p in self.placed:
+            self._place(p)
+        self._biases()
+        for p in self.placed:
+            self._returns(p)
+        return self._evidence()
+
+    def _lands_in(self, p: _Placed, vaddr: int, name: str, exact_name: bool) -> None:
+        at = self.image.symbol_at(vaddr)
+        if exact_name:
+            value = self.image.symbol_address(name)
+            ok = at is not None and (at[0] == name or at[1] == value)
+        else:
+            ok = at is not None and base_name(demangle(at[0])) == base_name(name)
+            if at is None and not self.image.symbols_named(base_name(name)):
+                return  # a local function a stripped binary keeps no symbol for
+        if not ok:
+            where = f"lands in {demangle(at[0])}" if at is not None else "lands in no function"
+            raise _Mismatch(f"the log's frame {p.label} {where} in it")
+        self.named += 1
+
+    def _place(self, p: _Placed) -> None:
+        image, bt, pos, fr = self.image, p.bt, p.pos, p.fr
+        ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
+        pc_adjust = 0 if _is_pc(bt, pos) else 1
+        if ref is not None:
+            sym, off = ref
+            value = image.symbol_address(sym)
+            p.label = f"{sym}+0x{off:x}"
+            if value is None:
+                raise _Mismatch(f"the log's frame {p.label} names a symbol it does not have")
+            p.vaddr = value + off
+            self._lands_in(p, p.vaddr - pc_adjust if off > 0 else p.vaddr, sym, True)
+            if fr.address is not None:
+                self.exact.append((fr.address - p.vaddr, p.label, True))
+        elif fr.offset is not None:
+            p.vaddr = image.base_vaddr + fr.offset
+            p.label = (f"{fr.function} at offset 0x{fr.offset:x}" if fr.function else
+                       f"{os.path.basename(fr.module or '')}+0x{fr.offset:x}")
+            if fr.function:
+                self._lands_in(p, p.vaddr - pc_adjust if fr.offset > 0 else p.vaddr,
+                               fr.function, False)
+            if fr.address is not None:
+                self.exact.append((fr.address - p.vaddr, p.label, False))
+        elif fr.address is not None:
+            p.label = f"{fr.function or '??'} at 0x{fr.address:x}"
+            if image.is_exec:  # not relocated: the log's addresses are link-time addresses
+                p.vaddr = fr.address
+                if fr.function:
+                    self._lands_in(p, p.vaddr - pc_adjust, fr.function, False)
+            elif fr.function and image.symbols_named(base_name(fr.function)):
+                found = biases(self.mod, fr.address + 1 - pc_adjust, fr.function)
+                if not found:
+                    raise _Mismatch(f"the log's frame {p.label} cannot lie inside "
+                                    f"{base_name(fr.function)} in it at any load address")
+                self.ranged.append((found, p.label))
+
+    def _biases(self) -> None:
+        """One load bias for the module: every frame with an absolute address and a link-time
+        address implies one, it is a multiple of the page size (glibc ``_dl_map_segments``
+        maps at page boundaries) and 0 for an executable that is not position independent."""
+        exact = {bias for bias, _label, _dep in self.exact}
+        for bias, label, _dep in self.exact:
+            if self.image.is_exec and bias != 0:
+                raise _Mismatch("it is not position independent, so it runs at its link "
+                                f"addresses, yet the log's frame {label} implies a load offset "
+                                f"of {bias:+#x}")
+            if bias % PAGE:
+                raise _Mismatch(f"the log's frame {label} puts its load address at {bias:#x}, "
+                                "which is not a page boundary as every load address is")
+        if len(exact) > 1:
+            b1, l1, _ = self.exact[0]
+            b2, l2, _ = next(e for e in self.exact if e[0] != b1)
+            raise _Mismatch(f"the log's frames {l1} and {l2} put it at different load "
+                            f"addresses ({b1:#x} and {b2:#x})")
+        common: set[int] | None = set(exact) if exact else None
+        for found, label in self.ranged:
+            common = found if common is None else common & found
+            if not common:
+                raise _Mismatch(f"the log's frames of this module (up to {label}) need "
+                                "different load addresses in it")
+        if common is None or len(common) != 1:
+            return
+        bias = next(iter(common))
+        for p in self.placed:
+            if p.vaddr is None and p.fr.address is not None:
+                p.vaddr = p.fr.address - bias
+
+    def _returns(self, p: _Placed) -> None:
+        if p.vaddr is None:
+            return
+        if _is_pc(p.bt, p.pos):
+            if self.image.code and not self.image.in_code(p.vaddr):
+                raise _Mismatch(f"the log's frame {p.label} is at 0x{p.vaddr:x} in it, "
+                                "outside its executable code")
+            return
+        result = check_return_address(self.image, p.vaddr)
+        if result == "call":
+            self.calls += 1
+            return
+        if result == "unknown":
+            self.undecoded = True
+            return
+        why = {"no-call": "where no call instruction ends",
+               "outside-code": "outside its executable code",
+               "misaligned": "where no instruction of "
+                             f"{MACHINES.get(self.image.machine, 'its machine')} can end"}[result]
+        raise _Mismatch(f"the log's frame {p.label} returns to 0x{p.vaddr:x} in it, {why}")
+
+    def _evidence(self) -> str:
+        said: list[str] = []
+        if self.named:
+            said.append(f"{self.named} frame(s) land in the functions they name")
+        tied = sum(1 for _b, _l, dep in self.exact if dep)
+        if tied and not self.image.is_exec:
+            said.append(f"{len(self.exact)} frame(s) agree on one page-aligned load address")
+        if self.calls:
+            said.append(f"{self.calls} return address(es) follow a call instruction")
+        if self.undecoded:
+            name = MACHINES.get(self.image.machine, f"machine {self.image.machine}")
+            said.append(f"return addresses not checked (no call decoder for {name})")
+        return "; ".join(said)
+
+    @property
+    def checked(self) -> bool:
+        tied = any(dep for _b, _l, dep in self.exact)
+        return bool(self.named or self.calls or (tied and not self.image.is_exec))
+
+
+def machine_name(machine: int) -> str:
+    return MACHINES.get(machine, f"machine {machine}")
+
+
+def verify(scan: LogScan, mod: Module, is_main: bool, machine: int | None,
+           machine_from: str = "the log comes from") -> Verdict:
+    """Whether ``mod`` is the build the log ran: its ELF machine against ``machine`` (what the
+    log shows, or the other binaries' machine: ``machine_from`` says which), the build-id the
+    log states, else the frames of its module (the module docstring lists the checks)."""
     image = mod.image
+    frames = [(bt, pos, fr) for bt, pos, fr in _frames(scan) if _belongs(fr, mod, is_main)]
     if machine is not None and image.machine != machine:
-        have = MACHINES.get(image.machine, f"machine {image.machine}")
-        want = MACHINES.get(machine, f"machine {machine}")
-        return f"it is an ELF for {have}, the log comes from {want}", "unchecked"
+        return Verdict(f"it is an ELF for {machine_name(image.machine)}, {machine_from} "
+                       f"{machine_name(machine)}", "unchecked", frames=len(frames))
     stated = {bid for name, bid in scan.build_ids if module_key(name) == module_key(mod.path)}
     if stated and image.build_id:
         if image.build_id in stated:
-            return None, "build-id"
-        return (f"its build-id {image.build_id[:16]}… is not the log's "
-                f"{sorted(stated)[0][:16]}…"), "build-id"
-    mismatch, checked = _check_frames(scan, mod, is_main)
-    if mismatch is not None:
-        return mismatch, "frames"
-    return None, "frames" if checked else "unchecked"
+            return Verdict(None, "build-id", "its build-id is the one the log states",
+                           len(frames))
+        return Verdict(f"its build-id {image.build_id[:16]}… is not the log's "
+                       f"{sorted(stated)[0][:16]}…", "build-id", frames=len(frames))
+    checks = _FrameChecks(mod, [_Placed(bt, pos, fr, "", None) for bt, pos, fr in frames])
+    try:
+        evidence = checks.run()
+    except _Mismatch as exc:
+        return Verdict(str(exc), "frames", frames=len(frames))
+    return Verdict(None, "frames" if checks.checked else "unchecked", evidence, len(frames),
+                   checks.calls)

@@ -94,6 +94,7 @@ def explain(exc: BaseException) -> str:
 
 _SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
 _PT_LOAD, _PT_INTERP = 1, 3
+_PF_X = 1
 MAX_SECTIONS = 100_000
 
 
@@ -171,6 +172,8 @@ class ElfImage:
         loads: list[int] = []
         #: PT_LOAD segments as (p_vaddr, p_offset, p_filesz)
         self.segments: list[tuple[int, int, int]] = []
+        #: PT_LOAD segments with PF_X, as (p_vaddr, p_vaddr + p_memsz)
+        self.code: list[tuple[int, int]] = []
         self.has_interp = False
         if phoff and phentsize >= struct.calcsize(ph_fmt) and phnum <= MAX_SECTIONS:
             for i in range(phnum):
@@ -181,7 +184,10 @@ class ElfImage:
                 if p_type == _PT_LOAD:
                     loads.append(vaddr & ~(max(align, 1) - 1))
                     p_offset, p_filesz = (ph[2], ph[5]) if wide else (ph[1], ph[4])
+                    p_memsz, p_flags = (ph[6], ph[1]) if wide else (ph[5], ph[6])
                     self.segments.append((vaddr, p_offset, p_filesz))
+                    if p_flags & _PF_X:
+                        self.code.append((vaddr, vaddr + p_memsz))
                 elif p_type == _PT_INTERP:
                     self.has_interp = True
         self.base_vaddr = min(loads) if loads else 0
@@ -193,6 +199,10 @@ class ElfImage:
             if seg_vaddr <= vaddr and vaddr + size <= seg_vaddr + seg_size:
                 return self._read(seg_off + vaddr - seg_vaddr, size)
         return None
+
+    def in_code(self, vaddr: int) -> bool:
+        """Whether link-time address ``vaddr`` lies in an executable (``PF_X``) segment."""
+        return any(lo <= vaddr < hi for lo, hi in self.code)
 
     def section_data(self, name: str) -> bytes | None:
         sec = self.sections.get(name)

@@ -69,19 +69,57 @@ def header_table(path: str, header: Header) -> Table:
     pool = [f"{pages} pages" if pages is not None else None,
             (f"of {page_bytes} B" if pages is not None else f"page {page_bytes} B")
             if page_bytes is not None else None]
-    split = [f"{known('resident_pages_per_layer')} resident/layer"
-             if known("resident_pages_per_layer") is not None else None,
+    split = [_resident_text(cfg, plan) if known("resident_pages_per_layer") is not None
+             else None,
              f"{known('ring_slots')} ring slots" if known("ring_slots") is not None else None]
     if any(pool + split):
         head = " ".join(p for p in pool if p)
         tail = " + ".join(p for p in split if p)
-        t.add_row("pool", f"{head}: {tail}" if head and tail else head or tail)
+        t.add_row("pool", (f"{head}: {tail}" if head and tail else head or tail)
+                  + _pool_mismatch(cfg, plan))
     return t
 
 
 def _classes(c: dict[str, int]) -> str:
     text = f"exact {c['exact']}, stale {c['stale']}, foreign {c['foreign']}"
     return text + (f", not judged {c['not_judged']}" if c.get("not_judged") else "")
+
+
+def _int(cfg: dict[str, Any], plan: dict[str, Any], key: str) -> int | None:
+    for src in (plan, cfg):
+        value = src.get(key)
+        if type(value) is int:
+            return value
+    return None
+
+
+def _resident_text(cfg: dict[str, Any], plan: dict[str, Any]) -> str:
+    """``resident_pages_per_layer`` is the pool slots one streamed layer owns, every stream's
+    together (the constructor's step 4, brief §1.4); the per-stream layout splits them evenly,
+    so each (layer, stream) view has a window of that / n_stream pages (brief §1.5;
+    kvdiag/kvstream/resident.py ``window``; docs/trace-format.md, "Header")."""
+    value = plan.get("resident_pages_per_layer", cfg.get("resident_pages_per_layer"))
+    text = f"{cap_value(value, 100)} resident/layer"
+    per, n_stream = _int(cfg, plan, "resident_pages_per_layer"), _int(cfg, plan, "n_stream")
+    layout = cfg.get("layout", plan.get("layout"))
+    if layout == "per-stream" and per is not None and n_stream is not None and n_stream > 1:
+        text += f" ({per // n_stream} per stream)"
+    return text
+
+
+def _pool_mismatch(cfg: dict[str, Any], plan: dict[str, Any]) -> str:
+    """Says when the plan's pool numbers do not add up: pool_pages = streamed layers ×
+    resident_pages_per_layer + ring_slots (brief §1.4, step 5), e.g. a writer that gave the
+    per-stream window as resident_pages_per_layer."""
+    pool, per = _int(cfg, plan, "pool_pages"), _int(cfg, plan, "resident_pages_per_layer")
+    ring = _int(cfg, plan, "ring_slots")
+    layers = _int(cfg, plan, "streamed_layers") or _int(cfg, plan, "layers")
+    if pool is None or per is None or ring is None or layers is None or \
+            layers * per + ring == pool:
+        return ""
+    return (f" (does not add up: {layers} layers × {per} + {ring} = {layers * per + ring} ≠ "
+            f"{pool} pool pages; resident_pages_per_layer counts the slots of all streams of a "
+            "layer)")
 
 
 def residency_table(summary: dict[str, Any]) -> Table:

@@ -1,5 +1,5 @@
-"""``kvdiag check`` output in each ``--format``: text (rich on a terminal, natural width
-elsewhere), JSON, Markdown, SARIF 2.1.0 and JUnit XML."""
+"""``kvdiag check`` output in each ``--format``: text (rich on a terminal, a readable width
+elsewhere: ``report.console``), JSON, Markdown, SARIF 2.1.0 and JUnit XML."""
 
 from __future__ import annotations
 

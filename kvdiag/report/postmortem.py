@@ -52,6 +52,7 @@ def frame_to_json(fr: Frame) -> dict[str, Any]:
         "index": fr.index, "module": fr.module, "offset": _hex(fr.offset),
         "address": _hex(fr.address), "function": fr.function, "file": fr.file,
         "line": fr.line, "inlined": fr.inlined, "in_app": fr.in_app,
+        "unverified": fr.unverified,
     }
 
 
@@ -98,7 +99,8 @@ def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, 
         "slots": [slot_to_json(e) for e in scan.slot_events_tail],
         "findings": findings_to_json(findings),
         "problems": [msgspec.to_builtins(p) for p in scan.problems],
-        "binaries": [msgspec.to_builtins(b) for b in scan.binaries],
+        "binaries": [{"path": b.path, "origin": b.origin, "checked_by": b.checked_by,
+                      "evidence": b.evidence} for b in scan.binaries],
     }
 
 
@@ -160,9 +162,7 @@ def backtrace_table(frames: Sequence[Frame], *, full_paths: bool = False) -> Tab
     table.add_column("module / address", ratio=2, overflow="fold")
     for fr in frames:
         style = "bold" if fr.in_app else "dim"
-        name = fr.function or "??"
-        if fr.inlined:
-            name = f"(inlined) {name}"
+        name = frame_name(fr)
         src = f"{fr.file if full_paths else _short_path(fr.file, 1)}:{fr.line}" if fr.file else ""
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
@@ -207,12 +207,29 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
     return Group(*parts)
 
 
+def frame_name(fr: Frame) -> str:
+    """The function column: ``??`` when unknown, ``(inlined)`` before an inlined one, and
+    ``[unverified]`` after a name a binary gave that the log could not check."""
+    name = fr.function or "??"
+    if fr.inlined:
+        name = f"(inlined) {name}"
+    if fr.unverified:
+        name += " [unverified]"
+    return name
+
+
 def binary_line(use: BinaryUse) -> str:
     """One line saying which file the frames were symbolized with and why it was trusted."""
     where = "found at the logged path" if use.origin == "logged-path" else "(--binary)"
-    why = {"build-id": "build-id matches the log", "frames": "the log's frames match it",
-           "unchecked": "nothing in the log to check it against"}[use.checked_by]
-    return f"symbolized with {use.path} {where}; {why}"
+    if use.checked_by == "unchecked":
+        said = f" ({use.evidence})" if use.evidence else ""
+        return (f"UNVERIFIED: symbolized with {use.path} {where}, but nothing in the log could "
+                f"check that it is the build that ran{said}; the names marked [unverified] "
+                "may be another build's")
+    why = {"build-id": "build-id matches the log",
+           "frames": "the log's frames match it"}[use.checked_by]
+    said = f" ({use.evidence})" if use.evidence else ""
+    return f"symbolized with {use.path} {where}; {why}{said}"
 
 
 def postmortem_renderable(scan: LogScan, findings: Sequence[Finding], *,
@@ -232,7 +249,8 @@ def postmortem_renderable(scan: LogScan, findings: Sequence[Finding], *,
         parts.append(crash_renderable(group[-1], i, len(group), len(groups),
                                       full_paths=full_paths))
     for b in scan.binaries:
-        parts.append(Text(binary_line(b), style="dim"))
+        parts.append(Text(binary_line(b), style="yellow" if b.checked_by == "unchecked"
+                          else "dim"))
     parts.append(findings_table(findings))
     for p in scan.problems:
         loc = f"{p.source}:{p.line}" if p.line is not None else p.source

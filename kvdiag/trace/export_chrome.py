@@ -229,6 +229,10 @@ class ChromeExporter:
                             isinstance(value, int | float):
                         out.append({"ph": "C", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                                     "ts": ts, "name": name, "args": {name: value}})
+            case ev.Records():
+                out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
+                            "ts": ts, "cat": "records",
+                            "name": _name("records + " + ", ".join(event.kinds)), "args": args})
             case ev.End():
                 self._close((RUNTIME_PID, UBATCH_TID), ts, out, float("inf"))
                 reason = f": {_name(event.reason)}" if event.reason else ""

@@ -154,6 +154,8 @@ def describe(event: object) -> tuple[str, str]:
             if event.sm_clock_mhz is not None:
                 parts.append(f"SM {event.sm_clock_mhz} MHz")
             return " ".join(parts) or "(no fields)", ""
+        case ev.Records():
+            return "now also records " + _listed(list(event.kinds), "kinds"), ""
         case ev.End():
             return f"{event.status}: {event.steps} steps, {event.events} events", (
                 "" if event.status == "completed" else "abort")

@@ -62,32 +62,64 @@ def _operand_rows(event: ev.Fits) -> list[tuple[str, Tensor]]:
 
 
 def operands_table(event: ev.Fits, styles: FitsStyles) -> Table:
+    """One row per operand: its name, type and ``ne``/``nb`` as lists with the elements a
+    failed condition tests marked. The lists wrap between elements and the name between
+    words when the pane is narrow, so no number is ever cut (a stride is often 8-11 digits)."""
+    marked = _marked(event)
+    table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
+    table.add_column("", no_wrap=True)
+    table.add_column("name", overflow="fold", max_width=28)
+    table.add_column("type", no_wrap=True)
+    table.add_column("ne", overflow="fold")
+    table.add_column("nb (bytes)", overflow="fold")
+    for op, t in _operand_rows(event):
+        # an imported log leaves what it did not print as "" and zeros (docs/log-import.md)
+        table.add_row(
+            Text(op, style=styles.heading), t.name,
+            _cell(marked, styles, op, "type", -1, t.type or "?"),
+            _dims(marked, styles, op, "ne", t.ne), _dims(marked, styles, op, "nb", t.nb))
+    return table
+
+
+def placement_table(event: ev.Fits, styles: FitsStyles) -> Table:
+    """Where each operand lives: data pointer, buffer type, runtime id, contiguity."""
+    marked = _marked(event)
+    table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
+    table.add_column("", no_wrap=True)
+    for col in ("data", "buffer", "runtime", "contig"):
+        table.add_column(col, overflow="fold")
+    for op, t in _operand_rows(event):
+        table.add_row(
+            Text(op, style=styles.heading), ptr(t.data) if t.data else "-", t.buffer or "-",
+            _cell(marked, styles, op, "runtime", -1, "-" if t.runtime is None else (
+                str(t.runtime) if t.runtime < 1 << 16 else ptr(t.runtime))),
+            _cell(marked, styles, op, "contiguous", -1, "yes" if t.contiguous else "no"))
+    return table
+
+
+def _marked(event: ev.Fits) -> set[Cell]:
     marked: set[Cell] = set()
     for cond in event.failed:
         marked |= condition_cells(cond)
-    table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
-    for col in ("", "name", "type", "ne[0]", "ne[1]", "ne[2]", "ne[3]", "nb[0]", "nb[1]",
-                "nb[2]", "nb[3]", "data", "buffer", "runtime", "contig"):
-        table.add_column(col, justify="right" if col.startswith(("ne", "nb")) else "left",
-                         no_wrap=True)
+    return marked
 
-    def cell(op: str, field: str, dim: int, text: str) -> Text:
-        return Text(text, style=styles.failed if (op, field, dim) in marked else "")
 
-    for op, t in _operand_rows(event):
-        # an imported log leaves what it did not print as "" and zeros (docs/log-import.md)
-        ne = ["?"] * 4 if t.ne == _UNKNOWN else [str(n) for n in t.ne]
-        nb = ["?"] * 4 if t.nb == _UNKNOWN else [str(n) for n in t.nb]
-        table.add_row(
-            Text(op, style=styles.heading), t.name[:28], cell(op, "type", -1, t.type or "?"),
-            *(cell(op, "ne", i, ne[i]) for i in range(4)),
-            *(cell(op, "nb", i, nb[i]) for i in range(4)),
-            ptr(t.data) if t.data else "-", t.buffer or "-",
-            cell(op, "runtime", -1, "-" if t.runtime is None else (
-                str(t.runtime) if t.runtime < 1 << 16 else ptr(t.runtime))),
-            cell(op, "contiguous", -1, "yes" if t.contiguous else "no"),
-        )
-    return table
+def _cell(marked: set[Cell], styles: FitsStyles, op: str, name: str, dim: int,
+          text: str) -> Text:
+    return Text(text, style=styles.failed if (op, name, dim) in marked else "")
+
+
+def _dims(marked: set[Cell], styles: FitsStyles, op: str, name: str,
+          values: tuple[int, ...]) -> Text:
+    """``[256, 256, 24, 2]`` with the tested elements marked; ``?`` for what was not logged."""
+    shown = ["?"] * 4 if values == _UNKNOWN else [str(v) for v in values]
+    text = Text("[")
+    for i, v in enumerate(shown):
+        if i:
+            text.append(", ")
+        text.append_text(_cell(marked, styles, op, name, i, v))
+    text.append("]")
+    return text
 
 
 def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableType:
@@ -104,7 +136,8 @@ def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableT
     stage = Text(f"stage_bytes {event.stage_bytes}",
                  style=st.failed if any(c.startswith("block_tokens") for c in event.failed)
                  else st.dim)
-    parts: list[RenderableType] = [head, stage, operands_table(event, st)]
+    parts: list[RenderableType] = [head, stage, operands_table(event, st), Text(),
+                                   placement_table(event, st)]
     if not event.evaluated and not event.failed:
         parts.append(Text("conditions not evaluated: the writer recorded only that fits() was "
                           "false (an imported log line does not say which condition failed; "

@@ -17,6 +17,8 @@ class Column:
     width: int
     """Cells; 0 takes the width left over."""
     justify: Literal["left", "right"] = "left"
+    keep: Literal["start", "end"] = "start"
+    """Which end of a cell too long for the column stays: a path keeps its end (the file)."""
 
 
 class RowSource(Protocol):

@@ -16,28 +16,49 @@ from rich.text import Text
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
-from kvdiag.report.postmortem import boot_for, config_table
+from kvdiag.report.postmortem import binary_line, boot_for, config_table
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
 
 
-def status_text(doc: Document, index: int, total: int) -> str:
-    files = f" ({index + 1}/{total}, o: other file)" if total > 1 else ""
-    head = f"{doc.name}{files}"
+def status_text(doc: Document, index: int, total: int, width: int | None = None) -> str:
+    """What the status line says about ``doc``; within ``width`` characters when given: the
+    counts stay, the file hint shortens to ``i/n`` and the file name loses its middle (the
+    Overview shows it whole)."""
+    facts = _status_facts(doc)
+    long = f"{doc.name}{f' ({index + 1}/{total}, o: other file)' if total > 1 else ''}"
+    text = " · ".join([long, *facts])
+    if width is None or len(text) <= width:
+        return text
+    where = f" {index + 1}/{total}" if total > 1 else ""
+    rest = " · ".join(["", *facts]) if facts else ""
+    room = max(8, width - len(where) - len(rest))
+    return f"{middle_cut(doc.name, room)}{where}{rest}"
+
+
+def _status_facts(doc: Document) -> list[str]:
     if isinstance(doc, PendingDoc):
-        return f"{head} · {doc.message}"
+        return [doc.message]
     if isinstance(doc, ErrorDoc):
-        return f"{head} · error"
+        return ["error"]
     if isinstance(doc, LogDoc):
-        return (f"{head} · log · {doc.index.n:,} lines · {len(doc.scan.crashes)} crash(es) · "
-                f"{len(doc.findings)} finding(s)")
+        return ["log", f"{doc.index.n:,} lines", f"{len(doc.scan.crashes)} crash(es)",
+                f"{len(doc.findings)} finding(s)"]
     n = doc.index.n
     if doc.stage == "indexing":
-        return f"{head} · trace · indexing {doc.progress:.0%} ({n:,} events so far)"
+        return ["trace", f"indexing {doc.progress:.0%} ({n:,} events so far)"]
     steps = doc.index.last_step + 1
     if doc.stage == "analysing":
-        return f"{head} · trace · {n:,} events, {steps:,} steps · analysing {doc.progress:.0%}"
-    return (f"{head} · trace · {n:,} events, {steps:,} steps · "
-            f"{len(doc.findings)} finding(s)")
+        return ["trace", f"{n:,} events, {steps:,} steps", f"analysing {doc.progress:.0%}"]
+    return ["trace", f"{n:,} events, {steps:,} steps", f"{len(doc.findings)} finding(s)"]
+
+
+def middle_cut(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, its middle replaced by ``…`` when it is longer (the
+    start and the end of a file name or a path say the most)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (width - 1 - head):]}"
 
 
 def unavailable(doc: Document) -> str | None:
@@ -64,7 +85,7 @@ def findings_list(findings: Sequence[Finding], limit: int = 12) -> Table:
     table = Table(box=None, show_header=False, pad_edge=False, expand=True)
     table.add_column("severity", no_wrap=True, width=9)
     table.add_column("rule", no_wrap=True, width=32)
-    table.add_column("title", ratio=1)
+    table.add_column("title", ratio=1, overflow="fold")  # a long assert text wraps, uncut
     for f in sorted(findings, key=lambda f: -int(f.severity))[:limit]:
         table.add_row(Text(f.severity.label, style=SEVERITY_STYLE[f.severity]), f.rule, f.title)
     if len(findings) > limit:
@@ -154,6 +175,9 @@ def _log_overview(doc: LogDoc) -> RenderableType:
                 c.error.message if c.error else (c.signal.signal if c.signal else ""))
             parts.append(Text(f"line {c.where.line}: {c.kind}: {what}  [{c.fingerprint}]",
                               style="red"))
+    for b in scan.binaries:
+        parts.append(Text(binary_line(b), style="yellow" if b.checked_by == "unchecked"
+                          else "dim"))
     parts.append(_section("Findings"))
     parts.append(severity_counts(doc.findings))
     parts.append(findings_list(doc.findings))

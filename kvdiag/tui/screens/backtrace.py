@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,6 +16,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from kvdiag.model.frames import Frame
+from kvdiag.report.postmortem import frame_name
 from kvdiag.tui.crashes import CrashView, from_abort, from_crash, group, resolve_source, snippet
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.messages import RowHighlighted
@@ -22,11 +25,31 @@ from kvdiag.tui.navigation import Target
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
-SOURCE_WIDTH = 36
-FRAME_COLUMNS = (Column("#", 3, "right"), Column("function", 0), Column("source", SOURCE_WIDTH),
-                 Column("module / address", 34))
+MODULE_WIDTH = 44
+"""At most this many cells for ``module / address`` (a versioned library name, an address)."""
+MIN_SOURCE = 16
+
+
+def frame_columns(frames: Sequence[Frame], width: int) -> tuple[Column, ...]:
+    """Columns for ``frames`` in a table ``width`` cells wide: each as wide as its longest
+    cell where that fits. Otherwise module/address gets up to half the width (at most
+    ``MODULE_WIDTH``), the function what it needs, and the source (which keeps its end: the
+    file and line) the rest but at least a third of it; the function column fills what is
+    left. What a column cuts, the detail line under the table shows whole."""
+    rows = [FrameRows.cells(fr) for fr in frames]
+    longest = [max((len(r[k]) for r in rows), default=0) for k in range(4)]
+    index_w = max(2, longest[0])
+    module_w = max(len("module / address") // 2,
+                   min(longest[3], MODULE_WIDTH, max(16, width // 2 - 4)))
+    rest = width - index_w - module_w - 4  # one space after each column
+    source_w = longest[2] if longest[1] + longest[2] <= rest else min(
+        longest[2], max(MIN_SOURCE, rest // 3, rest - longest[1]))
+    return (Column("#", index_w, "right"), Column("function", 0),
+            Column("source", max(len("source"), source_w), keep="end"),
+            Column("module / address", module_w))
 
 
 class FrameRows:
@@ -36,21 +59,21 @@ class FrameRows:
     def __len__(self) -> int:
         return len(self.view.frames)
 
-    def row(self, i: int) -> tuple[Cells, str]:
-        fr = self.view.frames[i]
-        name = fr.function or "??"
-        if fr.inlined:
-            name = f"(inlined) {name}"
+    @staticmethod
+    def cells(fr: Frame) -> list[str]:
+        """``#``, function, ``file:line`` and module/address of a frame, whole."""
         src = f"{fr.file}:{fr.line}" if fr.file else ""
-        if len(src) > SOURCE_WIDTH:
-            src = "…" + src[-(SOURCE_WIDTH - 1):]
         # the library's name says which one; its build path only eats the column
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
         elif fr.address is not None:
             where = f"{where} 0x{fr.address:x}".strip()
-        return [str(fr.index), name, src, where], "inapp" if fr.in_app else "system"
+        return [str(fr.index), frame_name(fr), src, where]
+
+    def row(self, i: int) -> tuple[Cells, str]:
+        fr = self.view.frames[i]
+        return self.cells(fr), "inapp" if fr.in_app else "system"
 
 
 class SourcePane(Static):
@@ -83,6 +106,9 @@ class SourcePane(Static):
 class BacktraceScreen(KvScreen):
     MODE = "backtrace"
     AUTO_FOCUS = "#frames"
+    # narrow: the crash list goes above the frames; short: smaller head and source panes
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # noqa: RUF012 (textual's type)
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "group(1)", "Next crash"),
         Binding("C", "group(-1)", "Prev crash", key_display="C", show=False),
@@ -100,8 +126,10 @@ class BacktraceScreen(KvScreen):
         with Horizontal(id="bt-main"):
             yield OptionList(id="crash-groups")
             with Vertical(id="bt-right"):
-                yield Static(id="crash-head")
-                yield VirtualTable(FRAME_COLUMNS, id="frames", min_fill=24)
+                with VerticalScroll(id="crash-head-scroll"):
+                    yield Static(id="crash-head")
+                yield VirtualTable(frame_columns((), 80), id="frames", min_fill=16)
+                yield RowDetail(id="frame-detail")
                 with VerticalScroll(id="source-scroll"):
                     yield SourcePane(id="source")
 
@@ -117,22 +145,35 @@ class BacktraceScreen(KvScreen):
         else:
             views = []
         self.groups = group(views)
-        options = self.query_one("#crash-groups", OptionList)
-        options.clear_options()
-        for g in self.groups:
-            head = g[0]
-            label = Text(f"{head.kind}", style="bold red")
-            label.append(f" ×{len(g)}" if len(g) > 1 else "")
-            label.append(f"\n{head.title[:60]}\n")
-            label.append(f"{head.fingerprint}", style="dim")
-            options.add_option(Option(label))
+        self._group_labels()
+        # a single crash needs no list: its room goes to the frames
+        self.set_class(len(self.groups) <= 1, "-single")
         if not self.groups:
             self._empty(doc)
             return
         self.group_i = min(self.group_i, len(self.groups) - 1) if old is not None else 0
         self.occ_i = 0
-        options.highlighted = self.group_i
+        self.query_one("#crash-groups", OptionList).highlighted = self.group_i
         self._show()
+
+    def _group_labels(self) -> None:
+        """One option per crash group: kind, count and fingerprint, then the title, each on
+        one line cut at the list's edge (the crash head repeats the title whole)."""
+        options = self.query_one("#crash-groups", OptionList)
+        width = max(8, (options.scrollable_content_region.width or 30) - 2)
+        highlighted = options.highlighted
+        options.clear_options()
+        for g in self.groups:
+            head = g[0]
+            label = Text(f"{head.kind}", style="bold red")
+            label.append(f" ×{len(g)}" if len(g) > 1 else "")
+            label.append(f"  {head.fingerprint}", style="dim")
+            label.truncate(width, overflow="ellipsis")
+            title = Text(head.title.splitlines()[0] if head.title else "")
+            title.truncate(width, overflow="ellipsis")
+            options.add_option(Option(Text("\n").join([label, title])))
+        if highlighted is not None and highlighted < len(self.groups):
+            options.highlighted = highlighted
 
     def _empty(self, doc: Document) -> None:
         if isinstance(doc, TraceDoc) and doc.digest is None:
@@ -145,6 +186,7 @@ class BacktraceScreen(KvScreen):
             text = unavailable(doc) or ""
         self.query_one("#crash-head", Static).update(text)
         self.frames_table.set_source(FrameRows(CrashView(0, "", "", (), (), "", "", None)))
+        self.query_one("#frame-detail", RowDetail).show([])
         self.query_one("#source", SourcePane).update("")
 
     @property
@@ -179,6 +221,24 @@ class BacktraceScreen(KvScreen):
         first_app = next((i for i, f in enumerate(view.frames) if f.in_app and f.function), 0)
         self.frames_table.set_source(rows, cursor=first_app)
         self._source()
+        self.call_after_refresh(self.refit)
+
+    def _fit_columns(self) -> None:
+        view = self.view
+        table = self.frames_table
+        # the vertical scrollbar may come and go with the rows: leave its two cells free
+        width = (table.size.width or self.size.width) - 2
+        table.columns = frame_columns(view.frames if view is not None else (), width)
+        table.invalidate()
+
+    def refit(self) -> None:
+        """Column widths and list labels for the laid-out widths, then the detail line."""
+        if self.view is not None:
+            self._fit_columns()
+            self.frames_table.set_source(self.frames_table.source)
+        if self.groups:
+            self._group_labels()
+        self.query_one("#frame-detail", RowDetail).follow(self.frames_table)
 
     def _bases(self) -> list[Path]:
         doc = self.doc
@@ -201,6 +261,7 @@ class BacktraceScreen(KvScreen):
 
     @on(RowHighlighted, "#frames")
     def frame_highlighted(self, message: RowHighlighted) -> None:
+        self.query_one("#frame-detail", RowDetail).follow(self.frames_table)
         self._source()
 
     @on(OptionList.OptionHighlighted, "#crash-groups")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Static
@@ -38,6 +39,22 @@ class KvScreen(Screen[None]):
     def compose_body(self) -> ComposeResult:
         yield from ()
 
+    def _status(self) -> None:
+        """The status line, fitted to the screen's width (its padding takes two columns)."""
+        app = self.kv
+        title = f"{TITLES[self.MODE]}  ·  "
+        width = self.size.width - 2 - len(title) if self.size.width else None
+        self.query_one("#status", Static).update(
+            title + status_text(app.doc, app.current, len(app.docs), width), layout=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.is_mounted:
+            self._status()
+            self.call_after_refresh(self.refit)
+
+    def refit(self) -> None:
+        """After a resize, once laid out: redo what depends on widths (detail lines)."""
+
     def on_mount(self) -> None:
         self.sync()
 
@@ -50,8 +67,7 @@ class KvScreen(Screen[None]):
             return
         app = self.kv
         doc, index = app.doc, app.current
-        self.query_one("#status", Static).update(
-            f"{TITLES[self.MODE]}  ·  {status_text(doc, index, len(app.docs))}", layout=False)
+        self._status()
         if doc is self.doc and index == self.doc_index:
             return
         old = self.doc if index == self.doc_index else None

@@ -23,10 +23,21 @@ from kvdiag.tui.rows import log_fits_records
 from kvdiag.tui.rowsource import Cells, Column
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FINDING_COLUMNS = (Column("severity", 9), Column("rule", 32), Column("finding", 0),
                    Column("evidence", 12, "right"))
+
+
+def finding_columns(rows: FindingRows) -> tuple[Column, ...]:
+    """The columns as wide as the longest rule and count, so that on a narrow screen the
+    finding's title, not blank padding, gets the room (the pane below shows it whole)."""
+    cells = [rows.row(i)[0] for i in range(len(rows))]
+    rule = max([len("rule"), *(len(str(c[1])) for c in cells)])
+    count = max([len("evidence"), *(len(str(c[3])) for c in cells)])
+    return (Column("severity", 9), Column("rule", rule), Column("finding", 0),
+            Column("evidence", count, "right"))
 
 
 def evidence_count(f: Finding) -> tuple[int, int]:
@@ -100,6 +111,7 @@ class FindingsScreen(KvScreen):
         with VerticalScroll(id="finding-detail-scroll"):
             yield Static(id="finding-detail")
         yield VirtualTable(EVIDENCE_COLUMNS, id="evidence-table")
+        yield RowDetail(id="evidence-detail")
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
         table = self.query_one("#findings-table", VirtualTable)
@@ -107,13 +119,16 @@ class FindingsScreen(KvScreen):
             self.findings = _order(tuple(doc.findings))
         else:
             self.findings = []
-        table.set_source(FindingRows(self.findings), cursor=table.cursor if old else 0)
+        rows = FindingRows(self.findings)
+        table.columns = finding_columns(rows)
+        table.set_source(rows, cursor=table.cursor if old else 0)
         if not self.findings:
             text = ("analysing… findings appear when the analysis finishes"
                     if isinstance(doc, TraceDoc) and doc.digest is None
                     else unavailable(doc) or "no findings")
             self.query_one("#finding-detail", Static).update(text)
             self.query_one("#evidence-table", VirtualTable).set_source(EvidenceRows((), []))
+            self.refit()
             return
         if old is None:
             table.focus()
@@ -166,6 +181,14 @@ class FindingsScreen(KvScreen):
     @on(RowSelected, "#findings-table")
     def finding_selected(self, message: RowSelected) -> None:
         self._jump(0)
+
+    @on(RowHighlighted, "#evidence-table")
+    def evidence_highlighted(self, message: RowHighlighted) -> None:
+        self.refit()
+
+    def refit(self) -> None:
+        self.query_one("#evidence-detail", RowDetail).follow(
+            self.query_one("#evidence-table", VirtualTable))
 
     @on(RowSelected, "#evidence-table")
     def evidence_selected(self, message: RowSelected) -> None:

@@ -44,7 +44,9 @@ SCREEN_KEYS = {
 | `←` `→` | previous / next step · `shift+←/→` ten steps |
 | `space` | play / pause · `home` / `end` first / last step |
 | `n` / `N` | next / previous step with a stale or foreign read |
-| `↑↓` layer · `[` `]` page · `tab` stream panel | move the cell cursor (or click a cell) |
+| `↑` `↓` | cell cursor: layer up / down (or click a cell) |
+| `[` `]` | cell cursor: page left / right |
+| `tab` / `shift+tab` | cell cursor: next / previous stream panel |
 | `c` | compare: this trace's selected stream next to the same stream of the other open trace (same schedule, steps aligned by number; `tab` picks the stream, `c` again ends it) |
 
 Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as

@@ -84,6 +84,10 @@ class PagesScreen(KvScreen):
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
         if not isinstance(doc, TraceDoc) or doc.pages is None or doc.geometry is None:
+            # a log, or a trace still indexing, has no steps to scrub: the bar and the legend
+            # of the file shown before must not stay
+            self.set_class(True, "-no-grid")
+            self.query_one("#pages-scrubber", Scrubber).show(0, 0, {})
             self.snapshot = None
             self.shown_step = -1
             self.query_one("#pages-info", Static).update(
@@ -93,6 +97,7 @@ class PagesScreen(KvScreen):
             self.query_one("#pages-cell", Static).update("")
             self._arrange(())
             return
+        self.set_class(False, "-no-grid")
         streams = tuple(doc.geometry.streams)
         if old is None:
             self.cursor = (min(self.cursor[0], len(streams) - 1), 0, 0)

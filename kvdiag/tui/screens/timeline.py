@@ -25,6 +25,7 @@ from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows
 from kvdiag.tui.rowsource import EmptySource
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
+from kvdiag.tui.widgets.row_detail import RowDetail
 from kvdiag.tui.widgets.virtual_table import VirtualTable
 
 FILTER_HINT = "filter (f): kind:read,upload layer:0-3 stream:1 slot:10 step:5-9"
@@ -59,6 +60,7 @@ class TimelineScreen(KvScreen):
             yield Input(placeholder="search (/)", id="search")
         yield Static(id="timeline-info")
         yield VirtualTable(TRACE_COLUMNS, id="timeline")
+        yield RowDetail(id="timeline-detail")
 
     @property
     def table(self) -> VirtualTable:
@@ -75,6 +77,7 @@ class TimelineScreen(KvScreen):
             self.rows = None
             table.set_source(EmptySource())
             self._info()
+            self.refit()
             return
         if old is None or type(old) is not type(doc):
             self.flt = RowFilter()
@@ -95,6 +98,10 @@ class TimelineScreen(KvScreen):
         cursor = rows.nearest_position(keep_row) if keep_row is not None and len(rows) else 0
         self.table.set_source(rows, cursor=cursor)
         self._info()
+        self.refit()
+
+    def refit(self) -> None:
+        self.query_one("#timeline-detail", RowDetail).follow(self.table)
 
     def _info(self, extra: str = "") -> None:
         doc = self.doc
@@ -146,7 +153,10 @@ class TimelineScreen(KvScreen):
 
     @on(Input.Submitted, "#search")
     def search_submitted(self, event: Input.Submitted) -> None:
+        # enter ends the typing: the table takes the keys again, so n / N step through the
+        # matches instead of going into the search box
         self._search(forward=True, from_next=True)
+        self.table.focus()
 
     @on(Input.Submitted, "#filter")
     def filter_submitted(self, event: Input.Submitted) -> None:
@@ -201,6 +211,7 @@ class TimelineScreen(KvScreen):
 
     @on(RowHighlighted, "#timeline")
     def highlighted(self, message: RowHighlighted) -> None:
+        self.refit()
         doc = self.doc
         row = self.current_row()
         if isinstance(doc, TraceDoc) and row is not None:

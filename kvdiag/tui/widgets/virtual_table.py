@@ -111,6 +111,8 @@ class VirtualTable(ScrollView, can_focus=True):
             else:
                 t = Text(str(cell)[:MAX_CELL])
             t.no_wrap = True
+            if col.keep == "end" and t.cell_len > width > 1:
+                t = Text("…") + t[len(t) - (width - 1):]
             t.truncate(width, overflow="ellipsis")
             t.align(col.justify, width)
             line.append_text(t)
@@ -163,6 +165,31 @@ class VirtualTable(ScrollView, can_focus=True):
             strip = Strip(Segment.apply_style(list(strip), post_style=cursor_style),
                           strip.cell_length)
         return strip.crop_extend(scroll_x, scroll_x + width, base)
+
+    def cut_cells(self, i: int | None = None) -> list[tuple[str, Text]]:
+        """The cells of row ``i`` (default: the cursor's) that the table does not show whole,
+        whole: longer than their column, or in a column scrolled out of view. A detail line
+        under the table shows them (``RowDetail``)."""
+        i = self.cursor if i is None else i
+        if not 0 <= i < self.row_count:
+            return []
+        try:
+            cells, _mark = self.source.row(i)
+        except Exception:  # drawn as a corrupt row already; nothing more to show
+            return []
+        fill = self._fill_width()
+        left = int(self.scroll_x)
+        right = left + self.scrollable_content_region.width
+        out: list[tuple[str, Text]] = []
+        x = 0
+        for col, cell in zip(self.columns, cells, strict=False):
+            width = col.width or fill
+            text = cell if isinstance(cell, Text) else Text(str(cell))
+            shown = min(width, text.cell_len)
+            if text.cell_len > width or (shown and (x < left or x + shown > right)):
+                out.append((col.label, text))
+            x += width + 1
+        return out
 
     # -- cursor -------------------------------------------------------------------------
 
