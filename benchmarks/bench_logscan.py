@@ -190,7 +190,7 @@ def main() -> int:
             while fh.read(16 << 20):
                 pass
         g_s, g_count, pattern = time_grep(path, args.repeat)
-        helper = parse._spare_core() and size >= parse.PARALLEL_MIN_BYTES
+        helper = parse.spare_core() and size >= parse.PARALLEL_MIN_BYTES
         k_s, crashes, k_cpu = time_kvdiag(path, args.repeat)
         g2_s, _, _ = time_grep(path, args.repeat)
         g_s = min(g_s, g2_s)

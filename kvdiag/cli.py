@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "trace",
     "postmortem",
     "import_",
+    "perf",
     "devices",
     "tui",
     "demo",

@@ -117,6 +117,8 @@ def every_kind_trace(path: Path, version: str = "1.2", **extra_fields: Any) -> P
         event_line("telemetry", 19, 1, gpu_util=40, mem_used=1 << 30),
         event_line("warn", 20, 1, message="fell back", code="fallback", layer=2),
         event_line("records", 21, 1, kinds=["learn", "mark.outside"]),
+        event_line("timing", 21, 1, prompt_tokens=500, prompt_ms=400.0, decode_tokens=8,
+                   decode_ms=320.0, slot=1, depth_start=512, depth_end=520),
         event_line("prefetch", 22, 1, layer=2, stream=1, pages=[1, 3]),
         event_line("abort", 23, 1, message=LONG, file="fattn.cu", line=7),
         event_line("end", 24, 1, status="aborted", steps=2, events=23),
@@ -149,6 +151,11 @@ def test_one_track_per_stream_and_layer(tmp_path: Path) -> None:
     on_s1_l2 = {e["args"]["seq"] for e in doc if e["ph"] == "X" and (e["pid"], e["tid"]) == (s1, 3)}
     # stream 1 layer 2: its writes, upload, reads, evict, kernel and the unknown kind's event
     assert on_s1_l2 == {4, 6, 8, 10, 11, 13, 14, 22}
+    # the request of the timing event is a slice on slot 1's request track
+    (req,) = [e for e in doc if e.get("cat") == "timing"]
+    assert threads[(req["pid"], req["tid"])] == "requests, slot 1"
+    # without started_ns it would begin 720 ms before its line, before the trace: cut at 0
+    assert req["ts"] == 0 and req["dur"] == 2.1 and req["name"] == "task None: decode at depth 512"
 
 
 def test_flows_join_the_missed_write_to_stale_and_foreign_reads(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_helper_process_gives_the_same_results(tmp_path: Path,
     monkeypatch.setattr(parse, "BLOCK", 512)
     want = run()
     monkeypatch.setattr(parse, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(parse, "_spare_core", lambda: True)
+    monkeypatch.setattr(parse, "spare_core", lambda: True)
     started: list[object] = []
     real = parse.ScanHelper
 

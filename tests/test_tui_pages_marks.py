@@ -48,11 +48,11 @@ def test_the_footer_fits_80_columns_on_every_screen(samples: dict[str, Path]) ->
     """Every screen's footer ends with the palette key in the last columns (nothing cut, no
     stray character from overflowing text in the last column) and keeps Help and Quit."""
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
-        for key, screen in zip("1234567", SCREENS, strict=True):
+        for key, screen in zip("12345678", SCREENS, strict=True):
             await show(pilot, key)
             footer = lines(app)[-1]
             assert len(footer) == 80 and footer.endswith("▏^p palette "), (screen, footer)
-            assert "1234567 Screens ? Help q Quit" in footer, (screen, footer)
+            assert "12345678 Screens ? Help q Quit" in footer, (screen, footer)
 
     drive([samples["aliasing"]], script, size=(80, 24))
 

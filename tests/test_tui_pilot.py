@@ -393,7 +393,7 @@ def test_export_svg_and_usage_errors(samples: dict[str, Path], tmp_path: Path,
     svg = out.read_text()
     assert svg.startswith("<svg") and "stream&#160;1" in svg and "step&#160;2&#160;of&#160;4" in svg
     assert main(["tui", str(samples["aliasing"]), "--export-svg", str(out), "--screen", "9"]) == 2
-    assert "--screen: '9' is not 1-7" in capsys.readouterr().err
+    assert "--screen: '9' is not 1-8" in capsys.readouterr().err
     assert main(["tui", str(samples["aliasing"])]) == 2  # stdout is not a terminal here
     assert "standard output is not a terminal" in capsys.readouterr().err
     assert main(["tui", str(tmp_path / "nope.kvtrace"), "--export-svg", str(out)]) == 2

@@ -17,6 +17,7 @@ from textual.pilot import Pilot
 
 from kvdiag.tui.app import KvdiagApp
 from kvdiag.tui.export import wait_loaded
+from tests.seed_arm117 import seed_logs
 from tests.tui_samples import write_abort, write_aliasing
 
 SIZE = (120, 36)
@@ -29,6 +30,9 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_aliasing(tmp_path / "aliasing.kvtrace", monkeypatch)
     write_abort(tmp_path / "abort.kvtrace", monkeypatch)
     shutil.copy(LOG, tmp_path / "server.log")
+    base, stream = seed_logs()
+    (tmp_path / "base.log").write_text(base)
+    (tmp_path / "stream.log").write_text(stream)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -79,6 +83,10 @@ def test_findings(here: Path, snap_compare: SnapCompare) -> None:
 
 def test_help(here: Path, snap_compare: SnapCompare) -> None:
     assert shot(snap_compare, ["aliasing.kvtrace"], "4", "question_mark")
+
+
+def test_perf(here: Path, snap_compare: SnapCompare) -> None:
+    assert shot(snap_compare, ["stream.log", "base.log"], "8", *["right"] * 6)
 
 
 # -- 80x24 (issue 16 #6): the narrow layouts -----------------------------------------------

@@ -53,7 +53,7 @@ def test_switching_files_from_every_screen_both_ways(samples: dict[str, Path]) -
 
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
         n = len(app.docs)
-        for key, screen in zip("1234567", SCREENS, strict=True):
+        for key, screen in zip("12345678", SCREENS, strict=True):
             await show(pilot, key)
             await expect(app, screen, 0)
             for i in range(1, n + 1):  # forward through all, back to the first

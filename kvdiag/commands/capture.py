@@ -8,6 +8,7 @@ from kvdiag.commands._shape import add_shape_args
 
 SCENARIO_NAMES = (
     "single-slot", "two-slot-concurrent", "slot1-first", "late-join", "pool-pressure",
+    "multiturn-growth",
 )
 
 

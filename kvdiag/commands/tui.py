@@ -13,7 +13,8 @@ import argparse
 from kvdiag.commands._values import MAX_COLUMNS, MAX_ROWS, MIN_COLUMNS, MIN_ROWS, terminal_size
 from kvdiag.errors import UsageError
 
-SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings")
+SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings",
+                "perf")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-svg", metavar="OUT",
                         help="save a screenshot of one screen to OUT (no interactive session)")
     parser.add_argument("--screen", default="1", metavar="N",
-                        help="screen for --export-svg: 1-7 or a name (overview, timeline, fits, "
-                             "pages, backtrace, telemetry, findings); default 1")
+                        help="screen for --export-svg: 1-8 or a name (overview, timeline, fits, "
+                             "pages, backtrace, telemetry, findings, perf); default 1")
     parser.add_argument("--size", default=(160, 48), type=terminal_size, metavar="COLSxROWS",
                         help=f"terminal size for --export-svg, {MIN_COLUMNS}x{MIN_ROWS} to "
                              f"{MAX_COLUMNS}x{MAX_ROWS} (default 160x48)")
@@ -41,7 +42,7 @@ def screen_name(value: str) -> str:
         return SCREEN_NAMES[int(v) - 1]
     if v in SCREEN_NAMES:
         return v
-    raise UsageError(f"--screen: {value!r} is not 1-7 or one of {', '.join(SCREEN_NAMES)}")
+    raise UsageError(f"--screen: {value!r} is not 1-8 or one of {', '.join(SCREEN_NAMES)}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,12 @@ __all__ = ["MIB", "PAGE_TOKENS", "V_ALIGN", "PageGeometry", "host_kv_bytes", "pa
 MIB = 1 << 20
 
 
+def view_n_kv(cells_used: int, kv_size: int) -> int:
+    """KV cells the attention view covers when ``cells_used`` cells hold the ubatch's tokens:
+    padded to whole pages (FATTN_KQ_STRIDE, brief §2.2), at least one, at most the stream."""
+    return min(kv_size, max(PAGE_TOKENS, round_up(cells_used, PAGE_TOKENS)))
+
+
 @dataclass(frozen=True)
 class PageGeometry:
     """Byte geometry of one page for a (K type, V type, head dims, KV heads) combination."""

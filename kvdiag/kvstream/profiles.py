@@ -1,7 +1,9 @@
 """Device profiles on disk: ``kvdiag devices --profile`` saves one, captures load one.
 
 A profile is a small JSON file (the fields of :class:`~kvdiag.kvstream.timing.DeviceProfile`)
-in ``<user config dir>/kvdiag/profiles/<slug>.json``. ``h200`` names the built-in default.
+in ``<user config dir>/kvdiag/profiles/<slug>.json``. ``h200`` names the built-in default (a
+measurement); the consumer cards of :mod:`kvdiag.kvstream.cards` are built in too, as spec-sheet
+figures.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import msgspec
 import platformdirs
 
 from kvdiag.errors import InputError
+from kvdiag.kvstream.cards import CARDS
 from kvdiag.kvstream.timing import H200, DeviceProfile
 
-BUILTIN = {"h200": H200}
+BUILTIN = {"h200": H200, **CARDS}
 
 
 def profile_dir() -> Path:

@@ -28,6 +28,7 @@ from kvdiag.kvstream.dispatch import (
 )
 from kvdiag.kvstream.fits import fits
 from kvdiag.kvstream.ggml_types import AttentionMode
+from kvdiag.kvstream.pages import view_n_kv
 from kvdiag.kvstream.plan import Plan, make_plan
 from kvdiag.kvstream.resident import LayerIdentityError, ResidentCache, classify
 from kvdiag.kvstream.scenarios import Lane, Scenario, Scheduler, Ubatch
@@ -282,7 +283,7 @@ class Runner:
             for req, cell in zip(lane.requests, lane.cells, strict=True):
                 self.req_last_cell[req] = max(self.req_last_cell.get(req, -1), cell)
         last_cell = max(self.req_last_cell[r] for r in ub.requests) + 1
-        n_kv = min(cfg.kv_size, max(PAGE_TOKENS, -(-last_cell // PAGE_TOKENS) * PAGE_TOKENS))
+        n_kv = view_n_kv(last_cell, cfg.kv_size)
         self._n_kv = n_kv
         self.sink.emit(ev.Step, step, phase=ub.phase, streams=ub.streams, tokens=ub.tokens,
                        n_kv=n_kv, slots=ub.slots)
@@ -292,6 +293,11 @@ class Runner:
         self.sink.emit(ev.Mark, step, rows=_row_runs(rows), keys=tuple(sorted(dirty, key=_key_order)),
                        outside=tuple(self.cache.outside(self.cache.row_pages(rows))))
         for lane in ub.lanes:
+            for req in set(lane.requests) & self.scheduler.kept_from.keys():
+                # a continued conversation: its kept cells are the new request's context now
+                old = self.scheduler.kept_from.pop(req)
+                owner = self.cell_req[lane.stream]
+                owner[owner == old] = req
             idx = np.asarray(lane.cells, np.int64)
             self.cell_req[lane.stream][idx] = lane.requests
             self.cell_pos[lane.stream][idx] = lane.positions

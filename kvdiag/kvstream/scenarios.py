@@ -24,6 +24,12 @@ class Request:
     """Index of the request that must finish before this one arrives (None: at start)."""
     at: int = 0
     """Server iteration (one prompt chunk or decode token per busy slot) it arrives at."""
+    cont: bool = False
+    """It continues its slot's conversation: the cells of the slot's previous request stay
+    (the server's prompt cache kept them, ``memory_seq_rm [n, end)``), ``prompt`` counts only
+    the new tokens, and positions go on from there. The context caps such a conversation as
+    the server does with context shift off: a prompt that does not fit the free cells is
+    rejected (no ubatch), a decode stops when the cells run out (``truncated``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,36 @@ class Ubatch:
     @property
     def phase(self) -> str:
         return "prefill" if self.tokens > 1 else "decode"
+
+
+SEED_TURNS = 12
+SEED_NEW_TOKENS = 6400
+SEED_OUTPUT_TOKENS = 750
+
+
+def multiturn_growth(turns: int = SEED_TURNS, new_tokens: int = SEED_NEW_TOKENS,
+                     output_tokens: int = SEED_OUTPUT_TOKENS, slots: int = 1) -> Scenario:
+    """A chat session per slot that grows every turn: each turn sends the conversation so far
+    plus ``new_tokens`` and decodes ``output_tokens``; the server's cache keeps the
+    conversation, so only the new tokens are prefilled (``Request.cont``). With several slots
+    the sessions run side by side.
+
+    The default is the seed's session (PR #117, round 2: 1 session × 12 turns, 750 output
+    tokens, turns 10–12 capped by the 65,536-token context). The seed says "~8K" tokens per
+    turn, but 9 uncapped turns of 8,192 + 750 tokens need 80,478 cells; a turn of 6,400 + 750
+    tokens is the size at which turns 1–9 fit and turn 10 does not, as the seed reports."""
+    if min(turns, new_tokens, output_tokens, slots) <= 0:
+        raise ValueError("turns, new tokens, output tokens and slots must be positive")
+    requests: list[Request] = []
+    for slot in range(slots):
+        for turn in range(turns):
+            requests.append(Request(slot=slot, prompt=new_tokens, decode=output_tokens,
+                                    after=len(requests) - 1 if turn else None, cont=turn > 0))
+    return Scenario(
+        "multiturn-growth",
+        f"{slots} slot(s), each a session of {turns} turns: {new_tokens} new tokens and "
+        f"{output_tokens} decoded per turn, the conversation kept in the cache",
+        dict(np=slots), tuple(requests), dict(ctx=65536, stage_mib=64))
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -106,6 +142,7 @@ SCENARIOS: dict[str, Scenario] = {
             (Request(slot=0, prompt=3000, decode=16),),
             dict(ctx=16384, stage_mib=6),
         ),
+        multiturn_growth(),
     )
 }
 
@@ -118,6 +155,8 @@ class _Live:
     prompt_left: int
     decode_left: int
     position: int = 0
+    kept: int = 0
+    """Cells the request found kept from its slot's conversation."""
 
     @property
     def done(self) -> bool:
@@ -130,18 +169,46 @@ class _Cells:
 
     def __init__(self, kv_size: int) -> None:
         self.owner = np.full(kv_size, -1, np.int64)
+        self.n_free = kv_size
+        self.low = 0
+        """No free cell below this index (cells are taken lowest first): a long session takes
+        one cell per decode step without scanning the cells it already holds."""
 
     def free(self, requests: set[int]) -> None:
         if requests:
-            self.owner[np.isin(self.owner, list(requests))] = -1
+            freed = np.flatnonzero(np.isin(self.owner, list(requests)))
+            if len(freed):
+                self.owner[freed] = -1
+                self.n_free += len(freed)
+                self.low = min(self.low, int(freed[0]))
+
+    def keep(self, old: int, new: int) -> int:
+        """Hand the cells of request ``old`` to ``new`` (a continued conversation); returns
+        how many."""
+        held = self.owner == old
+        self.owner[held] = new
+        return int(held.sum())
+
+    def free_cells(self) -> int:
+        return self.n_free
 
     def take(self, request: int, n: int, slot: int) -> list[int]:
-        cells = np.flatnonzero(self.owner == -1)[:n]
+        cells = np.empty(0, np.int64)
+        if n <= self.n_free:
+            start = self.low
+            while len(cells) < n and start < len(self.owner):
+                window = self.owner[start:start + max(4 * n, 1024)]
+                found = np.flatnonzero(window == -1)[:n - len(cells)] + start
+                if not len(cells):
+                    self.low = int(found[0]) if len(found) else start + len(window)
+                cells = np.concatenate([cells, found])
+                start += len(window)
         if len(cells) < n:
             raise ValueError(
                 f"request {request} on slot {slot} needs more than the {len(self.owner)} "
                 "cells of its stream (raise --ctx)")
         self.owner[cells] = request
+        self.n_free -= n
         return [int(c) for c in cells]
 
 
@@ -152,6 +219,14 @@ class Scheduler:
     n_ubatch: int
     kv_size: int
     _finished: set[int] = field(default_factory=set)
+    rejected: set[int] = field(default_factory=set)
+    """Continued requests whose prompt did not fit the free cells (never run)."""
+    truncated: set[int] = field(default_factory=set)
+    """Continued requests whose decode the context stopped."""
+    kept: dict[int, int] = field(default_factory=dict)
+    """Cells each continued request found kept from its conversation."""
+    kept_from: dict[int, int] = field(default_factory=dict)
+    """The request whose cells each continued request took over."""
 
     def stream_of(self, slot: int) -> int:
         return slot if self.n_stream > 1 else 0
@@ -160,6 +235,7 @@ class Scheduler:
         live: dict[int, _Live] = {}
         cells = {s: _Cells(self.kv_size) for s in range(self.n_stream)}
         previous: dict[int, int] = {}  # slot -> request that last used it
+        last_position: dict[int, int] = {}  # slot -> next position of its conversation
         index = 0
         iteration = 0
         while len(self._finished) < len(self.requests):
@@ -169,10 +245,24 @@ class Scheduler:
                     if any(x.request.slot == r.slot for x in live.values()):
                         continue  # the slot is busy: the request waits
                     stream = self.stream_of(r.slot)
-                    if r.slot in previous:
+                    kept, position = 0, 0
+                    if r.slot in previous and r.cont:
+                        kept = cells[stream].keep(previous[r.slot], i)
+                        position = last_position.get(r.slot, 0)
+                        if cells[stream].free_cells() < r.prompt:
+                            # the server refuses a prompt larger than the context left
+                            cells[stream].keep(i, previous[r.slot])
+                            self.rejected.add(i)
+                            self._finished.add(i)
+                            continue
+                        self.kept[i] = kept
+                        self.kept_from[i] = previous[r.slot]
+                    elif r.slot in previous:
                         cells[stream].free({previous[r.slot]})
                     previous[r.slot] = i
-                    live[i] = _Live(i, r, stream, r.prompt, r.decode)
+                    live[i] = _Live(i, r, stream, r.prompt, r.decode, position, kept)
+            if not live and len(self._finished) == len(self.requests):
+                return  # the last requests were rejected
             if not live:
                 if any(r.at > iteration for i, r in enumerate(self.requests)
                        if i not in self._finished):
@@ -180,6 +270,18 @@ class Scheduler:
                     continue
                 raise ValueError("scenario requests wait on each other forever")
             iteration += 1
+            # a continued conversation's decode stops when its stream has no free cell left
+            for i, x in live.items():
+                if (x.request.cont and not x.prompt_left and x.decode_left
+                        and not cells[x.stream].free_cells()):
+                    x.decode_left = 0
+                    self.truncated.add(i)
+            for i in [i for i, x in live.items() if x.done]:
+                last_position[live[i].request.slot] = live[i].position
+                del live[i]
+                self._finished.add(i)
+            if not live:
+                continue
             # one server iteration: prompt remainder or one decode token per slot
             want = {i: (x.prompt_left if x.prompt_left else 1) for i, x in live.items()}
             while want:
@@ -211,6 +313,7 @@ class Scheduler:
                 )
                 index += 1
             for i in [i for i, x in live.items() if x.done]:
+                last_position[live[i].request.slot] = live[i].position
                 del live[i]
                 self._finished.add(i)
 

@@ -24,7 +24,9 @@ from kvdiag.logimport.header import BootSniffer, build_header, chosen_boot
 from kvdiag.logimport.source import Breaks, LogInput, iter_lines
 from kvdiag.model.events import End
 from kvdiag.model.logrecords import LogScan
+from kvdiag.model.perf import PerfRun
 from kvdiag.postmortem.parse import LogParser
+from kvdiag.postmortem.perfscan import PerfScanner
 from kvdiag.trace.writer import EndStatus, TraceWriter
 
 
@@ -72,15 +74,23 @@ def default_output(log: str) -> Path:
     return p.with_name(name + ".kvtrace")
 
 
-def _scan(log: LogInput, sniffer: BootSniffer) -> LogScan:
+def _scan(log: LogInput, sniffer: BootSniffer) -> tuple[LogScan, PerfRun]:
+    """The first pass: the post-mortem scanner, with every block it reads shown to the boot
+    sniffer and to the request reader of ``kvdiag perf`` (the requests' timing lines)."""
     parser = LogParser()
+    requests = PerfScanner(log.display)
+
+    def hook(data: bytes) -> None:
+        sniffer.feed(data)
+        requests.feed(data)
+
     stream, closers = log.open()
     try:
-        parser.feed(log.display, cast(BinaryIO, _Sniffing(stream, sniffer.feed)))
+        parser.feed(log.display, cast(BinaryIO, _Sniffing(stream, hook)))
     finally:
         for c in closers:
             c.close()
-    return parser.result()
+    return parser.result(), requests.finish()
 
 
 def import_log(path: str, output: str | None = None, *, force: bool = False) -> ImportResult:
@@ -106,7 +116,7 @@ def import_log(path: str, output: str | None = None, *, force: bool = False) -> 
 
 def _convert(log: LogInput, out: Path) -> ImportResult:
     sniffer = BootSniffer()
-    scan = _scan(log, sniffer)
+    scan, perf = _scan(log, sniffer)
     boot = chosen_boot(scan.boots)
     header = build_header(log.display, scan.boots, sniffer, scan.lines, UNKNOWN_FIELDS)
     stage = int(header.plan.get("stage_bytes", 0))
@@ -117,7 +127,8 @@ def _convert(log: LogInput, out: Path) -> ImportResult:
         raise UsageError(f"{out}: cannot write: {exc.strerror or exc}") from None
     breaks = Breaks()
     try:
-        conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage)
+        conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage,
+                         perf.requests)
         stream, closers = log.open()
         try:
             for raw in iter_lines(stream, breaks):
@@ -137,7 +148,7 @@ def _convert(log: LogInput, out: Path) -> ImportResult:
         tmp.unlink(missing_ok=True)
         raise NothingToImport(
             f"{log.display}: nothing to import ({breaks.line} lines, none of them a fits=false, "
-            "kv_stream_adapt, fallback, abort or crash line)")
+            "kv_stream_adapt, fallback, abort, crash or print_timing line)")
     os.replace(tmp, out)
     return ImportResult(out, conv.counts, end, breaks, breaks.line)
 

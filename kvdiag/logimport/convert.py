@@ -14,7 +14,9 @@ What becomes an event:
   with code ``kv-stream-fallback``, as the model writes it;
 - each crash the post-mortem scanner found (abort, GPU error, fatal signal) → ``abort`` with the
   backtrace frames it printed;
-- a second boot in the same log → ``warn`` with code ``import-boot``.
+- a second boot in the same log → ``warn`` with code ``import-boot``;
+- each request a slot completed (its ``print_timing`` block, depth and release lines, brief
+  §7.3, read by :mod:`kvdiag.postmortem.perfscan`) → ``timing`` at its ``eval time`` line.
 
 Lines are parsed with the post-mortem grammar (:mod:`kvdiag.postmortem.grammar`,
 :func:`kvdiag.postmortem.lines.clean`); nothing here re-parses what it already reads.
@@ -37,6 +39,7 @@ from kvdiag.model.logrecords import (
     SlotEvent,
     StreamEvent,
 )
+from kvdiag.model.perf import RequestTiming
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.lines import clean
 from kvdiag.trace.writer import TraceWriter
@@ -66,10 +69,6 @@ _STAMP = re.compile(
     r"(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d)(?:\x1b\[[0-9;]*m)* (?:\x1b\[[0-9;]*m)*[IWEDN] ")
 _STAMP_SCAN = 240
 _RESTART_NS = 1_000_000_000
-_FALLBACK = re.compile(r"fall(?:ing|s)?[ -]?back", re.IGNORECASE)
-# kv-stream's own words: a generic flash-attention fallback at boot is not the dispatcher's
-_FALLBACK_CONTEXT = re.compile(r"kv.?stream|\bfits\b", re.IGNORECASE)
-_LAYER = re.compile(r"\blayer (\d+)\b")
 _NIL = frozenset({"(nil)", "(null)", "nil", "null", "0", "0x0", "NULL", "nullptr"})
 _BOUNDARY_SLOT_KINDS = frozenset({"launch", "progress", "prompt_done", "release"})
 _STREAM_WARN_CODE = {
@@ -179,7 +178,7 @@ class Converter:
 
     def __init__(self, writer: TraceWriter, name: str, boots: tuple[BootConfig, ...],
                  crashes: tuple[Crash, ...], boot: BootConfig | None,
-                 stage_bytes: int) -> None:
+                 stage_bytes: int, requests: tuple[RequestTiming, ...] = ()) -> None:
         self.writer = writer
         self.name = name
         self.counts = Counts()
@@ -198,6 +197,15 @@ class Converter:
         self._base = 0
         self._last_raw: int | None = None
         self._partition: tuple[int, int] | None = None
+        # requests by the line of their timing and of their start (the new prompt line)
+        self._timings: dict[int, list[RequestTiming]] = {}
+        self._starts: dict[int, None] = {}
+        self._started: dict[int, int] = {}
+        for r in requests:
+            if r.source == name:
+                self._timings.setdefault(r.line, []).append(r)
+                if r.started is not None:
+                    self._starts[r.started] = None
 
     # -- time and steps ---------------------------------------------------------------------
 
@@ -266,6 +274,10 @@ class Converter:
     def line(self, lineno: int, raw: bytes) -> None:
         if self._open is not None and lineno - self._open.line > WINDOW_LINES:
             self._decide_default()
+        if lineno in self._starts:
+            self._started[lineno] = self._time(raw)
+        if lineno in self._timings:
+            self._timing(lineno, self._time(raw))
         crash_here = self._ci < len(self._crashes) and self._crashes[self._ci].where.line <= lineno
         boot_here = lineno in self._boot_lines
         if not (crash_here or boot_here) and _ANCHOR.search(raw) is None:
@@ -296,9 +308,8 @@ class Converter:
                 if rec.kind in _BOUNDARY_SLOT_KINDS:
                     self._boundary()
                 return
-        if _FALLBACK.search(text) and _FALLBACK_CONTEXT.search(text):
-            lm = _LAYER.search(text)
-            layer = int(lm.group(1)) if lm else None
+        if grammar.is_fallback_warning(text):
+            layer = grammar.layer_of(text)
             self._decide("fallback", layer)
             self._add(lineno, t, ev.Warn, message=text, code="kv-stream-fallback", layer=layer)
 
@@ -321,6 +332,18 @@ class Converter:
                     self._decide_default()
             self.counts.aborts += 1
             self._add(lineno, t, ev.Abort, **abort_fields(crash))
+
+    def _timing(self, lineno: int, t: int) -> None:
+        for r in self._timings.pop(lineno):
+            fields: dict[str, Any] = dict(
+                prompt_tokens=r.prompt_tokens or 0, prompt_ms=r.prompt_ms or 0.0,
+                decode_tokens=r.decode_tokens or 0, decode_ms=r.decode_ms or 0.0, slot=r.slot,
+                task=r.task, prompt_tps=r.prompt_tps, decode_tps=r.decode_tps,
+                ms_per_token=r.ms_per_token, depth_start=r.depth_start,
+                depth_end=r.depth_end, cached=r.cached, n_ctx_slot=r.n_ctx_slot,
+                truncated=r.truncated, graphs_reused=r.graphs_reused, boot=r.boot,
+                started_ns=None if r.started is None else self._started.pop(r.started, None))
+            self._add(lineno, t, ev.Timing, **fields)
 
     def _tensor(self, type_: str, buffer: str | None, ptr: int | None, runtime: str | None,
                 cache_type: str | None) -> Tensor:

@@ -134,16 +134,11 @@ def boot_json(boot: BootConfig) -> dict[str, Any]:
     return out
 
 
-def build_header(display: str, boots: tuple[BootConfig, ...], sniffer: BootSniffer,
-                 lines: int, unknown: list[str]) -> Header:
-    boot = chosen_boot(boots)
-    plan, derived = plan_of(boot, sniffer.info)
-    # the model's RuntimeConfig names (kvdiag/kvstream/config.py), for the keys the log gives;
-    # layout and dispatch are what the fork did, which a log does not say
+def runtime_config(boot: BootConfig | None, plan: dict[str, Any]) -> dict[str, Any]:
+    """The model's ``RuntimeConfig`` keys (kvdiag/kvstream/config.py) the log gives, from the
+    boot and the plan keys of :func:`plan_of`; layout and dispatch are what the fork did, which
+    a log does not say (empty)."""
     config: dict[str, Any] = {"layout": "", "dispatch": ""}
-    scenario: dict[str, Any] = {"name": os.path.basename(display), "source": "log",
-                                "description": f"imported from {display}",
-                                "log": display, "config": config}
     if boot is not None:
         pool = boot.kv_stream_pool_mib or boot.kv_stream_arena_mib
         for key, value in (("np", boot.n_seq_max or boot.n_parallel),
@@ -154,10 +149,22 @@ def build_header(display: str, boots: tuple[BootConfig, ...], sniffer: BootSniff
                            ("stage_mib", None if pool is None else round(pool, 2))):
             if value is not None:
                 config[key] = value
-        scenario["boot"] = boot_json(boot)
     for key in ("head_dim", "n_head", "n_head_kv"):
         if key in plan:
             config[key] = plan[key]
+    return config
+
+
+def build_header(display: str, boots: tuple[BootConfig, ...], sniffer: BootSniffer,
+                 lines: int, unknown: list[str]) -> Header:
+    boot = chosen_boot(boots)
+    plan, derived = plan_of(boot, sniffer.info)
+    config = runtime_config(boot, plan)
+    scenario: dict[str, Any] = {"name": os.path.basename(display), "source": "log",
+                                "description": f"imported from {display}",
+                                "log": display, "config": config}
+    if boot is not None:
+        scenario["boot"] = boot_json(boot)
     device = Device(name="unknown")
     if sniffer.device is not None:
         device = Device(name=sniffer.device[0], compute_capability=sniffer.device[1])

@@ -286,6 +286,33 @@ class Records(Event, tag="records", frozen=True):
     kinds: tuple[str, ...]
 
 
+class Timing(Event, tag="timing", frozen=True):
+    """One request a server slot completed: its ``print_timing`` figures and its depth
+    (brief §7.3), 1.2. ``kvdiag import`` writes one per request of a llama-server log at the
+    time of its ``eval time`` line; ``started_ns`` is the time of its ``new prompt`` line, so
+    that the kv-stream events in between are known to have happened while it was in flight.
+    ``graphs_reused`` is the printed cumulative count of the context (per request: the
+    difference to the previous timing of the same ``boot``)."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    decode_tokens: int
+    decode_ms: float
+    slot: int | None = None
+    task: int | None = None
+    prompt_tps: float | None = None
+    decode_tps: float | None = None
+    ms_per_token: float | None = None
+    depth_start: int | None = None
+    depth_end: int | None = None
+    cached: int | None = None
+    n_ctx_slot: int | None = None
+    truncated: bool | None = None
+    graphs_reused: int | None = None
+    boot: int = 0
+    started_ns: int | None = None
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -308,7 +335,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | Records | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Timing | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -328,6 +355,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "telemetry",
     "kernel",
     "records",
+    "timing",
     "end",
 )
 

@@ -15,7 +15,8 @@ from kvdiag.model.logrecords import BootConfig, ConfigItem, LogLine
 MAX_BOOTS = 256
 MAX_EVIDENCE = 24
 _FIELDS = frozenset(BootConfig.__struct_fields__)
-_RESTART_KEYS = frozenset({"construct", "n_ctx", "n_seq_max"})
+RESTART_KEYS = frozenset({"construct", "n_ctx", "n_seq_max"})
+"""Keys that start a new boot once the current one is ready."""
 
 
 class _Boot:
@@ -70,7 +71,7 @@ class BootAccumulator:
         cur = self.boots[-1] if self.boots else None
         started = False
         if cur is None or cur.where.source != item.where.source or (
-            cur.ready and item.key in _RESTART_KEYS
+            cur.ready and item.key in RESTART_KEYS
         ):
             if len(self.boots) >= MAX_BOOTS:
                 self.boots.pop(0)

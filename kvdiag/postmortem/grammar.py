@@ -141,6 +141,13 @@ _ALLOC_FAIL = re.compile(
 _STREAM_WARN = re.compile(r"phase arena (?:currently supports TG1|decode batch too wide).*")
 _NUM_PAIR = re.compile(r"([a-z][a-z /_-]*?) (-?[\d.]+)%?(?=,|$)")
 
+# A fallback warning of the dispatcher: a line in kv-stream's own words (a generic flash-attention
+# fallback at boot is not the dispatcher's) that says it falls back; the port's text is not
+# public (brief §3, §9), so the words are matched loosely.
+_FALLBACK = re.compile(r"fall(?:ing|s)?[ -]?back", re.IGNORECASE)
+_FALLBACK_CONTEXT = re.compile(r"kv.?stream|\bfits\b", re.IGNORECASE)
+_LAYER = re.compile(r"\blayer (\d+)\b")
+
 _FITS = re.compile(r"\bfits=false\b:?(.*)$")
 _FITS_NE = re.compile(r"\bne=\[([-\d, ]+)\]")
 _FITS_KV = re.compile(r"\b(dst|type|k|kbuf|v|kr|vr)=(\"[^\"]*\"|\S+)")
@@ -467,6 +474,18 @@ def parse_build_id(text: str) -> tuple[str, str] | None:
 def parse_terminate(text: str) -> str | None:
     m = _TERMINATE.search(text)
     return m.group(1) if m else None
+
+
+def is_fallback_warning(text: str) -> bool:
+    """A kv-stream line that says the dispatcher falls back (to ordinary flash attention over
+    the host buffer, brief §3)."""
+    return _FALLBACK.search(text) is not None and _FALLBACK_CONTEXT.search(text) is not None
+
+
+def layer_of(text: str) -> int | None:
+    """The ``layer <n>`` a line names, if any."""
+    m = _LAYER.search(text)
+    return int(m.group(1)) if m else None
 
 
 def parse_fits(where: LogLine, text: str) -> FitsLine | None:

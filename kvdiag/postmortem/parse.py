@@ -481,7 +481,7 @@ def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
         p = data.find(needle, p + 1, end)
 
 
-def _spare_core() -> bool:
+def spare_core() -> bool:
     """Whether a core is idle enough for a helper: on a busy machine two processes contending
     for the cores scan slower than one."""
     cpus = os.cpu_count() or 1
@@ -494,7 +494,7 @@ def _spare_core() -> bool:
 
 def _start_helper(name: str, stream: BinaryIO) -> ScanHelper | None:
     """A helper process for a large regular file read from its start, when a core is free."""
-    if isinstance(stream, gzip.GzipFile) or not _spare_core():
+    if isinstance(stream, gzip.GzipFile) or not spare_core():
         return None
     try:
         if stream.tell() != 0 or not os.path.isfile(name):

@@ -36,6 +36,9 @@ from kvdiag.model.pages import PAGE_TOKENS
 RUNTIME_PID = 1
 STREAM_PID0 = 100
 UBATCH_TID, DISPATCH_TID, CACHE_TID, GLOBAL_TID, UNKNOWN_TID = 0, 1, 2, 3, 4
+REQUEST_TID0 = 10
+"""``timing`` events: one track per server slot from here (a request is a slice from its
+``new prompt`` to its ``eval time`` line)."""
 MAX_SLICE_US = 1000.0
 LAST_SLICE_US = 1.0
 MAX_NAME = 1000
@@ -86,6 +89,7 @@ class ChromeExporter:
         self._slots: dict[int, tuple[int, int, int, int]] = {}
         self._flow_id = 0
         self.flows = 0
+        self._request_end: dict[int, float] = {}
 
     # -- tracks ---------------------------------------------------------------------------
 
@@ -233,6 +237,22 @@ class ChromeExporter:
                 out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "records",
                             "name": _name("records + " + ", ".join(event.kinds)), "args": args})
+            case ev.Timing():
+                tid = REQUEST_TID0 + max(event.slot or 0, 0)
+                if (RUNTIME_PID, tid) not in self._named:
+                    self._named.add((RUNTIME_PID, tid))
+                    out.append(_meta(RUNTIME_PID, tid, "thread_name",
+                                     f"requests, slot {event.slot if event.slot is not None else '?'}"))
+                start = (_us(event.started_ns) if event.started_ns is not None
+                         else ts - (event.prompt_ms + event.decode_ms) * 1000.0)
+                # slices of one track must not overlap, nor start before the trace
+                start = min(ts, max(start, 0.0, self._request_end.get(tid, 0.0)))
+                self._request_end[tid] = ts
+                rate = f"{event.decode_tps:.2f} tok/s" if event.decode_tps else "decode"
+                out.append({"ph": "X", "pid": RUNTIME_PID, "tid": tid, "ts": start,
+                            "dur": ts - start, "cat": "timing",
+                            "name": f"task {event.task}: {rate} at depth {event.depth_start}",
+                            "args": args})
             case ev.End():
                 self._close((RUNTIME_PID, UBATCH_TID), ts, out, float("inf"))
                 reason = f": {_name(event.reason)}" if event.reason else ""

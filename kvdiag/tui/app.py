@@ -32,6 +32,7 @@ from kvdiag.tui.screens.fits import FitsScreen
 from kvdiag.tui.screens.help import HelpScreen
 from kvdiag.tui.screens.overview import OverviewScreen
 from kvdiag.tui.screens.pages import PagesScreen
+from kvdiag.tui.screens.perf import PerfScreen
 from kvdiag.tui.screens.telemetry import TelemetryScreen
 from kvdiag.tui.screens.timeline import TimelineScreen
 
@@ -48,11 +49,11 @@ class KvdiagApp(App[int]):
     MODES: ClassVar[dict[str, type[KvScreen]]] = {  # type: ignore[assignment]
         "overview": OverviewScreen, "timeline": TimelineScreen, "fits": FitsScreen,
         "pages": PagesScreen, "backtrace": BacktraceScreen, "telemetry": TelemetryScreen,
-        "findings": FindingsScreen,
+        "findings": FindingsScreen, "perf": PerfScreen,
     }
     BINDINGS: ClassVar[list[BindingType]] = [
-        # one footer entry for the seven screen keys ("1234567 Screens"): seven entries
-        # overflowed an 80-column footer
+        # one footer entry for the eight screen keys ("12345678 Screens"): eight entries
+        # overflow an 80-column footer
         *(Binding(str(i), f"show('{name}')", TITLES[name], key_display=str(i), group=SCREEN_KEYS)
           for i, name in enumerate(SCREENS, 1)),
         Binding("question_mark", "help", "Help", key_display="?"),

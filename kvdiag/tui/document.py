@@ -24,6 +24,7 @@ from kvdiag.errors import InputError, open_input
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
+from kvdiag.model.perf import PerfRun
 from kvdiag.tui.digest import TraceDigest
 
 Stage = Literal["opening", "indexing", "analysing", "ready"]
@@ -44,6 +45,8 @@ class TraceDoc:
     digest: TraceDigest | None = None
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    perf: PerfRun | None = None
+    """Its ``timing`` events as a run (the Perf screen), when it has any."""
 
     kind: Literal["trace"] = "trace"
 
@@ -67,6 +70,8 @@ class LogDoc:
     progress: float = 1.0
     notes: tuple[str, ...] = ()
     """What went wrong around the log itself (a binary that could not be used, ...)."""
+    perf: PerfRun | None = None
+    """Its requests' timing and the kv-stream lines around them (the Perf screen)."""
     kind: Literal["log"] = "log"
 
     @property

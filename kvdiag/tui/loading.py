@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import BinaryIO, cast
 
 import numpy as np
@@ -135,27 +136,33 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
         digest = digest_trace(path, progress, every=256)
     except _Cancelled:
         return
-    publish(replace(doc, digest=digest, stage="ready", progress=1.0,
+    perf = None
+    if index.kind_counts().get("timing"):
+        from kvdiag.analysis.perf_trace import run_from_events
+
+        with TraceReader.open(path) as reader:
+            perf = run_from_events(Path(path).name, path, reader)
+    publish(replace(doc, digest=digest, stage="ready", progress=1.0, perf=perf,
                     timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
 
 
 class _Reporting:
-    """A read-only stream that calls ``hook`` after every read (the log parser reads in large
-    blocks, so this is a few calls a second)."""
+    """A read-only stream that calls ``hook`` with every block read (the log parser reads in
+    large blocks, so this is a few calls a second)."""
 
-    def __init__(self, stream: BinaryIO, hook: Callable[[], None]) -> None:
+    def __init__(self, stream: BinaryIO, hook: Callable[[bytes], None]) -> None:
         self._stream = stream
         self._hook = hook
 
     def read(self, n: int = -1) -> bytes:
         data = self._stream.read(n)
-        self._hook()
+        self._hook(data)
         return data
 
     def read1(self, n: int = -1) -> bytes:
         read1 = getattr(self._stream, "read1", None)
         data: bytes = read1(n) if read1 is not None else self._stream.read(n)
-        self._hook()
+        self._hook(data)
         return data
 
 
@@ -163,14 +170,17 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
     from kvdiag.analysis.signatures import evaluate
     from kvdiag.postmortem.lines import open_log
     from kvdiag.postmortem.parse import LogParser
+    from kvdiag.postmortem.perfscan import PerfScanner
 
     parser = LogParser()
+    requests = PerfScanner(path)
     name, stream, closers = open_log(path)
     raw = closers[-1]  # the file itself, under any decompressor: its position is progress
     size = max(os.fstat(raw.fileno()).st_size, 1)
     last = [time.perf_counter()]
 
-    def progress() -> None:
+    def progress(data: bytes) -> None:
+        requests.feed(data)  # the same blocks: the requests' timing for the Perf screen
         time.sleep(0)  # let the UI thread in (see load_trace)
         now = time.perf_counter()
         if now - last[0] >= PUBLISH_EVERY_S:
@@ -198,4 +208,6 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
     publish(PendingDoc(path, "indexing the log's lines", progress=1.0))
     source = LineSource.open(path)
     index = build_log_index(source, scan, name)
-    publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes)))
+    perf = requests.finish()
+    publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes),
+                   perf=perf if perf.requests or perf.unfinished else None))

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from kvdiag.model.findings import Evidence
 
 SCREENS: tuple[str, ...] = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry",
-                            "findings")
+                            "findings", "perf")
 TITLES = {"overview": "Overview", "timeline": "Timeline", "fits": "Fits", "pages": "Pages",
-          "backtrace": "Backtrace", "telemetry": "Telemetry", "findings": "Findings"}
+          "backtrace": "Backtrace", "telemetry": "Telemetry", "findings": "Findings",
+          "perf": "Perf"}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from textual.widgets import Markdown
 GLOBAL = """\
 | key | everywhere |
 |---|---|
-| `1`…`7` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings |
+| `1`…`8` | Overview, Timeline, Fits, Pages, Backtrace, Telemetry, Findings, Perf |
 | `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
@@ -66,6 +66,19 @@ never refreshed; bold: read at this step. A layer the plan does not stream is la
 | key | Telemetry |
 |---|---|
 | `←` `→` | move the step cursor (shared with Pages) · `home` / `end` |
+""",
+    "perf": """\
+| key | Perf |
+|---|---|
+| `←` `→` | the request cursor: previous / next request of this file · `home` / `end` |
+| `b` | the baseline: the next other open file with request timings |
+
+Decode tok/s against context depth for this file and the baseline (dots: requests, lines:
+depth bins), then on the same depth axis the partition kv_stream_adapt recorded (resident
+pages/layer, ring slots) against the requests' active pages, with repartitions and fallbacks
+marked, and the deadline miss %. Below: the request under the cursor, its bin against the
+baseline, the partition recorded there and the causes its evidence names (or "not explained
+by what the log records"), as `kvdiag perf` reports them.
 """,
     "findings": """\
 | key | Findings |

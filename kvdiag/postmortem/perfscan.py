@@ -1,0 +1,538 @@
+"""A log's requests, read for ``kvdiag perf``: each completed request's depth and timing, and
+the kv-stream lines logged around it (:class:`~kvdiag.model.perf.PerfRun`).
+
+The log is read in blocks (bytes in, one bounded state out, like the post-mortem scanner
+:mod:`kvdiag.postmortem.parse`). Slot lines are recognised on the raw bytes by one pattern
+(:mod:`kvdiag.postmortem.timinglines`); the few other lines that matter — boot configuration,
+``kv_stream_adapt`` partition and trace lines, fallback warnings, ``fits=false`` — are found by
+substring, cleaned with :func:`kvdiag.postmortem.lines.clean` and parsed with the post-mortem
+grammar. On a large regular file and an idle second core the substring search runs in a helper
+process (:mod:`kvdiag.postmortem.scanhelper`), as the post-mortem scan does.
+
+How a request is assembled, per slot (brief §7.3): ``new prompt`` opens it (depth at start,
+slot size), the cache line says what was kept, ``print_timing`` gives the prompt and decode
+figures (and ``graphs reused``), ``stop processing`` closes it (depth at end, truncated). A
+request opened and never given its timing — the process died, the request failed, the log
+ends — is counted as unfinished. A kv-stream line belongs to every request in flight on any
+slot when it is logged (the runtime is shared by the slots). A new boot ends what was in flight.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterable
+from typing import BinaryIO
+
+import msgspec
+
+from kvdiag.model.logrecords import (
+    BootConfig,
+    ConfigItem,
+    FitsLine,
+    LogLine,
+    Problem,
+    StreamEvent,
+)
+from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
+from kvdiag.postmortem import grammar
+from kvdiag.postmortem.bootfold import BootAccumulator
+from kvdiag.postmortem.lines import clean, describe_break
+from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
+from kvdiag.postmortem.scanhelper import ScanHelper
+from kvdiag.postmortem.timinglines import (
+    BLOCK,
+    CACHED,
+    GRAPHS,
+    NEW_PROMPT,
+    OLD_HEADER,
+    RARE_ANCHORS,
+    SLOT_LINES,
+    STOP,
+    TIMING,
+    number,
+)
+
+BLOCK_BYTES = 8 << 20
+MAX_RAW_LINE = 1 << 20
+MAX_NOTES = 100_000
+"""Discrete kv-stream lines kept; more are counted (``notes_dropped``), not kept."""
+MAX_PROBLEMS = 100
+_RARE = [re.compile(re.escape(a)) for a in RARE_ANCHORS]
+_NOTE_OF_STREAM: dict[str, NoteKind] = {
+    "feedback_error": "feedback", "layout_error": "layout", "warning": "warning",
+    "alloc_failure": "warning",
+}
+
+
+class _Pending(msgspec.Struct):
+    """A request in flight on one slot (a msgspec Struct: made once per request, in C)."""
+
+    task: int | None
+    started: int | None = None
+    depth_start: int | None = None
+    n_ctx_slot: int | None = None
+    cached: int | None = None
+    prompt: tuple[float | None, int, float | None, float | None] | None = None
+    decode: tuple[float | None, int, float | None, float | None] | None = None
+    line: int = 0
+    graphs: int | None = None
+    notes: list[int] = msgspec.field(default_factory=list)
+    orphan: bool = False
+    """Began before the part of the log this scanner reads (:mod:`perfsplit`)."""
+
+
+class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a scanner that starts mid-log (:mod:`kvdiag.postmortem.perfsplit`) read of a request
+    begun before its part: handed back to be joined with the request's start."""
+
+    slot: int
+    task: int | None = None
+    cached: int | None = None
+    prompt: tuple[float | None, int, float | None, float | None] | None = None
+    decode: tuple[float | None, int, float | None, float | None] | None = None
+    line: int = 0
+    graphs: int | None = None
+    notes_until: int | None = None
+    """How many notes of this part were logged before it ended (None: still in flight at the
+    end): those were logged while it was in flight."""
+    ended: str = "end"
+    """``stop`` (its release line, ``depth_end``/``truncated`` below), ``next`` (a new request
+    on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
+    depth_end: int | None = None
+    truncated: bool | None = None
+
+
+def _figures(g: tuple[bytes | None, ...], i: int) -> tuple[float | None, int, float | None,
+                                                            float | None]:
+    """(ms, tokens, ms per token, tokens per second) from groups ``i`` … ``i + 3``; a count of
+    0 prints ``nan``/``inf`` figures, which are None."""
+    n = int(g[i + 1] or 0)
+    if not n:
+        return number(g[i]), 0, None, None
+    try:
+        return float(g[i] or 0), n, float(g[i + 2] or 0), float(g[i + 3] or 0)
+    except ValueError:
+        return number(g[i]), n, number(g[i + 2]), number(g[i + 3])
+
+
+class PerfScanner:
+    """Feed one log's bytes in order (``feed``), then ``finish`` gives the run."""
+
+    def __init__(self, name: str, source: str | None = None, *,
+                 continuation: bool = False) -> None:
+        self.name = name
+        self.source = source or name
+        self.continuation = continuation
+        """Reading from the middle of a log: requests in flight on a slot before its first
+        ``new prompt`` here are :class:`Orphan` records, and the first boot lines continue the
+        boot before (unless they start a new one)."""
+        self.orphans: list[Orphan] = []
+        self.carried_config: list[ConfigItem] = []
+        """Boot lines that continue the boot before this part (continuation)."""
+        self.boot_notes: int | None = None
+        """Notes logged before this part's first new boot (continuation)."""
+        self.first_active_line: int | None = None
+        """The line of the first kv_stream_adapt trace line of the boot before (continuation):
+        notes up to it take their depth from the part before."""
+        self.extra_boots: list[BootConfig] = []
+        """Boots read by another scanner of a later part (:mod:`perfsplit`)."""
+        self._opened: set[int] = set()
+        self.requests: list[RequestTiming] = []
+        self.notes: list[StreamNote] = []
+        self.notes_dropped = 0
+        self.adapt = AdaptPages()
+        self.boot = BootAccumulator()
+        self.problems: list[Problem] = []
+        self.unfinished = 0
+        self._pending: dict[int, _Pending] = {}
+        self._boot_index = 0
+        self._served = False
+        self._last_active: int | None = None
+        self._carry = b""
+        self._skipping = False
+        self._lines = 0
+        self._helper: ScanHelper | None = None
+        self._at = 0
+        """File offset of the first byte of the next buffer (the carry's start)."""
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def use_helper(self, helper: ScanHelper | None) -> None:
+        """Search the rare anchors in ``helper`` (started on this file, read from offset 0)."""
+        self._helper = helper
+
+    def feed(self, data: bytes) -> None:
+        if self._skipping:
+            # the rest of a line too long to keep: dropped up to its end
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._at += len(data)
+                return
+            self._at += nl + 1
+            self._lines += 1
+            self._skipping = False
+            data = data[nl + 1:]
+        if not data:
+            return
+        buf = self._carry + data if self._carry else data
+        end = buf.rfind(b"\n") + 1
+        cut = self._cut(buf, end) if end else 0
+        if cut:
+            self._region(buf, cut, self._at)
+            self._at += cut
+        self._carry = buf[cut:]
+        if len(self._carry) > MAX_RAW_LINE:
+            self._problem(f"a line longer than {MAX_RAW_LINE} bytes after line {self._lines} "
+                          "was skipped", self._lines + 1)
+            self._at += len(self._carry)
+            self._carry = b""
+            self._skipping = True
+
+    @staticmethod
+    def _cut(buf: bytes, end: int) -> int:
+        """Where this buffer's work ends: after its last complete line, unless an older-shape
+        ``print_timing`` header sits in the last three lines — its figures come on the next
+        lines, so it waits for the next buffer."""
+        start = end
+        for _ in range(3):
+            start = buf.rfind(b"\n", 0, start - 1) + 1
+            if start == 0:
+                break
+        m = OLD_HEADER.search(buf, start, end)
+        return end if m is None else buf.rfind(b"\n", 0, m.start()) + 1
+
+    def drain(self) -> None:
+        """Read what ``feed`` held back when the input ends on a line end (a part of a log
+        cut at a line boundary)."""
+        if self._carry.endswith(b"\n"):
+            carry, self._carry = self._carry, b""
+            self._region(carry, len(carry), self._at)
+            self._at += len(carry)
+
+    def finish(self) -> PerfRun:
+        self.drain()
+        if self._carry:
+            self._problem("last line has no line end (truncated log?); not read",
+                          self._lines + 1)
+            self._carry = b""
+        self._end_boot("end")
+        boots = (*self.boot.boots_final(), *self.extra_boots)
+        return PerfRun(
+            name=os.path.basename(self.name) or self.name, source=self.source, kind="log",
+            requests=tuple(self.requests), notes=tuple(self.notes),
+            notes_dropped=self.notes_dropped, adapt=self.adapt.result(), boots=boots,
+            unfinished=self.unfinished, lines=self._lines, problems=tuple(self.problems))
+
+    # -- one buffer ------------------------------------------------------------------------
+
+    def _rare_hits(self, buf: bytes, cut: int, at: int) -> list[int]:
+        helper = self._helper
+        if helper is not None and cut:
+            try:
+                helper.ask(at, at + cut)
+                hits, _newlines, size = helper.answer()
+                if size == cut:
+                    return hits
+            except (EOFError, OSError, ValueError):
+                pass
+            self._helper = None
+            helper.close()
+        hits = []
+        for rx in _RARE:
+            hits.extend(m.start() for m in rx.finditer(buf, 0, cut))
+        hits.sort()
+        return hits
+
+    def _region(self, buf: bytes, cut: int, at: int) -> None:
+        rare = self._rare_hits(buf, cut, at)
+        ri = 0
+        n_rare = len(rare)
+        counted = 0
+        lines = self._lines
+        count = buf.count
+        pending = self._pending
+        for m in SLOT_LINES.finditer(buf, 0, cut):
+            pos = m.start()
+            if ri < n_rare and rare[ri] < pos:
+                lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
+            g = m.groups()
+            last: int = m.lastindex or 0
+            slot = int(g[0])
+            if last < CACHED:  # new prompt (and the cache line right after it)
+                old = pending.pop(slot, None)
+                if old is not None:
+                    self._close(slot, old, None, None, "next")
+                self._opened.add(slot)
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                task = int(g[1])
+                kept = g[NEW_PROMPT + 1]
+                pending[slot] = _Pending(task if task >= 0 else None, lines + 1,
+                                         int(g[NEW_PROMPT]), int(g[NEW_PROMPT - 1]),
+                                         None if kept is None else int(kept))
+                self._served = True
+                continue
+            p = pending.get(slot)
+            if p is None or (p.task is not None and g[1] != b"-1" and p.task != int(g[1])):
+                p = self._request(slot, int(g[1]))
+            stop: bytes | None = None
+            trunc: bytes | None = None
+            if last >= BLOCK:
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                p.prompt = _figures(g, BLOCK - 1)
+                p.decode = _figures(g, BLOCK + 3)
+                p.line = lines + 1
+                stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
+            elif last >= STOP:
+                stop, trunc = g[STOP - 1], g[STOP]
+            elif last == GRAPHS:
+                p.graphs = int(g[GRAPHS - 1])
+            elif last >= TIMING:
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                if g[TIMING - 1] == b"eval":
+                    p.decode = _figures(g, TIMING)
+                    p.line = lines + 1
+                else:
+                    p.prompt = _figures(g, TIMING)
+                if g[TIMING + 4] is not None:
+                    p.graphs = int(g[TIMING + 4])
+                stop, trunc = g[TIMING + 5], g[TIMING + 6]
+            else:
+                kept = g[CACHED - 1] if g[CACHED - 1] is not None else g[CACHED]
+                p.cached = int(kept or 0)
+            if stop is not None:
+                del pending[slot]
+                self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
+        if ri < n_rare:
+            lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
+        self._lines = lines + count(b"\n", counted, cut)
+
+    def _rare_before(self, buf: bytes, rare: list[int], ri: int, pos: int, lines: int,
+                     counted: int) -> tuple[int, int, int]:
+        """Read the rare-anchor lines that start before ``pos``; returns the new line count,
+        counted position and index."""
+        while ri < len(rare) and rare[ri] < pos:
+            ls = buf.rfind(b"\n", 0, rare[ri]) + 1
+            le = buf.find(b"\n", rare[ri])
+            lines += buf.count(b"\n", counted, ls)
+            counted = ls
+            self._lines = lines
+            self._rare(buf[ls:le], lines + 1)
+            while ri < len(rare) and rare[ri] < le:
+                ri += 1
+        return lines, counted, ri
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _request(self, slot: int, task: int) -> _Pending:
+        """The request in flight on ``slot`` for ``task``; a different task there ends the one
+        that was (a log that began mid-request opens one here)."""
+        t = task if task >= 0 else None
+        p = self._pending.get(slot)
+        if p is None or (t is not None and p.task is not None and p.task != t):
+            if p is not None:
+                self._close(slot, p, None, None, "next")
+            orphan = self.continuation and slot not in self._opened
+            p = self._pending[slot] = _Pending(t, orphan=orphan)
+            self._served = True
+        return p
+
+    def _close(self, slot: int, p: _Pending, depth_end: int | None,
+               truncated: bool | None, ended: str = "end") -> None:
+        if p.orphan:
+            self.orphans.append(Orphan(
+                slot=slot, task=p.task, cached=p.cached, prompt=p.prompt, decode=p.decode,
+                line=p.line, graphs=p.graphs, ended=ended, depth_end=depth_end,
+                truncated=truncated, notes_until=None if ended == "end" else len(self.notes)))
+            return
+        if p.decode is None:
+            self.unfinished += 1
+            return
+        d_ms, d_n, d_mspt, d_tps = p.decode
+        if d_tps is None and d_ms and d_n:
+            d_tps = d_n * 1000.0 / d_ms
+        p_ms, p_n, _p_mspt, p_tps = p.prompt if p.prompt is not None else (None, None, None,
+                                                                              None)
+        if p_tps is None and p_ms and p_n:
+            p_tps = p_n * 1000.0 / p_ms
+        self.requests.append(RequestTiming(
+            source=self.source, line=p.line, boot=self._boot_index, slot=slot, task=p.task,
+            prompt_tokens=p_n, prompt_ms=p_ms, prompt_tps=p_tps, decode_tokens=d_n,
+            decode_ms=d_ms, decode_tps=d_tps, ms_per_token=d_mspt,
+            depth_start=p.depth_start, depth_end=depth_end, cached=p.cached,
+            n_ctx_slot=p.n_ctx_slot, truncated=truncated, graphs_reused=p.graphs,
+            started=p.started, notes=tuple(p.notes)))
+
+    def _end_boot(self, ended: str = "boot") -> None:
+        for slot, p in sorted(self._pending.items()):
+            self._close(slot, p, None, None, ended)
+        self._pending.clear()
+        self._opened.clear()
+
+    # -- other lines -----------------------------------------------------------------------
+
+    def _rare(self, raw: bytes, line: int) -> None:
+        text, _level = clean(raw)
+        where = LogLine(self.source, line, text)
+        for rec in grammar.classify(where, text):
+            if isinstance(rec, ConfigItem):
+                self._config(rec)
+            elif isinstance(rec, StreamEvent):
+                self._stream(rec)
+            elif isinstance(rec, FitsLine):
+                self._note(StreamNote(self.source, line, self._boot_index, "fits-false",
+                                      message=text[:200], depth=self._last_active))
+        if grammar.is_fallback_warning(text) and "fits=false" not in text:
+            self._note(StreamNote(self.source, line, self._boot_index, "fallback",
+                                  message=text[:200], depth=self._last_active,
+                                  layer=grammar.layer_of(text)))
+
+    def _config(self, item: ConfigItem) -> None:
+        if self.continuation and not self.boot.boots:
+            # the boot before this part of the log goes on, unless a new one starts here: a
+            # new context is constructed (the other restart keys start a boot only after a
+            # ready boot, which the part before knows; it is handed these lines)
+            if item.key != "construct":
+                self.carried_config.append(item)
+                return
+            self.boot_notes = len(self.notes)
+            self.boot.add(item)
+            self._end_boot()
+            self._boot_index += 1
+            self._served = False
+            self._last_active = None
+            return
+        if item.key == "construct" and self._served and self.boot.boots:
+            # requests were served, so that boot was ready (its ready line may not be one
+            # this reader looks for): a new context now is a new server start
+            self.boot.add(ConfigItem(where=item.where, key="ready", value=True))
+        if self.boot.add(item):
+            if self.boot.boots and len(self.boot.boots) > 1:
+                self._end_boot()
+                self._boot_index += 1
+            self._served = False
+            self._last_active = None
+
+    def _stream(self, rec: StreamEvent) -> None:
+        v = rec.values
+        line = rec.where.line
+        if rec.kind == "trace" and {"active", "resident", "ring"} <= v.keys():
+            active = int(v["active"])
+            if self.continuation and self.first_active_line is None and not self.boot.boots:
+                self.first_active_line = line
+            self._last_active = active
+            self.adapt.add(self._boot_index, line, active, int(v["resident"]), int(v["ring"]),
+                           _int(v.get("samples")), _int(v.get("misses")), v.get("copy_busy"),
+                           _int(v.get("peak")), _int(v.get("layout")))
+        elif rec.kind == "repartition":
+            self._note(StreamNote(
+                self.source, line, self._boot_index, "repartition", message=rec.message[:200],
+                depth=self._last_active,
+                resident=(int(v["resident_from"]), int(v["resident_to"])),
+                ring=(int(v["ring_from"]), int(v["ring_to"])), miss_pct=v.get("miss_pct"),
+                busy_pct=v.get("copy_busy_pct")))
+        elif rec.kind == "trace" and "resident_pages/layer" in v and "ring_slots" in v:
+            now = (int(v["resident_pages/layer"]), int(v["ring_slots"]))
+            self._note(StreamNote(self.source, line, self._boot_index, "repartition",
+                                  message=rec.message[:200], depth=self._last_active,
+                                  resident=(now[0], now[0]), ring=(now[1], now[1])))
+        elif rec.kind in _NOTE_OF_STREAM:
+            self._note(StreamNote(self.source, line, self._boot_index,
+                                  _NOTE_OF_STREAM[rec.kind], message=rec.where.text[:200],
+                                  depth=self._last_active))
+
+    def _note(self, note: StreamNote) -> None:
+        if len(self.notes) >= MAX_NOTES:
+            self.notes_dropped += 1
+            return
+        index = len(self.notes)
+        self.notes.append(note)
+        for p in self._pending.values():
+            p.notes.append(index)
+
+    def _problem(self, message: str, line: int | None) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(source=self.source, message=message, line=line))
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _regular_size(name: str, stream: BinaryIO) -> int | None:
+    """The size of the regular file ``stream`` reads from its start (not through gzip)."""
+    if isinstance(stream, gzip.GzipFile):
+        return None
+    try:
+        if stream.tell() != 0 or not os.path.isfile(name):
+            return None
+        return os.fstat(stream.fileno()).st_size
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _helper_for(name: str, stream: BinaryIO) -> ScanHelper | None:
+    """A helper process for the rare anchors of a large regular file read from its start."""
+    size = _regular_size(name, stream)
+    if size is None or size < PARALLEL_MIN_BYTES or not spare_core():
+        return None
+    try:
+        return ScanHelper(name, RARE_ANCHORS)
+    except OSError:
+        return None
+
+
+def scan_stream(name: str, stream: BinaryIO, *, source: str | None = None,
+                hook: Callable[[bytes], None] | None = None) -> PerfRun:
+    """Read ``stream`` to its end (or to where it breaks, which is reported); ``hook`` sees the
+    blocks read until the first request completed (the boot lines, for a boot sniffer: every
+    further search of every block would cost a pass over the log)."""
+    size = _regular_size(name, stream)
+    if size is not None:
+        from kvdiag.postmortem import perfsplit
+
+        if perfsplit.usable(name, size):
+            run = perfsplit.scan_split(name, size, source, hook)
+            if run is not None:
+                return run
+    scanner = PerfScanner(name, source)
+    read = getattr(stream, "read1", None) or stream.read
+    helper = _helper_for(name, stream)
+    scanner.use_helper(helper)
+    try:
+        while True:
+            try:
+                data = read(BLOCK_BYTES)
+            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+                scanner._problem(f"input breaks after line {scanner._lines}: "
+                                 f"{describe_break(exc)}", None)
+                break
+            if not data:
+                break
+            if hook is not None and not scanner.requests:
+                hook(data)
+            scanner.feed(data)
+    finally:
+        if scanner._helper is not None:
+            scanner._helper.close()
+    return scanner.finish()
+
+
+def scan_paths(paths: Iterable[str]) -> list[PerfRun]:
+    """Each log (``-`` = stdin, ``.gz`` detected) as one run."""
+    from kvdiag.postmortem.lines import open_log
+
+    runs = []
+    for path in paths:
+        name, stream, closers = open_log(path)
+        try:
+            runs.append(scan_stream(name, stream))
+        finally:
+            for c in closers:
+                c.close()
+    return runs

@@ -1,0 +1,95 @@
+"""8 Perf: decode tok/s against depth for the open runs, the partition and misses on the same
+axis, a cursor per request and the request's bin against the baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from seed_arm117 import seed_logs
+from server_logs import ServerLog, adapt_line, session
+from textual.pilot import Pilot
+from textual_plotext import PlotextPlot
+
+from kvdiag.cli import main
+from kvdiag.tui.app import KvdiagApp
+from tests.test_tui_pilot import drive, show, text
+from tests.test_tui_telemetry_plot import cursor, series
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("perf")
+    base, stream = seed_logs()
+    (root / "base.log").write_text(base)
+    (root / "stream.log").write_text(stream)
+    # a streaming run whose kv_stream_adapt lines record the partition and misses
+    log = ServerLog()
+    log.boot(stage_mib=512)
+    during = {k: (adapt_line(7150 * (k + 1) - 700, 124 - k, 13 + 9 * k, samples=100,
+                             misses=10 * k, busy=50.0 + k, peak=10),) for k in range(6)}
+    for t in session(6, 6400, 750, [30.0, 27.0, 24.0, 20.0, 15.0, 11.0], during=during):
+        log.requests(t)
+    (root / "adapt.log").write_text(log.text())
+    assert main(["import", str(root / "adapt.log"), "-o", str(root / "adapt.kvtrace")]) == 0
+    return {p.stem + p.suffix: p for p in root.iterdir()}
+
+
+def test_the_runs_the_partition_and_the_request_cursor(runs: dict[str, Path]) -> None:
+    """GIVEN the seed's streaming and baseline logs WHEN Perf is shown THEN both runs' rates
+    are plotted by depth, the cursor follows ←/→ from request to request, and the request's
+    bin against the baseline says what the comparison says."""
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "8")
+        rate = app.screen.query_one("#perf-rate", PlotextPlot)
+        got = series(rate)
+        assert set(got) >= {"stream.log", "base.log (baseline)"}
+        depths, tps = got["stream.log"]
+        assert depths[:2] == [6144.0, 14336.0]  # the centres of the 4K–8K and 12K–16K bins
+        assert [round(v, 2) for v in tps[:9]] == [31.52, 20.10, 17.30, 15.20, 13.45, 10.78,
+                                                  8.79, 16.70, 21.41]
+        assert cursor(rate) == [6775.0]  # the first request's decode, 6,400–7,150
+        await show(pilot, *["right"] * 6)
+        assert cursor(rate) == [49675.0]
+        words = " ".join(text(app).split())
+        assert "request 7 of 12 · slot 0 task 6 · depth 49300→50050 · decode 8.79 tok/s" in words
+        assert "bin 48K–52K against base.log: 0.40 (-60.0 %)" in words
+        assert "cause: not explained by what the log records" in words
+        assert "whole run: mean cost -28.9 % over 9 uncapped pairs · turn-1 parity" in words
+        partition = app.screen.query_one("#perf-partition", PlotextPlot)
+        assert list(series(partition)) == ["active pages"]
+        assert not app.screen.query_one("#perf-misses", PlotextPlot).display
+        await show(pilot, "end")
+        assert "request 12 of 12" in text(app) and "truncated" in text(app)
+
+    drive([runs["stream.log"], runs["base.log"]], script, size=(140, 60))
+
+
+def test_a_trace_with_timing_events_and_its_recorded_partition(runs: dict[str, Path]) -> None:
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "8")
+        words = " ".join(text(app).split())
+        assert "adapt.kvtrace: 6 request(s) · no baseline open" in words
+        partition = series(app.screen.query_one("#perf-partition", PlotextPlot))
+        depth, resident = partition["resident pages/layer"]
+        assert resident == [124.0, 123.0, 122.0, 121.0, 120.0, 119.0]
+        assert depth == [256.0 * -(-(7150 * (k + 1) - 700) // 256) for k in range(6)]
+        misses = series(app.screen.query_one("#perf-misses", PlotextPlot))
+        assert misses["miss %"][1] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+        await show(pilot, "b")
+        assert any("no other open file has request timings" in n.message
+                   for n in app._notifications)
+
+    drive([runs["adapt.kvtrace"]], script, size=(140, 60))
+
+
+def test_a_file_without_timing_says_so(runs: dict[str, Path]) -> None:
+    plain = runs["base.log"].parent / "plain.log"
+    plain.write_text("nothing here\n")
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "8")
+        assert "no request timing in this file" in text(app)
+
+    drive([plain], script)
