@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "postmortem",
     "import_",
     "perf",
+    "sql",
     "devices",
     "tui",
     "demo",

@@ -1,0 +1,220 @@
+"""The DuckDB side of ``kvdiag sql``: tables filled in batches, Parquet out, Parquet in.
+
+Rows reach DuckDB through its JSON reader: each batch is written to a temporary JSON Lines
+file (``msgspec`` encodes a batch of tuples or event Structs at C speed) and inserted with one
+``INSERT … SELECT … FROM read_json(…)`` whose columns and casts come from
+:mod:`kvdiag.sql.schema`. Measured against the other fast paths on this machine
+(benchmarks/results/bench_sql.txt) it is as fast as building numpy columns and needs no
+per-column Python work; events go in exactly as the trace reader decoded them.
+
+Conversion uses an on-disk database in a temporary folder, so memory does not grow with the
+input (DuckDB spills what does not fit).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from kvdiag.errors import InputError, UsageError
+from kvdiag.model import events as ev
+from kvdiag.sql.schema import BY_NAME, EVENT_COLUMNS, TABLES, Table
+
+if TYPE_CHECKING:
+    import duckdb
+
+BATCH_ROWS = 200_000
+BATCH_EVENTS = 200_000
+MISSING = "kvdiag sql needs DuckDB, an optional extra: pip install 'kvdiag[sql]'"
+
+
+def duckdb_module() -> Any:
+    """DuckDB, or the one-line error that says how to install it."""
+    try:
+        import duckdb
+    except ImportError:
+        raise UsageError(MISSING) from None
+    return duckdb
+
+
+def quote(text: str) -> str:
+    """A string literal for SQL text (paths: DuckDB's table functions take no parameters)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _row_select(table: Table, path: str) -> str:
+    cols = table.columns[1:]
+    exprs = ", ".join(f"j[{i}]::{t}" for i, (_, t) in enumerate(cols, 1))
+    return (f'INSERT INTO loaded."{table.name}" SELECT $file, {exprs} FROM '
+            f"read_json({quote(path)}, format='newline_delimited', records=false, "
+            "columns={'j': 'VARCHAR[]'}, maximum_object_size=268435456)")
+
+
+def _event_select(path: str) -> str:
+    cols = ", ".join(f"'{n}': '{t}'" for n, t in EVENT_COLUMNS.read.items())
+    return (f'INSERT INTO loaded."events" SELECT $file, {", ".join(EVENT_COLUMNS.select)} '
+            f"FROM read_json({quote(path)}, format='newline_delimited', "
+            f"columns={{{cols}}}, maximum_object_size=268435456)")
+
+
+class Loader:
+    """A :class:`~kvdiag.sql.rows.Sink` that fills the ``loaded`` schema of a connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, spool: Path) -> None:
+        self.con = con
+        self.spool = spool
+        self.file = ""
+        self._rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in TABLES}
+        self._events: list[Any] = []
+        self._encode = msgspec.json.Encoder().encode_lines
+        self._n = 0
+        con.execute("CREATE SCHEMA IF NOT EXISTS loaded")
+        for t in TABLES:
+            con.execute(t.ddl().replace('CREATE TABLE "', 'CREATE TABLE loaded."', 1))
+
+    def start(self, file: str) -> None:
+        self.flush()
+        self.file = file
+
+    def row(self, table: str, values: tuple[Any, ...]) -> None:
+        rows = self._rows[table]
+        rows.append(values)
+        if len(rows) >= BATCH_ROWS:
+            self._flush_table(table)
+
+    def event(self, event: ev.AnyEvent | ev.Unknown) -> None:
+        if type(event) is ev.Unknown:
+            self._events.append({"kind": event.kind, "seq": event.seq, "t_ns": event.t_ns,
+                                 "step": event.step, "extra": event.fields})
+        else:
+            self._events.append(event)
+        if len(self._events) >= BATCH_EVENTS:
+            self._flush_events()
+
+    def _spool_file(self, data: bytes) -> str:
+        self._n += 1
+        path = self.spool / f"batch-{self._n}.jsonl"
+        path.write_bytes(data)
+        return str(path)
+
+    def _flush_table(self, name: str) -> None:
+        rows = self._rows[name]
+        if not rows:
+            return
+        path = self._spool_file(self._encode(rows))
+        rows.clear()
+        try:
+            self.con.execute(_row_select(BY_NAME[name], path), {"file": self.file})
+        finally:
+            os.unlink(path)
+
+    def _flush_events(self) -> None:
+        if not self._events:
+            return
+        path = self._spool_file(self._encode(self._events))
+        self._events.clear()
+        try:
+            self.con.execute(_event_select(path), {"file": self.file})
+        finally:
+            os.unlink(path)
+
+    def flush(self) -> None:
+        for name in self._rows:
+            self._flush_table(name)
+        self._flush_events()
+
+
+class Database:
+    """A temporary on-disk DuckDB database: the ``loaded`` schema holds converted inputs and
+    the main schema one view per table over them and over Parquet folders."""
+
+    def __init__(self) -> None:
+        duck = duckdb_module()
+        self.dir = tempfile.TemporaryDirectory(prefix="kvdiag-sql-")
+        root = Path(self.dir.name)
+        (root / "spool").mkdir()
+        self.con: duckdb.DuckDBPyConnection = duck.connect(str(root / "kvdiag.duckdb"))
+        self.con.execute(f"SET temp_directory = {quote(str(root / 'tmp'))}")
+        self.loader = Loader(self.con, root / "spool")
+
+    def close(self) -> None:
+        self.con.close()
+        self.dir.cleanup()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def views(self, parquet_dirs: Iterable[str]) -> None:
+        """One view per table: the converted rows, and the same table of every Parquet
+        folder (columns matched by name, so folders written by another version still join)."""
+        self.loader.flush()
+        dirs = list(parquet_dirs)
+        for t in TABLES:
+            parts = [f'SELECT * FROM loaded."{t.name}"']
+            files = [str(Path(d) / f"{t.name}.parquet") for d in dirs
+                     if (Path(d) / f"{t.name}.parquet").is_file()]
+            if files:
+                listed = ", ".join(quote(f) for f in files)
+                parts.append(f"SELECT * FROM read_parquet([{listed}], union_by_name=true)")
+            if files and not self._has_rows(t.name):
+                parts = parts[1:]
+            self.con.execute(f'CREATE OR REPLACE VIEW "{t.name}" AS '
+                             + " UNION ALL BY NAME ".join(parts))
+
+    def _has_rows(self, name: str) -> bool:
+        got = self.con.execute(f'SELECT count(*) FROM (SELECT 1 FROM loaded."{name}" LIMIT 1)'
+                               ).fetchone()
+        return bool(got and got[0])
+
+    def write_parquet(self, out: str, force: bool) -> list[str]:
+        """Every table as ``OUT/<table>.parquet``, each written beside its name and renamed
+        into place when complete."""
+        self.loader.flush()
+        root = Path(out)
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"--parquet {out}: exists and is not a directory")
+        root.mkdir(parents=True, exist_ok=True)
+        targets = [root / f"{t.name}.parquet" for t in TABLES]
+        there = [p.name for p in targets if p.exists()]
+        if there and not force:
+            raise UsageError(f"--parquet {out}: holds {', '.join(there)} (use --force to "
+                             "replace)")
+        written = []
+        for t, target in zip(TABLES, targets, strict=True):
+            tmp = root / f".{target.name}.{os.getpid()}.tmp"
+            try:
+                self.con.execute(f'COPY (SELECT * FROM "{t.name}") TO {quote(str(tmp))} '
+                                 "(FORMAT parquet, COMPRESSION zstd)")
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            written.append(str(target))
+        return written
+
+
+_TABLE_WORD = re.compile(r"\b(" + "|".join(t.name for t in TABLES) + r")\b", re.IGNORECASE)
+
+
+def tables_named(sql: str) -> frozenset[str]:
+    """The tables a query names (a word anywhere in it): only these are filled."""
+    return frozenset(m.lower() for m in _TABLE_WORD.findall(sql))
+
+
+def is_parquet_dir(path: str) -> bool:
+    p = Path(path)
+    return p.is_dir() and any((p / f"{t.name}.parquet").is_file() for t in TABLES)
+
+
+def require_parquet_dir(path: str) -> None:
+    if Path(path).is_dir() and not is_parquet_dir(path):
+        raise InputError(f"{path}: a directory without kvdiag sql tables (*.parquet written "
+                         "by kvdiag sql --parquet)")
