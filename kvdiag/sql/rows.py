@@ -138,7 +138,8 @@ def _tap(reader: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
     """The reader's events, handed to the Judge by ``feed_all``; each is turned into rows
     when the Judge asks for the next one (it has taken this one by then)."""
     conds = _Conditions(sink)
-    events, pages, fits = "events" in tables, "pages" in tables, "fits" in tables
+    events = any(t.startswith("events_") for t in tables)
+    pages, fits = "pages" in tables, "fits" in tables
     timings, crashes = "timings" in tables, "crashes" in tables or "frames" in tables
     row_event = sink.event
     aborts = 0

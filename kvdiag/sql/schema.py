@@ -1,10 +1,10 @@
 """The tables of ``kvdiag sql``: their columns and DuckDB types, in one place.
 
 Every table has a ``file`` column (the input as given on the command line), so that several
-traces and logs load into the same tables. ``events`` is derived from the event Structs of
-:mod:`kvdiag.model.events` (every kind's fields, one column per field name): a field that two
-kinds give different types is split by :data:`RENAMES`, and a test checks that no other name
-clashes. What each column means is in docs/sql.md.
+traces and logs load into the same tables. The events tables are derived from the event Structs
+of :mod:`kvdiag.model.events`: one per kind (``events_upload`` …), and the ``events`` view of
+them all (every kind's fields, one column per field name); a field that two kinds give
+different types is renamed by :data:`RENAMES`, and a test checks that no other name clashes. What each column means is in docs/sql.md.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ POINTERS = frozenset({("learn", "k_ptr")})
 """Unsigned 64-bit values (pointers) among the integer fields."""
 
 COMMON = (("seq", "BIGINT"), ("t_ns", "BIGINT"), ("step", "BIGINT"), ("kind", "VARCHAR"))
+"""The columns every event has (``kind`` names its table in the ``events`` view)."""
 
 
 def _duck(t: mi.Type) -> str:
@@ -126,53 +127,39 @@ def event_fields() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-@dataclass(frozen=True)
-class EventColumns:
-    """How the events table is read from the JSON Lines of encoded events."""
-
-    read: dict[str, str]
-    """Fields as read_json reads them (a field split by kind is read as JSON)."""
-    select: tuple[str, ...]
-    """SELECT expressions, in the table's column order (after ``file``)."""
-    columns: tuple[tuple[str, str], ...]
-
-
-def event_columns() -> EventColumns:
-    read: dict[str, str] = dict(COMMON)
-    select = [f'"{n}"' for n, _ in COMMON]
-    columns: list[tuple[str, str]] = list(COMMON)
-    for name, uses in event_fields().items():
-        renamed = [(k, t) for k, t in uses if (k, name) in RENAMES]
-        kept = [(k, t) for k, t in uses if (k, name) not in RENAMES]
-        types = {t for _, t in kept}
-        if len(types) > 1:
-            raise AssertionError(f"event field {name!r} has types {sorted(types)} across "
+def event_tables() -> tuple[Table, ...]:
+    """One table per event kind, ``events_<kind>``: the common columns and the kind's fields
+    (renamed by :data:`RENAMES`), and ``events_other`` for kinds this version does not know
+    (their fields in ``extra``). Narrow tables load several times faster than one wide table
+    of every field (benchmarks/results/bench_sql.txt); the ``events`` view joins them."""
+    fields = event_fields()
+    by_kind: dict[str, list[tuple[str, str]]] = {}
+    for cls in typing.get_args(ev.AnyEvent):
+        by_kind[cls.__struct_config__.tag] = []
+    for name, uses in fields.items():
+        kept = {t for k, t in uses if (k, name) not in RENAMES}
+        if len(kept) > 1:
+            raise AssertionError(f"event field {name!r} has types {sorted(kept)} across "
                                  "kinds: add it to kvdiag.sql.schema.RENAMES")
-        if not renamed:
-            duck = types.pop()
-            read[name] = duck
-            select.append(f'"{name}"')
-            columns.append((name, duck))
-            continue
-        read[name] = "JSON"
-        if kept:
-            duck = types.pop()
-            others = ", ".join(f"'{k}'" for k, _ in renamed)
-            select.append(f'CASE WHEN kind IN ({others}) THEN NULL ELSE "{name}"::{duck} END')
-            columns.append((name, duck))
-        for kind, duck in renamed:
-            select.append(f"CASE WHEN kind = '{kind}' THEN \"{name}\"::{duck} END")
-            columns.append((RENAMES[(kind, name)], duck))
-    read["extra"] = "JSON"
-    select.append('"extra"')
-    columns.append(("extra", "JSON"))
-    return EventColumns(read, tuple(select), tuple(columns))
+        for kind, duck in uses:
+            by_kind[kind].append((RENAMES.get((kind, name), name), duck))
+    out = [Table(f"events_{kind}", (("file", "VARCHAR"), *COMMON, *cols),
+                 f"every {kind} event") for kind, cols in by_kind.items()]
+    out.append(Table("events_other", (("file", "VARCHAR"), *COMMON, ("extra", "JSON")),
+                     "events of kinds this version does not know (fields in extra)"))
+    return tuple(out)
 
 
-EVENT_COLUMNS = event_columns()
-EVENTS = Table("events", (("file", "VARCHAR"), *EVENT_COLUMNS.columns),
-               "every event of a trace, every kind: common columns and the kind's fields")
+def json_names(table: Table) -> list[str]:
+    """The JSON field names of an events table's columns (after ``file``)."""
+    kind = table.name.removeprefix("events_")
+    back = {v: f for (k, f), v in RENAMES.items() if k == kind}
+    return [back.get(n, n) for n, _ in table.columns[1:]]
 
-TABLES: tuple[Table, ...] = (FILES, PROBLEMS, EVENTS, PAGES, FITS, CONDITIONS, FINDINGS,
-                             EVIDENCE, TIMINGS, CRASHES, FRAMES)
+
+EVENT_TABLES = event_tables()
+EVENT_TABLE: dict[str, Table] = {t.name.removeprefix("events_"): t for t in EVENT_TABLES}
+
+TABLES: tuple[Table, ...] = (FILES, PROBLEMS, PAGES, FITS, CONDITIONS, FINDINGS, EVIDENCE,
+                             TIMINGS, CRASHES, FRAMES, *EVENT_TABLES)
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}

@@ -24,11 +24,12 @@ import msgspec
 
 from kvdiag.errors import InputError, UsageError
 from kvdiag.model import events as ev
-from kvdiag.sql.schema import BY_NAME, EVENT_COLUMNS, TABLES, Table
+from kvdiag.sql.schema import BY_NAME, EVENT_TABLES, TABLES, Table, json_names
 
 if TYPE_CHECKING:
     import duckdb
 
+EVENT_TABLE_NAMES = frozenset(t.name for t in EVENT_TABLES)
 BATCH_ROWS = 200_000
 BATCH_EVENTS = 200_000
 MISSING = "kvdiag sql needs DuckDB, an optional extra: pip install 'kvdiag[sql]'"
@@ -56,11 +57,18 @@ def _row_select(table: Table, path: str) -> str:
             "columns={'j': 'VARCHAR[]'}, maximum_object_size=268435456)")
 
 
-def _event_select(path: str) -> str:
-    cols = ", ".join(f"'{n}': '{t}'" for n, t in EVENT_COLUMNS.read.items())
-    return (f'INSERT INTO loaded."events" SELECT $file, {", ".join(EVENT_COLUMNS.select)} '
-            f"FROM read_json({quote(path)}, format='newline_delimited', "
+def _event_select(table: Table, path: str) -> str:
+    names = json_names(table)
+    cols = ", ".join(f"'{n}': '{t}'" for n, (_, t) in zip(names, table.columns[1:],
+                                                           strict=True))
+    return (f'INSERT INTO loaded."{table.name}" SELECT $file, '
+            + ", ".join(f'"{n}"' for n in names)
+            + f" FROM read_json({quote(path)}, format='newline_delimited', "
             f"columns={{{cols}}}, maximum_object_size=268435456)")
+
+
+EVENTS_VIEW = "events"
+"""The view of every events table (columns matched by name)."""
 
 
 class Loader:
@@ -70,8 +78,10 @@ class Loader:
         self.con = con
         self.spool = spool
         self.file = ""
-        self._rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in TABLES}
-        self._events: list[Any] = []
+        self._rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in TABLES
+                                                         if t.name not in EVENT_TABLE_NAMES}
+        self._events: dict[str, list[Any]] = {t.name: [] for t in EVENT_TABLES}
+        self._tag: dict[type, str] = {}
         self._encode = msgspec.json.Encoder().encode_lines
         self._n = 0
         con.execute("CREATE SCHEMA IF NOT EXISTS loaded")
@@ -89,13 +99,20 @@ class Loader:
             self._flush_table(table)
 
     def event(self, event: ev.AnyEvent | ev.Unknown) -> None:
-        if type(event) is ev.Unknown:
-            self._events.append({"kind": event.kind, "seq": event.seq, "t_ns": event.t_ns,
-                                 "step": event.step, "extra": event.fields})
+        t = type(event)
+        name = self._tag.get(t)
+        if name is None:
+            tag = t.__struct_config__.tag if t is not ev.Unknown else "other"
+            name = self._tag[t] = f"events_{tag}"
+        rows = self._events[name]
+        if t is ev.Unknown:
+            u: ev.Unknown = event  # type: ignore[assignment]
+            rows.append({"kind": u.kind, "seq": u.seq, "t_ns": u.t_ns, "step": u.step,
+                         "extra": u.fields})
         else:
-            self._events.append(event)
-        if len(self._events) >= BATCH_EVENTS:
-            self._flush_events()
+            rows.append(event)
+        if len(rows) >= BATCH_EVENTS:
+            self._flush_events(name)
 
     def _spool_file(self, data: bytes) -> str:
         self._n += 1
@@ -114,20 +131,22 @@ class Loader:
         finally:
             os.unlink(path)
 
-    def _flush_events(self) -> None:
-        if not self._events:
+    def _flush_events(self, name: str) -> None:
+        rows = self._events[name]
+        if not rows:
             return
-        path = self._spool_file(self._encode(self._events))
-        self._events.clear()
+        path = self._spool_file(self._encode(rows))
+        rows.clear()
         try:
-            self.con.execute(_event_select(path), {"file": self.file})
+            self.con.execute(_event_select(BY_NAME[name], path), {"file": self.file})
         finally:
             os.unlink(path)
 
     def flush(self) -> None:
         for name in self._rows:
             self._flush_table(name)
-        self._flush_events()
+        for name in self._events:
+            self._flush_events(name)
 
 
 class Database:
@@ -169,6 +188,8 @@ class Database:
                 parts = parts[1:]
             self.con.execute(f'CREATE OR REPLACE VIEW "{t.name}" AS '
                              + " UNION ALL BY NAME ".join(parts))
+        self.con.execute(f'CREATE OR REPLACE VIEW "{EVENTS_VIEW}" AS ' + " UNION ALL BY NAME "
+                         .join(f'SELECT * FROM "{t.name}"' for t in EVENT_TABLES))
 
     def _has_rows(self, name: str) -> bool:
         got = self.con.execute(f'SELECT count(*) FROM (SELECT 1 FROM loaded."{name}" LIMIT 1)'
@@ -201,12 +222,17 @@ class Database:
         return written
 
 
-_TABLE_WORD = re.compile(r"\b(" + "|".join(t.name for t in TABLES) + r")\b", re.IGNORECASE)
+_TABLE_WORD = re.compile(r"\b(" + "|".join([t.name for t in TABLES] + [EVENTS_VIEW])
+                         + r")\b", re.IGNORECASE)
 
 
 def tables_named(sql: str) -> frozenset[str]:
-    """The tables a query names (a word anywhere in it): only these are filled."""
-    return frozenset(m.lower() for m in _TABLE_WORD.findall(sql))
+    """The tables a query names (a word anywhere in it): only these are filled; ``events``
+    names every events table."""
+    names = {m.lower() for m in _TABLE_WORD.findall(sql)}
+    if EVENTS_VIEW in names:
+        names |= EVENT_TABLE_NAMES
+    return frozenset(names)
 
 
 def is_parquet_dir(path: str) -> bool:
