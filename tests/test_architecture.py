@@ -30,6 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"report", "analysis", "trace", "model", "postmortem"},
     # kvdiag sql: traces judged (analysis), logs scanned (postmortem), into DuckDB
     "sql": {"analysis", "trace", "postmortem", "model"},
+    # kvdiag check --follow: a growing trace or log (read as trace/logimport do), judged
+    "follow": {"analysis", "trace", "postmortem", "logimport", "model", "report"},
 }
 LEAVES = {"errors", "__init__"}
 
