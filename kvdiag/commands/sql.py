@@ -22,6 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "written by --parquet); with --parquet only the inputs")
     parser.add_argument("--parquet", metavar="DIR",
                         help="write every table of the inputs as DIR/<table>.parquet")
+    parser.add_argument("--tables", metavar="T,T",
+                        help="with --parquet: only these tables (events: every events table; "
+                             "files and problems are always written)")
     parser.add_argument("--force", action="store_true",
                         help="with --parquet: replace tables already in DIR")
     parser.add_argument("--format", choices=FORMATS, default="text",
@@ -38,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"reading {path} …", file=sys.stderr)
 
+    if args.tables and not args.parquet:
+        raise UsageError("--tables goes with --parquet (a query loads the tables it names)")
     if args.parquet:
-        written = sqlrun.parquet(args.parquet, args.args, force=args.force, progress=progress)
+        tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables \
+            else None
+        written = sqlrun.parquet(args.parquet, args.args, force=args.force, progress=progress,
+                                 tables=tables)
         print(f"wrote {len(written)} tables to {args.parquet}")
         return EXIT_OK
     if len(args.args) < 2:

@@ -73,11 +73,20 @@ def query(sql: str, inputs: Sequence[str],
 
 
 def parquet(out: str, inputs: Sequence[str], force: bool = False,
-            progress: Callable[[str], None] | None = None) -> list[str]:
-    """Every table of the inputs as ``OUT/<table>.parquet``."""
+            progress: Callable[[str], None] | None = None,
+            tables: Sequence[str] | None = None) -> list[str]:
+    """Every table of the inputs (or those named: ``events`` for every events table) as
+    ``OUT/<table>.parquet``; ``files`` and ``problems`` are always written."""
+    wanted = ALL_TABLES
+    if tables is not None:
+        unknown = sorted(set(tables) - ALL_TABLES - {"events"})
+        if unknown:
+            raise UsageError(f"--tables: no table {', '.join(unknown)} (tables: "
+                             f"{', '.join(sorted(ALL_TABLES | {'events'}))})")
+        wanted = tables_named(" ".join(tables)) | {"files", "problems"}
     with Database() as db:
-        load(db, inputs, ALL_TABLES, progress)
-        return db.write_parquet(out, force)
+        load(db, inputs, wanted, progress)
+        return db.write_parquet(out, force, wanted)
 
 
 def _duck() -> Any:

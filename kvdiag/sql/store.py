@@ -196,21 +196,23 @@ class Database:
                                ).fetchone()
         return bool(got and got[0])
 
-    def write_parquet(self, out: str, force: bool) -> list[str]:
-        """Every table as ``OUT/<table>.parquet``, each written beside its name and renamed
-        into place when complete."""
+    def write_parquet(self, out: str, force: bool,
+                      tables: frozenset[str] | None = None) -> list[str]:
+        """Every table (or those in ``tables``) as ``OUT/<table>.parquet``, each written
+        beside its name and renamed into place when complete."""
         self.loader.flush()
         root = Path(out)
         if root.exists() and not root.is_dir():
             raise UsageError(f"--parquet {out}: exists and is not a directory")
         root.mkdir(parents=True, exist_ok=True)
-        targets = [root / f"{t.name}.parquet" for t in TABLES]
+        chosen = [t for t in TABLES if tables is None or t.name in tables]
+        targets = [root / f"{t.name}.parquet" for t in chosen]
         there = [p.name for p in targets if p.exists()]
         if there and not force:
             raise UsageError(f"--parquet {out}: holds {', '.join(there)} (use --force to "
                              "replace)")
         written = []
-        for t, target in zip(TABLES, targets, strict=True):
+        for t, target in zip(chosen, targets, strict=True):
             tmp = root / f".{target.name}.{os.getpid()}.tmp"
             try:
                 self.con.execute(f'COPY (SELECT * FROM "{t.name}") TO {quote(str(tmp))} '
