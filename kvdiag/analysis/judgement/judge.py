@@ -184,6 +184,7 @@ class Judge:
             ev.Invalidate: self._invalidate, ev.Abort: self.groups.aborts.append,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
+            ev.Records: self._records,
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
@@ -256,6 +257,9 @@ class Judge:
             kinds = e.fields.get("kinds")
             if isinstance(kinds, list):
                 self._declare(kinds)
+
+    def _records(self, e: ev.Records) -> None:
+        self._declare(list(e.kinds))
 
     def _declare(self, kinds: list[Any]) -> None:
         self.completeness.declare(kinds)
