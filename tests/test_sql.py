@@ -129,3 +129,18 @@ def test_text_and_csv_output(two: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["sql", q, str(two)]) == 0
     out = capsys.readouterr().out
     assert out.split()[:2] == ["kind", "n"] and "7 row(s)" in out
+
+
+def test_a_value_no_column_type_holds_is_one_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A 64-bit unsigned value where the column is BIGINT (a hostile trace): exit 2, one line
+    naming the file and the table, no traceback."""
+    t = tmp_path / "big.kvtrace"
+    t.write_text('{"format":"kvtrace","version":"1.2","kvdiag_version":"t","created":"t",'
+                 '"backend":"t","device":{"name":"t"},"scenario":{}}\n'
+                 '{"kind":"evict","seq":1,"t_ns":0,"step":0,"slot":18446744073709551615,'
+                 '"layer":0,"stream":0,"page":0,"bytes":1,"reason":"x"}\n')
+    assert main(["sql", "SELECT count(*) FROM events_evict", str(t)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvdiag: error: {t}: cannot load the events_evict table:")
+    assert "\n" not in err and "Traceback" not in err

@@ -71,7 +71,7 @@ CRASHES = _t("crashes", "crashes of a log (post-mortem scanner) and abort events
              "gpu_backend:VARCHAR gpu_error:VARCHAR fingerprint:VARCHAR "
              "active_slots:BIGINT[] frames:BIGINT")
 FRAMES = _t("frames", "the backtrace frames of each crash, as printed",
-            "crash:BIGINT frame:BIGINT address:UBIGINT module:VARCHAR offset:UBIGINT "
+            "crash:BIGINT frame:BIGINT address:HUGEINT module:VARCHAR offset:HUGEINT "
             "function:VARCHAR source_file:VARCHAR source_line:BIGINT inlined:BOOLEAN "
             "in_app:BOOLEAN text:VARCHAR")
 
@@ -85,7 +85,8 @@ RENAMES: dict[tuple[str, str], str] = {
 same name another type (adapt's ``resident`` is a page count, repartition's a from/to pair)."""
 
 POINTERS = frozenset({("learn", "k_ptr")})
-"""Unsigned 64-bit values (pointers) among the integer fields."""
+"""Pointers among the integer fields: HUGEINT, since a trace may hold any value from -2^63 to
+2^64-1 there (the reader's range)."""
 
 COMMON = (("seq", "BIGINT"), ("t_ns", "BIGINT"), ("step", "BIGINT"), ("kind", "VARCHAR"))
 """The columns every event has (``kind`` names its table in the ``events`` view)."""
@@ -122,7 +123,7 @@ def event_fields() -> dict[str, list[tuple[str, str]]]:
         for f in info.fields:
             if f.name in ("seq", "t_ns", "step"):
                 continue
-            duck = "UBIGINT" if (kind, f.name) in POINTERS else _duck(f.type)
+            duck = "HUGEINT" if (kind, f.name) in POINTERS else _duck(f.type)
             out.setdefault(f.name, []).append((kind, duck))
     return out
 

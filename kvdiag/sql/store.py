@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 EVENT_TABLE_NAMES = frozenset(t.name for t in EVENT_TABLES)
 BATCH_ROWS = 200_000
+LOAD_MEMORY = "1GB"
+"""DuckDB's memory while inputs are converted (the query then gets DuckDB's default)."""
 BATCH_EVENTS = 200_000
 MISSING = "kvdiag sql needs DuckDB, an optional extra: pip install 'kvdiag[sql]'"
 
@@ -127,7 +129,7 @@ class Loader:
         path = self._spool_file(self._encode(rows))
         rows.clear()
         try:
-            self.con.execute(_row_select(BY_NAME[name], path), {"file": self.file})
+            self._insert(_row_select(BY_NAME[name], path), name)
         finally:
             os.unlink(path)
 
@@ -138,9 +140,19 @@ class Loader:
         path = self._spool_file(self._encode(rows))
         rows.clear()
         try:
-            self.con.execute(_event_select(BY_NAME[name], path), {"file": self.file})
+            self._insert(_event_select(BY_NAME[name], path), name)
         finally:
             os.unlink(path)
+
+    def _insert(self, sql: str, table: str) -> None:
+        try:
+            self.con.execute(sql, {"file": self.file})
+        except duckdb_module().Error as exc:
+            # a value DuckDB's column type cannot hold (a hostile trace's integer beyond 64
+            # bits signed where the type is BIGINT): one line, never a traceback
+            text = str(exc).strip().splitlines()
+            raise InputError(f"{self.file}: cannot load the {table} table: "
+                             f"{text[0] if text else type(exc).__name__}") from None
 
     def flush(self) -> None:
         for name in self._rows:
@@ -160,6 +172,8 @@ class Database:
         (root / "spool").mkdir()
         self.con: duckdb.DuckDBPyConnection = duck.connect(str(root / "kvdiag.duckdb"))
         self.con.execute(f"SET temp_directory = {quote(str(root / 'tmp'))}")
+        # converting needs little memory; what does not fit goes to the temporary folder
+        self.con.execute(f"SET memory_limit = '{LOAD_MEMORY}'")
         self.loader = Loader(self.con, root / "spool")
 
     def close(self) -> None:
@@ -176,6 +190,7 @@ class Database:
         """One view per table: the converted rows, and the same table of every Parquet
         folder (columns matched by name, so folders written by another version still join)."""
         self.loader.flush()
+        self.con.execute("RESET memory_limit")
         dirs = list(parquet_dirs)
         for t in TABLES:
             parts = [f'SELECT * FROM loaded."{t.name}"']
