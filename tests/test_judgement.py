@@ -56,7 +56,9 @@ def judge_and_compare(events: tuple[Any, ...] | list[Any]) -> Counter[tuple[str,
 
 
 def test_the_matrix_covers_every_scenario_and_the_unified_cache() -> None:
-    assert len(CASES) == 32
+    # 3 scenarios of one slot × 2 layouts × 2 dispatches, 3 of two slots × 2 × 2 × (unified
+    # or not); multiturn-growth (from the perf branch) runs one slot by default
+    assert len(CASES) == 36
     assert {c[0] for c in CASES} == set(SCENARIOS)
     assert sum(1 for c in CASES if c[3]) == 12  # three two-slot scenarios × 2 × 2
 
