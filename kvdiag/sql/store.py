@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 
 EVENT_TABLE_NAMES = frozenset(t.name for t in EVENT_TABLES)
 BATCH_ROWS = 200_000
-LOAD_MEMORY = "1GB"
-"""DuckDB's memory while inputs are converted (the query then gets DuckDB's default)."""
+MAX_OBJECT = 64 << 20
+"""The longest JSON line DuckDB reads: the trace reader's longest line (reader.MAX_LINE)."""
+LOAD_MEMORY = "512MB"
+"""DuckDB's memory while inputs are converted and written as Parquet (a query gets DuckDB's
+default): what does not fit goes to the temporary folder, so the peak stays flat however long
+the input (benchmarks/results/bench_sql.txt)."""
 BATCH_EVENTS = 200_000
 MISSING = "kvdiag sql needs DuckDB, an optional extra: pip install 'kvdiag[sql]'"
 
@@ -56,7 +60,7 @@ def _row_select(table: Table, path: str) -> str:
     exprs = ", ".join(f"j[{i}]::{t}" for i, (_, t) in enumerate(cols, 1))
     return (f'INSERT INTO loaded."{table.name}" SELECT $file, {exprs} FROM '
             f"read_json({quote(path)}, format='newline_delimited', records=false, "
-            "columns={'j': 'VARCHAR[]'}, maximum_object_size=268435456)")
+            f"columns={{'j': 'VARCHAR[]'}}, maximum_object_size={MAX_OBJECT})")
 
 
 def _event_select(table: Table, path: str) -> str:
@@ -66,7 +70,7 @@ def _event_select(table: Table, path: str) -> str:
     return (f'INSERT INTO loaded."{table.name}" SELECT $file, '
             + ", ".join(f'"{n}"' for n in names)
             + f" FROM read_json({quote(path)}, format='newline_delimited', "
-            f"columns={{{cols}}}, maximum_object_size=268435456)")
+            f"columns={{{cols}}}, maximum_object_size={MAX_OBJECT})")
 
 
 EVENTS_VIEW = "events"
@@ -226,6 +230,9 @@ class Database:
         if there and not force:
             raise UsageError(f"--parquet {out}: holds {', '.join(there)} (use --force to "
                              "replace)")
+        # bounded memory: COPY may then write a table's rows in another order than inserted
+        self.con.execute(f"SET memory_limit = '{LOAD_MEMORY}'")
+        self.con.execute("SET preserve_insertion_order = false")
         written = []
         for t, target in zip(chosen, targets, strict=True):
             tmp = root / f".{target.name}.{os.getpid()}.tmp"
