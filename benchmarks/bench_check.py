@@ -6,13 +6,13 @@ The trace is a format 1.1 decode run shaped like the model's captures (kvdiag/kv
 per step one ``step`` and one ``mark``; per layer (32) one ``write`` (the new token's page), one
 ``fits``, one resident ``upload`` of the dirty page, one ``ring`` upload of the pages beyond the
 resident window and one ``read`` of 64 pages (48 from the pool, 16 through the ring) carrying
-both ``served`` (the raw fact provenance is derived from) and the model's annotated ``ranges``
-(check derives and compares them: the costlier case; ``--served-only`` drops the annotation,
+both ``served`` (the raw fact every page is judged from) and the model's annotated ``ranges``
+(check judges and cross-checks them: the costlier case; ``--served-only`` drops the annotation,
 as a native trace does); one ``output`` per step. Decode tokens land in the last resident
 page, which a dirty upload refreshes; every 64th step skips that upload in one layer, so some
-reads are stale and the derivation's per-page path runs too.
+reads are stale and the judgement's non-exact path runs too.
 
-Target (task brief): check costs < 2x validate. Both run as the CLI in a fresh process
+Target (issue "One truth" §5): check costs ≤ 1.5x validate. Both run as the CLI in a fresh process
 (``python -m kvdiag ...``), best of ``--repeat`` runs, so start-up is in both. Wall clock and the
 child's CPU time are both shown: the project machine is shared (load average printed), and
 CPU time moves less with other people's work.
@@ -50,7 +50,7 @@ LAYERS = 32
 PAGES = 64
 WINDOW = 48
 RING = 16
-TARGET = 2.0
+TARGET = 1.5
 
 
 def write_trace(path: Path, n_events: int, annotate: bool) -> int:
@@ -120,7 +120,7 @@ def best(cmd: list[str], repeat: int) -> tuple[float, float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--served-only", action="store_true",
@@ -146,8 +146,8 @@ def main() -> int:
     print(f"validate  {validate:6.2f} s ({vcpu:6.2f} s)  exit {vcode}")
     print(f"check     {check:6.2f} s ({ccpu:6.2f} s)  exit {ccode}")
     print(f"ratio     {ratio:.2f}x ({cpu_ratio:.2f}x) check / validate")
-    print(f"target    ratio < {TARGET} (wall): {'PASS' if ratio < TARGET else 'MISS'}; "
-          f"(CPU): {'PASS' if cpu_ratio < TARGET else 'MISS'}")
+    print(f"target    ratio ≤ {TARGET} (wall): {'PASS' if ratio <= TARGET else 'MISS'}; "
+          f"(CPU): {'PASS' if cpu_ratio <= TARGET else 'MISS'}")
     return 0
 
 

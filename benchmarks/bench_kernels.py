@@ -319,7 +319,7 @@ def render(meta: dict[str, Any], limits: dict[str, float], rows: list[dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False)
     ap.add_argument("--ctx", default="4096,16384,65536,131072")
     ap.add_argument("--pairs", default=",".join(f"{k}/{v}" for k, v in PAIRS),
                     help="K/V type pairs to run (some of the default), e.g. f16/f16")

@@ -177,7 +177,7 @@ def time_grep(path: Path, repeat: int) -> tuple[float, int, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--mib", type=int, default=1024, help="log size in MiB (default 1024)")
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()

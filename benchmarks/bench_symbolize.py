@@ -156,7 +156,7 @@ def run_kvdiag(lib: Path, addrs: list[int], cache_root: str | None,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--addresses", type=int, default=1000)
     ap.add_argument("--units", type=int, default=40)
     ap.add_argument("--seed", type=int, default=4)

@@ -147,7 +147,7 @@ class Timing:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()

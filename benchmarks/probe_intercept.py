@@ -130,7 +130,7 @@ def probe(cp: Any, tk: str, tv: str, ctx: int, l2: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False)
     ap.add_argument("--ctx", default="4096,65536")
     ap.add_argument("--pairs", default="f16/f16,q8_0/q5_1")
     args = ap.parse_args(argv)

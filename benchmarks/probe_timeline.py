@@ -133,7 +133,7 @@ def _where_time_goes(blocks: np.ndarray, grid: tuple[int, int, int], grid_order:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False)
     ap.add_argument("--ctx", default="4096,65536")
     ap.add_argument("--pairs", default="f16/f16,q8_0/q5_1")
     ap.add_argument("--defines", default="", help="more kernel macros, NAME=INT,...")

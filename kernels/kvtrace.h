@@ -61,6 +61,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -187,6 +188,8 @@ typedef struct kvtrace_read {
 
 /* ---- process-wide state (one per process, see the top comment) ---------------------------- */
 
+typedef struct kvtrace_bounded_ kvtrace_bounded_; /* rotation / flight recorder, below */
+
 typedef struct kvtrace_state_12_ {
     pthread_mutex_t lock;
     int inited, header_done, ended, fd;
@@ -196,12 +199,13 @@ typedef struct kvtrace_state_12_ {
     int abort_installed;
     uint32_t records;     /* KVTRACE_R_*_ bits declared so far */
     int records_declared; /* 0: nothing declared (no sections, no KVTRACE_DECLARE) */
+    kvtrace_bounded_ *bd; /* NULL: plain tracing (no KVTRACE_MAX_MB / KVTRACE_RING_MB) */
 } kvtrace_state_12_;
 
 /* -1: not decided yet (the next macro decides), 0: off, 1: on. */
 KVTRACE_VAR_ int kvtrace_12_enabled = -1;
 KVTRACE_VAR_ kvtrace_state_12_ kvtrace_12_state = {
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0, 0u, 0};
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, 0, 0, 0u, 0, 0};
 /* The state this copy of the writer uses: 0 = its own, else the address of the one that opened
  * the trace, when this copy could not bind to it (see kvtrace_adopt_). An integer, not a
  * pointer: nvcc's front end (cudafe++ 13.0) crashes on __atomic_load_n of a pointer. */
@@ -471,6 +475,9 @@ static inline int kvtrace_is_one_of_(const char *s, const char *const *words) {
 KVTRACE_FN_ int64_t kvtrace_12_now(void);
 KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_ *b,
                                       int advance);
+typedef struct kvtrace_op_ kvtrace_op_;
+KVTRACE_FN_ int64_t kvtrace_12_commit_op(const char *kind, char *line, kvtrace_buf_ *b,
+                                         int advance, const kvtrace_op_ *op);
 KVTRACE_FN_ void kvtrace_12_end(const char *status, const char *reason);
 KVTRACE_FN_ void kvtrace_12_warn(const char *code, const char *message);
 KVTRACE_FN_ void kvtrace_12_warn_layer(const char *code, int64_t layer, const char *message);
@@ -504,6 +511,639 @@ static inline void kvtrace_stderr_(const char *a, const char *b2, const char *c)
     if (a) { ssize_t r = write(2, a, strlen(a)); (void)r; }
     if (b2) { ssize_t r = write(2, b2, strlen(b2)); (void)r; }
     if (c) { ssize_t r = write(2, c, strlen(c)); (void)r; }
+}
+
+static inline void kvtrace_fail_(kvtrace_state_12_ *S) {
+    int err = errno;
+    S->ended = 1;
+    __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
+    kvtrace_stderr_("kvtrace: write failed: ", strerror(err), "; tracing off\n");
+}
+
+/* ---- bounded traces: rotation into segments, and the flight recorder ------------------------ *
+ *
+ * Both are off unless asked for in the environment, read once when the trace is opened
+ * (docs/native-bridge.md, "Bounded traces"):
+ *   KVTRACE_MAX_MB=M   rotation: the trace is a set of numbered segments <stem>.NNNNNN.kvtrace
+ *                      (KVTRACE_FILE <stem>.kvtrace, or any name: the number goes before a
+ *                      .kvtrace ending, else after the name); a new segment is started before
+ *                      the first step event once the current one holds M MB (2 M MB at any
+ *                      event, for a writer without step events or with one huge step).
+ *   KVTRACE_KEEP=K     with rotation: keep the newest K segments, delete older ones (and their
+ *                      .zst); 0 or unset keeps all.
+ *   KVTRACE_RING_MB=N  flight recorder: events are kept in N MB of memory instead of the file,
+ *                      and written (header, snapshot, events, end) at KVTRACE_END, exit(), an
+ *                      abort through the ggml hook or KVTRACE_ABORT, and SIGSEGV, SIGBUS, SIGILL,
+ *                      SIGFPE or SIGABRT (that path only calls write()). Wins over KVTRACE_MAX_MB.
+ * M and N may have a fraction ("0.25"); a segment is at least 4 KiB, half the ring at least
+ * two of the longest events (2 KVTRACE_LINE_MAX + 8 KiB, 40 KiB by default).
+ *
+ * A segment (and a flight recorder's window) starts with a header line and a `snapshot` event:
+ * what the judgement needs to judge it alone -- what every pool and ring slot holds (layer,
+ * stream, page, the host page's version when copied, the upload's step and seq), the host
+ * version of every page written, the views whose ring copies still wait for their read, and the
+ * partition of the last repartition. So the header shadows those while a bounded mode is on:
+ * 4 bytes per host page ever written, 32 per slot ever filled, about 40 per (layer, stream),
+ * allocated as they first appear (a failed allocation stops snapshots: no more rotation, and
+ * a flight recorder keeps its current window). Plain tracing keeps no shadow. */
+
+#define KVTRACE_MAX_PAGE_ (1 << 20) /* kvdiag's judgement believes no page beyond (MAX_PAGE) */
+#define KVTRACE_MAX_SLOT_ (1 << 22) /* ... nor slot (MAX_SLOT) */
+#define KVTRACE_SEG_MAX_ 999999     /* six digits: a glob sorts the segments in order */
+#define KVTRACE_HEAD_MAX_ 8192      /* the header line, as kvtrace_header_locked_ builds it */
+#define KVTRACE_N_SIGNALS_ 5
+
+typedef struct kvtrace_copy_ {
+    int32_t layer, stream, page; /* page < 0: the slot holds nothing */
+    uint32_t version;
+    int64_t step, seq;
+} kvtrace_copy_;
+
+typedef struct kvtrace_view_ {
+    int32_t layer, stream, used, ring_pending;
+    uint32_t *ver;
+    int64_t n;
+} kvtrace_view_;
+
+struct kvtrace_bounded_ {
+    int flight;
+    int64_t max_bytes, keep, mb_milli;
+    int64_t seg_index;
+    char base[4096]; /* segment path before its number */
+    size_t base_len;
+    char suffix[16]; /* after its number: ".kvtrace" */
+    char run[48];
+    char head[KVTRACE_HEAD_MAX_]; /* the header line up to its "extra" */
+    size_t head_len;
+    int anchor;      /* descriptor published for adoption: the trace's folder */
+    int failed;      /* the shadow could not grow: no more snapshots */
+    int64_t dropped; /* flight recorder: events that did not fit after a failure */
+    kvtrace_view_ *views;
+    int64_t n_views, cap_views; /* open addressing; cap a power of 2 */
+    kvtrace_view_ *last_view;   /* a write, its upload and its read name one view in a row */
+    kvtrace_copy_ *slots[2];    /* 0: pool (resident), 1: ring */
+    int64_t n_slots[2];
+    int64_t resident, ring; /* partition of the last repartition; -1 unknown */
+    char *snap;
+    size_t snap_cap;
+    char *chunk[2];
+    size_t chunk_cap, used[2];
+    int64_t chunk_seq[2];
+    int active;
+    char dump[KVTRACE_HEAD_MAX_ + 1024];
+    struct sigaction old[KVTRACE_N_SIGNALS_];
+};
+
+static const int kvtrace_signals_[KVTRACE_N_SIGNALS_] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+static const char *const kvtrace_signal_names_[KVTRACE_N_SIGNALS_] = {
+    "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"};
+
+/* What an event changes in the shadow (filled by the event's builder, applied under the lock
+ * right after the event is written, so a snapshot holds exactly the events before it). */
+enum {
+    KVTRACE_OP_WRITE_ = 1, /* layer, stream, cell0, cell1 */
+    KVTRACE_OP_UPLOAD_,    /* layer, stream, page0, page1, slot, ring */
+    KVTRACE_OP_READ_,      /* layer, stream */
+    KVTRACE_OP_INVALIDATE_,
+    KVTRACE_OP_PARTITION_ /* resident, ring */
+};
+struct kvtrace_op_ {
+    int what;
+    int64_t a[6];
+};
+
+/* "0.25" -> milli-MB; 0 for anything else (no locale: LC_NUMERIC may say ',') */
+static inline int64_t kvtrace_milli_(const char *s) {
+    int64_t whole = 0, frac = 0, scale = 1000;
+    if (!s || !*s) return 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        whole = whole * 10 + (*s - '0');
+        if (whole > 1000000000) return 0;
+    }
+    if (*s == '.')
+        for (s++; *s >= '0' && *s <= '9'; s++)
+            if (scale > 1) frac += (scale /= 10) * (*s - '0');
+    return *s ? 0 : whole * 1000 + frac;
+}
+
+static inline void kvtrace_seg_path_(const kvtrace_bounded_ *B, int64_t index, int zst, char *out) {
+    char digits[24];
+    size_t n = B->base_len, d = kvtrace_u64_text_(digits, (uint64_t)index), i;
+    memcpy(out, B->base, n);
+    for (i = d; i < 6; i++) out[n++] = '0';
+    memcpy(out + n, digits, d);
+    n += d;
+    memcpy(out + n, B->suffix, strlen(B->suffix));
+    n += strlen(B->suffix);
+    if (zst) {
+        memcpy(out + n, ".zst", 4);
+        n += 4;
+    }
+    out[n] = 0;
+}
+
+static inline kvtrace_view_ *kvtrace_view_of_(kvtrace_bounded_ *B, int64_t layer, int64_t stream,
+                                              int create) {
+    uint64_t h, mask;
+    kvtrace_view_ *v = B->last_view;
+    if (v && v->layer == layer && v->stream == stream) return v;
+    if (layer != (int32_t)layer || stream != (int32_t)stream) return NULL;
+    if (create && (B->n_views + 1) * 2 > B->cap_views) {
+        int64_t cap = B->cap_views ? B->cap_views * 2 : 64, i;
+        kvtrace_view_ *grown = (kvtrace_view_ *)calloc((size_t)cap, sizeof *grown), *old = B->views;
+        if (!grown) {
+            B->failed = 1;
+            return NULL;
+        }
+        for (i = 0; i < B->cap_views; i++) {
+            if (!old[i].used) continue;
+            h = ((uint64_t)(uint32_t)old[i].layer * 2654435761u) ^ (uint32_t)old[i].stream;
+            while (grown[h & (uint64_t)(cap - 1)].used) h++;
+            grown[h & (uint64_t)(cap - 1)] = old[i];
+        }
+        free(old);
+        B->views = grown;
+        B->cap_views = cap;
+        B->last_view = NULL;
+    }
+    if (!B->cap_views) return NULL;
+    mask = (uint64_t)(B->cap_views - 1);
+    h = ((uint64_t)(uint32_t)layer * 2654435761u) ^ (uint32_t)stream;
+    for (;; h++) {
+        v = &B->views[h & mask];
+        if (!v->used) {
+            if (!create) return NULL;
+            v->used = 1;
+            v->layer = (int32_t)layer;
+            v->stream = (int32_t)stream;
+            B->n_views++;
+            return B->last_view = v;
+        }
+        if (v->layer == layer && v->stream == stream) return B->last_view = v;
+    }
+}
+
+static inline int kvtrace_view_grow_(kvtrace_bounded_ *B, kvtrace_view_ *v, int64_t end) {
+    int64_t cap = v->n ? v->n : 16;
+    uint32_t *grown;
+    if (end <= v->n) return 1;
+    while (cap < end) cap *= 2;
+    grown = (uint32_t *)realloc(v->ver, (size_t)cap * sizeof *grown);
+    if (!grown) {
+        B->failed = 1;
+        return 0;
+    }
+    memset(grown + v->n, 0, (size_t)(cap - v->n) * sizeof *grown);
+    v->ver = grown;
+    v->n = cap;
+    return 1;
+}
+
+static inline int kvtrace_slots_grow_(kvtrace_bounded_ *B, int ring, int64_t end) {
+    int64_t have = B->n_slots[ring], cap = have ? have : 16, i;
+    kvtrace_copy_ *grown;
+    if (end <= have) return 1;
+    while (cap < end) cap *= 2;
+    grown = (kvtrace_copy_ *)realloc(B->slots[ring], (size_t)cap * sizeof *grown);
+    if (!grown) {
+        B->failed = 1;
+        return 0;
+    }
+    for (i = have; i < cap; i++) grown[i].page = -1;
+    B->slots[ring] = grown;
+    B->n_slots[ring] = cap;
+    return 1;
+}
+
+/* The shadow follows kvdiag's judgement (kvdiag/analysis/judgement/slots.py, judge.py): a
+ * write bumps the version of every page its cells touch, an upload copies the pages' current
+ * versions into consecutive slots of its target, invalidate empties every slot, a read ends its
+ * view's ring batch; events the judgement would not believe change nothing here either. */
+static inline void kvtrace_shadow_apply_(kvtrace_bounded_ *B, const kvtrace_op_ *op, int64_t seq,
+                                         int64_t step) {
+    const int64_t *a = op->a;
+    kvtrace_view_ *v;
+    int64_t i;
+    if (B->failed) return;
+    switch (op->what) {
+    case KVTRACE_OP_WRITE_: {
+        int64_t p0, p1;
+        if (a[3] <= a[2] || a[2] < 0) return;
+        p0 = a[2] / 256;
+        p1 = (a[3] - 1) / 256 + 1;
+        if (p1 > KVTRACE_MAX_PAGE_) return;
+        v = kvtrace_view_of_(B, a[0], a[1], 1);
+        if (!v || !kvtrace_view_grow_(B, v, p1)) return;
+        for (i = p0; i < p1; i++) v->ver[i]++;
+        return;
+    }
+    case KVTRACE_OP_UPLOAD_: {
+        int64_t n = a[3] - a[2];
+        int ring = a[5] ? 1 : 0;
+        if (n <= 0 || a[2] < 0 || a[3] > KVTRACE_MAX_PAGE_ || a[4] < 0 ||
+            a[4] > KVTRACE_MAX_SLOT_ - n)
+            return;
+        v = kvtrace_view_of_(B, a[0], a[1], 1);
+        if (!v || !kvtrace_view_grow_(B, v, a[3]) || !kvtrace_slots_grow_(B, ring, a[4] + n))
+            return;
+        for (i = 0; i < n; i++) {
+            kvtrace_copy_ *c = &B->slots[ring][a[4] + i];
+            c->layer = (int32_t)a[0];
+            c->stream = (int32_t)a[1];
+            c->page = (int32_t)(a[2] + i);
+            c->version = v->ver[a[2] + i];
+            c->step = step;
+            c->seq = seq;
+        }
+        if (ring) v->ring_pending = 1;
+        return;
+    }
+    case KVTRACE_OP_READ_:
+        v = kvtrace_view_of_(B, a[0], a[1], 0);
+        if (v) v->ring_pending = 0;
+        return;
+    case KVTRACE_OP_INVALIDATE_: {
+        int r;
+        for (r = 0; r < 2; r++)
+            for (i = 0; i < B->n_slots[r]; i++) B->slots[r][i].page = -1;
+        for (i = 0; i < B->cap_views; i++) B->views[i].ring_pending = 0;
+        return;
+    }
+    case KVTRACE_OP_PARTITION_:
+        B->resident = a[0];
+        B->ring = a[1];
+        return;
+    default:
+        return;
+    }
+}
+
+static inline void kvtrace_slot_runs_(kvtrace_buf_ *b, const kvtrace_copy_ *s, int64_t n) {
+    int64_t i = 0, j, k, runs = 0;
+    while (i < n) {
+        if (s[i].page < 0) {
+            i++;
+            continue;
+        }
+        for (j = i + 1; j < n && s[j].page == s[j - 1].page + 1 && s[j].layer == s[i].layer &&
+                        s[j].stream == s[i].stream && s[j].seq == s[i].seq;
+             j++) {
+        }
+        if (runs++) KVTRACE_LIT_(b, ",");
+        KVTRACE_LIT_(b, "[");
+        kvtrace_i64_(b, i);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, s[i].layer);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, s[i].stream);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, s[i].page);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, s[i].step);
+        KVTRACE_LIT_(b, ",");
+        kvtrace_i64_(b, s[i].seq);
+        KVTRACE_LIT_(b, ",[");
+        for (k = i; k < j; k++) {
+            if (k > i) KVTRACE_LIT_(b, ",");
+            kvtrace_u64_(b, s[k].version);
+        }
+        KVTRACE_LIT_(b, "]]");
+        i = j;
+    }
+}
+
+/* "\n{snapshot event}" into B->snap (grown as needed); 0 when memory ran out. */
+static inline int kvtrace_snapshot_text_(kvtrace_state_12_ *S, kvtrace_bounded_ *B, int64_t seq,
+                                         int64_t step, const char *reason, size_t *len) {
+    for (;;) {
+        kvtrace_buf_ b;
+        int64_t i, k, first;
+        if (B->snap_cap < 4096 || !B->snap) {
+            free(B->snap);
+            B->snap_cap = 1 << 16;
+            B->snap = (char *)malloc(B->snap_cap);
+            if (!B->snap) break;
+        }
+        b.p = B->snap;
+        b.end = B->snap + B->snap_cap - KVTRACE_RESERVE_;
+        b.over = 0;
+        KVTRACE_LIT_(&b, "\n{\"kind\":\"snapshot\"");
+        KVTRACE_KEYI_(&b, "seq", seq);
+        KVTRACE_KEYI_(&b, "t_ns", kvtrace_12_now() - S->t0);
+        KVTRACE_KEYI_(&b, "step", step < 0 ? 0 : step);
+        KVTRACE_KEYSTR_(&b, "reason", reason);
+        KVTRACE_LIT_(&b, ",\"versions\":[");
+        first = 1;
+        for (i = 0; i < B->cap_views; i++) {
+            const kvtrace_view_ *v = &B->views[i];
+            int64_t lo = 0, hi = v->n;
+            if (!v->used) continue;
+            while (lo < hi && !v->ver[lo]) lo++;
+            while (hi > lo && !v->ver[hi - 1]) hi--;
+            if (lo == hi) continue;
+            if (!first) KVTRACE_LIT_(&b, ",");
+            first = 0;
+            KVTRACE_LIT_(&b, "[");
+            kvtrace_i64_(&b, v->layer);
+            KVTRACE_LIT_(&b, ",");
+            kvtrace_i64_(&b, v->stream);
+            KVTRACE_LIT_(&b, ",");
+            kvtrace_i64_(&b, lo);
+            KVTRACE_LIT_(&b, ",[");
+            for (k = lo; k < hi; k++) {
+                if (k > lo) KVTRACE_LIT_(&b, ",");
+                kvtrace_u64_(&b, v->ver[k]);
+            }
+            KVTRACE_LIT_(&b, "]]");
+        }
+        KVTRACE_LIT_(&b, "],\"pool\":[");
+        kvtrace_slot_runs_(&b, B->slots[0], B->n_slots[0]);
+        KVTRACE_LIT_(&b, "],\"ring\":[");
+        kvtrace_slot_runs_(&b, B->slots[1], B->n_slots[1]);
+        KVTRACE_LIT_(&b, "],\"ring_pending\":[");
+        first = 1;
+        for (i = 0; i < B->cap_views; i++) {
+            if (!B->views[i].used || !B->views[i].ring_pending) continue;
+            if (!first) KVTRACE_LIT_(&b, ",");
+            first = 0;
+            kvtrace_pair_(&b, B->views[i].layer, B->views[i].stream);
+        }
+        KVTRACE_LIT_(&b, "]");
+        if (B->resident >= 0 || B->ring >= 0) {
+            KVTRACE_LIT_(&b, ",\"partition\":{\"resident\":");
+            kvtrace_i64_or_null_(&b, B->resident);
+            KVTRACE_LIT_(&b, ",\"ring\":");
+            kvtrace_i64_or_null_(&b, B->ring);
+            KVTRACE_LIT_(&b, "}");
+        }
+        b.end += KVTRACE_RESERVE_;
+        KVTRACE_LIT_(&b, "}");
+        if (!b.over) {
+            *len = (size_t)(b.p - B->snap);
+            return 1;
+        }
+        if (B->snap_cap > ((size_t)1 << 30)) break;
+        B->snap_cap *= 2;
+        free(B->snap);
+        B->snap = (char *)malloc(B->snap_cap);
+        if (!B->snap) break;
+    }
+    B->snap_cap = 0;
+    B->failed = 1;
+    return 0;
+}
+
+static inline void kvtrace_records_json_(kvtrace_buf_ *b, uint32_t bits);
+
+/* ,"extra":{"segment":{...}},"records":[...]} -- the end of every header line of a bounded
+ * trace (and of a plain one: ,"extra":{}...). No allocation, no lock: the signal path uses it. */
+static inline void kvtrace_head_tail_(const kvtrace_state_12_ *S, kvtrace_buf_ *b,
+                                      int64_t first_seq) {
+    const kvtrace_bounded_ *B = S->bd;
+    KVTRACE_LIT_(b, ",\"extra\":{");
+    if (B) {
+        KVTRACE_LIT_(b, "\"segment\":{\"run\":");
+        kvtrace_str_(b, B->run, sizeof B->run);
+        KVTRACE_KEYI_(b, "first_seq", first_seq);
+        if (B->flight) {
+            KVTRACE_KEYSTR_(b, "mode", "flight-recorder");
+            KVTRACE_KEYI_(b, "ring_kb", B->mb_milli * 1024 / 1000);
+            if (B->dropped) KVTRACE_KEYI_(b, "dropped", B->dropped);
+        } else {
+            KVTRACE_KEYSTR_(b, "mode", "rotate");
+            KVTRACE_KEYI_(b, "index", B->seg_index);
+            KVTRACE_KEYI_(b, "max_kb", B->mb_milli * 1024 / 1000);
+            KVTRACE_KEYI_(b, "keep", B->keep);
+        }
+        KVTRACE_LIT_(b, "}");
+    }
+    KVTRACE_LIT_(b, "}");
+    if (S->records_declared) {
+        KVTRACE_LIT_(b, ",\"records\":");
+        kvtrace_records_json_(b, S->records);
+    }
+    KVTRACE_LIT_(b, "}");
+}
+
+/* Starts segment seg_index + 1: the old one gets its final newline and is closed, segments
+ * beyond KVTRACE_KEEP are deleted, the new one gets its header line and snapshot. Lock held. */
+static inline void kvtrace_rotate_locked_(kvtrace_state_12_ *S, kvtrace_bounded_ *B,
+                                          int64_t step) {
+    char path[sizeof B->base + 40], line[KVTRACE_HEAD_MAX_ + 1024];
+    kvtrace_buf_ b;
+    size_t snap_len = 0;
+    int64_t next = B->seg_index + 1;
+    int fd;
+    if (B->failed || next > KVTRACE_SEG_MAX_ || !B->head_len) return;
+    if (!kvtrace_snapshot_text_(S, B, S->seq + 1, step, "rotate", &snap_len)) {
+        kvtrace_stderr_("kvtrace: out of memory for the segment snapshot; rotation off\n", NULL,
+                        NULL);
+        return;
+    }
+    kvtrace_seg_path_(B, next, 0, path);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kvtrace_stderr_("kvtrace: cannot open ", path, ": ");
+        kvtrace_stderr_(strerror(errno), "; rotation off, the trace goes on in this segment\n",
+                        NULL);
+        B->failed = 1;
+        return;
+    }
+    if (!kvtrace_write_all_(S->fd, "\n", 1)) { /* the closed segment's final newline */
+        close(fd);
+        kvtrace_fail_(S);
+        return;
+    }
+    close(S->fd);
+    S->fd = fd;
+    S->offset = 0;
+    B->seg_index = next;
+    if (B->keep > 0 && next > B->keep) {
+        kvtrace_seg_path_(B, next - B->keep, 0, path);
+        unlink(path);
+        kvtrace_seg_path_(B, next - B->keep, 1, path);
+        unlink(path);
+    }
+    b.p = line;
+    b.end = line + sizeof line - KVTRACE_RESERVE_;
+    b.over = 0;
+    kvtrace_put_(&b, B->head, B->head_len);
+    kvtrace_head_tail_(S, &b, S->seq + 1);
+    if (!kvtrace_write_all_(S->fd, line, (size_t)(b.p - line)) ||
+        !kvtrace_write_all_(S->fd, B->snap, snap_len)) {
+        kvtrace_fail_(S);
+        return;
+    }
+    S->seq++;
+    S->offset = (int64_t)(b.p - line) + (int64_t)snap_len;
+}
+
+/* Flight recorder: the active half of the ring is full (or a step begins and it is 3/4 full):
+ * the other half is reused, starting with a snapshot. Lock held. */
+static inline void kvtrace_chunk_switch_(kvtrace_state_12_ *S, kvtrace_bounded_ *B, int64_t step) {
+    int next = 1 - B->active;
+    size_t n = 0;
+    if (B->failed) return;
+    if (!kvtrace_snapshot_text_(S, B, S->seq + 1, step, "flight-recorder", &n) ||
+        n > B->chunk_cap / 2) {
+        B->failed = 1;
+        kvtrace_stderr_("kvtrace: the flight recorder's snapshot does not fit (raise "
+                        "KVTRACE_RING_MB); the recorder keeps its current window\n", NULL, NULL);
+        return;
+    }
+    S->seq++;
+    /* the signal path reads used[] and active without the lock: empty the half first */
+    __atomic_store_n(&B->used[next], 0, __ATOMIC_RELEASE);
+    memcpy(B->chunk[next], B->snap, n);
+    B->chunk_seq[next] = S->seq;
+    __atomic_store_n(&B->used[next], n, __ATOMIC_RELEASE);
+    __atomic_store_n(&B->active, next, __ATOMIC_RELEASE);
+}
+
+/* Before an event of `need` bytes is stamped: rotate or switch halves. Lock held. */
+static inline void kvtrace_bounded_before_(kvtrace_state_12_ *S, kvtrace_bounded_ *B, int advance,
+                                           size_t need) {
+    int64_t step = advance ? S->step + 1 : S->step;
+    if (!B->flight) {
+        if ((advance && S->offset >= B->max_bytes) || S->offset / 2 >= B->max_bytes)
+            kvtrace_rotate_locked_(S, B, step);
+    } else {
+        size_t used = B->used[B->active], cap = B->chunk_cap;
+        if ((advance && used >= cap / 4 * 3) || used + need > cap) kvtrace_chunk_switch_(S, B, step);
+    }
+}
+
+static inline void kvtrace_chunk_put_(kvtrace_bounded_ *B, const char *start, const char *stop) {
+    size_t n = (size_t)(stop - start), used = B->used[B->active];
+    if (used + n > B->chunk_cap) {
+        B->dropped++;
+        return;
+    }
+    memcpy(B->chunk[B->active] + used, start, n);
+    __atomic_store_n(&B->used[B->active], used + n, __ATOMIC_RELEASE);
+}
+
+/* Writes the flight recorder's window: header line (extra.segment.first_seq = the window's
+ * first seq), the older half, the newer half, then `end` ("\n{end}\n"). Only write(),
+ * ftruncate() and arithmetic: the signal path calls it too. */
+static inline void kvtrace_flight_dump_(kvtrace_state_12_ *S, kvtrace_bounded_ *B,
+                                        const char *end, size_t end_len) {
+    int a = __atomic_load_n(&B->active, __ATOMIC_ACQUIRE), o = 1 - a;
+    size_t ua = __atomic_load_n(&B->used[a], __ATOMIC_ACQUIRE);
+    size_t uo = __atomic_load_n(&B->used[o], __ATOMIC_ACQUIRE);
+    kvtrace_buf_ b;
+    b.p = B->dump;
+    b.end = B->dump + sizeof B->dump - KVTRACE_RESERVE_;
+    b.over = 0;
+    kvtrace_put_(&b, B->head, B->head_len);
+    kvtrace_head_tail_(S, &b, uo ? B->chunk_seq[o] : B->chunk_seq[a]);
+    if (ftruncate(S->fd, 0) != 0) return;
+    if (!kvtrace_write_all_(S->fd, B->dump, (size_t)(b.p - B->dump))) return;
+    if (uo && !kvtrace_write_all_(S->fd, B->chunk[o], uo)) return;
+    if (ua && !kvtrace_write_all_(S->fd, B->chunk[a], ua)) return;
+    if (kvtrace_write_all_(S->fd, end, end_len)) S->offset = 0;
+}
+
+KVTRACE_FN_ void kvtrace_12_on_signal(int sig);
+
+/* The bounded mode asked for in the environment, or NULL (plain tracing). `path` is the
+ * expanded KVTRACE_FILE; for rotation it becomes segment 1's path. */
+static inline kvtrace_bounded_ *kvtrace_bounded_new_(kvtrace_state_12_ *S, char *path,
+                                                     size_t path_cap) {
+    const char *ring = getenv("KVTRACE_RING_MB"), *max = getenv("KVTRACE_MAX_MB");
+    const char *keep = getenv("KVTRACE_KEEP");
+    int64_t ring_m = kvtrace_milli_(ring), max_m = kvtrace_milli_(max), keep_n = 0;
+    size_t n = strlen(path), cut;
+    kvtrace_bounded_ *B;
+    if (ring && *ring && ring_m == 0)
+        kvtrace_stderr_("kvtrace: KVTRACE_RING_MB is not a positive number (MB, e.g. 64 or 0.5); "
+                        "flight recorder off\n", NULL, NULL);
+    if (max && *max && max_m == 0)
+        kvtrace_stderr_("kvtrace: KVTRACE_MAX_MB is not a positive number (MB, e.g. 256 or "
+                        "0.5); rotation off\n", NULL, NULL);
+    if (keep && *keep) {
+        keep_n = kvtrace_milli_(keep);
+        if (keep_n % 1000 || (keep_n == 0 && strcmp(keep, "0") != 0)) {
+            kvtrace_stderr_("kvtrace: KVTRACE_KEEP is not a whole number; keeping every "
+                            "segment\n", NULL, NULL);
+            keep_n = 0;
+        }
+        keep_n /= 1000;
+    }
+    if (ring_m && max_m)
+        kvtrace_stderr_("kvtrace: KVTRACE_RING_MB and KVTRACE_MAX_MB both set: flight recorder, "
+                        "no rotation\n", NULL, NULL);
+    if (!ring_m && !max_m) return NULL;
+    B = (kvtrace_bounded_ *)calloc(1, sizeof *B);
+    if (!B) return NULL;
+    B->anchor = -1;
+    B->resident = B->ring = -1;
+    B->seg_index = 1;
+    B->chunk_seq[0] = B->chunk_seq[1] = 1;
+    snprintf(B->run, sizeof B->run, "%ld-%lld", S->pid, (long long)S->t0);
+    if (ring_m) {
+        int64_t bytes = ring_m * 1048576 / 1000;
+        B->flight = 1;
+        B->mb_milli = ring_m;
+        /* a half holds at least two of the longest events */
+        B->chunk_cap = (size_t)(bytes / 2 < 2 * KVTRACE_GAP_ + 2 * KVTRACE_LINE_MAX
+                                    ? 2 * KVTRACE_GAP_ + 2 * KVTRACE_LINE_MAX : bytes / 2);
+        B->chunk[0] = (char *)malloc(B->chunk_cap);
+        B->chunk[1] = (char *)malloc(B->chunk_cap);
+        if (!B->chunk[0] || !B->chunk[1]) {
+            kvtrace_stderr_("kvtrace: cannot allocate KVTRACE_RING_MB; flight recorder off\n",
+                            NULL, NULL);
+            free(B->chunk[0]);
+            free(B->chunk[1]);
+            free(B);
+            return NULL;
+        }
+        return B;
+    }
+    B->mb_milli = max_m;
+    B->max_bytes = max_m * 1048576 / 1000;
+    if (B->max_bytes < 4096) B->max_bytes = 4096;
+    B->keep = keep_n;
+    cut = n >= 8 && memcmp(path + n - 8, ".kvtrace", 8) == 0 ? n - 8 : n;
+    if (cut + 1 + 40 > sizeof B->base || cut + 40 > path_cap) {
+        kvtrace_stderr_("kvtrace: KVTRACE_FILE is too long for segment names; rotation off\n",
+                        NULL, NULL);
+        free(B);
+        return NULL;
+    }
+    memcpy(B->base, path, cut);
+    B->base[cut] = '.';
+    B->base_len = cut + 1;
+    memcpy(B->suffix, ".kvtrace", 9);
+    kvtrace_seg_path_(B, 1, 0, path);
+    return B;
+}
+
+/* Once the trace is open: the descriptor adoption checks (the trace's folder: segments come and
+ * go), and the flight recorder's signal handlers. */
+static inline void kvtrace_bounded_open_(kvtrace_state_12_ *S, kvtrace_bounded_ *B,
+                                         const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (slash && n == 0) n = 1; /* "/x" */
+    if (n >= sizeof dir) n = 0;
+    memcpy(dir, slash ? path : ".", slash ? n : 1);
+    dir[slash ? n : 1] = 0;
+    B->anchor = open(dir, O_RDONLY | O_CLOEXEC | O_DIRECTORY);
+    S->bd = B;
+    if (B->flight) {
+        int i;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = kvtrace_12_on_signal;
+#ifdef SA_ONSTACK /* XSI: the runtime's alternate stack, if it set one (stack overflows) */
+        sa.sa_flags = SA_ONSTACK;
+#endif
+        sigemptyset(&sa.sa_mask);
+        for (i = 0; i < KVTRACE_N_SIGNALS_; i++)
+            sigaction(kvtrace_signals_[i], &sa, &B->old[i]);
+    }
 }
 
 /* One state per process even where symbol binding cannot give it: a shared object dlopen()ed
@@ -540,10 +1180,11 @@ static inline void kvtrace_publish_(kvtrace_state_12_ *S) {
     size_t n = 0;
     unsigned long long v[5];
     int i;
-    if (fstat(S->fd, &st) != 0) return;
+    int fd = S->bd && S->bd->anchor >= 0 ? S->bd->anchor : S->fd;
+    if (fstat(fd, &st) != 0) return;
     v[0] = (unsigned long long)S->pid;
     v[1] = (unsigned long long)(uintptr_t)S;
-    v[2] = (unsigned long long)S->fd;
+    v[2] = (unsigned long long)fd;
     v[3] = (unsigned long long)st.st_dev;
     v[4] = (unsigned long long)st.st_ino;
     for (i = 0; i < 5; i++) {
@@ -596,14 +1237,22 @@ KVTRACE_FN_ int kvtrace_12_start(void) {
         if (*env) {
             kvtrace_stderr_("kvtrace: KVTRACE_FILE is too long; tracing off\n", NULL, NULL);
         } else {
+            kvtrace_bounded_ *B;
+            S->t0 = kvtrace_12_now();
+            B = kvtrace_bounded_new_(S, path, sizeof path); /* rotation: segment 1's path */
             /* O_TRUNC: a rerun with the same name starts a fresh trace instead of appending
              * a second header mid-file. */
             S->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
             if (S->fd < 0) {
                 kvtrace_stderr_("kvtrace: cannot open ", path, ": ");
                 kvtrace_stderr_(strerror(errno), "; tracing off\n", NULL);
+                if (B) {
+                    free(B->chunk[0]);
+                    free(B->chunk[1]);
+                    free(B);
+                }
             } else {
-                S->t0 = kvtrace_12_now();
+                if (B) kvtrace_bounded_open_(S, B, path);
                 S->step = -1;
                 atexit(kvtrace_12_atexit);
                 pthread_atfork(NULL, NULL, kvtrace_12_atfork_child);
@@ -621,13 +1270,6 @@ KVTRACE_FN_ int kvtrace_12_start(void) {
 KVTRACE_FN_ void kvtrace_12_atfork_child(void) {
     KVTRACE_S_()->ended = 1;
     __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
-}
-
-static inline void kvtrace_fail_(kvtrace_state_12_ *S) {
-    int err = errno;
-    S->ended = 1;
-    __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
-    kvtrace_stderr_("kvtrace: write failed: ", strerror(err), "; tracing off\n");
 }
 
 /* Writes [start, stop) -- "\n<event>" -- with the pad described at KVTRACE_PAGE_; start has
@@ -719,12 +1361,12 @@ static inline void kvtrace_header_locked_(kvtrace_state_12_ *S, const kvtrace_pl
             b.p--;
         }
     }
-    KVTRACE_LIT_(&b, "},\"extra\":{}");
-    if (S->records_declared) {
-        KVTRACE_LIT_(&b, ",\"records\":");
-        kvtrace_records_json_(&b, S->records);
+    KVTRACE_LIT_(&b, "}");
+    if (S->bd && !b.over) { /* every segment's header line starts the same */
+        S->bd->head_len = (size_t)(b.p - line);
+        memcpy(S->bd->head, line, S->bd->head_len);
     }
-    KVTRACE_LIT_(&b, "}"); /* its newline comes with the first event */
+    kvtrace_head_tail_(S, &b, S->seq + 1); /* its newline comes with the first event */
     if (b.over) { /* only absurd strings get here: fall back to the minimal header */
         kvtrace_header_locked_(S, NULL);
         return;
@@ -739,7 +1381,14 @@ static inline void kvtrace_header_locked_(kvtrace_state_12_ *S, const kvtrace_pl
  * nothing was written. */
 KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_ *b,
                                       int advance) {
+    return kvtrace_12_commit_op(kind, line, b, advance, NULL);
+}
+
+/* kvtrace_12_commit, and what the event changes in a bounded trace's shadow (op, or NULL). */
+KVTRACE_FN_ int64_t kvtrace_12_commit_op(const char *kind, char *line, kvtrace_buf_ *b,
+                                         int advance, const kvtrace_op_ *op) {
     kvtrace_state_12_ *S = KVTRACE_S_();
+    kvtrace_bounded_ *B;
     char pre[KVTRACE_PREFIX_];
     kvtrace_buf_ h;
     char *body = line + KVTRACE_GAP_, *start;
@@ -764,6 +1413,8 @@ KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_
         return 0;
     }
     if (!S->header_done) kvtrace_header_locked_(S, NULL);
+    B = S->bd;
+    if (B) kvtrace_bounded_before_(S, B, advance, (size_t)(b->p - body) + KVTRACE_PREFIX_);
     if (advance) S->step++;
     KVTRACE_LIT_(&h, "\n{\"kind\":\"");
     kvtrace_put_(&h, kind, strlen(kind));
@@ -777,7 +1428,9 @@ KVTRACE_FN_ int64_t kvtrace_12_commit(const char *kind, char *line, kvtrace_buf_
     plen = (size_t)(h.p - pre);
     start = body - plen;
     memcpy(start, pre, plen);
-    kvtrace_emit_locked_(S, start, b->p);
+    if (B && B->flight) kvtrace_chunk_put_(B, start, b->p);
+    else kvtrace_emit_locked_(S, start, b->p);
+    if (B && op) kvtrace_shadow_apply_(B, op, seq, S->step < 0 ? 0 : S->step);
     pthread_mutex_unlock(&S->lock);
     return seq;
 }
@@ -937,14 +1590,60 @@ KVTRACE_FN_ void kvtrace_12_end(const char *status, const char *reason) {
     }
     b.end += KVTRACE_RESERVE_;
     KVTRACE_LIT_(&b, "}\n"); /* the file's final newline */
-    S->ended = 1;
+    __atomic_store_n(&S->ended, 1, __ATOMIC_RELEASE);
     S->seq++;
-    kvtrace_emit_locked_(S, line + KVTRACE_PAGE_, b.p);
+    if (S->bd && S->bd->flight)
+        kvtrace_flight_dump_(S, S->bd, line + KVTRACE_PAGE_, (size_t)(b.p - line - KVTRACE_PAGE_));
+    else
+        kvtrace_emit_locked_(S, line + KVTRACE_PAGE_, b.p);
     __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&S->lock);
 }
 
 KVTRACE_FN_ void kvtrace_12_atexit(void) { kvtrace_12_end("completed", ""); }
+
+/* The flight recorder's crash path (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT): no lock (the
+ * crashing thread may hold it), no allocation, only write() -- the window as it is, an `end`
+ * event (status "aborted", reason "signal <NAME>"); then the handler that was there before, or
+ * the default action, gets the signal. A thread writing an event at that instant may leave that
+ * one event cut (the reader reports it). */
+KVTRACE_FN_ void kvtrace_12_on_signal(int sig) {
+    kvtrace_state_12_ *S = KVTRACE_S_();
+    kvtrace_bounded_ *B = S->bd;
+    const char *name = "signal";
+    int i, saved = errno;
+    for (i = 0; i < KVTRACE_N_SIGNALS_; i++)
+        if (kvtrace_signals_[i] == sig) name = kvtrace_signal_names_[i];
+    if (B && B->flight && S->header_done && S->fd >= 0 &&
+        !__atomic_exchange_n(&S->ended, 1, __ATOMIC_ACQ_REL)) {
+        char line[512];
+        kvtrace_buf_ b;
+        int64_t seq = S->seq, step = S->step;
+        b.p = line;
+        b.end = line + sizeof line - KVTRACE_RESERVE_;
+        b.over = 0;
+        KVTRACE_LIT_(&b, "\n{\"kind\":\"end\"");
+        KVTRACE_KEYI_(&b, "seq", seq + 1);
+        KVTRACE_KEYI_(&b, "t_ns", kvtrace_12_now() - S->t0);
+        KVTRACE_KEYI_(&b, "step", step < 0 ? 0 : step);
+        KVTRACE_LIT_(&b, ",\"status\":\"aborted\"");
+        KVTRACE_KEYI_(&b, "steps", step + 1);
+        KVTRACE_KEYI_(&b, "events", seq);
+        KVTRACE_LIT_(&b, ",\"reason\":\"signal ");
+        kvtrace_put_(&b, name, strlen(name));
+        b.end += KVTRACE_RESERVE_;
+        KVTRACE_LIT_(&b, "\"}\n");
+        __atomic_store_n(&kvtrace_12_enabled, 0, __ATOMIC_RELAXED);
+        kvtrace_flight_dump_(S, B, line, (size_t)(b.p - line));
+    }
+    for (i = 0; i < KVTRACE_N_SIGNALS_; i++) {
+        if (kvtrace_signals_[i] != sig) continue;
+        if (B) sigaction(sig, &B->old[i], NULL);
+        else signal(sig, SIG_DFL);
+    }
+    errno = saved;
+    raise(sig); /* delivered when this handler returns, to the previous disposition */
+}
 
 /* ---- events ---------------------------------------------------------------------------------- */
 
@@ -1188,6 +1887,7 @@ KVTRACE_FN_ void kvtrace_12_write(int64_t layer, int64_t stream, int64_t cell0, 
                                   int64_t row0, int64_t row1, const int32_t (*keys)[3],
                                   int64_t n_keys) {
     int64_t dropped;
+    kvtrace_op_ op;
     if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
@@ -1200,7 +1900,12 @@ KVTRACE_FN_ void kvtrace_12_write(int64_t layer, int64_t stream, int64_t cell0, 
         KVTRACE_LIT_(&b, ",\"dirty\":[");
         dropped = kvtrace_keys_(&b, keys, n_keys);
         KVTRACE_LIT_(&b, "]");
-        kvtrace_12_commit("write", line, &b, 0);
+        op.what = KVTRACE_OP_WRITE_;
+        op.a[0] = layer;
+        op.a[1] = stream;
+        op.a[2] = cell0;
+        op.a[3] = cell1;
+        kvtrace_12_commit_op("write", line, &b, 0, &op);
     }
     if (dropped) kvtrace_dropped_("write dirty", dropped, n_keys);
 }
@@ -1214,6 +1919,7 @@ KVTRACE_FN_ void kvtrace_12_upload(int64_t layer, int64_t stream, int64_t page0,
     static const char *const targets[] = {"resident", "ring", NULL};
     static const char *const reasons[] = {"miss", "dirty", "wide-query", "last-chunk", "ring",
                                           NULL};
+    kvtrace_op_ op;
     if (!kvtrace_12_start()) return;
     if (!kvtrace_is_one_of_(target, targets)) {
         kvtrace_bad_arg_("KVTRACE_UPLOAD", "target", target);
@@ -1234,13 +1940,21 @@ KVTRACE_FN_ void kvtrace_12_upload(int64_t layer, int64_t stream, int64_t page0,
         KVTRACE_KEYI_(&b, "bytes", bytes);
         KVTRACE_KEYSTR_(&b, "reason", reason);
         if (key_stream >= 0) KVTRACE_KEYI_(&b, "key_stream", key_stream);
-        kvtrace_12_commit("upload", line, &b, 0);
+        op.what = KVTRACE_OP_UPLOAD_;
+        op.a[0] = layer;
+        op.a[1] = stream;
+        op.a[2] = page0;
+        op.a[3] = page1;
+        op.a[4] = slot;
+        op.a[5] = target[0] == 'r' && target[1] == 'i'; /* "ring" */
+        kvtrace_12_commit_op("upload", line, &b, 0, &op);
     }
 }
 
 KVTRACE_FN_ void kvtrace_12_read_emit(kvtrace_read *r);
 KVTRACE_FN_ void kvtrace_12_read_emit(kvtrace_read *r) {
     static const char *const names[] = {"pool", "ring", "host"};
+    kvtrace_op_ op;
     int i;
     if (!kvtrace_12_start()) return;
     {
@@ -1265,7 +1979,10 @@ KVTRACE_FN_ void kvtrace_12_read_emit(kvtrace_read *r) {
             KVTRACE_LIT_(&b, "]");
         }
         KVTRACE_LIT_(&b, "]");
-        r->seq = kvtrace_12_commit("read", line, &b, 0);
+        op.what = KVTRACE_OP_READ_;
+        op.a[0] = r->layer;
+        op.a[1] = r->stream;
+        r->seq = kvtrace_12_commit_op("read", line, &b, 0, &op);
     }
 }
 
@@ -1303,13 +2020,15 @@ static inline void kvtrace_read_page_(kvtrace_read *r, int64_t page, int source,
 
 KVTRACE_FN_ void kvtrace_12_invalidate(const char *reason, int64_t generation);
 KVTRACE_FN_ void kvtrace_12_invalidate(const char *reason, int64_t generation) {
+    kvtrace_op_ op;
     if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
         KVTRACE_KEYSTR_(&b, "reason", reason);
         KVTRACE_KEY_(&b, "generation");
         kvtrace_i64_or_null_(&b, generation);
-        kvtrace_12_commit("invalidate", line, &b, 0);
+        op.what = KVTRACE_OP_INVALIDATE_;
+        kvtrace_12_commit_op("invalidate", line, &b, 0, &op);
     }
 }
 
@@ -1319,6 +2038,7 @@ KVTRACE_FN_ void kvtrace_12_repartition(int64_t res_from, int64_t res_to, int64_
 KVTRACE_FN_ void kvtrace_12_repartition(int64_t res_from, int64_t res_to, int64_t ring_from,
                                         int64_t ring_to, double miss_pct, double busy_pct,
                                         const char *reason) {
+    kvtrace_op_ op;
     if (!kvtrace_12_start()) return;
     {
         KVTRACE_BEGIN_(line, b);
@@ -1331,7 +2051,10 @@ KVTRACE_FN_ void kvtrace_12_repartition(int64_t res_from, int64_t res_to, int64_
         KVTRACE_KEY_(&b, "busy_pct");
         kvtrace_f64_or_null_(&b, busy_pct);
         KVTRACE_KEYSTR_(&b, "reason", reason ? reason : "");
-        kvtrace_12_commit("repartition", line, &b, 0);
+        op.what = KVTRACE_OP_PARTITION_;
+        op.a[0] = res_to;
+        op.a[1] = ring_to;
+        kvtrace_12_commit_op("repartition", line, &b, 0, &op);
     }
 }
 

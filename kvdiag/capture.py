@@ -14,7 +14,9 @@ from typing import Any
 
 import msgspec
 
-from kvdiag.errors import DeviceUnavailable, InputError, Terminated, UsageError
+from kvdiag.capture_limits import check_memory, check_seed, check_telemetry_ms
+from kvdiag.errors import DeviceUnavailable, Terminated, UsageError
+from kvdiag.files.outputs import Output, open_output, plan_output
 from kvdiag.kvstream.backend import Executor
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
@@ -28,7 +30,7 @@ EXECUTORS = ("auto", "numpy", "cupy")
 
 @dataclass(frozen=True)
 class CaptureResult:
-    path: Path
+    path: str
     result: RunResult
     events: int
     executor: str
@@ -60,7 +62,7 @@ def make_executor(name: str) -> tuple[Executor, Device]:
 def capture(
     cfg: RuntimeConfig,
     scenario: Scenario,
-    out: Path,
+    out: Path | Output,
     executor_name: str = "auto",
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
@@ -68,15 +70,21 @@ def capture(
     profile: DeviceProfile = H200,
     on_start: Callable[[], None] | None = None,
 ) -> CaptureResult:
-    """Run ``scenario`` and write its trace; ``on_start`` is called once the executor and
+    """Run ``scenario`` and write its trace to ``out`` (a path is replaced if it exists; the
+    command checks with ``--force`` first); ``on_start`` is called once the executor and
     runner exist, just before the first event (so notes are not printed for a run that a
-    missing device or a bad option refuses)."""
-    check_output(out)
+    missing device or a bad option refuses).
+
+    The trace is written through a temporary file (kvdiag.files.outputs) and renamed into
+    place once its End line is written — also when a signal or a device fault ended the run
+    (status ``error``) — and removed when writing it failed (a full disk)."""
+    target = out if isinstance(out, Output) else plan_output(out, force=True)
     executor, device = make_executor(executor_name)
     sampler = _telemetry(executor.name, telemetry_ms)
     restore = _raise_on_termination()
     try:
         check_scenario_fits(cfg, scenario)
+        check_memory(cfg, scenario, executor.name)
         try:
             runner = Runner(cfg, scenario, executor, seed=seed, progress=progress,
                             on_step_end=_emit_telemetry(sampler) if sampler else None,
@@ -97,23 +105,21 @@ def capture(
         )
         if on_start is not None:
             on_start()
-        with TraceWriter.create(out, header) as writer:
-            result = runner.run(writer)
-            writer.close(result.status, steps=result.steps)
-            return CaptureResult(out, result, writer.seq, executor.name)
+        with open_output(target) as sink:
+            writer = TraceWriter.create_on(sink.fileno(), target.display, header)
+            try:
+                with writer:
+                    result = runner.run(writer)
+                    writer.close(result.status, steps=result.steps)
+            finally:
+                if writer.ended:
+                    sink.keep()
+            return CaptureResult(target.display, result, writer.seq, executor.name)
     finally:
         restore()
         if sampler is not None:
             sampler.stop()
         executor.close()
-
-
-def check_output(out: Path) -> None:
-    """The trace can be created at ``out`` (checked before anything is printed or run)."""
-    if out.is_dir():
-        raise InputError(f"{out} is a directory")
-    if not out.parent.exists():
-        raise InputError(f"directory {out.parent} does not exist")
 
 
 def _raise_on_termination() -> Callable[[], None]:
@@ -215,11 +221,16 @@ def check_scenario_fits(cfg: RuntimeConfig, scenario: Scenario) -> None:
     ctx = pad_ctx((cfg.np if cfg.n_stream > 1 else 1) * (pad_ctx(cells) - 255))
     tokens = sorted({(r.prompt, r.decode) for r in scenario.requests})
     what = ", ".join(f"{p} prompt + {d} decode" for p, d in tokens)
+    from kvdiag.kvstream.limits import SHAPE_LIMITS
+
+    limit, _why = SHAPE_LIMITS["ctx"]
+    fix = (f"raise --ctx to {ctx} or lower --steps / --prompt-tokens" if ctx <= limit else
+           f"lower --steps / --prompt-tokens (--ctx {ctx} would be more than the runtime can "
+           f"hold: at most {limit:,})")
     raise UsageError(
         f"scenario {scenario.name} needs {cells} KV cells in stream {stream} ({what} tokens "
         f"per request) but --ctx {cfg.ctx} gives {cfg.kv_size} per stream"
-        f"{f' (np {cfg.np})' if cfg.n_stream > 1 else ''}: raise --ctx to {ctx} or lower "
-        f"--steps / --prompt-tokens")
+        f"{f' (np {cfg.np})' if cfg.n_stream > 1 else ''}: {fix}")
 
 
 def ctx_rounding_note(ctx: int | None) -> str | None:
@@ -242,16 +253,15 @@ def capture_from_args(args: Any) -> int:
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_ABORTED, EXIT_OK
 
-    if args.telemetry_ms < 0:
-        raise UsageError(f"--telemetry-ms must be 0 (off) or positive, got {args.telemetry_ms}")
+    check_telemetry_ms(args.telemetry_ms)
+    check_seed(args.seed)
     from kvdiag.kvstream.profiles import load_profile
 
     scenario = scenario_from_args(args)
     cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
     check_scenario_fits(cfg, scenario)
     profile = load_profile(args.profile)
-    out = Path(args.output)
-    check_output(out)
+    out = plan_output(args.output, force=args.force)
     console = Console(stderr=True)
     from kvdiag.kvstream.plan import multiseq_warning
 
@@ -278,10 +288,12 @@ def capture_from_args(args: Any) -> int:
                              profile=profile)
     r = result.result
     line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
-            f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → {out}")
+            f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → "
+            f"{out.display}")
     if r.abort is not None:
         line += f"; abort: {r.abort.message}"
     else:
         line += f"; max |Δ| vs resident reference {r.max_abs_delta:.3g}"
-    print(line)
+    # with -o - standard output carries the trace itself
+    print(line, file=sys.stderr if out.to_stdout else sys.stdout)
     return EXIT_ABORTED if r.status == "aborted" else EXIT_OK

@@ -7,6 +7,7 @@ threshold, and hands the result to the chosen format.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,27 @@ class CheckResult:
 
 
 def analyse_file(path: str | Path) -> CheckResult:
-    with TraceReader.open(path) as reader:
-        # the name goes into the command that lists every judged page
-        name = "FILE" if str(path) == "-" else str(path)
-        judgement = Judge(reader.header, name=name).feed_all(reader).snapshot()
-        problems = list(reader.problems)
-        header = reader.header
+    # The cyclic collector is paused while the trace is judged: decoded events and the
+    # judgement's arrays hold no reference cycles, and a chunk of events kept alive while it is
+    # judged would otherwise be walked by the collector again and again (measured: a sixth of
+    # check's time on a 1M-event model trace). Nothing is leaked: it runs again afterwards.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        with TraceReader.open(path) as reader:
+            # the name goes into the command that lists every judged page
+            name = "FILE" if str(path) == "-" else str(path)
+            judgement = Judge(reader.header, name=name).feed_all(reader).snapshot()
+            problems = list(reader.problems)
+            header = reader.header
+            segments = reader.segments
+    finally:
+        if paused:
+            gc.enable()
     summary = judgement.summary()
+    if segments is not None:  # a rotated trace read as one set (kvdiag/trace/segments.py)
+        summary["segments"] = {"text": segments.text(), "indices": list(segments.indices),
+                               "dropped_before": segments.dropped_before}
     summary["problems"] = [
         {"line": p.line, "kind": p.kind, "message": p.message} for p in problems
     ]

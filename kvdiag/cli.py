@@ -14,10 +14,15 @@ import os
 import re
 import sys
 import textwrap
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from kvdiag import __version__
 from kvdiag.errors import EXIT_USAGE, KvdiagError
+
+#: Exit code of an internal error (a bug in kvdiag), as sysexits.h's EX_SOFTWARE.
+EXIT_INTERNAL = 70
 
 COMMANDS: tuple[str, ...] = (
     "plan",
@@ -44,8 +49,9 @@ DESCRIPTION = (
     "and compare traces headlessly (CI exit codes), replay them in a terminal UI, and read "
     "llama-server crash logs.\n\n"
     "Run 'kvdiag COMMAND --help' for a command's options. Exit status: 0 fine, 1 findings "
-    "(what counts as one, and any other code, each command's --help says), 2 bad input or "
-    "usage, 70 an internal error, 130 interrupted.")
+    "(what counts as one, and any other code, each command's --help says), 2 bad input, "
+    "usage, or an output that may not or cannot be written (standard output and error "
+    "included), 70 an internal error, 130 interrupted.")
 
 _LITERAL = re.compile(r"``(.+?)``")
 
@@ -81,22 +87,27 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line with exit code 2."""
+    """argparse that reports usage errors as one line with exit code 2, takes no
+    abbreviations (``postmortem LOG --debug`` must not mean ``--debug-dir``), and accepts
+    ``--debug`` after any subcommand as well as before it."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        kwargs["allow_abbrev"] = False
+        top = kwargs.pop("top", False)
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: a subcommand's parser leaves the top-level value alone unless given
+        self.add_argument(
+            "--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+            help="show tracebacks as well as the one-line errors" if top else argparse.SUPPRESS)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise KvdiagError(f"{self.prog}: {message}", EXIT_USAGE)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvdiag", description=DESCRIPTION)
+    parser = _Parser(prog="kvdiag", description=DESCRIPTION, top=True)
     parser.add_argument("--version", action="version", version=f"kvdiag {__version__}")
-    parser.add_argument(
-        "--debug", action="store_true", help="show tracebacks instead of one-line errors"
-    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"kvdiag.commands.{name}")
@@ -121,35 +132,64 @@ def keep_lines_whole() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code. A failed write to standard output or error
+    is exit 2 (files.stdio), whatever the command decided."""
+    from kvdiag.files.stdio import StreamWriteError, checked_streams
+
     args_list = list(sys.argv[1:] if argv is None else argv)
-    keep_lines_whole()
+    keep_lines_whole()  # before the streams are wrapped: the wrappers copy line buffering
+    failed: list[Any] = []
+    try:
+        with checked_streams() as streams:
+            failed = streams
+            return _run(args_list)
+    except StreamWriteError as exc:
+        broken = next((s.failed for s in failed if s.failed is not None), exc)
+        if broken.stream != "error":
+            _say(f"kvdiag: error: {broken}")
+        return broken.exit_code
+
+
+def _run(args_list: list[str]) -> int:
+    from kvdiag.files.stdio import StreamWriteError
+
     debug = "--debug" in args_list
     try:
         parser = build_parser()
         args = parser.parse_args(args_list)
+        debug = bool(getattr(args, "debug", False))
         if not getattr(args, "command", None):
             parser.print_help()
             return EXIT_USAGE
         code: int = args._run(args)
         return code
+    except SystemExit as exc:  # --help and --version end here; their output is checked
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    except StreamWriteError:
+        raise
     except KvdiagError as exc:
         if debug:
-            raise
+            traceback.print_exc()
         print(f"kvdiag: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kvdiag: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
     except Exception as exc:
         if debug:
-            raise
-        print(
-            f"kvdiag: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-            file=sys.stderr,
-        )
-        return 70
+            traceback.print_exc()
+        print(f"kvdiag: internal error: {type(exc).__name__}: {exc}"
+              f"{'' if debug else ' (rerun with --debug)'}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _say(line: str) -> None:
+    """A last line on standard error, if it can still be written."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, KvdiagError):
+        pass
 
 
 if __name__ == "__main__":

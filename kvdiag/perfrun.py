@@ -15,7 +15,8 @@ from typing import Any
 
 from kvdiag.analysis.perf import RequestRow, rows
 from kvdiag.analysis.perf_predict import Calibration, Predicted, calibrate, predict
-from kvdiag.errors import STDIN_NAME, InputError, UsageError
+from kvdiag.errors import InputError, UsageError
+from kvdiag.files.inputs import STDIN_NAME
 from kvdiag.kvstream.config import PRESETS, RuntimeConfig
 from kvdiag.kvstream.scenarios import Request, Scenario
 from kvdiag.kvstream.session import SessionError, play
@@ -57,9 +58,9 @@ def load(path: str) -> LoadedRun:
     import msgspec
 
     from kvdiag.analysis.perf_trace import run_from_events
+    from kvdiag.files.logs import open_log
     from kvdiag.logimport.header import BootSniffer, chosen_boot, plan_of, runtime_config
-    from kvdiag.postmortem.lines import open_log
-    from kvdiag.postmortem.perfscan import scan_stream
+    from kvdiag.postmortem.perfread import scan_stream
     from kvdiag.trace.reader import TraceReader
 
     if _is_trace(path):
@@ -72,12 +73,8 @@ def load(path: str) -> LoadedRun:
         device = header.device.name if header.device.name not in ("unknown", "cpu") else None
         return LoadedRun(msgspec.structs.replace(run, problems=problems), config, device)
     sniffer = BootSniffer()
-    name, stream, closers = open_log(path)
-    try:
-        run = scan_stream(name, stream, hook=sniffer.feed)
-    finally:
-        for c in closers:
-            c.close()
+    with open_log(path) as log:
+        run = scan_stream(log.name, log.stream, hook=sniffer.feed)
     boot = chosen_boot(run.boots)
     plan, _derived = plan_of(boot, sniffer.info)
     return LoadedRun(run, runtime_config(boot, plan),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvdiag.analysis.sweep import SweepPoint
+from kvdiag.capture_limits import check_sweep_points
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.scenarios import Scenario
 from kvdiag.kvstream.timing import DeviceProfile
@@ -135,7 +136,9 @@ def stage_range(text: str) -> list[int]:
             parts = [int(x) for x in text.split(":")]
             if len(parts) != 3 or parts[2] <= 0 or parts[0] <= 0 or parts[1] < parts[0]:
                 raise ValueError
-            return list(range(parts[0], parts[1] + 1, parts[2]))
+            stages = range(parts[0], parts[1] + 1, parts[2])
+            check_sweep_points(len(stages))  # before the list is made: it could be huge
+            return list(stages)
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--stage-mib {text!r}: want START:STOP:STEP or a comma list of "

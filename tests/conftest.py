@@ -1,9 +1,11 @@
-"""Shared fixtures: captured traces of the core scenarios (captured once per test session)."""
+"""Shared fixtures: captured traces of the core scenarios (captured once per test session) and
+kvrt, the C runtime with its own truth (built once, tests/native_runtime.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,37 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Capture:
         return cache[key]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def kvdemo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kvdemo built against the cached ggml (tests/kvdemo_runs.py); skips where it cannot."""
+    from tests.kvdemo_runs import build
+
+    built = build(tmp_path_factory.mktemp("kvdemo-build"))
+    if isinstance(built, str):
+        pytest.skip(built)
+    return built
+
+
+@pytest.fixture(scope="session")
+def kvdemo_run(kvdemo: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Callable[[str, str, str], Any]:
+    """``kvdemo_run(schedule, layout, dispatch)`` → DemoRun, each configuration run once."""
+    from tests.kvdemo_runs import runner
+
+    return runner(kvdemo, tmp_path_factory.mktemp("kvdemo-traces"))
+
+
+@pytest.fixture(scope="session")
+def kvrt() -> Any:
+    """kvrt built (content-hashed cache), or the test skipped where no compiler is."""
+    from native_runtime import RuntimeUnavailable, build
+
+    try:
+        return build()
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"kvrt cannot be built: {exc}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from kvdiag.executors.numpy_exec import NumpyExecutor
 from kvdiag.kvstream.config import PRESETS, RuntimeConfig
 from kvdiag.kvstream.runner import Runner
-from kvdiag.kvstream.scenarios import SCENARIOS
+from kvdiag.kvstream.scenarios import SCENARIOS, Scenario
 from tests.test_kvstream_properties import ListSink
 
 
@@ -39,9 +39,8 @@ RING_CASES: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-@functools.cache
-def capture(name: str, layout: str, dispatch: str, unified: bool, **extra: Any
-            ) -> tuple[Any, ...]:
+def small(name: str, layout: str, dispatch: str, unified: bool, **extra: Any
+          ) -> tuple[RuntimeConfig, Scenario]:
     """The scenario at a small shape (2 layers, 4 query heads; prompts ≤ 300 tokens, ≤ 4 decode
     steps; pool-pressure keeps 1500 prompt tokens so pages stream through the ring)."""
     sc = SCENARIOS[name]
@@ -51,9 +50,16 @@ def capture(name: str, layout: str, dispatch: str, unified: bool, **extra: Any
     values.update(layers=2, n_head=4, layout=layout, dispatch=dispatch, kv_unified=unified)
     values.update(extra)
     prompt = 1500 if name == "pool-pressure" or extra else 300
-    small = dataclasses.replace(sc, requests=tuple(
+    return RuntimeConfig(**values), dataclasses.replace(sc, requests=tuple(
         dataclasses.replace(r, prompt=min(r.prompt, prompt), decode=min(r.decode, 4))
         for r in sc.requests))
+
+
+@functools.cache
+def capture(name: str, layout: str, dispatch: str, unified: bool, **extra: Any
+            ) -> tuple[Any, ...]:
+    """The events of :func:`small`'s run."""
+    cfg, scenario = small(name, layout, dispatch, unified, **extra)
     sink = ListSink()
-    Runner(RuntimeConfig(**values), small, NumpyExecutor()).run(sink)
+    Runner(cfg, scenario, NumpyExecutor()).run(sink)
     return tuple(sink.events)

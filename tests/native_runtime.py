@@ -227,3 +227,18 @@ def prefix_through(trace: Path, seq: int, dest: Path) -> Path:
                 break
             out.write(line)
     return dest
+
+
+def run_with(args: Iterable[str], trace: Path, truth: Path, env: dict[str, str],
+             built: Built | None = None, timeout: float = 120) -> tuple[int, str]:
+    """kvrt with ``args`` (kvrt.c's flags), KVTRACE_FILE=``trace`` and the extra environment
+    ``env`` (KVTRACE_MAX_MB, KVTRACE_KEEP, KVTRACE_RING_MB): (exit code, stderr). A run that
+    crashes on purpose (``--crash``) returns the signal as a negative code."""
+    built = built or build()
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("KVTRACE_FILE", "KVTRACE_STATE_12", "KVTRACE_MAX_MB", "KVTRACE_KEEP",
+                         "KVTRACE_RING_MB")}
+    full.update(env, KVTRACE_FILE=str(trace))
+    proc = subprocess.run([str(built.program), "--truth", str(truth), *args], env=full,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    return proc.returncode, proc.stderr

@@ -38,7 +38,7 @@ def run_command(argv: list[str], capsys: Any) -> tuple[int, str]:
     """Run ``kvdiag postmortem`` in-process; returns (exit code, stdout)."""
     from kvdiag.commands import postmortem
 
-    parser = argparse.ArgumentParser(prog="kvdiag postmortem")
+    parser = argparse.ArgumentParser(prog="kvdiag postmortem", allow_abbrev=False)
     postmortem.configure(parser)
     code = postmortem.run(parser.parse_args(argv))
     return code, capsys.readouterr().out

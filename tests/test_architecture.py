@@ -25,6 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "postmortem": {"model"},
     "analysis": {"model"},
     "report": {"analysis", "model"},
+    # trace exports render the judgement: events in, Chrome JSON or a llama-server log out
+    "export": {"analysis", "model"},
     # kvdiag import: reads logs with postmortem, sizes pages with kvstream, writes a trace
     "logimport": {"postmortem", "kvstream", "trace", "model"},
     "tui": {"report", "analysis", "trace", "model", "postmortem"},
@@ -33,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     # kvdiag check --follow: a growing trace or log (read as trace/logimport do), judged
     "follow": {"analysis", "trace", "postmortem", "logimport", "model", "report"},
 }
-LEAVES = {"errors", "__init__"}
+LEAVES = {"errors", "files", "__init__"}
 
 
 def imports(path: Path) -> list[str]:

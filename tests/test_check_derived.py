@@ -87,7 +87,8 @@ def test_the_model_trace_carries_both_and_they_agree(tmp_path: Path) -> None:
     path = write_trace(tmp_path / "both.kvtrace", capture(*ALIASING))
     res = analyse_file(path).summary["residency"]
     assert res["reads"]["judged"] > 0
-    assert res["cross_check"] == {"annotation_disagrees": 0, "versions_disagree": 0}
+    assert res["cross_check"] == {"annotation_disagrees": 0, "versions_disagree": 0,
+                                  "snapshot_replaced": 0}
 
 
 def test_an_annotation_that_disagrees_is_reported_not_used(tmp_path: Path) -> None:

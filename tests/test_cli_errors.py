@@ -77,14 +77,20 @@ def test_sigkill_mid_capture_leaves_a_readable_trace(tmp_path: Path) -> None:
                              "400", "--prompt-tokens", "300", "-q", "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
+    # the trace is written through OUT.<random>.part, renamed to OUT only once it ends
+    parts: list[Path] = []
     # wait until a few steps have reached the file, then kill without warning
     while time.monotonic() < deadline:
-        if out.exists() and out.read_bytes().count(b'"kind":"step"') >= 5:
+        parts = list(tmp_path.glob("killed.kvtrace.*.part"))
+        if parts and parts[0].read_bytes().count(b'"kind":"step"') >= 5:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+    # a kill leaves the part file (every step before it) and never a half-written OUT
+    assert not out.exists() and len(parts) == 1
+    out = parts[0]
     validate = run_cli("trace", "validate", str(out))
     assert validate.returncode == 1
     assert "Traceback" not in validate.stderr

@@ -1,4 +1,6 @@
-"""A seeded mutator over real and hand-made traces, through every command that reads one.
+"""A seeded mutator over real and hand-made traces, through every command that reads one
+(with issue 16's classes: unknown keys that are not UTF-8, in newer minor versions too, and
+stray NULs and invalid bytes inside lines).
 
 Each mutant must end with exit 0, 1 or 2 and at most a one-line error: never an internal
 error (exit 70) or a traceback, and the JSON outputs must parse. Bounded: a fixed number of
@@ -26,11 +28,18 @@ _VALUES: list[bytes] = [
 ]
 
 
+#: keys no Struct declares, some of them not UTF-8 (issue 16: one crashed every reader)
+_KEYS: list[bytes] = [b"gpu_uuid", b"k\xff\xfe", b"\xc3(", b"tail\xed\xa0\x80", b"\x80"]
+
+
 def mutate(data: bytes, rng: random.Random) -> bytes:
     lines = data.split(b"\n")
+    if rng.random() < 0.5:  # a newer minor version: unknown keys are then kept, and decoded
+        lines[0] = lines[0].replace(b'"version":"1.0"', b'"version":"1.9"', 1).replace(
+            b'"version":"1.1"', b'"version":"1.9"', 1)
     for _ in range(rng.randint(1, 4)):
         i = rng.randrange(len(lines))
-        op = rng.randrange(8)
+        op = rng.randrange(10)
         line = lines[i]
         if op == 0 and line:  # flip a byte
             j = rng.randrange(len(line))
@@ -61,6 +70,11 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         elif op == 7:  # swap two lines
             k = rng.randrange(len(lines))
             lines[i], lines[k] = lines[k], lines[i]
+        elif op == 8 and line.endswith(b"}"):  # an unknown key, maybe not UTF-8
+            lines[i] = line[:-1] + b',"' + rng.choice(_KEYS) + b'":' + rng.choice(_VALUES) + b"}"
+        elif op == 9 and line:  # a stray NUL or invalid UTF-8 byte inside a line
+            j = rng.randrange(len(line))
+            lines[i] = line[:j] + rng.choice((b"\0", b"\xff", b"\xc3")) + line[j:]
     return b"\n".join(lines)
 
 
@@ -85,9 +99,9 @@ def test_mutated_traces_never_crash_a_command(seed: int, sources: list[bytes], t
         for argv in (["trace", "info", str(path)], ["trace", "info", "--json", str(path)],
                      ["trace", "validate", str(path)], ["check", "--json", str(path)],
                      ["check", str(path)], ["check", "--format", "sarif", str(path)],
-                     ["trace", "export", str(path), "-o", str(out)],
+                     ["trace", "export", str(path), "-o", str(out), "--force"],
                      ["trace", "export", str(path), "--format", "llama-log", "-o",
-                      str(tmp_path / "out.log")]):
+                      str(tmp_path / "out.log"), "--force"]):
             code = cli.main(argv)
             stdout, stderr = capsys.readouterr()
             where = f"seed {seed} mutant {n}: {' '.join(argv)}: {stderr}"

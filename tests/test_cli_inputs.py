@@ -35,7 +35,7 @@ def test_a_fifo_without_a_writer_is_refused_at_once(tmp_path: Path, cmd: list[st
     cmd = [str(tmp_path / "out.json") if c == "OUT" else c for c in cmd]
     proc = run_cli(*cmd[:2], str(fifo), *cmd[2:]) if cmd[0] == "trace" else run_cli(
         *cmd, str(fifo))
-    one_line_error(proc, f"{fifo}: a FIFO, not a regular file")
+    one_line_error(proc, f"{fifo}: a FIFO (named pipe), not a trace file")
 
 
 def test_a_character_device_is_refused(tmp_path: Path) -> None:

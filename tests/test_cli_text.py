@@ -49,8 +49,8 @@ def test_top_level_help_describes_kvdiag_and_every_whole_summary() -> None:
         first = " ".join(_docstring(command).split("\n\n")[0].split()).replace("``", "")
         assert first in flat, command
     # the summary that used to stop at the end of the docstring's first line
-    assert ("or say they are equivalent (exit 0); bad input or different schedules exit 2"
-            in flat)
+    assert ("or say they are equivalent (exit 0); bad input, different schedules (without "
+            "--force) or traces with nothing in common to compare exit 2" in flat)
 
 
 def test_summary_is_the_first_paragraph() -> None:

@@ -48,6 +48,7 @@ def test_shared_vs_per_stream_slot1_first_explains_the_stale_read(
     assert (effect["kind"], effect["step"], effect["layer"], effect["stream"]) == (
         "provenance", 1, 0, 1)
     assert effect["a"]["class"] == "stale" and effect["b"]["class"] == "exact"
+    assert effect["a"]["page"] == effect["b"]["page"] == 1  # the page both sides read
     assert effect["a"]["copy"]["uploaded_step"] == 0 and effect["a"]["lag"] == 1
     chain = doc["chain"]
     assert chain[0].startswith("rows: stream 1 rows 2348-2348 (cells 300-300) last wrote page 1 "
@@ -71,8 +72,13 @@ def test_a_trace_is_equivalent_to_itself(captured: Capture,
     assert code == 0 and doc["equivalent"] is True and doc["first"] is None
     assert doc["steps_compared"] == doc["steps"]["a"] == doc["steps"]["b"] > 10
     with TraceReader.open(path) as r:
-        reads = sum(1 for e in r if isinstance(e, ev.Read))
-    assert doc["compared"] == {"reads": reads, "reads_not_recorded": 0,
+        events = list(r)
+    reads = sum(1 for e in events if isinstance(e, ev.Read))
+    routes = sum(1 for e in events if isinstance(e, ev.Fits))
+    writes = sum(1 for e in events if isinstance(e, ev.Write))
+    assert doc["verdict"] == "equivalent" and writes > 0 and routes > 0
+    assert doc["compared"] == {"writes": writes, "routes": routes,
+                               "reads": reads, "reads_not_recorded": 0,
                                "outputs": doc["steps"]["a"], "outputs_not_recorded": 0}
     capsys.readouterr()
     assert main(["diff", str(path), str(path)]) == 0

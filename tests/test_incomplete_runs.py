@@ -109,12 +109,17 @@ def test_a_signalled_capture_fails_check(tmp_path: Path, sig: signal.Signals, ex
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        if out.exists() and out.read_bytes().count(b'"kind":"step"') >= 3:
+        # the trace grows in OUT.<random>.part until its End line is written
+        parts = list(tmp_path.glob("stopped.kvtrace.*.part"))
+        if parts and parts[0].read_bytes().count(b'"kind":"step"') >= 3:
             break
         time.sleep(0.05)
+    assert not out.exists()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == exit_code, err
+    # ended by the signal with End status error, the trace is kept under its name
+    assert list(tmp_path.glob("*.part")) == []
     end = json.loads(out.read_bytes().splitlines()[-1])
     assert end["kind"] == "end" and end["status"] == "error" and end["reason"] == reason
     code, doc = check_json(out)

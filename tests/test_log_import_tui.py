@@ -45,10 +45,13 @@ def test_fits_screen_shows_the_imported_decision(imported: Path) -> None:
         await show(pilot, "3")
         screen = text(app)
         assert "1 fits() decision(s), 1 false · routes: abort 1" in screen
-        assert "conditions not evaluated" in screen
-        assert "dst ne[3] = 2" in screen
+        # the judgement evaluates what the log printed (dst ne[3] is Q ne[3]), as check does
+        assert "1 failed condition(s), evaluated by kvdiag from the logged geometry" in screen
+        assert "✗ Q.ne[3]==1 (Q.ne[3]=2 from dst.ne[3])" in screen
+        assert "? K.ne[3]==1: K.ne[3] not recorded" in screen
         row = next(r for r in lines(app) if "abort" in r and "FALSE" in r)
-        assert "not evaluated" in row and "[256,24,1,2]" in row and "[0,0,0,0]" not in row
+        assert "Q.ne[3]==1 (by kvdiag)" in row and "[256,24,1,2]" in row
+        assert "[0,0,0,0]" not in row
         assert "GGML_ASSERT(fits) aborts" in screen
         dst = next(r for r in lines(app) if r.lstrip().startswith("dst"))
         assert "256" in dst and "24" in dst and "?" in dst  # ne logged, nb not

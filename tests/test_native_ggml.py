@@ -29,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import pytest
 
 import kvdiag as kvdiag_package
 from tests import native_build as nb
+from tests.kvdemo_runs import DemoRun
 
 pytestmark = pytest.mark.slow
 
@@ -46,65 +46,11 @@ DEMO_SOURCE = nb.DEMO_SOURCE / "kvdemo.cpp"
 TOLERANCE = 1e-3
 
 
-@dataclass(frozen=True)
-class DemoRun:
-    trace: Path
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def runtime(self) -> int:
-        m = re.search(r"^kv buffer (\S+) type (\S+) size \d+ runtime (\d+)$", self.stdout, re.M)
-        assert m, self.stdout[:500]
-        assert m[1] == m[2] == "CUDA_KV_Stream_Host"
-        return int(m[3])
-
-    def k_data(self, layer: int) -> int:
-        m = re.search(rf"^layer {layer} k (\d+) v (\d+) stream_stride (\d+)$", self.stdout, re.M)
-        assert m, self.stdout[:500]
-        return int(m[1])
-
-    def deltas(self) -> dict[int, list[tuple[int, float]]]:
-        """stream -> [(step, max |Δ|)] as the program printed them."""
-        out: dict[int, list[tuple[int, float]]] = {}
-        for m in re.finditer(r"^step (\d+) stream (\d+) max\|delta\| (\S+)$", self.stdout, re.M):
-            out.setdefault(int(m[2]), []).append((int(m[1]), float(m[3])))
-        return out
-
-
 @pytest.fixture(scope="module")
-def kvdemo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    reason = nb.missing_tools()
-    if reason:
-        pytest.skip(reason)
-    try:
-        ggml = nb.ensure_ggml()
-    except nb.NativeUnavailable as exc:
-        pytest.skip(f"ggml cannot be fetched or built here: {exc}")
-    assert ggml.info["sha256"] == nb.SDIST_SHA256
-    assert ggml.info["ggml_commit"] == nb.GGML_COMMIT
-    exe, _seconds = nb.build_demo(ggml, tmp_path_factory.mktemp("kvdemo-build"))
-    return exe
-
-
-@pytest.fixture(scope="module")
-def run(kvdemo: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., DemoRun]:
-    out = tmp_path_factory.mktemp("kvdemo-traces")
-    done: dict[tuple[str, str, str], DemoRun] = {}
-
-    def go(schedule: str, layout: str, dispatch: str) -> DemoRun:
-        key = (schedule, layout, dispatch)
-        if key not in done:
-            trace = out / f"{schedule}-{layout}-{dispatch}.kvtrace"
-            env = {**os.environ, "KVTRACE_FILE": str(trace), "GGML_NO_BACKTRACE": "1"}
-            proc = subprocess.run(
-                [str(kvdemo), "--schedule", schedule, "--layout", layout, "--dispatch", dispatch],
-                env=env, capture_output=True, text=True, timeout=120, check=False)
-            done[key] = DemoRun(trace, proc.returncode, proc.stdout, proc.stderr)
-        return done[key]
-
-    return go
+def run(kvdemo_run: Callable[..., DemoRun]) -> Callable[..., DemoRun]:
+    """kvdemo's runs, built and run once per session (tests/conftest.py: the corpus test
+    reads the same traces)."""
+    return kvdemo_run
 
 
 def kvdiag(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from kvdiag.analysis.perf_evidence import (
 )
 from kvdiag.cli import main
 from kvdiag.model.perf import PerfRun
-from kvdiag.postmortem.perfscan import scan_stream
+from kvdiag.postmortem.perfread import scan_stream
 
 BASE_TPS = [30.0, 28.0, 26.0, 25.0, 24.0, 23.5]
 SLOW_TPS = [30.0, 27.5, 25.5, 12.0, 11.0, 23.0]

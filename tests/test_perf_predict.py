@@ -21,7 +21,7 @@ from kvdiag.kvstream.scenarios import SCENARIOS, Scheduler, multiturn_growth
 from kvdiag.kvstream.session import play
 from kvdiag.kvstream.timing import H200
 from kvdiag.perfrun import LoadedRun, choose_profile, predict_run, replay
-from kvdiag.postmortem.perfscan import scan_stream
+from kvdiag.postmortem.perfread import scan_stream
 
 ARM117 = RuntimeConfig(**PRESETS["arm117"], adaptive=True, layout="per-stream",
                        dispatch="fits")

@@ -9,7 +9,8 @@ import pytest
 from server_logs import ServerLog, Turn, adapt_line, partition_line
 
 from kvdiag.model.perf import PerfRun
-from kvdiag.postmortem.perfscan import PerfScanner, scan_paths, scan_stream
+from kvdiag.postmortem.perfread import scan_paths, scan_stream
+from kvdiag.postmortem.perfscan import PerfScanner
 
 
 def scan(text: str, name: str = "server.log") -> PerfRun:

@@ -10,7 +10,7 @@ from seed_arm117 import seed_logs
 
 from kvdiag.analysis.perf_compare import compare
 from kvdiag.analysis.perf_evidence import NOT_EXPLAINED
-from kvdiag.postmortem.perfscan import scan_stream
+from kvdiag.postmortem.perfread import scan_stream
 
 
 @pytest.fixture(scope="module")

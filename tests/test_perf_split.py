@@ -11,8 +11,9 @@ import pytest
 from server_logs import ServerLog, Turn, adapt_line, partition_line
 
 from kvdiag.model.perf import PerfRun
-from kvdiag.postmortem import perfscan, perfsplit
-from kvdiag.postmortem.perfscan import PerfScanner, scan_stream
+from kvdiag.postmortem import perfread, perfsplit
+from kvdiag.postmortem.perfread import scan_stream
+from kvdiag.postmortem.perfscan import PerfScanner
 from kvdiag.postmortem.timinglines import OLD_HEADER
 
 
@@ -86,6 +87,6 @@ def test_the_second_process_reads_the_second_half(tmp_path: Path,
 
     monkeypatch.setattr(perfsplit, "_collect", collect)
     with open(path, "rb") as fh:
-        run = perfscan.scan_stream(str(path), fh)
+        run = perfread.scan_stream(str(path), fh)
     assert calls == [1]  # the child process answered
     assert normal(run) == whole

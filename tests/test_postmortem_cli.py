@@ -22,7 +22,9 @@ FRAME_KEYS = {"index", "module", "offset", "address", "function", "file", "line"
 def test_json_schema_and_exit_code_for_a_crash(capsys: Any) -> None:
     code, data = run_json([str(FIXTURES / "cuda_oom_journald_glibc.log")], capsys)
     assert code == 1
-    assert set(data) == {"crashes", "config", "slots", "findings", "problems", "binaries"}
+    assert set(data) == {"crashes", "config", "slots", "findings", "problems", "binaries",
+                         "replaced"}
+    assert data["replaced"] == []
     (crash,) = data["crashes"]
     assert set(crash) == CRASH_KEYS
     assert crash["kind"] == "cuda_error"
@@ -42,11 +44,16 @@ def test_json_schema_and_exit_code_for_a_crash(capsys: Any) -> None:
     assert data["findings"][0]["severity"] == "error"
 
 
-def test_exit_zero_without_crash_and_report_text(capsys: Any) -> None:
+def test_an_error_level_risk_without_crash_fails_as_check_would(capsys: Any) -> None:
+    """No crash, but the aliasing risk is an error (the multiseq opt-in is on): exit 1 at
+    the default --fail-on error, as ``check`` does (issue 16), 0 at --fail-on critical."""
     code, out = run_command([str(FIXTURES / "aliasing_no_crash.log")], capsys)
-    assert code == 0
+    assert code == 1
     assert "kvstream-multislot-aliasing-risk" in out and "Configuration" in out
     assert "CUDA_KV_Stream_Host" in out
+    code, out = run_command([str(FIXTURES / "aliasing_no_crash.log"), "--fail-on",
+                             "critical"], capsys)
+    assert code == 0 and "kvstream-multislot-aliasing-risk" in out
 
 
 def test_report_shows_crash_backtrace_and_findings(

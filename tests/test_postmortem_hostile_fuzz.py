@@ -18,9 +18,9 @@ from rich.console import Console
 
 from kvdiag.analysis.signatures import evaluate
 from kvdiag.errors import InputError
+from kvdiag.files.logs import open_log
 from kvdiag.model.logrecords import LogScan
 from kvdiag.postmortem.binaries import verify
-from kvdiag.postmortem.lines import open_log
 from kvdiag.postmortem.parse import LogParser
 from kvdiag.postmortem.resymbolize import resymbolize
 from kvdiag.postmortem.symbolizer import Module
@@ -80,17 +80,14 @@ def test_mutated_logs_give_a_report_or_one_line(tmp_path: Path) -> None:
         path = tmp_path / f"m{i % 4}.log"
         path.write_bytes(data)
         try:
-            name, stream, closers = open_log(str(path))
+            log = open_log(str(path))
         except InputError as exc:
             assert "\n" not in str(exc)
             outcomes["refused"] += 1
             continue
-        try:
+        with log:
             parser = LogParser()
-            parser.feed(name, stream)
-        finally:
-            for c in closers:
-                c.close()
+            parser.feed(log.name, log.stream, leading_nuls=log.leading_nuls)
         scan = parser.result()
         scan = resymbolize(scan, [], None, use_cache=False, auto=True)
         findings = evaluate(scan)
@@ -107,11 +104,9 @@ def test_mutated_libraries_open_check_and_resolve_or_fail_in_one_line(tmp_path: 
     good = built.lib.read_bytes()
     log = tmp_path / "seed.log"
     log.write_bytes(_seed_log(built))
-    name, stream, closers = open_log(str(log))
     parser = LogParser()
-    parser.feed(name, stream)
-    for c in closers:
-        c.close()
+    with open_log(str(log)) as opened:
+        parser.feed(opened.name, opened.stream)
     scan = parser.result()
     rng = random.Random(2222)
     errors = 0

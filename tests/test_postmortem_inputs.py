@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvdiag.errors import InputError
-from kvdiag.postmortem.lines import open_log
+from kvdiag.files.logs import open_log
 
 CRASH_LOG = b"".join(line + b"\n" for line in (
     b"0.00.010.000 I llama_context: n_ctx         = 8192",
@@ -63,7 +63,7 @@ def test_fifo_without_writer_as_log_or_binary_is_refused_not_waited_on(tmp_path:
 def test_character_device_is_not_a_log() -> None:
     if not os.path.exists("/dev/zero"):
         pytest.skip("no /dev/zero here")
-    with pytest.raises(InputError, match="a device, not a regular log file"):
+    with pytest.raises(InputError, match="a character device, not a regular log file"):
         open_log("/dev/zero")
 
 
@@ -78,14 +78,15 @@ def test_random_bytes_plain_gzip_or_stdin_are_not_a_log(tmp_path: Path) -> None:
     packed = tmp_path / "core.bin.gz"
     packed.write_bytes(gzip.compress(noise))
     for path in (plain, packed):
-        _one_line_error(_cli([str(path)]), "not a text log", "NUL byte at offset")
+        _one_line_error(_cli([str(path)]), "not a text log", "are not text")
     _one_line_error(_cli(["-", "--json"], stdin=noise), "<stdin>", "not a text log")
 
 
 def test_high_bytes_without_nul_are_not_a_log_but_a_few_stray_bytes_are(tmp_path: Path) -> None:
     rng = random.Random(80)
     high = bytes(rng.randrange(0x80, 0x100) for _ in range(5000))
-    with pytest.raises(InputError, match=r"of its first 5000 bytes are not UTF-8"):
+    with pytest.raises(InputError, match=r"of the 5,000 bytes that are not NUL at its start are "
+                                         r"not text"):
         _open_and_close(tmp_path / "high.bin", high)
     # a Latin-1 model path in an otherwise ASCII log is a log
     latin = CRASH_LOG.replace(b"/w/kv/", b"/home/J\xfcrgen/kv/")
@@ -110,12 +111,8 @@ def test_stdin_text_is_read_whole_after_the_probe() -> None:
 
 def _open_and_close(path: Path, data: bytes) -> bytes:
     path.write_bytes(data)
-    _name, stream, closers = open_log(str(path))
-    try:
-        return stream.read()
-    finally:
-        for c in closers:
-            c.close()
+    with open_log(str(path)) as log:
+        return log.stream.read()
 
 
 # -- #24 broken gzip ------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvdiag.errors import InputError
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, open_log
+from kvdiag.files.logs import open_log
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
 
 
 @pytest.mark.parametrize(
@@ -46,11 +47,9 @@ def test_open_log_plain_gzip_and_errors(tmp_path: Path) -> None:
     packed = tmp_path / "b.log.gz"
     packed.write_bytes(gzip.compress(b"world\n"))
     for path, want in ((plain, b"hello\n"), (packed, b"world\n")):
-        name, stream, closers = open_log(str(path))
-        assert name == str(path) and stream.read() == want
-        for c in closers:
-            c.close()
-    with pytest.raises(InputError, match="cannot open"):
+        with open_log(str(path)) as log:
+            assert log.name == str(path) and log.stream.read() == want
+    with pytest.raises(InputError, match="no such file"):
         open_log(str(tmp_path / "missing.log"))
     with pytest.raises(InputError, match="is a directory"):
         open_log(str(tmp_path))

@@ -21,7 +21,7 @@ def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_save_then_load_by_name_and_by_path(config_home: Path) -> None:
     p = DeviceProfile("NVIDIA GeForce RTX 4090", 1008.0, 25.1, 24.6, 2.9, source="test rig")
     path = profiles.save_profile(p)
-    assert path == config_home / "nvidia-geforce-rtx-4090.json"
+    assert path == str(config_home / "nvidia-geforce-rtx-4090.json")
     assert profiles.load_profile("NVIDIA GeForce RTX 4090") == p
     assert profiles.load_profile(str(path)) == p
     assert profiles.load_profile("H200") is H200

@@ -15,10 +15,10 @@ from sql_corpus import build
 from kvdiag.analysis.judgement import Judge
 from kvdiag.analysis.signatures import evaluate
 from kvdiag.check import CheckResult, analyse_file
+from kvdiag.files.logs import open_log
 from kvdiag.model import events as ev
-from kvdiag.postmortem.lines import open_log
 from kvdiag.postmortem.parse import scan
-from kvdiag.postmortem.perfscan import scan_paths
+from kvdiag.postmortem.perfread import scan_paths
 from kvdiag.sql import run
 from kvdiag.trace.reader import TraceReader
 
@@ -122,12 +122,8 @@ def check_upload_bytes_per_token(fleet: Fleet, rows: list[dict[str, Any]]) -> No
 def _log_findings(fleet: Fleet) -> list[Any]:
     out = []
     for n in LOGS:
-        name, stream, closers = open_log(str(fleet.files[n]))
-        try:
-            out += evaluate(scan([(name, stream)]))
-        finally:
-            for c in closers:
-                c.close()
+        with open_log(str(fleet.files[n])) as log:
+            out += evaluate(scan([(log.name, log.stream)]))
     return out
 
 
@@ -173,12 +169,8 @@ def check_timings(fleet: Fleet, rows: list[dict[str, Any]]) -> None:
 
 def check_crashes(fleet: Fleet, rows: list[dict[str, Any]]) -> None:
     log = next(r for r in rows if r["file"] == str(fleet.files["crash"]))
-    name, stream, closers = open_log(str(fleet.files["crash"]))
-    try:
-        (crash,) = scan([(name, stream)]).crashes
-    finally:
-        for c in closers:
-            c.close()
+    with open_log(str(fleet.files["crash"])) as opened:
+        (crash,) = scan([(opened.name, opened.stream)]).crashes
     assert crash.abort is not None and crash.backtrace is not None
     assert (log["condition"], log["frames"]) == (crash.abort.condition,
                                                  len(crash.backtrace.frames))

@@ -220,3 +220,22 @@ def _row(out: str, first: str) -> list[str]:
         if cells and cells[0] == first:
             return [c for c in cells if c]
     raise AssertionError(f"no row {first!r} in:\n{out}")
+
+
+def test_info_json_steps_are_the_judgements(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    """A header and an End at step 7 have no steps: the span in --json is the judgement's
+    (it counted the End's step and said 7..7 while the judgement said none)."""
+    path = tmp_path / "nothing.kvtrace"
+    path.write_bytes(header_line("1.1") + event_line("end", 1, 7, status="completed",
+                                                     steps=8, events=0))
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["counts"] == {"end": 1}
+    assert (data["first_step"], data["last_step"], data["judgement"]["steps"]) == (
+        None, None, 0)
+    path.write_bytes(header_line("1.1") + write_line(1, 3) + write_line(2, 5)
+                     + event_line("end", 3, 9, status="completed", steps=10, events=2))
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    data = json.loads(out)
+    assert (data["first_step"], data["last_step"], data["judgement"]["steps"]) == (3, 5, 3)

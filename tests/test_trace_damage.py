@@ -195,3 +195,27 @@ def test_deep_nesting_and_invalid_utf8_are_corrupt_lines() -> None:
     reader, events = read(data, chunk_size=1 << 20, max_line=1 << 20)
     assert [e.seq for e in events] == [1, 3, 4]  # type: ignore[attr-defined]
     assert kinds(reader) == [(3, "corrupt"), (4, "corrupt")]
+
+
+def test_decode_block_gives_one_entry_per_line_as_iteration_decodes() -> None:
+    """A viewer that reads the bytes itself (kvdiag.analysis.trace_index.line_blocks) gets the
+    reader's events and problems, with None where a line is not an event, for any cut."""
+    from kvdiag.analysis.linesource import LineSource
+    from kvdiag.analysis.trace_index import header_end, line_blocks
+
+    data = (header_line() + write_line(1) + b"not json\n" + write_line(2) + b"\n"
+            + write_line(3) + write_line(3) + b'{"kind":"write","seq":9,"t_ns":1,"st')
+    whole, events = read(data)
+    lines = data.split(b"\n")[1:]
+    for chunk in (7, 40, 1 << 20):
+        reader = TraceReader(io.BytesIO(data), "t.kvtrace")
+        source = LineSource(data, "t.kvtrace")
+        got = [e for _, block in line_blocks(source, header_end(source), chunk)
+               for e in reader.decode_block(block)]
+        reader.finish()
+        assert len(got) == len(lines), chunk
+        assert [e is None for e in got] == [False, True, False, True, False, False, True]
+        assert [e for e in got if e is not None] == events
+        assert reader.problems == whole.problems and reader.truncated
+        assert [p.kind for p in reader.problems] == ["corrupt", "corrupt", "sequence",
+                                                     "truncated", "incomplete"]

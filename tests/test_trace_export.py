@@ -24,7 +24,12 @@ def export(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> lis
 def test_steps_become_slices_and_aliasing_reads_are_marked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = export(tmp_path, "slot1-first-shared", capsys)
+    trace = tmp_path / "s1.kvtrace"  # a 1.1 capture: reads record the slots they served
+    assert main(["capture", "--scenario", "slot1-first", "--prompt-tokens", "300", "--steps",
+                 "4", "-o", str(trace)]) == 0
+    out = tmp_path / "s1.json"
+    assert main(["trace", "export", str(trace), "-o", str(out)]) == 0
+    doc: list[dict] = json.loads(out.read_text())  # type: ignore[type-arg]
     steps = [e for e in doc if e.get("cat") == "step"]
     assert len(steps) == 15 and all(e["ph"] == "X" and e["dur"] > 0 for e in steps)
     # each step lasts until the next begins
@@ -79,8 +84,46 @@ def test_the_modelled_slot1_log_raises_the_aliasing_risk(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, doc = _postmortem_json(tmp_path, "slot1-first-shared", capsys)
-    assert code == 0 and doc["crashes"] == []
+    # no crash, but an error-level risk: postmortem fails on it as check does (issue 16)
+    assert code == 1 and doc["crashes"] == []
     risk = [f for f in doc["findings"] if f["rule"] == "kvstream-multislot-aliasing-risk"]
     assert risk and risk[0]["details"]["slot"] == 1 and risk[0]["details"]["n_stream"] == 2
     assert "K (q8_0):   17.00 MiB, V (q5_1):   12.00 MiB" in " ".join(
         e["text"] for e in risk[0]["evidence"])
+
+
+def test_the_log_prints_fits_false_for_every_decision_the_judgement_finds_bad(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A native writer that does not record ``membership`` (it defaults to false): its
+    fallback decisions are still bad (the judgement's outcome), so the log has their
+    ``fits=false`` lines — the exporter's own rule (result false and membership) printed none —
+    and importing the log gives them back as fallbacks."""
+    from tests.test_chrome_export import tensor
+    from tests.trace_samples import event_line, header_line
+
+    streamed = {"node": "__fattn__", "q": tensor("q"), "k": tensor("k"), "v": tensor("v"),
+                "dst": tensor("dst"), "stage_bytes": 1 << 22}
+    path = tmp_path / "native.kvtrace"
+    path.write_bytes(header_line("1.2") + b"".join([
+        event_line("step", 1, 0, phase="decode", streams=[0, 1], tokens=2, n_kv=512,
+                   slots=[0, 1]),
+        event_line("fits", 2, 0, layer=0, result=False, route="fallback", **streamed),
+        event_line("warn", 3, 0, message="kv-stream: fits() false, falling back", layer=0,
+                   code="kv-stream-fallback"),
+        event_line("fits", 4, 0, layer=1, result=True, route="streamed", **streamed),
+        event_line("fits", 5, 0, layer=2, result=False, route="fallback", **streamed),
+        event_line("end", 6, 0, status="completed", steps=1, events=5),
+    ]))
+    log = tmp_path / "native.log"
+    assert main(["trace", "export", str(path), "--format", "llama-log", "-o", str(log)]) == 0
+    assert "(2 fits=false lines: the decisions the judgement finds bad)" in \
+        capsys.readouterr().out
+    lines = [line for line in log.read_text().splitlines() if "fits=false" in line]
+    assert len(lines) == 2 and all("ne=[256,512,4,2]" in line for line in lines)
+    back = tmp_path / "back.kvtrace"
+    assert main(["import", str(log), "-o", str(back)]) == 0
+    capsys.readouterr()
+    main(["check", "--json", str(back)])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["residency"]["routes"] == {"fallback": 2}

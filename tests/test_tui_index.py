@@ -23,8 +23,8 @@ from kvdiag.analysis.trace_index import (
     decode_event,
     header_end,
 )
+from kvdiag.files.logs import open_log
 from kvdiag.model import events as ev
-from kvdiag.postmortem.lines import open_log
 from kvdiag.postmortem.parse import LogParser
 from kvdiag.trace.reader import TraceReader
 from tests.tui_samples import write_abort, write_aliasing
@@ -139,10 +139,9 @@ def test_text_search_wraps_and_respects_the_selection(aliasing: Path) -> None:
 def test_log_index_marks_records_and_slot_lines() -> None:
     path = LOGS / "kvstream_np2_gdb.log"
     parser = LogParser()
-    name, stream, closers = open_log(str(path))
-    parser.feed(name, stream)
-    for c in closers:
-        c.close()
+    with open_log(str(path)) as log:
+        name = log.name
+        parser.feed(name, log.stream)
     scan = parser.result()
     source = LineSource.open(path)
     index = build_log_index(source, scan, name)
@@ -178,7 +177,8 @@ def test_non_ui_modules_do_not_import_textual() -> None:
     code = ("import sys; import kvdiag.analysis.trace_index, kvdiag.analysis.pages_query, "
             "kvdiag.tui.digest, kvdiag.analysis.log_index, kvdiag.tui.document, "
             "kvdiag.tui.loading, kvdiag.tui.rows, kvdiag.tui.summaries, kvdiag.tui.fitsdetail, "
-            "kvdiag.tui.crashes, kvdiag.tui.pagestext, kvdiag.tui.sparkline; "
+            "kvdiag.tui.crashes, kvdiag.tui.pagestext, kvdiag.tui.sparkline, "
+            "kvdiag.tui.judging, kvdiag.tui.judgeproc, kvdiag.tui.shown; "
             "print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

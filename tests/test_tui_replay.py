@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvdiag.analysis.judgement import Judge, LedgerSnapshot
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import (
@@ -29,7 +30,18 @@ from tests.tui_samples import write_aliasing
 ADAPTIVE = ("--adaptive", "--steps", "6", "--prompt-tokens", "1200")
 
 
-def query_for(path: Path) -> tuple[PagesQuery, dict[int, object], PagesGeometry]:
+class Judged:
+    """A PagesQuery with the judgement's ledger of the whole (undamaged) trace."""
+
+    def __init__(self, query: PagesQuery, ledger: LedgerSnapshot) -> None:
+        self.query = query
+        self.ledger = ledger
+
+    def snapshot(self, step: int) -> PagesSnapshot:
+        return self.query.snapshot(step, self.ledger)
+
+
+def query_for(path: Path) -> tuple[Judged, dict[int, object], PagesGeometry]:
     with TraceReader.open(path) as reader:
         header = reader.header
         events = list(reader)
@@ -38,8 +50,10 @@ def query_for(path: Path) -> tuple[PagesQuery, dict[int, object], PagesGeometry]
     builder = IndexBuilder(source, header_end(source))
     for _ in builder.run():
         pass
-    return PagesQuery(builder.snapshot(), source, geometry), replay_steps(geometry, events), \
-        geometry
+    judgement = Judge(header, ledger=True).feed_all(events).snapshot()
+    assert judgement.ledger is not None
+    query = Judged(PagesQuery(builder.snapshot(), source, geometry), judgement.ledger)
+    return query, replay_steps(geometry, events, header), geometry
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +81,7 @@ def test_aliasing_trace_step_by_step(aliasing: Path) -> None:
     s0 = query.snapshot(0)
     cell = s0.cell(1, 0, 0)
     assert cell.slot == 2 and cell.holder == Holder(0, 1, 0, 1)
-    assert cell.read == LastRead(0, "pool", 1, "exact", 0) and cell.resident
+    assert cell.read == LastRead(0, "pool", 1, "exact", 0, 0) and cell.resident
     assert s0.cell(0, 0, 0).holder == Holder(0, 1, 0, 1)  # shared key: stream 0 sees it too
     assert s0.cell(1, 0, 2).slot is None and not s0.cell(1, 0, 2).resident
     s1 = query.snapshot(1)
@@ -77,7 +91,9 @@ def test_aliasing_trace_step_by_step(aliasing: Path) -> None:
     s2 = query.snapshot(2)
     assert not s2.cell(0, 1, 0).dirty  # dirty marks belong to the step that made them
     foreign = s2.cell(1, 0, 0)
-    assert foreign.read == LastRead(2, "pool", 0, "foreign", 0) and foreign.flagged
+    # the judgement's holder: slot 2 held layer 0 stream 0 page 0 (slot 0's upload)
+    assert foreign.read == LastRead(2, "pool", 0, "foreign", 0, 0, 0) and foreign.flagged
+    assert s2.cell(1, 0, 1).read == LastRead(2, "pool", 0, "foreign", 0, 0, 1)
     assert s2.cell(1, 0, 1).version == 2 and s2.cell(1, 0, 1).holder == Holder(0, 0, 1, 1)
     assert [(s, layer, p) for s, layer, p, _ in s2.flagged()] == [
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]

@@ -85,10 +85,6 @@ def test_help(here: Path, snap_compare: SnapCompare) -> None:
     assert shot(snap_compare, ["aliasing.kvtrace"], "4", "question_mark")
 
 
-def test_perf(here: Path, snap_compare: SnapCompare) -> None:
-    assert shot(snap_compare, ["stream.log", "base.log"], "8", *["right"] * 6)
-
-
 # -- 80x24 (issue 16 #6): the narrow layouts -----------------------------------------------
 
 
@@ -103,3 +99,7 @@ def test_fits_at_80x24(here: Path, snap_compare: SnapCompare) -> None:
 
 def test_timeline_at_80x24(here: Path, snap_compare: SnapCompare) -> None:
     assert shot(snap_compare, ["server.log"], "2", "end", "up", size=(80, 24))
+
+
+def test_perf(here: Path, snap_compare: SnapCompare) -> None:
+    assert shot(snap_compare, ["stream.log", "base.log"], "8", *["right"] * 6)

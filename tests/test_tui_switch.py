@@ -130,8 +130,8 @@ def test_tui_refuses_what_it_cannot_show(kind: str, tmp_path: Path, samples: dic
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"kvdiag: error: {bad}: ")
     assert {"missing": "no such file", "directory": "is a directory",
-            "binary": "binary data, neither a kvtrace trace nor a text log",
-            "empty": "empty file", "fifo": "a FIFO (named pipe), not a file"}[kind] in err
+            "binary": "not a text log", "empty": "empty file",
+            "fifo": "a FIFO (named pipe), not a regular file"}[kind] in err
     assert started == []
     assert main(["tui", str(bad), "--export-svg", str(tmp_path / "x.svg")]) == 2
     assert not (tmp_path / "x.svg").exists()

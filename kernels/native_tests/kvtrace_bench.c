@@ -13,7 +13,8 @@
  *   kvtrace_bench gen N        a native trace of about N events into $KVTRACE_FILE, shaped
  *                              like a decode run: per step a step and a mark, per layer a write,
  *                              an upload and a read, per stream an output; fits (large lines)
- *                              for every layer every 64th step
+ *                              for every layer every 64th step; prints "events seconds
+ *                              cpu_seconds" (with KVTRACE_MAX_MB set: the cost of rotation)
  *
  * SPDX-License-Identifier: MIT
  */
@@ -116,6 +117,7 @@ static int gen(long n) {
     kvtrace_tensor q, k, v, d;
     long step;
     int s, l, pg;
+    double t, c;
     kvtrace_plan_defaults(&p);
     p.run_name = "bench gen";
     p.np = STREAMS;
@@ -148,6 +150,8 @@ static int gen(long n) {
     v.type = "q5_1";
     d = q;
     d.name = "fattn";
+    t = now_s();
+    c = cpu_s();
     for (step = 0; kvtrace_12_state.seq < n; step++) {
         int64_t rows[STREAMS];
         int32_t keys[STREAMS][3];
@@ -175,7 +179,9 @@ static int gen(long n) {
         for (s = 0; s < STREAMS; s++) KVTRACE_OUTPUT(s, (uint32_t)step * 2654435761u, 0, 0, -1, -1);
     }
     KVTRACE_END("completed");
-    printf("%lld\n", (long long)kvtrace_12_state.seq);
+    t = now_s() - t;
+    c = cpu_s() - c;
+    printf("%lld %.9f %.9f\n", (long long)kvtrace_12_state.seq, t, c);
     return 0;
 }
 

@@ -63,13 +63,23 @@ class DiffResult:
     """Why the schedules differ (None: they agree)."""
     lengths: tuple[int, int] = (0, 0)
     compared: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("reads", "reads_not_recorded", "outputs", "outputs_not_recorded"), 0))
-    """What was compared, and what could not be for want of recorded facts (a read without
-    ``served`` in either trace, an output without a reference)."""
+        ("writes", "routes", "reads", "reads_not_recorded", "outputs", "outputs_not_recorded"),
+        0))
+    """What was compared (writes of the same rows, FA routes, reads page by page, outputs),
+    and what could not be for want of recorded facts (a read without ``served`` in either
+    trace, an output without a reference)."""
+
+    @property
+    def nothing_compared(self) -> bool:
+        """No write, route, read or output of one trace had a counterpart in the other: the
+        traces have nothing in common, which is not equivalence."""
+        c = self.compared
+        return self.first is None and not (c["writes"] or c["routes"] or c["reads"]
+                                           or c["outputs"])
 
     @property
     def equivalent(self) -> bool:
-        return self.first is None
+        return self.first is None and not self.nothing_compared
 
 
 class ScheduleMismatch(ValueError):
@@ -91,17 +101,21 @@ class _Side:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.judge = Judge(keep_writes=True)
+        self.judge = Judge(keep_writes=True, detail=True)
         self.abort: ev.Abort | None = None
 
     @property
     def mark(self) -> ev.Mark | None:
         return self.judge.mark
 
-    def apply(self, e: ev.AnyEvent | ev.Unknown) -> None:
-        self.judge.feed(e)
-        if isinstance(e, ev.Abort):
-            self.abort = e
+    def apply(self, events: list[Any]) -> None:
+        """One layer's events of a step, judged together: the verdicts of its reads stay
+        available until the next call."""
+        if events:
+            self.judge.feed_all(events)
+        for e in events:
+            if isinstance(e, ev.Abort):
+                self.abort = e
 
 
 def _steps(events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[list[Any]]:
@@ -175,10 +189,8 @@ class Differ:
         la, lb = _by_layer(ga), _by_layer(gb)
         for layer in sorted(set(la) | set(lb), key=lambda x: (x is not None, x)):
             ea, eb = la.get(layer, []), lb.get(layer, [])
-            for e in ea:
-                self.a.apply(e)
-            for e in eb:
-                self.b.apply(e)
+            self.a.apply(ea)
+            self.b.apply(eb)
             if layer is None:
                 continue
             self._writes(step, layer, ea, eb)
@@ -201,6 +213,7 @@ class Differ:
         wa = {(w.stream, w.cells): w for w in ea if isinstance(w, ev.Write)}
         wb = {(w.stream, w.cells): w for w in eb if isinstance(w, ev.Write)}
         for key in sorted(set(wa) & set(wb)):
+            self.result.compared["writes"] += 1
             a, b = wa[key], wb[key]
             na = sorted(_norm(k, a.stream) for k in a.dirty)
             nb = sorted(_norm(k, b.stream) for k in b.dirty)
@@ -219,7 +232,10 @@ class Differ:
             return
         fa = next((e for e in ea if isinstance(e, ev.Fits)), None)
         fb = next((e for e in eb if isinstance(e, ev.Fits)), None)
-        if fa is None or fb is None or fa.route == fb.route:
+        if fa is None or fb is None:
+            return
+        self.result.compared["routes"] += 1
+        if fa.route == fb.route:
             return
         def side(f: ev.Fits, s: _Side) -> str:
             why = f"fits() {str(f.result).lower()}"
@@ -349,8 +365,8 @@ def _verdict(v: PageVerdict) -> str:
 
 
 def _verdict_json(v: PageVerdict, read: ev.Read) -> dict[str, Any]:
-    out: dict[str, Any] = {"seq": read.seq, "source": v.source, "slot": v.slot, "class": v.cls,
-                           "lag": v.lag, "version": v.version}
+    out: dict[str, Any] = {"seq": read.seq, "page": v.page, "source": v.source, "slot": v.slot,
+                           "class": v.cls, "lag": v.lag, "version": v.version}
     if v.holder is not None:
         out["copy"] = {"layer": v.holder.layer, "stream": v.holder.stream,
                        "page": v.holder.page, "version": v.holder.version,

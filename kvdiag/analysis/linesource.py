@@ -3,32 +3,36 @@
 The TUI never holds every decoded line: it indexes a file once (byte offset of each line) and
 reads back only the lines on screen, so the bytes must be randomly addressable. A plain file is
 memory-mapped (the OS pages in what is touched); a gzip-compressed log is decompressed into
-memory first, since a gzip stream cannot be addressed by offset.
+memory first, since a gzip stream cannot be addressed by offset. Which files may be opened and
+what counts as gzip are the rules every reader shares (:mod:`kvdiag.files`); a gzip stream that
+breaks keeps what decoded before the break and says why in ``broken``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import mmap
 import os
-import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from kvdiag.errors import InputError, open_input
-
-GZIP_MAGIC = b"\x1f\x8b"
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import is_gzip, open_input
+from kvdiag.files.logs import READ_ERRORS, describe_break
 
 
 class LineSource:
     """The bytes of one file. ``data`` is never written; views of it may be shared by threads."""
 
     def __init__(self, data: bytes | mmap.mmap, name: str, *, compressed: bool = False,
-                 fd: int | None = None) -> None:
+                 fd: int | None = None, broken: str | None = None) -> None:
         self.data = data
         self.name = name
         self.compressed = compressed
+        self.broken = broken
+        """Why a compressed file could not be read to its end (None: it could)."""
         self._fd = fd
 
     @classmethod
@@ -37,9 +41,10 @@ class LineSource:
         p = Path(path)
         with open_input(p) as fh:
             head = fh.read(2)
-            if head == GZIP_MAGIC:
+            if is_gzip(head):
                 fh.seek(0)
-                return cls(_gunzip(fh, str(p)), str(p), compressed=True)
+                data, broken = _gunzip(fh, str(p))
+                return cls(data, str(p), compressed=True, broken=broken)
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 return cls(b"", str(p))
@@ -55,6 +60,28 @@ class LineSource:
     @property
     def size(self) -> int:
         return len(self.data)
+
+    @functools.cached_property
+    def text_start(self) -> int:
+        """Offset of the first byte that is not NUL: a log whose start ``logrotate``'s
+        ``copytruncate`` left NUL-filled begins its line 1 there (as every log reader drops
+        those NULs, kvdiag.files.text). Holes of a mapped file are skipped with SEEK_DATA."""
+        data = self.data
+        if not len(data) or data[0] != 0:
+            return 0
+        pos = 0
+        if self._fd is not None and hasattr(os, "SEEK_DATA"):
+            try:
+                pos = os.lseek(self._fd, 0, os.SEEK_DATA)
+            except OSError:
+                pos = len(data)  # ENXIO: no data at all
+        while pos < len(data):
+            chunk = self.read(pos, 1 << 20)
+            rest = chunk.lstrip(b"\0")
+            if rest:
+                return pos + len(chunk) - len(rest)
+            pos += len(chunk)
+        return len(data)
 
     def read(self, offset: int, size: int) -> bytes:
         """``size`` bytes from ``offset`` (fewer at the end). A whole-file pass reads this way
@@ -91,18 +118,23 @@ class LineSource:
                 self.data.close()
 
 
-def _gunzip(fh: BinaryIO, name: str) -> bytes:
-    """Decompress as much as can be read; a cut stream keeps what decoded before the break."""
+def _gunzip(fh: BinaryIO, name: str) -> tuple[bytes, str | None]:
+    """Decompress as much as can be read: ``(bytes, why it broke or None)``. gzip data that
+    yields no byte at all is refused, as every log reader refuses it (kvdiag.files.logs)."""
     out = bytearray()
+    broken: str | None = None
     with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
         while True:
             try:
                 block = gz.read1(1 << 20)
-            except (EOFError, OSError, zlib.error):
+            except READ_ERRORS as exc:
+                broken = describe_break(exc)
                 break
             if not block:
                 break
             out += block
     if not out:
-        raise InputError(f"{name}: gzip data that does not decompress")
-    return bytes(out)
+        if broken is not None:
+            raise InputError(f"{name}: gzip data that does not decompress ({broken})")
+        raise InputError(f"{name}: empty file (the gzip data holds no bytes)")
+    return bytes(out), broken

@@ -52,11 +52,12 @@ class LogIndex:
 
 
 def line_offsets(source: LineSource) -> np.ndarray:
-    """Start offset of every line (a final newline does not start an empty line)."""
+    """Start offset of every line (a final newline does not start an empty line); line 1
+    starts after a NUL-filled start (LineSource.text_start)."""
     data = source.data
     size = len(data)
-    parts = [np.zeros(1, np.int64)] if size else [np.zeros(0, np.int64)]
-    pos = 0
+    pos = source.text_start
+    parts = [np.full(1, pos, np.int64)] if pos < size else [np.zeros(0, np.int64)]
     while pos < size:
         block = np.frombuffer(data[pos : pos + _BLOCK], np.uint8)
         parts.append(np.flatnonzero(block == 10).astype(np.int64) + pos + 1)

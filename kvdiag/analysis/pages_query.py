@@ -1,9 +1,11 @@
 """Pages snapshots by random access: the state at any step without replaying the trace.
 
 Every part of the state at the end of step S is "the latest event of some kind, for some key,
-at or before S" (see :mod:`kvdiag.analysis.replay`): the latest read of a (layer, stream), the
-latest upload into a slot (unless an eviction came after it), the latest upload of a bookkeeping
-key, the latest write that gave a host page a version. So the index rows of those kinds are
+at or before S" (see :mod:`kvdiag.analysis.replay`): the latest read of a (layer, stream) —
+with the judgement's verdicts on it from its ledger (:class:`~kvdiag.analysis.judgement.
+LedgerSnapshot`, by the read's row) — the latest upload into a slot (unless an eviction came
+after it), the latest upload of a bookkeeping key, and the number of writes that touched a
+host page before S (its version, the judgement's rule). So the index rows of those kinds are
 grouped once by key (sorted row numbers per key, built with numpy), and a snapshot is a binary
 search per key plus decoding the handful of lines found. The cost of a snapshot depends on the
 grid size, not on the step or the trace length, which keeps a scrub step fast on a trace of
@@ -19,8 +21,19 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvdiag.analysis.judgement import LedgerSnapshot
+from kvdiag.analysis.judgement.classes import MAX_PAGE
 from kvdiag.analysis.linesource import LineSource
-from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot, Window, assemble, reshaped_window
+from kvdiag.analysis.replay import (
+    PagesGeometry,
+    PagesSnapshot,
+    Run,
+    Window,
+    assemble,
+    judged_runs,
+    judging_runs,
+    reshaped_window,
+)
 from kvdiag.analysis.trace_index import (
     EVICT,
     F_RELEARN,
@@ -110,7 +123,8 @@ class PagesQuery:
 
         w = np.flatnonzero(kind == WRITE)
         wa, wb = col("a", w), col("b", w)
-        valid = (wa >= 0) & (wb > wa)
+        # the writes the judgement counts (Judge._write): a believable page range
+        valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
         w, wa, wb = w[valid], wa[valid], wb[valid]
         p0 = wa // PAGE_TOKENS
         p1 = (wb - 1) // PAGE_TOKENS + 1
@@ -141,30 +155,32 @@ class PagesQuery:
 
     # -- lookups at a cutoff (rows [0, limit)) ---------------------------------------------
 
-    def _read_of(self, limit: int, layer: int, stream: int
-                 ) -> tuple[int, tuple[ev.ReadRange, ...]] | None:
+    def _read_of(self, limit: int, layer: int, stream: int, ledger: LedgerSnapshot | None,
+                 judged: int) -> tuple[Run, ...] | None:
+        """The latest read of (layer, stream) below row ``limit``, with the judgement's verdicts
+        from ``ledger`` (its reads up to row ``judged``; later ones are still being judged)."""
         group = self._reads.get((layer, stream))
         if group is None:
             return None
         i = _last(group[0], limit)
-        if i < 0:
-            return None
-        event = self.event(int(group[0][i]))
-        return (event.step, event.ranges) if isinstance(event, ev.Read) else None
+        while i >= 0:
+            row = int(group[0][i])
+            event = self.event(row)
+            if isinstance(event, ev.Read):
+                if ledger is None or row >= judged:
+                    return judging_runs(event.step, event.served)
+                j = ledger.read_at(row)
+                if j is not None:
+                    pieces = [p[1:] for p in ledger.pieces_of(j).tolist()]
+                    return judged_runs(event.step, layer, stream, event.served, pieces)
+            i -= 1  # a line the judgement did not take as a read (damaged): the one before
+        return None
 
     def _version_at(self, layer: int, stream: int, page: int, limit: int) -> int:
+        """The host page's version before row ``limit``: the writes that touched it (the
+        judgement's rule, :class:`kvdiag.analysis.judgement.slots.HostPages`)."""
         group = self._writes.get((layer, stream, page))
-        if group is None:
-            return 0
-        i = _last(group[0], limit)
-        while i >= 0:
-            event = self.event(int(group[0][i]))
-            if isinstance(event, ev.Write):
-                for p, version in event.versions:
-                    if p == page:
-                        return version
-            i -= 1
-        return 0
+        return 0 if group is None else int(np.searchsorted(group[0], limit))
 
     def _cleared(self, limit: int) -> int:
         """Row of the latest ``invalidate`` below ``limit`` (-1 when none)."""
@@ -236,13 +252,18 @@ class PagesQuery:
                 learned[event.layer] = event.k_ptr
         return tuple(sorted(learned.items())), relearn_step
 
-    def snapshot(self, step: int) -> PagesSnapshot:
+    def snapshot(self, step: int, ledger: LedgerSnapshot | None = None,
+                 judged: int | None = None) -> PagesSnapshot:
+        """The state at the end of ``step``; reads as the judgement's ``ledger`` judged them
+        (its first ``judged`` rows, default all; without a ledger every read is still being
+        judged)."""
         limit = self.index.cutoff(step)
+        upto = self.index.n if judged is None else judged
         learned, relearn_step = self._learned(limit)
         cleared = self._cleared(limit)
         return assemble(
             self.geometry, step,
-            read_of=lambda layer, stream: self._read_of(limit, layer, stream),
+            read_of=lambda layer, stream: self._read_of(limit, layer, stream, ledger, upto),
             slot_of=lambda key: self._slot_of(limit, cleared, key),
             holder_of=lambda slot: self._holder_of(limit, cleared, slot),
             version_of=lambda layer, stream, page: self._version_at(layer, stream, page, limit),

@@ -8,11 +8,12 @@ rebuilt from the events up to the end of S (docs/trace-format.md):
   being the host page's version at that moment; the bookkeeping key
   ``(layer, key_stream, page)`` (``key_stream`` absent in the shared layout) now maps to it;
 - ``evict`` empties a slot;
-- ``write`` sets the host versions of the pages it lists (``versions``) and names the
-  bookkeeping keys it marked dirty (``dirty``, the keys of the ubatch in progress);
-- ``read`` tells, per run of pages of one (layer, stream), where they were served from (pool,
-  ring, host), whose bytes they were (``holder``) and whether that was the right data
-  (``exact``), an older version (``stale``) or another stream's (``foreign``);
+- ``write`` makes the host pages it touches one version newer and names the bookkeeping keys
+  it marked dirty (``dirty``, the keys of the ubatch in progress);
+- ``read``: where each page came from and whether it got the right data is the judgement's
+  (:mod:`kvdiag.analysis.judgement`: exact, stale by how many writes, foreign with whose bytes
+  the slot held, or not judged and why), never the model's ``ranges`` annotation; host
+  versions are the judgement's too (the writes that touched the page), never ``versions``;
 - ``learn`` maps K view pointers to layer numbers (cleared when ``relearn``);
 - ``invalidate`` empties every slot and forgets every bookkeeping key (brief §1.5); in an
   adaptive trace it is also when the resident cache takes its new shape: the partition and
@@ -28,23 +29,71 @@ result with :func:`assemble`, so they agree by construction wherever their input
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from kvdiag.analysis.judgement import CLASSES, SOURCES, Judge
 from kvdiag.model import events as ev
 from kvdiag.model.decode_layout import decode_layout
 from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 
 class LastRead(NamedTuple):
-    """The latest read of one page: the step, source, holder stream, class and version lag."""
+    """The latest read of one page as the judgement saw it: the step, source, whose bytes the
+    slot held (``holder`` stream, ``holder_layer``, ``holder_page``; -1: an empty slot or not
+    judged), the class (exact, stale, foreign, not judged, or ``judging`` while the read is
+    past the judged prefix) and the writes a stale copy missed."""
 
     step: int
     source: str
     holder: int
     cls: str
     lag: int
+    holder_layer: int = -1
+    holder_page: int = -1
+    why: int = 0
+    """Why it is not judged (:data:`kvdiag.analysis.judgement.WHY`)."""
+
+
+JUDGING = "judging"
+"""The class of a page whose read the judgement has not reached yet."""
+
+Run = tuple[int, int, LastRead]
+"""Pages ``[begin, end)`` of one read with one verdict."""
+
+
+def judged_runs(step: int, layer: int, stream: int, served: Iterable[ev.Served],
+                pieces: Iterable[Sequence[int]]) -> tuple[Run, ...]:
+    """The pages of a read in page order with the judgement's verdicts: ``pieces`` are its
+    non-exact runs (:data:`kvdiag.analysis.judgement.slots.Piece` fields: begin, end, source,
+    slot, class, lag, holder layer, stream, page, version, step, seq, why); a served page
+    outside them is exact
+    (the judgement's ledger, docs/trace-format.md "Derivation")."""
+    bad = sorted(pieces, key=lambda p: p[0])
+    out: list[Run] = []
+    k = 0
+    for s in sorted(served, key=lambda s: s.begin):
+        cursor = s.begin
+        exact = LastRead(step, s.source, stream, "exact", 0, layer, -1)
+        while k < len(bad) and bad[k][0] < s.end:
+            p = bad[k]
+            if p[0] > cursor:
+                out.append((cursor, p[0], exact))
+            out.append((p[0], p[1], LastRead(step, SOURCES[p[2]], p[7], CLASSES[p[4]], p[5],
+                                             p[6], p[8], p[12])))
+            cursor = max(cursor, p[1])
+            k += 1
+        if cursor < s.end:
+            out.append((cursor, s.end, exact))
+    return tuple(out)
+
+
+def judging_runs(step: int, served: Iterable[ev.Served]) -> tuple[Run, ...]:
+    """The pages of a read the judgement has not reached yet."""
+    return tuple((s.begin, s.end, LastRead(step, s.source, -1, JUDGING, 0))
+                 for s in served)
 
 
 class PageCell(NamedTuple):
@@ -67,7 +116,8 @@ class PageCell(NamedTuple):
 
     @property
     def flagged(self) -> bool:
-        return self.read is not None and self.read.cls != "exact"
+        """Its latest read was stale or foreign."""
+        return self.read is not None and self.read.cls in FLAGGED
 
 
 @dataclass(frozen=True)
@@ -138,7 +188,9 @@ def reshaped_window(geometry: PagesGeometry, adapt: ev.Adapt | None,
                         f"pages{others}{moved}")
 
 
-ReadOf = Callable[[int, int], "tuple[int, tuple[ev.ReadRange, ...]] | None"]
+ReadOf = Callable[[int, int], "tuple[Run, ...] | None"]
+"""(layer, stream) → the latest read's pages and verdicts (None: not read yet)."""
+FLAGGED = frozenset({"stale", "foreign"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,13 +230,12 @@ class PagesSnapshot:
         got = self._memo.get(key)
         if got is None:
             pages: list[LastRead | None] = [None] * self.geometry.pages
-            last = self.read_of(layer, stream)
-            if last is not None:
-                read_step, ranges = last
-                for r in ranges:
-                    info = LastRead(read_step, r.source, r.holder, r.cls, r.version_lag)
-                    for page in range(max(r.begin, 0), min(r.end, self.geometry.pages)):
-                        pages[page] = info
+            for begin, end, info in self.read_of(layer, stream) or ():
+                for page in range(max(begin, 0), min(end, self.geometry.pages)):
+                    # a run's holder page is its first page's: the slots after it hold the
+                    # pages after it
+                    pages[page] = info if info.holder_page < 0 or page == begin else \
+                        info._replace(holder_page=info.holder_page + page - begin)
             got = self._memo[key] = tuple(pages)
         return got  # type: ignore[return-value]
 
@@ -234,7 +285,7 @@ class PagesSnapshot:
         for stream in self.geometry.streams:
             for layer in range(self.geometry.layers):
                 for page, read in enumerate(self.reads(stream, layer)):
-                    if read is not None and read.cls != "exact":
+                    if read is not None and read.cls in FLAGGED:
                         out.append((stream, layer, page, read))
         return out
 
@@ -289,14 +340,16 @@ def write_pages(cells: tuple[int, int]) -> range:
 
 @dataclass
 class PagesReplay:
-    """Apply events in file order; :meth:`snapshot` gives the state after the last one."""
+    """Apply events in file order; :meth:`snapshot` gives the state after the last one. Reads
+    are the judgement's (a :class:`~kvdiag.analysis.judgement.Judge` is fed every event), host
+    versions the Judge's too; the model's annotations are not used."""
 
     geometry: PagesGeometry
-    versions: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    header: ev.Header | None = None
+    judge: Judge = field(init=False)
     holders: dict[int, Holder] = field(default_factory=dict)
     key_slot: dict[Key, int] = field(default_factory=dict)
-    reads: dict[tuple[int, int], tuple[int, tuple[ev.ReadRange, ...]]] = field(
-        default_factory=dict)
+    reads: dict[tuple[int, int], tuple[Run, ...]] = field(default_factory=dict)
     dirty: set[Key] = field(default_factory=set)
     dirty_step: int | None = None
     learned: dict[int, int] = field(default_factory=dict)
@@ -305,27 +358,38 @@ class PagesReplay:
     last_adapt: ev.Adapt | None = None
     last_repartition: ev.Repartition | None = None
 
+    def __post_init__(self) -> None:
+        self.judge = Judge(self.header)
+
+    def version(self, layer: int, stream: int, page: int) -> int:
+        """The host page's version now, as the Judge counts it."""
+        st = self.judge.state
+        return st.pages.get(st.views.one(layer, stream), page)[0]
+
     def apply(self, event: object) -> None:
+        if isinstance(event, ev.Event | ev.Unknown):
+            self.judge.feed(event)  # type: ignore[arg-type]
         match event:
             case ev.Write():
-                for page, version in event.versions:
-                    self.versions[(event.layer, event.stream, page)] = version
                 if self.dirty_step != event.step:
                     self.dirty.clear()
                     self.dirty_step = event.step
                 self.dirty.update(event.dirty)
             case ev.Upload(target="resident"):
                 shared = event.key_stream is None
+                version = self.version
                 for i, page in enumerate(range(event.pages[0], event.pages[1])):
                     slot = event.slot + i
-                    self.holders[slot] = Holder(
-                        event.layer, event.stream, page,
-                        self.versions.get((event.layer, event.stream, page), 0))
+                    self.holders[slot] = Holder(event.layer, event.stream, page,
+                                                version(event.layer, event.stream, page))
                     self.key_slot[(event.layer, None if shared else event.key_stream, page)] = slot
             case ev.Evict():
                 self.holders.pop(event.slot, None)
             case ev.Read():
-                self.reads[(event.layer, event.stream)] = (event.step, event.ranges)
+                verdict = self.judge.last
+                assert verdict is not None
+                self.reads[(event.layer, event.stream)] = judged_runs(
+                    event.step, event.layer, event.stream, event.served, verdict.pieces)
             case ev.Adapt():
                 self.last_adapt = event
             case ev.Repartition():
@@ -348,21 +412,27 @@ class PagesReplay:
         """The state now, as a value: later events do not change it (the maps are copied)."""
         dirty = frozenset(self.dirty) if self.dirty_step == step else frozenset()
         reads, key_slot, holders = dict(self.reads), dict(self.key_slot), dict(self.holders)
-        versions = dict(self.versions)
+        pages = copy.deepcopy(self.judge.state.pages)
+        views = dict(self.judge.state.views.ids)
+
+        def version_of(layer: int, stream: int, page: int) -> int:
+            return pages.get(views.get((layer, stream)), page)[0]
+
         return assemble(
             self.geometry, step,
             read_of=lambda layer, stream: reads.get((layer, stream)),
             slot_of=key_slot.get,
             holder_of=holders.get,
-            version_of=lambda layer, stream, page: versions.get((layer, stream, page), 0),
+            version_of=version_of,
             dirty=dirty, learned=tuple(sorted(self.learned.items())),
             relearn_step=self.relearn_step, shape=self.shape,
         )
 
 
-def replay_steps(geometry: PagesGeometry, events: Iterable[object]) -> dict[int, PagesSnapshot]:
+def replay_steps(geometry: PagesGeometry, events: Iterable[object],
+                 header: ev.Header | None = None) -> dict[int, PagesSnapshot]:
     """Snapshot at the end of every step that has events (small traces and tests)."""
-    replay = PagesReplay(geometry)
+    replay = PagesReplay(geometry, header)
     out: dict[int, PagesSnapshot] = {}
     current: int | None = None
     for event in events:

@@ -347,3 +347,22 @@ def config_rejected(scan: LogScan) -> Iterable[Finding]:
                       title=f"context creation failed: {msg[:200]}",
                       evidence=(_ev(ev.where),), fix=fix)
 
+
+
+@rule("log-bytes-replaced", "stray bytes in the log were replaced",
+      "none needed; the lines are read with the bytes replaced")
+def bytes_replaced(scan: LogScan) -> Iterable[Finding]:
+    """NUL bytes dropped and bytes that are not UTF-8 replaced while reading (kvdiag.files.text):
+    an ``info`` result in every report, so that no format hides that the text was altered."""
+    for r in scan.replaced:
+        yield Finding(
+            rule="log-bytes-replaced", severity=Severity.INFO,
+            title=f"{r.bytes:,} stray bytes replaced in {r.lines:,} line(s) of {r.source}: "
+                  f"{r.nul_bytes:,} NUL dropped, {r.invalid_bytes:,} not UTF-8 replaced by "
+                  f"U+FFFD",
+            evidence=(Evidence(source=r.source, line=r.first_line,
+                               text="first line with a replaced byte"),),
+            fix="none needed: the lines are read with the bytes replaced; a NUL-filled start "
+                "usually comes from logrotate's copytruncate, stray NULs from a crash mid-write",
+            details={"nul_bytes": r.nul_bytes, "invalid_bytes": r.invalid_bytes,
+                     "lines": r.lines, "first_line": r.first_line})

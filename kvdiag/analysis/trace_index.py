@@ -191,6 +191,28 @@ class TraceIndex:
         return max(0, int(np.searchsorted(self.columns["offset"], offset, side="right")) - 1)
 
 
+def line_blocks(source: LineSource, start: int, chunk: int = CHUNK
+                ) -> Iterator[tuple[int, bytes]]:
+    """Runs of whole lines of ``source`` from byte ``start``, about ``chunk`` bytes each:
+    ``(offset, block)``. A line longer than ``chunk`` is one run of its own; the file's last
+    line may lack its newline."""
+    size = source.size
+    pos = start
+    carry = b""  # a line longer than the chunk, still incomplete
+    while pos + len(carry) < size:
+        data = carry + source.read(pos + len(carry), chunk)
+        if not data:
+            break
+        cut = data.rfind(b"\n")
+        if cut < 0 and pos + len(data) < size:
+            carry = data
+            continue
+        block = data if cut < 0 else data[: cut + 1]
+        carry = b""
+        yield pos, block
+        pos += len(block)
+
+
 class IndexBuilder:
     """Indexes the event lines of ``source`` from byte ``start`` (just after the header)."""
 
@@ -211,23 +233,17 @@ class IndexBuilder:
 
     def run(self, chunk: int = CHUNK) -> Iterator[int]:
         """Index chunk by chunk; yields the byte position reached after each chunk."""
-        source = self.source
-        size = source.size
-        carry = b""  # a line longer than the chunk, still incomplete
-        while self.pos + len(carry) < size:
-            data = carry + source.read(self.pos + len(carry), chunk)
-            if not data:
-                break
-            cut = data.rfind(b"\n")
-            if cut < 0 and self.pos + len(data) < size:
-                carry = data
-                continue
-            block = data if cut < 0 else data[: cut + 1]
-            carry = b""
-            self._block(block, self.pos)
-            self.pos += len(block)
+        for offset, block in line_blocks(self.source, self.pos, chunk):
+            self.add(block, offset)
             yield self.pos
         self.done = True
+
+    def add(self, block: bytes, offset: int) -> None:
+        """Index ``block``, the lines of the file from byte ``offset`` (the next ones: a caller
+        that reads the blocks itself with :func:`line_blocks`, to use them for more than the
+        index, calls this and sets :attr:`done` at the end)."""
+        self._block(block, offset)
+        self.pos = offset + len(block)
 
     def snapshot(self) -> TraceIndex:
         cols = {}

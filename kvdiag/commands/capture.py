@@ -1,4 +1,11 @@
-"""Run a scenario through the KV-stream runtime model on an executor and record a trace."""
+"""Run a scenario through the KV-stream runtime model on an executor and record a trace.
+
+The trace goes to -o OUT through a temporary file beside it, renamed when the run ends (also
+when a signal ends it: status error), and removed if writing fails; an existing OUT is
+replaced only with --force; '-' writes the trace to standard output. Exit status: 0 ran to the
+end, 3 ended in a modelled abort, 2 bad options, sizes the runtime or this machine cannot hold
+(the limit is named), or an output that may not or cannot be written.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,9 @@ SCENARIO_NAMES = (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="two-slot-concurrent", choices=SCENARIO_NAMES,
                         help="what the server does (default: two-slot-concurrent)")
-    parser.add_argument("-o", "--output", required=True, help="trace file to write (.kvtrace)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="trace file to write (.kvtrace); '-' writes it to standard output")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--executor", default="auto", choices=("auto", "numpy", "cupy"),
                         help="auto: CuPy on a GPU, else NumPy")
     parser.add_argument("--layout", choices=("shared", "per-stream"),

@@ -26,15 +26,22 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.capture import capture_from_args
     from kvdiag.check import check_file
     from kvdiag.cli import build_parser
+    from kvdiag.errors import UsageError
 
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output-dir {out}: cannot make it a directory: "
+                         f"{exc.strerror or exc}") from None
     traces: list[Path] = []
     for scenario in ("two-slot-concurrent", "slot1-first"):
         path = out / f"{scenario}.kvtrace"
-        # the capture command's own parser fills every option's default
+        # the capture command's own parser fills every option's default; the demo's folder
+        # is its own, so its traces are replaced on each run (--force)
         capture_from_args(build_parser().parse_args(
-            ["capture", "--scenario", scenario, "-o", str(path), "--executor", args.executor]))
+            ["capture", "--scenario", scenario, "-o", str(path), "--executor", args.executor,
+             "--force"]))
         traces.append(path)
     if not args.no_tui and sys.stdout.isatty():
         import importlib

@@ -20,37 +20,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="measure a device profile of GPU --device and save it")
     parser.add_argument("--device", type=int, default=0, help="GPU index for --profile")
-    parser.add_argument("--save", metavar="PATH", help="where --profile writes the profile")
+    parser.add_argument("--save", metavar="PATH", help="where --profile writes the profile "
+                        "('-': standard output)")
+    parser.add_argument("--force", action="store_true", help="replace --save PATH if it exists")
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    import sys
 
     import msgspec
 
-    from kvdiag.errors import DeviceUnavailable
+    from kvdiag.errors import DeviceUnavailable, UsageError
+    from kvdiag.files.outputs import plan_output
+    from kvdiag.kvstream.profiles import save_profile
+
+    if args.device < 0:
+        raise UsageError(f"--device {args.device}: GPU indices start at 0")
+    # checked before the GPU is touched: measuring takes a while
+    out = plan_output(args.save, force=args.force, flag="--save") if args.save else None
     from kvdiag.executors.cupy_exec import load_cupy
     from kvdiag.executors.cupy_profile import measure_profile
-    from kvdiag.kvstream.profiles import save_profile
 
     try:
         cp = load_cupy()
+        count = int(cp.cuda.runtime.getDeviceCount())
+        if args.device >= count:
+            raise UsageError(f"--device {args.device}: this machine has {count} GPU(s), "
+                             f"numbered from 0")
         cp.cuda.Device(args.device).use()
         name = cp.cuda.runtime.getDeviceProperties(args.device)["name"].decode()
     except DeviceUnavailable as exc:
-        import sys
-
         print(f"kvdiag devices --profile: {exc}", file=sys.stderr)
         return EXIT_NO_GPU
     profile = measure_profile(cp, name)
-    path = save_profile(profile, Path(args.save) if args.save else None)
+    path = save_profile(profile, out)
+    # with --save - standard output carries the profile itself
+    report = sys.stderr if out is not None and out.to_stdout else sys.stdout
     if args.json:
-        print(msgspec.json.format(msgspec.json.encode(profile)).decode())
+        print(msgspec.json.format(msgspec.json.encode(profile)).decode(), file=report)
     else:
         print(f"{profile.name}: HBM read {profile.hbm_read_gbps:g} GB/s, zero-copy read "
               f"{profile.zero_copy_read_gbps:g} GB/s, pinned H2D {profile.h2d_gbps:g} GB/s, "
-              f"launch {profile.launch_us:g} us")
-        print(f"saved to {path}")
+              f"launch {profile.launch_us:g} us", file=report)
+        print(f"saved to {path}", file=report)
     return 0
 
 

@@ -1,5 +1,6 @@
 """Compare two traces of one schedule and explain their first divergence (exit 1), or say they
-are equivalent (exit 0); bad input or different schedules exit 2."""
+are equivalent (exit 0); bad input, different schedules (without --force) or traces with
+nothing in common to compare exit 2."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvdiag.analysis.diff import Differ, ScheduleMismatch
-    from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, InputError
+    from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(args.a) as ra, TraceReader.open(args.b) as rb:
@@ -29,8 +30,12 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
         problems = {"A": [f"line {p.line}: {p.message}" for p in ra.problems],
                     "B": [f"line {p.line}: {p.message}" for p in rb.problems]}
+    verdict = ("nothing-compared" if result.nothing_compared else
+               "equivalent" if result.equivalent else "divergent")
     doc: dict[str, Any] = {
-        "a": args.a, "b": args.b, "equivalent": result.equivalent,
+        "a": args.a, "b": args.b, "verdict": verdict,
+        # null, not false, when nothing was compared: that is neither verdict
+        "equivalent": None if result.nothing_compared else result.equivalent,
         "steps_compared": result.steps_compared,
         "steps": {"a": result.lengths[0], "b": result.lengths[1]},
         "schedule_differs": result.schedule,
@@ -46,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_text(doc))
+    if result.nothing_compared:
+        return EXIT_USAGE
     return EXIT_OK if result.equivalent else EXIT_FINDINGS
 
 
@@ -67,11 +74,18 @@ def _text(doc: dict[str, Any]) -> str:
         lines.append(f"schedules differ (compared with --force): {doc['schedule_differs']}")
     first = doc["first"]
     c = doc["compared"]
-    lines.append(f"compared {c['reads']} read(s) page by page and {c['outputs']} output(s)"
+    lines.append(f"compared {c['writes']} write(s) of the same rows, {c['routes']} FA "
+                 f"route(s), {c['reads']} read(s) page by page and {c['outputs']} output(s)"
                  + (f"; not recorded, so not compared: {c['reads_not_recorded']} read(s) without "
                     "served pages" if c["reads_not_recorded"] else "")
                  + (f", {c['outputs_not_recorded']} output(s) without a reference"
                     if c["outputs_not_recorded"] else ""))
+    if doc["verdict"] == "nothing-compared":
+        lines.append(f"not comparable: the traces have nothing in common in "
+                     f"{doc['steps_compared']} aligned step(s) (no write of the same rows, FA "
+                     "route, read with served pages or output with a reference on both "
+                     "sides), so they are not shown equivalent")
+        return "\n".join(lines) + "\n"
     if first is None:
         lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)")
         return "\n".join(lines) + "\n"

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     for line in (note, f"warning: {warning}" if warning else None):
         if line:
             print(line, file=sys.stderr)  # one line each, never wrapped
+    from kvdiag.export.llama_log import boot_lines
     from kvdiag.report.console import print_renderables
-    from kvdiag.trace.export_log import boot_lines
 
     parts: list[RenderableType] = [Text(line[2:], style="dim")
                                    for line in boot_lines(cfg.as_dict(), plan.as_json())[3:-2]]

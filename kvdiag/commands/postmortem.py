@@ -1,15 +1,22 @@
 """Analyse llama-server logs after a crash: aborts, backtraces, known signatures.
 
-Exit status: 0 no crash found, 1 crashes found, 2 input errors (a log or binary that cannot be
-read; partial input is still analysed and the break reported).
+Exit status, the rule of ``check``: 1 when a result reaches --fail-on (default error; every
+crash counts as an error-level result, whichever rule names it), else 0; 2 input errors (a log
+or binary that cannot be read; partial input is still analysed and the break reported).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvdiag.commands._formats import add_format_args, chosen_format
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
+
+if TYPE_CHECKING:
+    from kvdiag.model.findings import Finding, Severity
+    from kvdiag.model.logrecords import LogScan
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="directory with separate debug files (.build-id/xx/yyyy.debug)")
     parser.add_argument("--no-cache", action="store_true",
                         help="do not read or write the symbolizer's on-disk index cache")
+    parser.add_argument("--fail-on", default="error",
+                        help="exit 1 when a result has this severity or higher (info, warning, "
+                             "error, critical; default error); a crash counts as an error")
     add_format_args(parser)
 
 
@@ -33,18 +43,20 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from kvdiag.analysis.signatures import evaluate
-    from kvdiag.postmortem.lines import open_log
+    from kvdiag.files.logs import open_log
+    from kvdiag.model.findings import Severity
     from kvdiag.postmortem.parse import LogParser
     from kvdiag.report.postmortem import postmortem_renderable, postmortem_to_json
 
+    try:
+        threshold = Severity.parse(args.fail_on)
+    except ValueError as exc:
+        raise UsageError(f"--fail-on: {exc}") from None
+    fmt = chosen_format(args)
     parser = LogParser()
     for path in args.logs:
-        name, stream, closers = open_log(path)
-        try:
-            parser.feed(name, stream)
-        finally:
-            for c in closers:
-                c.close()
+        with open_log(path) as log:
+            parser.feed(log.name, log.stream, leading_nuls=log.leading_nuls)
     scan = parser.result()
     if args.debug_dir and not args.binary and args.no_auto_binaries:
         raise UsageError("--debug-dir needs at least one --binary")
@@ -54,10 +66,9 @@ def run(args: argparse.Namespace) -> int:
         scan = resymbolize(scan, args.binary, args.debug_dir, use_cache=not args.no_cache,
                            auto=not args.no_auto_binaries)
     findings = evaluate(scan)
-    code = EXIT_FINDINGS if scan.crashes else EXIT_OK
+    code = EXIT_FINDINGS if failing(scan, findings, threshold) else EXIT_OK
     if any(p.message.startswith("input breaks") for p in scan.problems):
         code = EXIT_USAGE
-    fmt = chosen_format(args)
     if fmt == "json":
         json.dump(postmortem_to_json(scan, findings), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -68,9 +79,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         from kvdiag.report.postmortem_formats import write_postmortem
 
-        write_postmortem(fmt, args.logs, scan, findings, code)
+        write_postmortem(fmt, args.logs, scan, findings, code, threshold)
     for p in scan.problems:
         if p.message.startswith("input breaks"):
             # on stderr in every output mode: a --json consumer may not read "problems"
             print(f"kvdiag: {p.source}: {p.message}", file=sys.stderr)
     return code
+
+
+def failing(scan: LogScan, findings: Sequence[Finding], threshold: Severity) -> bool:
+    """Whether a result reaches ``threshold``: a finding of that severity or higher, or a
+    crash when the threshold is ``error`` or lower (a crash no rule names is still one)."""
+    from kvdiag.model.findings import Severity
+
+    return (any(f.severity >= threshold for f in findings)
+            or (bool(scan.crashes) and threshold <= Severity.ERROR))

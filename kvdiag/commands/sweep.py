@@ -39,6 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="worker processes (default: all cores; one with --executor cupy, "
                              "whose points share the GPU)")
     parser.add_argument("--plot", metavar="OUT.svg|OUT.png", help="also save the plots to a file")
+    parser.add_argument("--force", action="store_true", help="replace the --plot file if it "
+                        "exists")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_shape_args(parser, skip=("np", "stage-mib", "adaptive"))
@@ -46,20 +48,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
     import sys
-    from pathlib import Path
 
     from rich.console import Console
 
     from kvdiag.analysis.sweep import summarise
-    from kvdiag.capture import scenario_from_args
+    from kvdiag.capture import check_scenario_fits, scenario_from_args
+    from kvdiag.capture_limits import capture_bytes, check_memory, check_sweep_points
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_OK, UsageError
+    from kvdiag.files.outputs import plan_output
     from kvdiag.kvstream.profiles import load_profile
     from kvdiag.report.console import print_renderables
-    from kvdiag.report.sweep import save_plot, summary_lines, sweep_table, terminal_plot
+    from kvdiag.report.sweep import (
+        plot_format,
+        save_plot,
+        summary_lines,
+        sweep_table,
+        terminal_plot,
+    )
     from kvdiag.sweep import PointSpec, run_sweep, stage_range
 
+    # where the plot goes is checked first: a sweep can run for minutes
+    plot = (plan_output(args.plot, force=args.force, flag="--plot", stdout=False)
+            if args.plot else None)
+    if plot is not None:
+        plot_format(plot)
     try:
         stages = stage_range(args.stages)
     except ValueError as exc:
@@ -67,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     nps: list[int | None] = list(args.np_values) if args.np_values else [None]
     if args.jobs is not None and args.jobs <= 0:
         raise UsageError(f"--jobs must be positive, got {args.jobs}")
+    check_sweep_points(len(stages) * len(nps))
     scenario = scenario_from_args(args)
     profile = load_profile(args.profile)
     jobs = args.jobs if args.jobs is not None else (1 if args.executor == "cupy" else None)
@@ -75,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
         for mib in stages:
             args.stage_mib, args.np, args.adaptive = mib, n, True
             cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
+            check_scenario_fits(cfg, scenario)  # in every point, before any runs
             specs.append(PointSpec(cfg, scenario, args.executor, profile))
+    # the largest point, as many at once as there are workers, must fit before any starts
+    workers = min(jobs or os.cpu_count() or 1, len(specs))
+    executor = "numpy" if args.executor == "auto" else args.executor
+    largest = max(specs, key=lambda s: sum(capture_bytes(s.cfg, scenario, executor).values()))
+    check_memory(largest.cfg, scenario, executor, copies=workers)
     console = Console(stderr=True)
     if args.quiet or args.json or not console.is_terminal:
         points = run_sweep(specs, jobs)
@@ -90,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     summaries = summarise(points)
     title = (f"{scenario.name}: {len(stages)} stage sizes, profile {profile.name}, "
              f"executor {args.executor}")
-    if args.plot:
-        save_plot(points, summaries, Path(args.plot), title)
+    if plot is not None:
+        save_plot(points, summaries, plot, title)
     if args.json:
         json.dump({"scenario": scenario.name, "profile": profile.name,
                    "executor": args.executor, "points": [p.as_json() for p in points],

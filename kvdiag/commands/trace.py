@@ -10,7 +10,8 @@ trace validate FILE prints one line per problem and exits 0 when the file is val
 problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
 
 trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto, or
-(--format llama-log) the llama-server log the modelled run would print.
+(--format llama-log) the llama-server log the modelled run would print; an existing OUT is
+replaced only with --force, and '-' writes to standard output.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "run would print, which kvdiag postmortem and kvdiag import read."
     )
     export.add_argument("file", metavar="FILE", help="a .kvtrace file")
-    export.add_argument("-o", "--output", required=True, help="file to write")
+    export.add_argument("-o", "--output", required=True,
+                        help="file to write; '-' writes to standard output")
+    export.add_argument("--force", action="store_true", help="replace OUT if it exists")
     export.add_argument("--format", default="chrome", choices=("chrome", "llama-log"),
                         help="chrome: trace-event JSON (default); llama-log: the llama-server "
                              "log the modelled run would print (for kvdiag postmortem)")
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_command == "validate":
         return _validate(args.file)
     if args.trace_command == "export":
-        return _export(args.file, args.output, args.format)
+        return _export(args.file, args.output, args.format, force=args.force)
     if args.trace_command == "pages":
         return _pages(args.file, as_json=args.json)
     return _info(args.file, as_json=args.json)
@@ -100,34 +103,40 @@ def _validate(path: str) -> int:
         return EXIT_OK
 
 
-def _export(path: str, output: str, fmt: str) -> int:
-    from pathlib import Path
+def _export(path: str, output: str, fmt: str, *, force: bool = False) -> int:
+    import sys
 
-    from kvdiag.errors import InputError
+    from kvdiag.files.outputs import open_output, plan_output
     from kvdiag.trace.reader import TraceReader
 
-    target = Path(output)
-    if target.is_dir() or not target.parent.exists():
-        raise InputError(f"cannot write {output}: not a file in an existing directory")
-    with TraceReader.open(path) as reader, target.open("wb") as out:
+    target = plan_output(output, force=force)
+    with TraceReader.open(path) as reader, open_output(target) as sink:
+        out = sink.file
         if fmt == "llama-log":
-            from kvdiag.trace.export_log import LogExporter
+            from kvdiag.export.llama_log import LogExporter
 
-            lines = [line.encode() + b"\n" for line in LogExporter(reader.header, reader.extras).lines(reader)]
-            out.writelines(lines)
-            n = len(lines)
-            what = "log lines"
+            log = LogExporter(reader.header, reader.extras)
+            # streamed: a long trace's log need not be held in memory
+            n = sum(1 for _ in map(out.write, (line.encode() + b"\n" for line in log.lines(reader))))
+            what = f"log lines ({_plural(log.bad_fits, 'fits=false line')}: the decisions " \
+                   f"the judgement finds bad)"
         else:
-            from kvdiag.trace.export_chrome import ChromeExporter
+            from kvdiag.export.chrome import ChromeExporter
 
             title = f"kvdiag {reader.header.scenario.get('name', path)}"
-            exporter = ChromeExporter(reader.extras, reader.header_extras)
+            exporter = ChromeExporter(reader.header, reader.extras, reader.header_extras)
             n = exporter.write(reader, out, title=title)
+            assert exporter.judgement is not None
+            classes = exporter.judgement.residency["read_classes"]
             what = f"trace events ({_plural(exporter.flows, 'flow')} from writes to reads " \
-                   f"that missed them)"
+                   f"that missed them; pages exact {classes['exact']:,}, stale " \
+                   f"{classes['stale']:,}, foreign {classes['foreign']:,}, not judged " \
+                   f"{classes['not_judged']:,})"
         problems = len(reader.problems)
     note = f" ({_plural(problems, 'problem')} in the input; see trace validate)" if problems else ""
-    print(f"{output}: {n} {what}{note}")
+    # with -o - standard output carries the export itself
+    print(f"{target.display}: {n} {what}{note}",
+          file=sys.stderr if target.to_stdout else sys.stdout)
     return EXIT_OK
 
 
@@ -139,7 +148,7 @@ def _pages(path: str, *, as_json: bool) -> int:
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(path) as reader:
-        write_pages(reader, Judge(reader.header), sys.stdout.buffer, as_json)
+        write_pages(reader, Judge(reader.header, detail=True), sys.stdout.buffer, as_json)
     sys.stdout.flush()
     return EXIT_OK
 
@@ -157,6 +166,8 @@ def _info(path: str, *, as_json: bool) -> int:
         import msgspec
 
         doc = summary.to_dict()
+        # the step span is the judgement's (End excluded: a header and an End have no steps)
+        doc["first_step"], doc["last_step"] = judgement.steps.first, judgement.steps.last
         doc["judgement"] = {**judgement.summary(), "findings": {
             sev: sum(1 for f in judgement.findings if f.severity.label == sev)
             for sev in ("critical", "error", "warning", "info")}}
@@ -188,6 +199,8 @@ def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
         head.add_row(key, value)
     if h.plan:
         head.add_row("plan", _count(h.plan))
+    if s.segments is not None:
+        head.add_row("segments", cap(s.segments["text"]))
     for key, value in s.header_extras.items():
         head.add_row(f"{cap(key)} (unknown)", _short(value))
     parts: list[RenderableType] = [head]

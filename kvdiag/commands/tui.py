@@ -20,7 +20,10 @@ SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="traces and/or logs")
     parser.add_argument("--export-svg", metavar="OUT",
-                        help="save a screenshot of one screen to OUT (no interactive session)")
+                        help="save a screenshot of one screen to OUT (no interactive session); "
+                             "'-' writes it to standard output")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --export-svg file if it exists")
     parser.add_argument("--screen", default="1", metavar="N",
                         help="screen for --export-svg: 1-8 or a name (overview, timeline, fits, "
                              "pages, backtrace, telemetry, findings, perf); default 1")
@@ -48,6 +51,8 @@ def screen_name(value: str) -> str:
 def run(args: argparse.Namespace) -> int:
     screen = screen_name(args.screen)
     size: tuple[int, int] = args.size
+    if args.step is not None and args.step < 0:
+        raise UsageError(f"--step {args.step}: steps are numbered from 0")
     if args.debug_dir and not args.binary:
         raise UsageError("--debug-dir needs at least one --binary")
     from kvdiag.tui.loading import Symbols
@@ -58,9 +63,13 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         detect_kind(path)  # a file the viewer cannot show is refused before it starts
     if args.export_svg:
+        from kvdiag.files.outputs import plan_output
+
+        # checked before the files are loaded, which can take a while
+        target = plan_output(args.export_svg, force=args.force, flag="--export-svg")
         from kvdiag.tui.export import export_svg
 
-        export_svg(list(args.files), args.export_svg, screen=screen, size=size, step=args.step,
+        export_svg(list(args.files), target, screen=screen, size=size, step=args.step,
                    symbols=symbols)
         return 0
     import sys

@@ -1,8 +1,9 @@
 """The runtime configuration a capture models: model shape, server flags, streaming knobs.
 
 Validation mirrors the boot-time gates of the G1 validator (brief §1.1) where they are
-configuration facts; nonsense values (negative sizes, unknown types) raise ValueError, which
-the CLI turns into a one-line usage error.
+configuration facts; nonsense values (negative sizes, unknown types) and sizes past what the
+real runtime can hold (:mod:`kvdiag.kvstream.limits`) raise ValueError, which the CLI turns
+into a one-line usage error.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvdiag.kvstream.ggml_types import KV_TYPES, ggml_type
+from kvdiag.kvstream.limits import MAX_BUFFER_BYTES, UINT32_MAX, over_limit
 from kvdiag.kvstream.pages import pad_ctx
 from kvdiag.model.pages import PAGE_TOKENS
 
@@ -66,6 +68,15 @@ class RuntimeConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name} must be positive, got {value}")
+        optional = {"streamed-layers": self.streamed_layers, "ring-slots": self.ring_slots}
+        for name, limited in (*positive.items(), *optional.items()):
+            refusal = over_limit(name, limited) if limited is not None else None
+            if refusal is not None:
+                raise ValueError(refusal)
+        if self.head_dim * self.n_head_kv > UINT32_MAX:
+            raise ValueError(f"--head-dim {self.head_dim} × --n-head-kv {self.n_head_kv} is "
+                             f"more than the runtime can hold: n_embd_k_gqa is a uint32_t in "
+                             f"llama_hparams (at most {UINT32_MAX:,})")
         if self.streamed_layers is not None and not 0 < self.streamed_layers <= self.layers:
             raise ValueError(
                 f"--streamed-layers must be between 1 and --layers ({self.layers}), "
@@ -85,6 +96,14 @@ class RuntimeConfig:
             raise ValueError(f"--dispatch must be one of {', '.join(DISPATCHES)}")
         if self.ring_slots is not None and self.ring_slots <= 0:
             raise ValueError(f"--ring-slots must be positive, got {self.ring_slots}")
+        width = self.head_dim * self.n_head_kv
+        host = (self.kv_size * self.n_stream * self.n_streamed
+                * (ggml_type(self.type_k).row_bytes(width) + ggml_type(self.type_v).row_bytes(width)))
+        if host > MAX_BUFFER_BYTES:
+            raise ValueError(f"the CUDA_KV_Stream_Host buffer would be {host:,} bytes, more than "
+                             f"ggml can address (sizes are size_t, element counts int64_t: at "
+                             f"most {MAX_BUFFER_BYTES:,}); lower --ctx, --layers or the head "
+                             f"geometry")
 
     # -- derived, as llama_context / llama_kv_cache compute them ---------------------------
 

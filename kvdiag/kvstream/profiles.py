@@ -15,6 +15,7 @@ import msgspec
 import platformdirs
 
 from kvdiag.errors import InputError
+from kvdiag.files.outputs import Output, plan_output, write_output
 from kvdiag.kvstream.cards import CARDS
 from kvdiag.kvstream.timing import H200, DeviceProfile
 
@@ -30,13 +31,16 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
-def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
-    target = path or profile_dir() / f"{slug(profile.name)}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(profile)) + b"\n")
-    tmp.replace(target)
-    return target
+def save_profile(profile: DeviceProfile, out: Output | None = None) -> str:
+    """Write ``profile`` to ``out`` (checked by the command: ``devices --save``), else to
+    the profile folder, kvdiag's own store, where a new measurement of the same GPU replaces
+    the last (kvdiag.files.outputs writes both)."""
+    if out is None:
+        store = profile_dir()
+        store.mkdir(parents=True, exist_ok=True)
+        out = plan_output(store / f"{slug(profile.name)}.json", force=True)
+    write_output(out, msgspec.json.format(msgspec.json.encode(profile)) + b"\n")
+    return out.display
 
 
 def load_profile(spec: str) -> DeviceProfile:

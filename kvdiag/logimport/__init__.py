@@ -12,18 +12,18 @@ docs/log-import.md.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from kvdiag.errors import InputError, UsageError
+from kvdiag.files.outputs import Output, open_output, plan_output
 from kvdiag.logimport.convert import UNKNOWN_FIELDS, Converter, Counts
 from kvdiag.logimport.header import BootSniffer, build_header, chosen_boot
 from kvdiag.logimport.source import Breaks, LogInput, iter_lines
 from kvdiag.model.events import End
-from kvdiag.model.logrecords import LogScan
+from kvdiag.model.logrecords import LogScan, Replaced
 from kvdiag.model.perf import PerfRun
 from kvdiag.postmortem.parse import LogParser
 from kvdiag.postmortem.perfscan import PerfScanner
@@ -38,11 +38,13 @@ class NothingToImport(InputError):
 
 @dataclass(frozen=True)
 class ImportResult:
-    output: Path
+    output: str
     counts: Counts
     end: End
     breaks: Breaks
     lines: int
+    replaced: tuple[Replaced, ...] = ()
+    """Stray bytes replaced while reading the log (kvdiag.files.text)."""
 
 
 class _Sniffing:
@@ -84,29 +86,22 @@ def _scan(log: LogInput, sniffer: BootSniffer) -> tuple[LogScan, PerfRun]:
         sniffer.feed(data)
         requests.feed(data)
 
-    stream, closers = log.open()
-    try:
-        parser.feed(log.display, cast(BinaryIO, _Sniffing(stream, hook)))
-    finally:
-        for c in closers:
-            c.close()
+    with log.open() as opened:
+        parser.feed(log.display, cast(BinaryIO, _Sniffing(opened.stream, hook)),
+                    leading_nuls=opened.leading_nuls)
     return parser.result(), requests.finish()
 
 
 def import_log(path: str, output: str | None = None, *, force: bool = False) -> ImportResult:
     """Read ``path`` (``-`` = stdin) and write its trace; raise :class:`InputError` (exit 2)
     for input that is not a readable text log, :class:`NothingToImport` (exit 1) for a log
-    without any importable line, :class:`UsageError` for an output that exists without
-    ``force``."""
+    without any importable line, :class:`~kvdiag.files.outputs.OutputError` (exit 2) for an
+    output that exists without ``force`` or is not a regular file."""
     if output is None:
         if path == "-":
-            raise UsageError("reading stdin needs -o OUT.kvtrace")
+            raise UsageError("reading stdin needs -o OUT.kvtrace (or -o - for standard output)")
         output = str(default_output(path))
-    out = Path(output)
-    if out.is_dir():
-        raise UsageError(f"{out}: is a directory")
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists (use --force to replace it)")
+    out = plan_output(output, force=force)
     log = LogInput(path)
     try:
         return _convert(log, out)
@@ -114,43 +109,35 @@ def import_log(path: str, output: str | None = None, *, force: bool = False) -> 
         log.close()
 
 
-def _convert(log: LogInput, out: Path) -> ImportResult:
+def _convert(log: LogInput, out: Output) -> ImportResult:
     sniffer = BootSniffer()
     scan, perf = _scan(log, sniffer)
     boot = chosen_boot(scan.boots)
     header = build_header(log.display, scan.boots, sniffer, scan.lines, UNKNOWN_FIELDS)
     stage = int(header.plan.get("stage_bytes", 0))
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        writer = TraceWriter.create(tmp, header)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot write: {exc.strerror or exc}") from None
     breaks = Breaks()
-    try:
-        conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage,
-                         perf.requests)
-        stream, closers = log.open()
+    with open_output(out) as sink:
+        writer = TraceWriter.create_on(sink.fileno(), out.display, header)
         try:
-            for raw in iter_lines(stream, breaks):
-                conv.line(breaks.line, raw.rstrip(b"\r"))
+            conv = Converter(writer, log.display, scan.boots, scan.crashes, boot, stage,
+                             perf.requests)
+            with log.open() as opened:
+                for raw in iter_lines(opened.stream, breaks):
+                    conv.line(breaks.line, raw.rstrip(b"\r"))
+            conv.finish()
+            status, reason = _end_status(conv.counts, breaks, log.display)
+            end = writer.close(status, reason=reason, t_ns=conv.time_ns)
+            assert end is not None
         finally:
-            for c in closers:
-                c.close()
-        conv.finish()
-        status, reason = _end_status(conv.counts, breaks, log.display)
-        end = writer.close(status, reason=reason, t_ns=conv.time_ns)
-        assert end is not None
-    except BaseException:
-        writer.close("error")
-        tmp.unlink(missing_ok=True)
-        raise
-    if conv.counts.imported == 0:
-        tmp.unlink(missing_ok=True)
-        raise NothingToImport(
-            f"{log.display}: nothing to import ({breaks.line} lines, none of them a fits=false, "
-            "kv_stream_adapt, fallback, abort, crash or print_timing line)")
-    os.replace(tmp, out)
-    return ImportResult(out, conv.counts, end, breaks, breaks.line)
+            writer.abandon()
+        if conv.counts.imported == 0 and breaks.error is not None:
+            raise InputError(f"{log.display}: breaks after line {breaks.line}: {breaks.error}; "
+                             "nothing to import before the break")
+        if conv.counts.imported == 0:
+            raise NothingToImport(
+                f"{log.display}: nothing to import ({breaks.line} lines, none of them a "
+                "fits=false, kv_stream_adapt, fallback, abort, crash or print_timing line)")
+    return ImportResult(out.display, conv.counts, end, breaks, breaks.line, scan.replaced)
 
 
 def _end_status(counts: Counts, breaks: Breaks, name: str) -> tuple[EndStatus, str]:

@@ -22,8 +22,13 @@ Source = Literal["pool", "ring", "host"]
 ReadClass = Literal["exact", "stale", "foreign"]
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
-    """Common header of every event."""
+class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True, gc=False):
+    """Common header of every event.
+
+    Events are not tracked by Python's cyclic garbage collector (``gc=False``): they hold only
+    numbers, strings and tuples of other such structs, so they cannot form a reference cycle,
+    and a reader holding thousands of them (the judgement judges chunks of events) would
+    otherwise have the collector walk them over and over."""
 
     seq: int
     t_ns: int
@@ -142,7 +147,7 @@ class Invalidate(Event, tag="invalidate", frozen=True):
     generation: int | None = None
 
 
-class ReadRange(msgspec.Struct, frozen=True, array_like=True):
+class ReadRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` read from one source whose bytes were written by ``holder``."""
 
     begin: int
@@ -153,7 +158,7 @@ class ReadRange(msgspec.Struct, frozen=True, array_like=True):
     version_lag: int = 0
 
 
-class Served(msgspec.Struct, frozen=True, array_like=True):
+class Served(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Pages ``[begin, end)`` served from ``source``; ``slot`` is the pool or ring slot of
     ``begin`` (consecutive pages in consecutive slots), -1 for the host store (1.1)."""
 
@@ -313,6 +318,54 @@ class Timing(Event, tag="timing", frozen=True):
     started_ns: int | None = None
 
 
+class HostVersions(msgspec.Struct, frozen=True, array_like=True):
+    """``[layer, stream, page, [version, ...]]``: the host versions of pages ``page``,
+    ``page + 1``, ... of one view (pages never written are 0 and may be left out)."""
+
+    layer: int
+    stream: int
+    page: int
+    versions: tuple[int, ...]
+
+
+class SlotCopies(msgspec.Struct, frozen=True, array_like=True):
+    """``[slot, layer, stream, page, step, seq, [version, ...]]``: slot ``slot + i`` holds page
+    ``page + i`` of (layer, stream) at host version ``versions[i]``, copied by the upload event
+    ``seq`` at ``step``."""
+
+    slot: int
+    layer: int
+    stream: int
+    page: int
+    step: int
+    seq: int
+    versions: tuple[int, ...]
+
+
+class Partition(msgspec.Struct, frozen=True):
+    """Resident pages per layer and ring slots after the last repartition (null: unknown)."""
+
+    resident: int | None = None
+    ring: int | None = None
+
+
+class Snapshot(Event, tag="snapshot", frozen=True):
+    """The state a trace segment starts from (1.2): written by kernels/kvtrace.h at the start of
+    every segment of a rotated trace and of a flight recorder's window, so that the segment can
+    be judged alone. It holds what the judgement derives from earlier events: what every pool
+    (``resident``) and ring slot holds, every written host page's version, the views whose ring
+    copies wait for their read (``ring_pending``), and the partition."""
+
+    reason: str = ""
+    """``rotate`` (a new segment) or ``flight-recorder`` (a window's start)."""
+    versions: tuple[HostVersions, ...] = ()
+    pool: tuple[SlotCopies, ...] = ()
+    ring: tuple[SlotCopies, ...] = ()
+    ring_pending: tuple[tuple[int, int], ...] = ()
+    """(layer, stream) of views with ring copies made since their last read."""
+    partition: Partition | None = None
+
+
 class End(Event, tag="end", frozen=True):
     """The capture finished (``status`` completed or aborted); absent if the process died."""
 
@@ -335,7 +388,7 @@ class Unknown(msgspec.Struct, frozen=True):
 
 AnyEvent = (
     Step | Learn | Fits | Write | Mark | Upload | Evict | Invalidate | Read | Abort | Warn
-    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Timing | End
+    | Output | Repartition | Adapt | Telemetry | Kernel | Records | Timing | Snapshot | End
 )
 KNOWN_KINDS: tuple[str, ...] = (
     "step",
@@ -356,6 +409,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "kernel",
     "records",
     "timing",
+    "snapshot",
     "end",
 )
 

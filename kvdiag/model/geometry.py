@@ -11,7 +11,7 @@ import msgspec
 Shape4 = tuple[int, int, int, int]
 
 
-class Tensor(msgspec.Struct, frozen=True, omit_defaults=True):
+class Tensor(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """One ggml tensor (or view) as seen by an op: what ``fits()`` and the dispatcher inspect.
 
     ``buffer`` is the buffer type name (``CUDA0``, ``CUDA_KV_Stream_Host``, ...); ``runtime``

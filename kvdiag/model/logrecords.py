@@ -190,6 +190,21 @@ class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
     code: str | None = None
 
 
+class Replaced(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Stray bytes a log reader replaced in one source (kvdiag.files.text): NUL bytes dropped,
+    bytes that are not UTF-8 turned into U+FFFD, how many lines held either, the first one."""
+
+    source: str
+    nul_bytes: int = 0
+    invalid_bytes: int = 0
+    lines: int = 0
+    first_line: int | None = None
+
+    @property
+    def bytes(self) -> int:
+        return self.nul_bytes + self.invalid_bytes
+
+
 class BinaryUse(msgspec.Struct, frozen=True, omit_defaults=True):
     """A binary the symbolizer used: given with ``--binary`` (``origin`` "option") or found on
     this machine at the path the log printed for a module (``origin`` "logged-path")."""
@@ -233,3 +248,5 @@ class LogScan(msgspec.Struct, frozen=True, omit_defaults=True):
     build_ids: tuple[tuple[str, str], ...] = ()
     #: binaries the frames were symbolized with
     binaries: tuple[BinaryUse, ...] = ()
+    #: stray bytes replaced while reading, per source that had any
+    replaced: tuple[Replaced, ...] = ()

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from kvdiag.errors import InputError
-from kvdiag.postmortem.lines import require_regular
+from kvdiag.files.inputs import require_regular
 
 MAX_SYMBOLS = 2_000_000
 
@@ -105,7 +105,7 @@ class ElfImage:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        require_regular(path, "binary")
+        require_regular(path, what="a regular binary file")
         try:
             self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
         except OSError as exc:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import gzip
 import os
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
+from kvdiag.files.logs import READ_ERRORS, describe_break
+from kvdiag.files.text import Damage
 from kvdiag.model.logrecords import (
     Abort,
     BootConfig,
@@ -30,6 +31,7 @@ from kvdiag.model.logrecords import (
     LogLine,
     LogScan,
     Problem,
+    Replaced,
     SignalLine,
     SlotEvent,
     StreamEvent,
@@ -38,7 +40,7 @@ from kvdiag.postmortem import grammar
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, describe_break
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.slots import active_slots
 
@@ -96,6 +98,7 @@ class LogParser:
         self.config_failures: list[StreamEvent] = []
         self.problems: list[Problem] = []
         self.build_ids: dict[tuple[str, str], None] = {}
+        self.replaced: list[Replaced] = []
         self.lines = 0
         self.bytes = 0
         self._reset_source("")
@@ -111,16 +114,22 @@ class LogParser:
         self._crash_lines = 0
         self._boot_lines = 0
         self._awaiting_launch = False
-        self._replaced_reported = False
+        self._damage = Damage()
         self._long_reported = False
         self._prev_tail = b""
         self._region_start = 0
         self._helper: ScanHelper | None = None
 
-    def feed(self, name: str, stream: BinaryIO) -> None:
-        """Read ``stream`` to its end (or to where it breaks, which is reported)."""
+    def feed(self, name: str, stream: BinaryIO, *, leading_nuls: int = 0) -> None:
+        """Read ``stream`` to its end (or to where it breaks, which is reported).
+
+        NUL bytes are dropped and bytes that are not UTF-8 replaced (files.text); how many, in
+        how many lines, is a problem of the source and a :class:`Replaced` record.
+        ``leading_nuls`` counts NULs dropped before ``stream`` (files.logs.OpenLog)."""
         self.sources.append(name)
         self._reset_source(name)
+        if leading_nuls:
+            self._damage.nul_start(leading_nuls)
         # read1 hands over what one underlying read produced, so a stream that breaks
         # (a cut gzip member) still delivers everything decoded before the break
         read = getattr(stream, "read1", None) or stream.read
@@ -134,6 +143,19 @@ class LogParser:
                 self._helper = None
         self._close_crash()
         self.lines += self._lineno
+        self._report_damage()
+
+    def _report_damage(self) -> None:
+        d = self._damage
+        if not d.replaced:
+            return
+        self.replaced.append(Replaced(source=self._name, nul_bytes=d.nul_bytes,
+                                      invalid_bytes=d.invalid_bytes, lines=d.lines,
+                                      first_line=d.first_line))
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(source=self._name, line=d.first_line,
+                                         message=f"{d.summary()}; first at line {d.first_line}",
+                                         code="bytes-replaced"))
 
     # -- a source that grows (kvdiag check --follow) ---------------------------------------
 
@@ -164,10 +186,10 @@ class LogParser:
         carry = b""
         skipping = False
         while True:
-            at = consumed
+            at: int | None = consumed
             try:
                 data = read(BLOCK)
-            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+            except READ_ERRORS as exc:
                 self._problem(f"input breaks after line {self._lineno}: {describe_break(exc)}",
                               None)
                 break
@@ -175,6 +197,12 @@ class LogParser:
                 break
             consumed += len(data)
             self.bytes += len(data)
+            if data.find(b"\0") >= 0:
+                data = self._damage.nul_block(data, self._lineno + 1)
+                # the helper searches the file's own bytes, NULs included: not this block
+                at = None
+                if not data:
+                    continue
             first_nl = data.find(b"\n")
             if first_nl < 0:
                 if skipping:
@@ -240,6 +268,7 @@ class LogParser:
     def _region(self, data: bytes, start: int, end: int, at: int | None = None) -> None:
         """Lines ``data[start:end]`` (``end`` just after a newline); ``at`` is the file offset
         of ``data[0]`` when a helper process may search part of it."""
+        self._damage.invalid_region(data, start, end, self._lineno + 1)
         self._region_start = start
         helped = self._helper is not None and at is not None
         if helped:
@@ -296,9 +325,6 @@ class LogParser:
 
     def _where(self, raw: bytes) -> tuple[LogLine, str]:
         text, _level = clean(raw)
-        if not self._replaced_reported and "\ufffd" in text:
-            self._replaced_reported = True
-            self._problem("bytes that are not UTF-8 were replaced (first here)", self._lineno)
         if not self._long_reported and len(raw) > MAX_LINE_CHARS * 4:
             self._long_line()
         return LogLine(self._name, self._lineno, text), text
@@ -495,6 +521,7 @@ class LogParser:
             config_failures=tuple(self.config_failures),
             slot_events_tail=self.crashes[-1].timeline if self.crashes else (),
             problems=tuple(self.problems), lines=self.lines, bytes=self.bytes,
+            replaced=tuple(self.replaced),
             build_ids=tuple(self.build_ids),
         )
 

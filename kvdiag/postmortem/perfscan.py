@@ -7,7 +7,8 @@ The log is read in blocks (bytes in, one bounded state out, like the post-mortem
 ``kv_stream_adapt`` partition and trace lines, fallback warnings, ``fits=false`` — are found by
 substring, cleaned with :func:`kvdiag.postmortem.lines.clean` and parsed with the post-mortem
 grammar. On a large regular file and an idle second core the substring search runs in a helper
-process (:mod:`kvdiag.postmortem.scanhelper`), as the post-mortem scan does.
+process (:mod:`kvdiag.postmortem.scanhelper`), as the post-mortem scan does; opening and driving
+the scanner is :mod:`kvdiag.postmortem.perfread`.
 
 How a request is assembled, per slot (brief §7.3): ``new prompt`` opens it (depth at start,
 slot size), the cache line says what was kept, ``print_timing`` gives the prompt and decode
@@ -19,12 +20,8 @@ slot when it is logged (the runtime is shared by the slots). A new boot ends wha
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import zlib
-from collections.abc import Callable, Iterable
-from typing import BinaryIO
 
 import msgspec
 
@@ -39,8 +36,7 @@ from kvdiag.model.logrecords import (
 from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.bootfold import BootAccumulator
-from kvdiag.postmortem.lines import clean, describe_break
-from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
+from kvdiag.postmortem.lines import clean
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.timinglines import (
     BLOCK,
@@ -462,77 +458,3 @@ class PerfScanner:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-def _regular_size(name: str, stream: BinaryIO) -> int | None:
-    """The size of the regular file ``stream`` reads from its start (not through gzip)."""
-    if isinstance(stream, gzip.GzipFile):
-        return None
-    try:
-        if stream.tell() != 0 or not os.path.isfile(name):
-            return None
-        return os.fstat(stream.fileno()).st_size
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _helper_for(name: str, stream: BinaryIO) -> ScanHelper | None:
-    """A helper process for the rare anchors of a large regular file read from its start."""
-    size = _regular_size(name, stream)
-    if size is None or size < PARALLEL_MIN_BYTES or not spare_core():
-        return None
-    try:
-        return ScanHelper(name, RARE_ANCHORS)
-    except OSError:
-        return None
-
-
-def scan_stream(name: str, stream: BinaryIO, *, source: str | None = None,
-                hook: Callable[[bytes], None] | None = None) -> PerfRun:
-    """Read ``stream`` to its end (or to where it breaks, which is reported); ``hook`` sees the
-    blocks read until the first request completed (the boot lines, for a boot sniffer: every
-    further search of every block would cost a pass over the log)."""
-    size = _regular_size(name, stream)
-    if size is not None:
-        from kvdiag.postmortem import perfsplit
-
-        if perfsplit.usable(name, size):
-            run = perfsplit.scan_split(name, size, source, hook)
-            if run is not None:
-                return run
-    scanner = PerfScanner(name, source)
-    read = getattr(stream, "read1", None) or stream.read
-    helper = _helper_for(name, stream)
-    scanner.use_helper(helper)
-    try:
-        while True:
-            try:
-                data = read(BLOCK_BYTES)
-            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
-                scanner._problem(f"input breaks after line {scanner._lines}: "
-                                 f"{describe_break(exc)}", None)
-                break
-            if not data:
-                break
-            if hook is not None and not scanner.requests:
-                hook(data)
-            scanner.feed(data)
-    finally:
-        if scanner._helper is not None:
-            scanner._helper.close()
-    return scanner.finish()
-
-
-def scan_paths(paths: Iterable[str]) -> list[PerfRun]:
-    """Each log (``-`` = stdin, ``.gz`` detected) as one run."""
-    from kvdiag.postmortem.lines import open_log
-
-    runs = []
-    for path in paths:
-        name, stream, closers = open_log(path)
-        try:
-            runs.append(scan_stream(name, stream))
-        finally:
-            for c in closers:
-                c.close()
-    return runs

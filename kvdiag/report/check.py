@@ -80,11 +80,6 @@ def header_table(path: str, header: Header) -> Table:
     return t
 
 
-def _classes(c: dict[str, int]) -> str:
-    text = f"exact {c['exact']}, stale {c['stale']}, foreign {c['foreign']}"
-    return text + (f", not judged {c['not_judged']}" if c.get("not_judged") else "")
-
-
 def _int(cfg: dict[str, Any], plan: dict[str, Any], key: str) -> int | None:
     for src in (plan, cfg):
         value = src.get(key)
@@ -120,6 +115,11 @@ def _pool_mismatch(cfg: dict[str, Any], plan: dict[str, Any]) -> str:
     return (f" (does not add up: {layers} layers × {per} + {ring} = {layers * per + ring} ≠ "
             f"{pool} pool pages; resident_pages_per_layer counts the slots of all streams of a "
             "layer)")
+
+
+def _classes(c: dict[str, int]) -> str:
+    text = f"exact {c['exact']}, stale {c['stale']}, foreign {c['foreign']}"
+    return text + (f", not judged {c['not_judged']}" if c.get("not_judged") else "")
 
 
 def residency_table(summary: dict[str, Any]) -> Table:
@@ -170,6 +170,8 @@ def check_report(
     path: str, header: Header, findings: Sequence[Finding], summary: dict[str, Any]
 ) -> list[RenderableType]:
     parts: list[RenderableType] = [header_table(path, header), Text()]
+    if summary.get("segments"):
+        parts.append(Text(cap(summary["segments"]["text"]), style="dim"))
     counts = ", ".join(f"{cap(k, 100)} {v}" for k, v in sorted(summary["counts"].items()))
     parts.append(Text(f"{summary['events']} events over {steps_text(summary)} "
                       f"[{summary['status']}]: {counts}", style="dim"))

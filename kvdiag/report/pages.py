@@ -23,6 +23,7 @@ import msgspec
 
 from kvdiag.analysis.judgement import Judge, PageVerdict
 from kvdiag.analysis.judgement.classes import NO_SERVED, WHY
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
 
 _encode = msgspec.json.Encoder().encode
@@ -54,29 +55,32 @@ def page_text(v: PageVerdict) -> str:
 
 def write_pages(events: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, out: IO[bytes],
                 as_json: bool) -> dict[str, int]:
-    """Judge ``events`` and write every read page to ``out``; returns pages per class."""
+    """Judge ``events`` (``judge`` made with ``detail=True``) and write every read page to
+    ``out``; returns pages per class."""
     counts = {"exact": 0, "stale": 0, "foreign": 0, "not judged": 0}
-    feed = judge.feed
-    read_type = ev.Read
-    for e in events:
-        feed(e)
-        if type(e) is not read_type:
-            continue
-        assert isinstance(e, ev.Read)
-        if not e.served:
-            n = e.pool + e.ring + e.host
-            counts["not judged"] += n
-            record = {"seq": e.seq, "step": e.step, "layer": e.layer, "stream": e.stream,
-                      "page": None, "pages": n, "class": "not judged",
-                      "why": WHY[NO_SERVED]}
-            out.write(_encode(record) + b"\n" if as_json else (
-                f"#{e.seq} step {e.step} layer {e.layer} stream {e.stream}: {n} page(s) not "
-                f"judged ({WHY[NO_SERVED]})\n").encode())
-            continue
-        lines = []
-        for v in judge.pages(e):
-            counts[v.cls] += 1
-            lines.append(_encode(page_json(v)) if as_json else page_text(v).encode())
-        if lines:
-            out.write(b"\n".join(lines) + b"\n")
+    for chunk in batches(events):  # a records event alone: every read stays answerable
+        judge.feed_all(chunk)
+        for e in chunk:
+            if type(e) is ev.Read:
+                _write_read(judge, e, out, as_json, counts)
     return counts
+
+
+def _write_read(judge: Judge, e: ev.Read, out: IO[bytes], as_json: bool,
+                counts: dict[str, int]) -> None:
+    if not e.served:
+        n = e.pool + e.ring + e.host
+        counts["not judged"] += n
+        record = {"seq": e.seq, "step": e.step, "layer": e.layer, "stream": e.stream,
+                  "page": None, "pages": n, "class": "not judged",
+                  "why": WHY[NO_SERVED]}
+        out.write(_encode(record) + b"\n" if as_json else (
+            f"#{e.seq} step {e.step} layer {e.layer} stream {e.stream}: {n} page(s) not "
+            f"judged ({WHY[NO_SERVED]})\n").encode())
+        return
+    lines = []
+    for v in judge.pages(e):
+        counts[v.cls] += 1
+        lines.append(_encode(page_json(v)) if as_json else page_text(v).encode())
+    if lines:
+        out.write(b"\n".join(lines) + b"\n")

@@ -101,6 +101,8 @@ def postmortem_to_json(scan: LogScan, findings: Sequence[Finding]) -> dict[str, 
         "problems": [msgspec.to_builtins(p) for p in scan.problems],
         "binaries": [{"path": b.path, "origin": b.origin, "checked_by": b.checked_by,
                       "evidence": b.evidence} for b in scan.binaries],
+        # stray bytes replaced while reading, per log that had any (kvdiag.files.text)
+        "replaced": [msgspec.to_builtins(r) for r in scan.replaced],
     }
 
 

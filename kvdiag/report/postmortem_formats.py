@@ -13,7 +13,8 @@ from kvdiag.report.formats import findings_junit, findings_markdown, findings_sa
 
 
 def write_postmortem(fmt: str, logs: Sequence[str], scan: LogScan,
-                     findings: Sequence[Finding], exit_code: int) -> None:
+                     findings: Sequence[Finding], exit_code: int,
+                     threshold: Severity = Severity.ERROR) -> None:
     artifact = ", ".join("<stdin>" if p == "-" else p for p in logs)
     if fmt == "sarif":
         doc = findings_sarif(findings, artifact, command=f"kvdiag postmortem {' '.join(logs)}",
@@ -21,9 +22,9 @@ def write_postmortem(fmt: str, logs: Sequence[str], scan: LogScan,
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif fmt == "junit":
-        # a crash is what postmortem exits 1 on; its findings are errors or worse
+        # failures are the results at or above --fail-on, as the exit code counts them
         sys.stdout.write(findings_junit(findings, artifact, suite="postmortem",
-                                        threshold=Severity.ERROR))
+                                        threshold=threshold))
         sys.stdout.write("\n")
     elif fmt == "markdown":
         facts = [("logs", artifact), ("lines", f"{scan.lines:,}"),

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from kvdiag.analysis.sweep import Summary, SweepPoint
 from kvdiag.errors import UsageError
+from kvdiag.files.outputs import Output, open_output
 
 
 def _pct(x: float | None) -> str:
@@ -96,18 +97,30 @@ def terminal_plot(points: list[SweepPoint], width: int = 100, height: int = 20,
     return out if color else Text.from_ansi(out).plain
 
 
-def save_plot(points: list[SweepPoint], summaries: list[Summary], path: Path,
-              title: str) -> None:
-    """Four panels against stage MiB: tok/s, resident share, miss ratio, MiB per token."""
-    if path.suffix.lower() not in (".svg", ".png"):
-        raise UsageError(f"--plot {path}: write .svg or .png")
+def plot_format(out: Output) -> str:
+    """``svg`` or ``png`` from the --plot file's name (``/dev/null`` takes either), checked
+    with matplotlib's presence before a sweep runs."""
+    suffix = Path(out.given).suffix.lower()
+    if out.kind == "null":
+        suffix = suffix or ".svg"
+    if suffix not in (".svg", ".png"):
+        raise UsageError(f"--plot {out.given}: write .svg or .png")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'kvdiag[plot]'") from None
+    return suffix[1:]
+
+
+def save_plot(points: list[SweepPoint], summaries: list[Summary], out: Output,
+              title: str) -> None:
+    """Four panels against stage MiB: tok/s, resident share, miss ratio, MiB per token;
+    written as every output is (kvdiag.files.outputs)."""
+    fmt = plot_format(out)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     panels: list[tuple[Any, str, Any]] = [
         (axes[0][0], _rate_label(points), lambda p: p.tokens_per_s),
@@ -135,5 +148,8 @@ def save_plot(points: list[SweepPoint], summaries: list[Summary], path: Path,
         ax.set_xlabel("stage MiB")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        with open_output(out) as sink:
+            fig.savefig(sink.file, format=fmt)
+    finally:
+        plt.close(fig)

@@ -191,25 +191,17 @@ def log_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
     """What a llama-server log gives: crashes, frames and findings (the post-mortem scanner),
     timings (``kvdiag perf``'s request reader)."""
     from kvdiag.analysis.signatures import evaluate
-    from kvdiag.postmortem.lines import open_log
+    from kvdiag.files.logs import open_log
     from kvdiag.postmortem.parse import scan
-    from kvdiag.postmortem.perfscan import scan_stream
+    from kvdiag.postmortem.perfread import scan_stream
 
-    name, stream, closers = open_log(path)
-    try:
-        logscan = scan([(name, stream)])
-    finally:
-        for c in closers:
-            c.close()
+    with open_log(path) as log:
+        logscan = scan([(log.name, log.stream)])
     problems = [(p.line, p.code or "log", p.message) for p in logscan.problems]
     requests = 0
     if "timings" in tables:
-        name, stream, closers = open_log(path)
-        try:
-            run = scan_stream(name, stream)
-        finally:
-            for c in closers:
-                c.close()
+        with open_log(path) as log:
+            run = scan_stream(log.name, log.stream)
         requests = len(run.requests)
         for r in run.requests:
             sink.row("timings", (None, r.line, None, r.boot, r.slot, r.task, r.prompt_tokens,

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvdiag.errors import STDIN_NAME, InputError, UsageError, open_input
+from kvdiag.errors import InputError, UsageError
+from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.sql.rows import log_rows, trace_rows
 from kvdiag.sql.schema import TABLES
 from kvdiag.sql.store import Database, require_parquet_dir, tables_named

@@ -80,6 +80,8 @@ RENAMES: dict[tuple[str, str], str] = {
     ("repartition", "resident"): "resident_change",
     ("repartition", "ring"): "ring_change",
     ("mark", "rows"): "mark_rows",
+    ("snapshot", "pool"): "snapshot_pool",
+    ("snapshot", "ring"): "snapshot_ring",
 }
 """(kind, field) → column, where a field's name is taken (``file``) or another kind gives the
 same name another type (adapt's ``resident`` is a page count, repartition's a from/to pair)."""

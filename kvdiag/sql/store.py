@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvdiag.errors import InputError, UsageError
+from kvdiag.files.outputs import plan_output
 from kvdiag.model import events as ev
 from kvdiag.sql.schema import BY_NAME, EVENT_TABLES, TABLES, Table, json_names
 
@@ -230,6 +231,8 @@ class Database:
         if there and not force:
             raise UsageError(f"--parquet {out}: holds {', '.join(there)} (use --force to "
                              "replace)")
+        for p in targets:  # the one output rule: a regular file, never a device or a link's FIFO
+            plan_output(p, force=True, stdout=False, flag="--parquet")
         # bounded memory: COPY may then write a table's rows in another order than inserted
         self.con.execute(f"SET memory_limit = '{LOAD_MEMORY}'")
         self.con.execute("SET preserve_insertion_order = false")

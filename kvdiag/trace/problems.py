@@ -18,6 +18,8 @@ ProblemKind = Literal[
     "after-end",  # an event after the End event: kept
     "count",  # the End event's event count differs from the event lines present
     "incomplete",  # no End event: the capture did not finish (killed or still running)
+    "gap",  # a segment set misses segments (or events) between two it holds
+    "segment",  # a file that looks like a segment of the set but is left out (another run)
 ]
 
 

@@ -19,10 +19,12 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from kvdiag.errors import STDIN_NAME, InputError, open_input
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.model.events import KNOWN_KINDS, AnyEvent, End, Header, Unknown
 from kvdiag.trace.extras import extra_fields
 from kvdiag.trace.problems import Problem, ProblemKind
+from kvdiag.trace.segments import SetInfo, open_trace
 from kvdiag.trace.version import FORMAT_NAME, check_compatible, parse_version
 
 TraceItem = AnyEvent | Unknown
@@ -60,6 +62,10 @@ class TraceReader:
     Construction raises :class:`InputError` for anything that is not a readable v1 trace;
     damage after the header never raises, it is recorded in ``problems``.
 
+    A segment set or a compressed file (:mod:`kvdiag.trace.segments`) is read through
+    :meth:`open` like one file: ``segments`` describes the set (None otherwise), a problem's
+    ``line`` counts the lines of the joined set and its message names the file and line.
+
     After (and during) iteration: ``problems``, ``truncated``, ``complete``, ``end``,
     ``lines_read`` (lines consumed, header included) and, for a file of a
     newer minor version, ``extras``: ``{seq: {path: value}}`` for fields of known kinds that
@@ -93,7 +99,13 @@ class TraceReader:
         self._decode = msgspec.json.Decoder(AnyEvent).decode
         self._iterator: Iterator[TraceItem] | None = None
         self._finished = False
+        self.segments: SetInfo | None = None
         self.header, self.version, self.newer_minor = self._read_header()
+        seg = self.header.extra.get("segment")
+        first = seg.get("first_seq") if isinstance(seg, dict) else None
+        self._count_base = first - 1 if type(first) is int and first > 0 else 0
+        """Events before this file's first (a segment, a flight recorder's window): the End
+        event counts every event of the run."""
 
     @classmethod
     def open(cls, path: str | Path, **options: Any) -> TraceReader:
@@ -105,13 +117,24 @@ class TraceReader:
         if str(path) == STDIN_NAME:
             # standard input: read, not closed (the process owns it)
             return cls(open_input(STDIN_NAME, stdin=True), "<stdin>", **options)
-        p = Path(path)
-        stream = open_input(p, directory="is a directory, not a trace file")
+        opened = open_trace(Path(path))
         try:
-            return cls(stream, str(p), close_stream=True, **options)
+            reader = cls(opened.stream, opened.name, close_stream=True, **options)
         except BaseException:
-            stream.close()
+            opened.stream.close()
             raise
+        reader.segments = opened.segments
+        return reader
+
+    @property
+    def skipped_seqs(self) -> int:
+        """Seqs lost in a segment set's gaps (0 for one file): what the End count allows for."""
+        return int(getattr(self._stream, "skipped_seqs", 0))
+
+    def allow_skipped(self, n: int) -> None:
+        """Blocks decoded by :meth:`decode_block` come from a set with ``n`` seqs lost in its
+        gaps (read by another reader): the End count allows for them."""
+        self._count_base += n
 
     @property
     def version_text(self) -> str:
@@ -154,7 +177,9 @@ class TraceReader:
         name = self.name
         line = self._read(lambda: self._stream.readline(self._max_line))
         if not line:
-            raise InputError(f"{name}: empty file, not a kvtrace trace")
+            broken = getattr(self._stream, "broken", "")
+            raise InputError(f"{name}: {broken}" if broken else
+                             f"{name}: empty file, not a kvtrace trace")
         self.lines_read = 1
         if not line.endswith(b"\n") and len(line) >= self._max_line:
             raise InputError(f"{name}: not a kvtrace trace (no header line)")
@@ -245,41 +270,88 @@ class TraceReader:
             if event is not None:
                 yield [event]
         if self.end is None:
+            seg = self.header.extra.get("segment")
+            index = seg.get("index") if isinstance(seg, dict) else None
             self._problem(
                 self.lines_read,
                 "incomplete",
-                f"no End event: the capture did not finish ({self.lines_read} lines read)",
+                f"no End event: the capture did not finish ({self.lines_read} lines read)"
+                + (f"; or segment {index:06d} of a rotated trace, continued in the next one"
+                   if type(index) is int and self.segments is None else ""),
             )
+        broken = getattr(self._stream, "broken", "")
+        if broken:  # a compressed file whose data breaks: read up to there
+            self.truncated = True
+            self._problem(self.lines_read, "truncated", broken)
+        joined = getattr(self._stream, "problems", None)
+        if joined:
+            self.problems.extend(joined)
+            self.problems.sort(key=lambda pr: pr.line)
         self._finished = True
         # A file opened by open() is closed once read to the end, so list(open(p)) leaks nothing.
         self.close()
 
     def _block(self, block: bytes) -> Sequence[TraceItem]:
         """Decode a run of complete lines (each ending in a newline)."""
+        events = self._fast_block(block)
+        if events is not None:
+            return events
+        return [e for e in self._slow_block(block) if e is not None]
+
+    def _fast_block(self, block: bytes) -> Sequence[TraceItem] | None:
+        """The whole run in one ``decode_lines`` call, when every line is a well-ordered event
+        (None: decode it line by line)."""
         n = block.count(b"\n")
         if not self.newer_minor and self.end is None and not _long_digits(block):
             try:
                 events: Sequence[TraceItem] = self._decode_lines(block)
             except _DECODE_ERRORS:
-                pass
-            else:
-                # decode_lines splits on any whitespace and skips blank lines, so one value per
-                # newline is what proves the line numbers right. (Only a crafted file with a
-                # blank line and a line of two events together would pass where the line-by-line
-                # path reports both; the writer writes neither.)
-                if len(events) == n and self._fast_accept(events):
-                    self.lines_read += n
-                    return events
+                return None
+            # decode_lines splits on any whitespace and skips blank lines, so one value per
+            # newline is what proves the line numbers right. (Only a crafted file with a
+            # blank line and a line of two events together would pass where the line-by-line
+            # path reports both; the writer writes neither.)
+            if len(events) == n and self._fast_accept(events):
+                self.lines_read += n
+                return events
+        return None
+
+    def _slow_block(self, block: bytes) -> list[TraceItem | None]:
         first = self.lines_read + 1
         lines = block.split(b"\n")
         lines.pop()
-        out: list[TraceItem] = []
-        for number, text in enumerate(lines, first):
-            event = self._line(text, number, last=False)
-            if event is not None:
-                out.append(event)
-        self.lines_read += n
+        out = [self._line(text, number, last=False) for number, text in enumerate(lines, first)]
+        self.lines_read += len(lines)
         return out
+
+    def decode_block(self, block: bytes) -> Sequence[TraceItem | None]:
+        """Lines of this trace that the caller read itself (a viewer that indexes the same
+        bytes), decoded as iterating the reader decodes them: one entry per line of ``block``,
+        the event or None for a line that is not one (its problem recorded, numbered from the
+        lines given so far). ``block`` is whole lines in file order, each ending in a newline
+        except possibly the file's last line. Call :meth:`finish` after the last block; do not
+        also iterate the reader."""
+        cut = block.rfind(b"\n") + 1
+        body, tail = block[:cut], block[cut:]
+        out: Sequence[TraceItem | None] = []
+        if body:
+            fast = self._fast_block(body)
+            out = fast if fast is not None else self._slow_block(body)
+        if tail:
+            self.lines_read += 1
+            out = [*out, self._line(tail, self.lines_read, last=True)]
+        return out
+
+    def finish(self) -> None:
+        """The caller of :meth:`decode_block` reached the end of the file: report a missing
+        End event as iteration does."""
+        if self.end is None and not self._finished:
+            self._problem(
+                self.lines_read,
+                "incomplete",
+                f"no End event: the capture did not finish ({self.lines_read} lines read)",
+            )
+        self._finished = True
 
     def _fast_accept(self, events: Sequence[TraceItem]) -> bool:
         """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End."""
@@ -317,11 +389,24 @@ class TraceReader:
                 return None
         else:
             if self.newer_minor:
-                extras = extra_fields(event, _json_decode(text))
-                if extras:
-                    self.extras[event.seq] = extras
+                self._keep_extras(event, text, number)
         self._accept(event, number)
         return event
+
+    def _keep_extras(self, event: TraceItem, text: bytes, number: int) -> None:
+        """Keep the fields of a newer minor version that ``event`` has no field for. The typed
+        decode skips unknown keys without reading them, so a key or value that is not valid
+        UTF-8 surfaces only here: the event is kept, the unknown fields are not, and the line
+        is reported."""
+        try:
+            raw = _json_decode(text)
+        except _DECODE_ERRORS as exc:
+            self._problem(number, "corrupt", f"fields unknown to format {self.version_text} "
+                          f"not kept ({exc}); the {_kind(event)} event itself is")
+            return
+        extras = extra_fields(event, raw)
+        if extras:
+            self.extras[event.seq] = extras
 
     def _fallback(
         self, text: bytes, number: int, error: BaseException, *, last: bool
@@ -375,8 +460,9 @@ class TraceReader:
             self._problem(number, "after-end", f"event seq {event.seq} after the End event")
         if isinstance(event, End) and self.end is None:
             self.end = event
-            # Lines between the header (line 1) and this End line, damaged ones included.
-            present = number - 2
+            # Lines between the header (line 1) and this End line, damaged ones included;
+            # plus the events before a segment's first and in a set's gaps.
+            present = number - 2 + self._count_base + getattr(self._stream, "skipped_seqs", 0)
             if event.events != present:
                 self._problem(
                     number,
@@ -385,7 +471,18 @@ class TraceReader:
                 )
 
     def _problem(self, line: int, kind: ProblemKind, message: str) -> None:
+        locate = getattr(self._stream, "locate", None)
+        where = locate(line) if locate is not None else None
+        if where is not None:
+            message += f" ({where[0]} line {where[1]})"
         self.problems.append(Problem(line, kind, message))
+
+
+def _kind(event: TraceItem) -> str:
+    if isinstance(event, Unknown):
+        return event.kind
+    tag = type(event).__struct_config__.tag
+    return tag if isinstance(tag, str) else type(event).__name__.lower()
 
 
 def _huge_integer(text: bytes) -> str | None:

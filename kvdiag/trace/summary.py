@@ -14,7 +14,9 @@ from kvdiag.trace.reader import TraceReader
 
 
 class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """Counts, spans and problems of one trace file (spans are None when it has no events).
+    """Counts, the time span and problems of one trace file (the span is None when it has no
+    events). How many steps is the judgement's to say (``Judgement.steps``: ``trace info``
+    shows it), not this summary's.
 
     ``extra_fields`` counts, per ``kind.path``, fields of known kinds that this version does not
     declare (newer minor versions only); ``header_extras`` the same for the header.
@@ -28,8 +30,6 @@ class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
     unknown_kinds: tuple[str, ...]
     events: int
     lines: int
-    first_step: int | None
-    last_step: int | None
     first_t_ns: int | None
     last_t_ns: int | None
     end: End | None
@@ -37,6 +37,9 @@ class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
     problems: tuple[Problem, ...]
     extra_fields: dict[str, int]
     header_extras: dict[str, Any]
+    segments: dict[str, Any] | None = None
+    """A segment set read as one (kvdiag/trace/segments.py): ``text``, ``indices`` read,
+    ``dropped_before`` (deleted by KVTRACE_KEEP), ``keep``, ``left_out``; None for one file."""
 
     @property
     def complete(self) -> bool:
@@ -71,8 +74,8 @@ def summarize(reader: TraceReader,
     extra_fields: Counter[str] = Counter()
     extras = reader.extras  # filled only for files of a newer minor version
     n = 0
-    first_step = last_step = first_t = last_t = None
-    lo_step = hi_step = lo_t = hi_t = 0
+    first_t = last_t = None
+    lo_t = hi_t = 0
     for event in reader:
         if observe is not None:
             observe(event)
@@ -84,23 +87,18 @@ def summarize(reader: TraceReader,
         kinds[kind] += 1
         if extras and event.seq in extras:
             extra_fields.update(f"{kind}.{path}" for path in extras[event.seq])
-        step, t = event.step, event.t_ns
+        t = event.t_ns
         if n == 0:
-            lo_step = hi_step = step
             lo_t = hi_t = t
         else:
             # Min and max, not first and last: a damaged file may be out of order.
-            if step < lo_step:
-                lo_step = step
-            elif step > hi_step:
-                hi_step = step
             if t < lo_t:
                 lo_t = t
             elif t > hi_t:
                 hi_t = t
         n += 1
     if n:
-        first_step, last_step, first_t, last_t = lo_step, hi_step, lo_t, hi_t
+        first_t, last_t = lo_t, hi_t
     return TraceSummary(
         name=reader.name,
         header=reader.header,
@@ -110,8 +108,6 @@ def summarize(reader: TraceReader,
         unknown_kinds=tuple(sorted(unknown)),
         events=n,
         lines=reader.lines_read,
-        first_step=first_step,
-        last_step=last_step,
         first_t_ns=first_t,
         last_t_ns=last_t,
         end=reader.end,
@@ -119,4 +115,8 @@ def summarize(reader: TraceReader,
         problems=tuple(reader.problems),
         extra_fields=dict(sorted(extra_fields.items())),
         header_extras=dict(reader.header_extras),
+        segments=None if reader.segments is None else {
+            "text": reader.segments.text(), "indices": list(reader.segments.indices),
+            "dropped_before": reader.segments.dropped_before, "keep": reader.segments.keep,
+            "left_out": list(reader.segments.left_out)},
     )

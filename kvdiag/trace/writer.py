@@ -66,10 +66,12 @@ class TraceWriter:
     their calls take the lock.
     """
 
-    def __init__(self, fd: int, path: Path, *, fsync: bool = False) -> None:
+    def __init__(self, fd: int, path: Path, *, fsync: bool = False, own_fd: bool = True) -> None:
         self.path = path
         self._fd = fd
+        self._own_fd = own_fd
         self._fsync = fsync
+        self._ended = False
         self._buf = bytearray()
         self._encoder = msgspec.json.Encoder()
         self._encode_into = self._encoder.encode_into
@@ -88,17 +90,27 @@ class TraceWriter:
 
         ``header`` must carry this format's name and version (see :func:`make_header`).
         """
-        if header.format != FORMAT_NAME or header.version != FORMAT_VERSION:
-            raise ValueError(
-                f"header says {header.format} {header.version}; this writer writes "
-                f"{FORMAT_NAME} {FORMAT_VERSION}"
-            )
+        _check_header(header)
         p = Path(path)
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        writer = cls(fd, p, fsync=fsync)
-        writer._buf += msgspec.json.encode(header)
-        writer._buf.append(_NEWLINE)
-        writer._flush()
+        return cls._start(cls(fd, p, fsync=fsync), header)
+
+    @classmethod
+    def create_on(cls, fd: int, name: str, header: Header, *, fsync: bool = False) -> TraceWriter:
+        """Write the trace to ``fd``, which the caller opened and closes (the temporary file
+        of an output, kvdiag.files.outputs, or standard output); ``name`` is for messages."""
+        _check_header(header)
+        return cls._start(cls(fd, Path(name), fsync=fsync, own_fd=False), header)
+
+    @classmethod
+    def _start(cls, writer: TraceWriter, header: Header) -> TraceWriter:
+        try:
+            writer._buf += msgspec.json.encode(header)
+            writer._buf.append(_NEWLINE)
+            writer._flush()
+        except BaseException:
+            writer.abandon()
+            raise
         return writer
 
     @property
@@ -116,6 +128,11 @@ class TraceWriter:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def ended(self) -> bool:
+        """The End event reached the file: the trace is whole (whatever its status)."""
+        return self._ended
 
     def emit(self, cls: type[E], step: int, *, t_ns: int | None = None, **fields: Any) -> E:
         """Build ``cls(seq, t_ns, step, **fields)``, buffer its line and return it.
@@ -172,11 +189,21 @@ class TraceWriter:
             )
             with self._lock:
                 self._flush()
+            self._ended = True
         finally:
-            with self._lock:
-                self._closed = True
-                os.close(self._fd)
+            self.abandon()
         return end
+
+    def abandon(self) -> None:
+        """Stop without writing anything more (what is already written stays); the file
+        descriptor is closed when this writer opened it."""
+        with self._lock:
+            if self._closed and self._fd < 0:
+                return
+            self._closed = True
+            if self._own_fd and self._fd >= 0:
+                os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -189,8 +216,13 @@ class TraceWriter:
     ) -> None:
         if exc_type is None:
             self.close("completed")
-        else:
+            return
+        try:
             self.close("error", reason=end_reason(exc))
+        except OSError:
+            # the write of End failed too (a full disk): the exception on its way out says
+            # why the trace is cut; this one would hide it
+            self.abandon()
 
     def _flush(self) -> None:
         """Write the whole buffer; called with the lock held."""
@@ -205,9 +237,22 @@ class TraceWriter:
                     done += os.write(self._fd, view[done:])
             finally:
                 view.release()
-                del buf[:done]
+                try:
+                    del buf[:done]
+                except BufferError:
+                    # a view of it outlived the failed write (held by the exception): keep
+                    # the bytes not written in a new buffer rather than hide the failure
+                    self._buf = bytearray(buf[done:])
         if self._fsync:
             os.fsync(self._fd)
+
+
+def _check_header(header: Header) -> None:
+    if header.format != FORMAT_NAME or header.version != FORMAT_VERSION:
+        raise ValueError(
+            f"header says {header.format} {header.version}; this writer writes "
+            f"{FORMAT_NAME} {FORMAT_VERSION}"
+        )
 
 
 def end_reason(exc: BaseException | None) -> str:

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from kvdiag.files.text import decode_line
+
 MAX_FIELD = 1000
 """Characters of one field shown (a full backtrace frame or a log line fits easily)."""
 
@@ -27,11 +29,11 @@ def clip(text: str, limit: int = MAX_FIELD) -> str:
 
 
 def clip_bytes(line: bytes, limit: int = MAX_FIELD) -> str:
-    """A raw line as text, cut before decoding (decoding megabytes to show a screenful would
-    be the slow part)."""
+    """A raw line as text (NULs dropped, invalid UTF-8 replaced: kvdiag.files.text), cut
+    before decoding (decoding megabytes to show a screenful would be the slow part)."""
     if len(line) <= limit * 4:
-        return clip(line.decode("utf-8", "replace"), limit)
-    head = line[: limit * 4].decode("utf-8", "replace")[:limit]
+        return clip(decode_line(line), limit)
+    head = decode_line(line[: limit * 4])[:limit]
     return f"{head}… [{len(line):,} bytes, first {len(head):,} characters shown]"
 
 

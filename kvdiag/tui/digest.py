@@ -1,27 +1,30 @@
-"""One full read of a trace for the viewer: findings, problems, per-step marks, telemetry.
+"""What the viewer draws of a trace's judgement, as immutable prefixes (no textual import).
 
-The index (:mod:`kvdiag.analysis.trace_index`) is for navigation; this pass is the analysis
-:class:`kvdiag.trace.reader.TraceReader` (which reports damage line by line) feeding
-:class:`kvdiag.analysis.judgement.Judge` (the same judgement as ``kvdiag check``), plus what
-the viewer marks on its step scrubber — steps with stale or foreign reads, diverged outputs,
-fallbacks and aborts, all from the judgement's verdicts — the telemetry samples and the abort
-events for the backtrace view.
+The judging pass (:mod:`kvdiag.tui.judging`) runs the one :class:`~kvdiag.analysis.judgement.
+Judge` behind the indexer over the same bytes and hands over :class:`Delta` values: the
+judgement so far, the ledger rows added since the last delta, and what the screens show beside
+it that the Judge does not keep (telemetry samples, kv_stream_adapt's partition, abort events,
+the reader's line-numbered problems). :class:`DigestBuilder` folds deltas into a
+:class:`TraceDigest`, the read-only prefix every screen draws from: ``rows`` index rows are
+judged, later rows are "judging…" until ``done``. Nothing here decides a class, a condition or
+a count — it only assembles what the Judge concluded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
 import numpy as np
 
-from kvdiag.analysis.judgement import Judge, outcome
+from kvdiag.analysis.judgement import Judgement, LedgerSnapshot, ledger
+from kvdiag.analysis.judgement.ledger import TableSnapshot
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
-from kvdiag.trace.reader import TraceReader
 from kvdiag.tui.clip import clip_deep
 
 TELEMETRY_FIELDS: tuple[str, ...] = (
@@ -32,6 +35,19 @@ TELEMETRY_FIELDS: tuple[str, ...] = (
 
 PARTITION_FIELDS: tuple[str, ...] = ("resident", "ring", "miss_pct", "busy_pct", "active", "peak")
 """kv_stream_adapt's partition (``adapt`` and ``repartition`` events, 1.1)."""
+
+MARKS: tuple[str, ...] = ("stale", "foreign", "diverged", "fallback", "mismatch")
+"""Scrubber marks taken from the ledger (:meth:`LedgerSnapshot.steps_with`); ``abort`` comes
+from the abort events."""
+
+MAX_KEPT = 10_000
+"""Abort events and problems kept for display (a damaged or hostile file can have millions;
+the rest are counted)."""
+
+TABLES: tuple[str, ...] = ("reads", "pieces", "flows", "fits", "outputs")
+"""The ledger's tables, in :class:`LedgerSnapshot`'s order."""
+DTYPES = tuple(np.dtype(c) for c in (ledger.READS, ledger.PIECES, ledger.FLOWS, ledger.FITS,
+                                      ledger.OUTPUTS))
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +77,7 @@ class TelemetrySeries:
         return max(i, 0)
 
 
-def telemetry_series(samples: list[ev.Telemetry]) -> TelemetrySeries:
+def telemetry_series(samples: Sequence[ev.Telemetry]) -> TelemetrySeries:
     step = np.array([s.step for s in samples], dtype=np.int64)
     t_ns = np.array([s.t_ns for s in samples], dtype=np.int64)
     values = {
@@ -76,7 +92,7 @@ def _nan(v: float | None) -> float:
     return np.nan if v is None else float(v)
 
 
-def partition_series(samples: list[ev.Adapt | ev.Repartition]) -> TelemetrySeries:
+def partition_series(samples: Sequence[ev.Adapt | ev.Repartition]) -> TelemetrySeries:
     """One sample per adapt line (the partition it ran with) and per repartition (the
     partition after it). An adapt line's miss % is misses / samples: the deadline miss ratio
     the controller compares with its 1 % threshold (brief §1.10)."""
@@ -98,100 +114,151 @@ def partition_series(samples: list[ev.Adapt | ev.Repartition]) -> TelemetrySerie
     )
 
 
+def _joined(parts: Sequence[TelemetrySeries], fields: tuple[str, ...]) -> TelemetrySeries:
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return TelemetrySeries(empty, empty, {f: np.zeros(0) for f in fields}, fields)
+    return TelemetrySeries(np.concatenate([p.step for p in parts]),
+                           np.concatenate([p.t_ns for p in parts]),
+                           {f: np.concatenate([p.values[f] for p in parts]) for f in fields},
+                           fields)
+
+
+@dataclass(frozen=True, eq=False)
+class TableDelta:
+    """Ledger rows of one table added since the previous delta: the blocks sealed since (final),
+    a copy of the rows still open, and the table's row count."""
+
+    sealed: tuple[np.ndarray, ...]
+    open: np.ndarray | None
+    n: int
+
+
+@dataclass(frozen=True, eq=False)
+class Delta:
+    """What a judging pass hands over at one moment (picklable: it may come from another
+    process). ``judgement`` has no ledger: the ledger travels as :class:`TableDelta` rows."""
+
+    rows: int
+    """Index rows judged (events and lines that are not events)."""
+    position: int
+    """Bytes of the file judged."""
+    judgement: Judgement
+    tables: tuple[TableDelta, ...]
+    telemetry: TelemetrySeries
+    partition: TelemetrySeries
+    aborts: tuple[ev.Abort, ...]
+    problems: tuple[Problem, ...]
+    truncated: bool
+    done: bool
+    costs: dict[str, float] = field(default_factory=dict)
+    """What the pass cost so far where it ran in a process of its own (``cpu_s``,
+    ``peak_rss_mib``): a viewer's own figures do not include it."""
+
+
 @dataclass(frozen=True, eq=False)
 class TraceDigest:
-    findings: tuple[Finding, ...]
-    summary: dict[str, Any]
-    problems: tuple[Problem, ...]
+    """The judgement of the first ``rows`` index rows of a trace, and what the screens draw
+    beside it; ``done`` once the whole file is judged."""
+
+    judgement: Judgement
+    rows: int
+    position: int
+    done: bool
     marks: dict[str, np.ndarray]
-    """Sorted unique steps per mark: ``stale``, ``foreign``, ``diverged``, ``abort``,
-    ``fallback``."""
-    telemetry: TelemetrySeries
+    """Sorted unique steps per scrubber mark: ``stale``, ``foreign``, ``diverged``,
+    ``fallback``, ``mismatch`` (from the ledger) and ``abort``."""
     aborts: tuple[ev.Abort, ...]
-    complete: bool
+    aborts_total: int
+    problems: tuple[Problem, ...]
+    problems_total: int
     truncated: bool
-    partition: TelemetrySeries = field(default_factory=lambda: partition_series([]))
-    """Resident pages/layer, ring slots, miss and copy-busy % from kv_stream_adapt (1.1)."""
+    costs: dict[str, float] = field(default_factory=dict)
+    """The judging process's CPU time and peak memory (a pass in a child process)."""
+    _telemetry: tuple[TelemetrySeries, ...] = ()
+    _partition: tuple[TelemetrySeries, ...] = ()
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.judgement.findings
+
+    @property
+    def ledger(self) -> LedgerSnapshot:
+        assert self.judgement.ledger is not None
+        return self.judgement.ledger
+
+    @property
+    def complete(self) -> bool:
+        """The trace has its End event."""
+        return self.judgement.end is not None
+
+    @functools.cached_property
+    def telemetry(self) -> TelemetrySeries:
+        return _joined(self._telemetry, TELEMETRY_FIELDS)
+
+    @functools.cached_property
+    def partition(self) -> TelemetrySeries:
+        return _joined(self._partition, PARTITION_FIELDS)
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        """``kvdiag check --json``'s summary of the judged prefix, with the problems kept."""
+        out = self.judgement.summary()
+        out["problems"] = [{"line": p.line, "kind": p.kind, "message": p.message}
+                           for p in self.problems]
+        return out
 
 
-class _Counting:
-    """A binary stream wrapper that counts the bytes read (for progress)."""
+class DigestBuilder:
+    """Folds the deltas of one judging pass, in order, into digests."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.count = 0
+    def __init__(self) -> None:
+        self._sealed: list[list[np.ndarray]] = [[] for _ in TABLES]
+        self._marks: dict[str, np.ndarray] = {m: np.zeros(0, np.int64) for m in MARKS}
+        self._aborts: list[ev.Abort] = []
+        self._aborts_total = 0
+        self._problems: list[Problem] = []
+        self._problems_total = 0
+        self._telemetry: list[TelemetrySeries] = []
+        self._partition: list[TelemetrySeries] = []
+        self.latest: TraceDigest | None = None
 
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.count += len(data)
-        return data
+    def add(self, delta: Delta) -> TraceDigest:
+        tables = []
+        for i, t in enumerate(delta.tables):
+            self._sealed[i] += t.sealed
+            blocks = [*self._sealed[i], *(() if t.open is None else (t.open,))]
+            tables.append(TableSnapshot(DTYPES[i], blocks, t.n, len(self._sealed[i])))
+        # Marks from the rows this delta adds: sealed ones are final, open ones are asked
+        # again until they are sealed. The rule of what makes a mark is the ledger's.
+        sealed = _marks([t.sealed for t in delta.tables])
+        self._marks = {m: np.union1d(self._marks[m], sealed[m]) for m in MARKS}
+        still_open = _marks([() if t.open is None else (t.open,) for t in delta.tables])
+        marks = {m: np.union1d(self._marks[m], still_open[m]) for m in MARKS}
+        self._aborts_total += len(delta.aborts)
+        self._aborts += clip_deep(delta.aborts[:max(0, MAX_KEPT - len(self._aborts))])
+        self._problems_total += len(delta.problems)
+        self._problems += clip_deep(delta.problems[:max(0, MAX_KEPT - len(self._problems))])
+        if delta.telemetry.n:
+            self._telemetry.append(delta.telemetry)
+        if delta.partition.n:
+            self._partition.append(delta.partition)
+        aborts = tuple(self._aborts)
+        marks["abort"] = np.unique(np.array([a.step for a in aborts], dtype=np.int64))
+        self.latest = TraceDigest(
+            judgement=dataclasses.replace(clip_deep(delta.judgement),
+                                          ledger=LedgerSnapshot(*tables)),
+            rows=delta.rows, position=delta.position, done=delta.done, marks=marks,
+            aborts=aborts, aborts_total=self._aborts_total, problems=tuple(self._problems),
+            problems_total=self._problems_total, truncated=delta.truncated,
+            costs=delta.costs, _telemetry=tuple(self._telemetry), _partition=tuple(self._partition))
+        return self.latest
 
-    def readline(self, n: int = -1) -> bytes:
-        data = self.raw.readline(n)
-        self.count += len(data)
-        return data
 
-    def close(self) -> None:
-        self.raw.close()
-
-
-def digest_trace(path: str | Path, progress: Callable[[float], None] | None = None,
-                 every: int = 1 << 16) -> TraceDigest:
-    """Read ``path`` once; ``progress(fraction)`` is called every ``every`` events."""
-    p = Path(path)
-    size = max(p.stat().st_size, 1)
-    stream = _Counting(p.open("rb"))
-    marks: dict[str, set[int]] = {k: set() for k in ("stale", "foreign", "diverged", "abort",
-                                                      "fallback")}
-    samples: list[ev.Telemetry] = []
-    aborts: list[ev.Abort] = []
-    partition: list[ev.Adapt | ev.Repartition] = []
-    try:
-        reader = TraceReader(stream, str(p), close_stream=True)  # type: ignore[arg-type]
-        judge = Judge(reader.header, name=str(p))
-        feed = judge.feed
-        for n, event in enumerate(reader, 1):
-            feed(event)
-            t = type(event)
-            # type() is, not isinstance: this loop runs per event of traces of millions.
-            if t is ev.Read:
-                verdict = judge.last
-                if verdict is not None and (verdict.counts[1] or verdict.counts[2]):
-                    if verdict.counts[1]:
-                        marks["stale"].add(event.step)
-                    if verdict.counts[2]:
-                        marks["foreign"].add(event.step)
-            elif t is ev.Output:
-                out = cast(ev.Output, event)
-                if out.diverged:
-                    marks["diverged"].add(event.step)
-            elif t is ev.Fits:
-                if outcome(cast(ev.Fits, event)) == "fallback":
-                    marks["fallback"].add(event.step)
-            elif t is ev.Telemetry:
-                samples.append(cast(ev.Telemetry, event))
-            elif t is ev.Abort:
-                aborts.append(cast(ev.Abort, event))
-                marks["abort"].add(event.step)
-            elif t is ev.Adapt or t is ev.Repartition:
-                partition.append(cast(ev.Adapt | ev.Repartition, event))
-            if progress is not None and n % every == 0:
-                progress(min(stream.count / size, 1.0))
-    finally:
-        stream.close()
-    judgement = judge.snapshot()
-    summary = judgement.summary()
-    summary["problems"] = [{"line": pr.line, "kind": pr.kind, "message": pr.message}
-                           for pr in reader.problems]
-    # every string here can come from the file: clipped for display (kvdiag.tui.clip)
-    return TraceDigest(
-        findings=clip_deep(judgement.findings),
-        summary=clip_deep(summary),
-        problems=clip_deep(tuple(reader.problems)),
-        marks={k: np.array(sorted(v), dtype=np.int64) for k, v in marks.items()},
-        telemetry=telemetry_series(samples),
-        aborts=clip_deep(tuple(aborts)),
-        complete=reader.complete,
-        truncated=reader.truncated,
-        partition=partition_series(partition),
-    )
+def _marks(blocks: Sequence[Sequence[np.ndarray]]) -> dict[str, np.ndarray]:
+    """:meth:`LedgerSnapshot.steps_with` of some rows of each table."""
+    part = LedgerSnapshot(*(TableSnapshot(d, b, sum(len(x) for x in b))
+                            for d, b in zip(DTYPES, blocks, strict=True)))
+    return {m: part.steps_with(m) for m in MARKS}

@@ -7,7 +7,6 @@ always draw from a consistent value and never from a half-built one.
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,19 +14,22 @@ from typing import Literal
 
 import numpy as np
 
-from kvdiag.analysis.linesource import GZIP_MAGIC, LineSource
+from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import LogIndex
 from kvdiag.analysis.pages_query import PagesQuery
-from kvdiag.analysis.replay import PagesGeometry
+from kvdiag.analysis.replay import PagesGeometry, PagesSnapshot
 from kvdiag.analysis.trace_index import TraceIndex
-from kvdiag.errors import InputError, open_input
+from kvdiag.errors import InputError
+from kvdiag.files.inputs import open_input
+from kvdiag.files.logs import open_log
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.model.logrecords import LogScan
 from kvdiag.model.perf import PerfRun
+from kvdiag.trace.segments import ZSTD_MAGIC, open_trace, read_all
 from kvdiag.tui.digest import TraceDigest
 
-Stage = Literal["opening", "indexing", "analysing", "ready"]
+Stage = Literal["opening", "indexing", "judging", "ready"]
 FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 
@@ -43,10 +45,13 @@ class TraceDoc:
     geometry: PagesGeometry | None = None
     pages: PagesQuery | None = None
     digest: TraceDigest | None = None
+    """The judgement of a prefix of the index (``digest.rows`` rows; all once ``done``)."""
     fits_rows: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
     perf: PerfRun | None = None
     """Its ``timing`` events as a run (the Perf screen), when it has any."""
+    judge_error: str | None = None
+    """Why the judgement stopped before the end of the file (an internal error)."""
 
     kind: Literal["trace"] = "trace"
 
@@ -56,7 +61,20 @@ class TraceDoc:
 
     @property
     def findings(self) -> tuple[Finding, ...]:
+        """The findings of the judged prefix (of the whole trace once ``judged``)."""
         return self.digest.findings if self.digest is not None else ()
+
+    def pages_at(self, step: int) -> PagesSnapshot:
+        """The Pages state at the end of ``step`` with the reads the judgement has reached."""
+        assert self.pages is not None
+        d = self.digest
+        return self.pages.snapshot(step, d.ledger if d is not None else None,
+                                   d.rows if d is not None else 0)
+
+    @property
+    def judged(self) -> bool:
+        """The whole trace is judged."""
+        return self.digest is not None and self.digest.done
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,39 +129,53 @@ Document = TraceDoc | LogDoc | ErrorDoc | PendingDoc
 Publish = Callable[[Document], None]
 
 
-def _refuse_special(p: Path) -> None:
-    """A FIFO, socket or device is an :class:`InputError` before anything opens it: opening a
-    FIFO blocks until a writer comes, and none of them is a file the viewer can index."""
+def _starts_with(p: Path, magic: bytes) -> bool:
     try:
-        mode = p.stat().st_mode
+        with p.open("rb") as fh:
+            return fh.read(len(magic)) == magic
     except OSError:
-        return  # open_input words a missing or unreadable path
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
-    what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-    raise InputError(f"{p}: {what}, not a file (save the stream to a file first)")
+        return False
+
+
+def _detect_joined(path: str | Path) -> FileKind:
+    """A segment set (its stem, folder or a glob) or a zstd-compressed file: only traces come
+    that way (kvdiag.trace.segments); anything else is the error ``open_trace`` words."""
+    opened = open_trace(path)
+    try:
+        head = opened.stream.read(4096)
+    finally:
+        opened.stream.close()
+    if head.lstrip(b"\xef\xbb\xbf").startswith(_TRACE_START):
+        return "trace"
+    raise InputError(f"{path}: compressed data that is not a kvtrace trace")
+
+
+def trace_source(path: str | Path) -> LineSource:
+    """The bytes of a trace, addressable by line offset: a plain file mapped, a segment set or
+    a zstd-compressed trace joined in memory (kvdiag.trace.segments)."""
+    whole = read_all(path)
+    if whole is None:
+        return LineSource.open(path)
+    return LineSource(whole[0], whole[1], compressed=True)
 
 
 def detect_kind(path: str | Path) -> FileKind:
-    """``trace`` when line 1 starts a kvtrace header, ``log`` for text (or gzip); binary data,
-    empty files, FIFOs and other non-regular files and unreadable paths are an
-    :class:`InputError`."""
+    """``trace`` when line 1 starts a kvtrace header, else ``log`` when it is one by the rule
+    every log reader shares (kvdiag.files.logs: gzip by content, a NUL-filled start skipped,
+    mostly text); anything else — empty, binary, a FIFO or other non-regular file, an
+    unreadable path — is an :class:`InputError`."""
     p = Path(path)
-    _refuse_special(p)
-    with open_input(p) as fh:
+    if not p.is_file() or _starts_with(p, ZSTD_MAGIC):
+        return _detect_joined(path)
+    with open_input(p, what="a regular file (a trace or a log)",
+                    hint="; save the stream to a file first") as fh:
         try:
             head = fh.read(4096)
         except OSError as exc:
             raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
-    if head.startswith(GZIP_MAGIC):
-        return "log"
     stripped = head.lstrip(b"\xef\xbb\xbf")
     if stripped.startswith(_TRACE_START) or (stripped.startswith(b"{") and b'"kvtrace"' in
                                              stripped.split(b"\n", 1)[0]):
         return "trace"
-    if not head:
-        raise InputError(f"{p}: empty file")
-    if b"\x00" in head:
-        raise InputError(f"{p}: binary data, neither a kvtrace trace nor a text log")
+    open_log(str(p)).close()
     return "log"

@@ -2,15 +2,23 @@
 
 Each event becomes a summary string plus a *mark* naming why the row deserves attention
 (``abort``, ``warn``, ``foreign``, ``stale``, ``fits-false``, ``diverged``, ``corrupt``) or
-``""``; the widget turns marks into styles from the stylesheet.
+``""``; the widget turns marks into styles from the stylesheet. A read's classes and a fits
+decision's outcome are the judgement's (:mod:`kvdiag.analysis.judgement`), never the model's
+annotation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
+import numpy as np
 
+from kvdiag.analysis.judgement import FitsVerdict, outcome
+from kvdiag.analysis.judgement.classes import FOREIGN, NO_UPLOAD, NO_WRITE, STALE, WHY_KEY
+from kvdiag.analysis.judgement.fits import BAD
+from kvdiag.analysis.replay import LastRead, judged_runs
 from kvdiag.model import events as ev
 from kvdiag.model.geometry import Tensor
 
@@ -58,20 +66,67 @@ def _run(r0: int, r1: int) -> str:
     return f"{r0}" if r1 - r0 == 1 else f"{r0}-{r1 - 1}"
 
 
-def _ranges(ranges: tuple[ev.ReadRange, ...]) -> str:
-    parts = []
-    for r in ranges:
-        pages = f"{r.begin}" if r.end - r.begin == 1 else f"{r.begin}-{r.end - 1}"
-        text = f"{pages} {r.source}"
-        if r.cls != "exact":
-            text += f" {r.cls.upper()}"
-            text += f" (s{r.holder}'s)" if r.cls == "foreign" else f" -{r.version_lag}v"
-        parts.append(text)
-    return "; ".join(parts)
+JUDGING = "judging…"
+"""What a row past the judged prefix says instead of its verdict."""
 
 
-def describe(event: object) -> tuple[str, str]:
-    """``(summary, mark)`` for one decoded event."""
+class ReadJudged(NamedTuple):
+    """The judgement of one read: pages exact, stale, foreign, not judged, and its non-exact
+    runs (rows of the ledger's ``pieces`` table)."""
+
+    counts: tuple[int, int, int, int]
+    pieces: np.ndarray
+
+    @property
+    def mark(self) -> str:
+        return "foreign" if self.counts[FOREIGN] else ("stale" if self.counts[STALE] else "")
+
+
+def _holder(r: LastRead, layer: int, stream: int) -> str:
+    """Whose bytes a foreign run's slot held."""
+    if r.holder_layer < 0:
+        return "empty slot"
+    if r.holder_layer != layer:
+        return f"L{r.holder_layer} s{r.holder} p{r.holder_page}'s"
+    if r.holder != stream:
+        return f"s{r.holder}'s"
+    return f"p{r.holder_page}'s"
+
+
+def _verdict(r: LastRead, layer: int, stream: int) -> str:
+    if r.cls == "stale":
+        return f" STALE -{r.lag}v"
+    if r.cls == "foreign":
+        return f" FOREIGN ({_holder(r, layer, stream)})"
+    if r.cls == "not judged":
+        key = WHY_KEY.get(r.why, "?")
+        return f" NOT JUDGED ({key}{' not recorded' if r.why in (NO_UPLOAD, NO_WRITE) else ''})"
+    return ""
+
+
+def read_runs(event: ev.Read, judged: ReadJudged) -> str:
+    """The read's served runs with the judgement's classes: exact runs by source, the others
+    with their class (``STALE -2v``, ``FOREIGN (s1's)``)."""
+    if not event.served:
+        return "not judged: read.served not recorded (where each page came from is unknown)"
+    runs = judged_runs(event.step, event.layer, event.stream, event.served,
+                       [p[1:] for p in judged.pieces.tolist()])
+    return "; ".join(f"{_run(b, e)} {r.source}{_verdict(r, event.layer, event.stream)}"
+                     for b, e, r in runs)
+
+
+def fits_mark(event: ev.Fits, outcome: str) -> str:
+    """The row mark of a fits decision: ``abort`` where the kernel's assert fired, else
+    ``fits-false`` for the outcomes the judgement calls bad (a mismatch, a fallback)."""
+    if event.route == "abort":
+        return "abort"
+    return "fits-false" if outcome in BAD else ""
+
+
+def describe(event: object, judged: ReadJudged | FitsVerdict | None = None
+             ) -> tuple[str, str]:
+    """``(summary, mark)`` for one decoded event; a read or fits event with the judgement's
+    verdict on it (``judged``; a read without one is still being judged)."""
     match event:
         case ev.Step():
             slots = f" slots {','.join(map(str, event.slots))}" if event.slots else ""
@@ -84,11 +139,13 @@ def describe(event: object) -> tuple[str, str]:
         case ev.Fits():
             verdict = "true" if event.result else "FALSE"
             text = f"{event.node} fits={verdict} route {event.route}"
-            if event.failed:
-                text += f" failed: {', '.join(event.failed)}"
-            mark = "abort" if event.route == "abort" else ("fits-false" if not event.result
-                                                          else "")
-            return text, mark
+            failed = judged.failed if isinstance(judged, FitsVerdict) else event.failed
+            if failed:
+                text += f" failed: {', '.join(failed)}"
+                if isinstance(judged, FitsVerdict) and judged.by == "kvdiag":
+                    text += " (evaluated by kvdiag)"
+            return text, fits_mark(event, judged.outcome if isinstance(judged, FitsVerdict)
+                                   else outcome(event))
         case ev.Write():
             text = f"cells {event.cells[0]}-{event.cells[1]} rows {event.rows[0]}-{event.rows[1]}"
             if event.dirty:
@@ -124,10 +181,10 @@ def describe(event: object) -> tuple[str, str]:
             return (f"slot {event.slot} dropped L{event.layer} s{event.stream} p{event.page} "
                     f"({event.reason})", "")
         case ev.Read():
-            text = f"pool {event.pool} ring {event.ring} host {event.host}: {_ranges(event.ranges)}"
-            classes = {r.cls for r in event.ranges}
-            mark = "foreign" if "foreign" in classes else ("stale" if "stale" in classes else "")
-            return text, mark
+            text = f"pool {event.pool} ring {event.ring} host {event.host}: "
+            if not isinstance(judged, ReadJudged):
+                return text + JUDGING, ""
+            return text + read_runs(event, judged), judged.mark
         case ev.Abort():
             return event.message, "abort"
         case ev.Warn():
@@ -156,6 +213,11 @@ def describe(event: object) -> tuple[str, str]:
             return " ".join(parts) or "(no fields)", ""
         case ev.Records():
             return "now also records " + _listed(list(event.kinds), "kinds"), ""
+        case ev.Snapshot():
+            return (f"segment starts ({event.reason or 'snapshot'}): "
+                    f"{sum(len(c.versions) for c in event.pool)} pool and "
+                    f"{sum(len(c.versions) for c in event.ring)} ring slots held, "
+                    f"{sum(len(v.versions) for v in event.versions)} host pages"), ""
         case ev.End():
             return f"{event.status}: {event.steps} steps, {event.events} events", (
                 "" if event.status == "completed" else "abort")

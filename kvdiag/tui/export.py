@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from kvdiag.errors import InputError
+from kvdiag.files.outputs import Output, plan_output, write_output
 from kvdiag.tui.app import KvdiagApp
 from kvdiag.tui.document import ErrorDoc
 from kvdiag.tui.loading import NO_SYMBOLS, Symbols
@@ -23,10 +23,13 @@ async def wait_loaded(app: KvdiagApp, timeout: float = LOAD_TIMEOUT_S) -> None:
         await asyncio.sleep(0.05)
 
 
-def export_svg(paths: list[str], out: str, *, screen: str = "overview",
+def export_svg(paths: list[str], out: str | Output, *, screen: str = "overview",
                size: tuple[int, int] = (160, 48), step: int | None = None,
                symbols: Symbols = NO_SYMBOLS) -> str:
-    """Write the SVG of ``screen`` to ``out``; returns the SVG text."""
+    """Write the SVG of ``screen`` to ``out`` as every output is written
+    (kvdiag.files.outputs; a path is replaced if it exists, the command checks ``--force``
+    first); returns the SVG text."""
+    target = out if isinstance(out, Output) else plan_output(out, force=True)
     app = KvdiagApp(paths, symbols=symbols)
 
     async def pilot_script(pilot: object) -> None:
@@ -54,7 +57,7 @@ def export_svg(paths: list[str], out: str, *, screen: str = "overview",
     asyncio.run(run())
     errors = [d for d in app.docs if isinstance(d, ErrorDoc)]
     svg = svg_holder["svg"]
-    Path(out).write_text(svg, encoding="utf-8")
+    write_output(target, svg.encode("utf-8"))
     if errors and len(errors) == len(app.docs):
         raise InputError("; ".join(d.message for d in errors))
     return svg

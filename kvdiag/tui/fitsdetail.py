@@ -1,6 +1,8 @@
-"""The Fits detail pane: a fits() decision's operands with the failing fields marked, and each
-failed condition explained in words (``kvdiag.kvstream.fits.EXPLAIN``). Pure rich, no textual:
-the screen passes the styles it reads from the stylesheet.
+"""The Fits detail pane: a fits() decision's operands with the failing fields marked, and the
+judgement's verdict on it (:class:`~kvdiag.analysis.judgement.FitsVerdict`): each condition
+held, failed with the logged values it tested (explained in words,
+``kvdiag.model.conditions.EXPLAIN``) or not evaluable and why. Pure rich, no textual: the
+screen passes the styles it reads from the stylesheet.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from kvdiag.analysis.judgement import FitsVerdict
 from kvdiag.model import events as ev
 from kvdiag.model.conditions import EXPLAIN
 from kvdiag.model.geometry import Tensor
@@ -61,11 +64,13 @@ def _operand_rows(event: ev.Fits) -> list[tuple[str, Tensor]]:
     return rows
 
 
-def operands_table(event: ev.Fits, styles: FitsStyles) -> Table:
+def operands_table(event: ev.Fits, styles: FitsStyles,
+                   failed: tuple[str, ...] | None = None) -> Table:
     """One row per operand: its name, type and ``ne``/``nb`` as lists with the elements a
     failed condition tests marked. The lists wrap between elements and the name between
-    words when the pane is narrow, so no number is ever cut (a stride is often 8-11 digits)."""
-    marked = _marked(event)
+    words when the pane is narrow, so no number is ever cut (a stride is often 8-11 digits).
+    ``failed``: the conditions whose fields are marked (default: the event's own)."""
+    marked = _marked(event, failed)
     table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
     table.add_column("", no_wrap=True)
     table.add_column("name", overflow="fold", max_width=28)
@@ -81,9 +86,10 @@ def operands_table(event: ev.Fits, styles: FitsStyles) -> Table:
     return table
 
 
-def placement_table(event: ev.Fits, styles: FitsStyles) -> Table:
+def placement_table(event: ev.Fits, styles: FitsStyles,
+                    failed: tuple[str, ...] | None = None) -> Table:
     """Where each operand lives: data pointer, buffer type, runtime id, contiguity."""
-    marked = _marked(event)
+    marked = _marked(event, failed)
     table = Table(expand=False, box=None, pad_edge=False, header_style=styles.heading)
     table.add_column("", no_wrap=True)
     for col in ("data", "buffer", "runtime", "contig"):
@@ -97,9 +103,9 @@ def placement_table(event: ev.Fits, styles: FitsStyles) -> Table:
     return table
 
 
-def _marked(event: ev.Fits) -> set[Cell]:
+def _marked(event: ev.Fits, failed: tuple[str, ...] | None) -> set[Cell]:
     marked: set[Cell] = set()
-    for cond in event.failed:
+    for cond in event.failed if failed is None else failed:
         marked |= condition_cells(cond)
     return marked
 
@@ -122,8 +128,16 @@ def _dims(marked: set[Cell], styles: FitsStyles, op: str, name: str,
     return text
 
 
-def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableType:
-    """Header line, operands with failing fields marked, and the failed conditions explained."""
+BY = {"writer": "as the writer evaluated them",
+      "kvdiag": "evaluated by kvdiag from the logged geometry (the writer did not evaluate them)",
+      "not recorded": "the trace records too little of the operands to evaluate any"}
+"""Where the failed conditions of a verdict come from (:class:`FitsVerdict` ``by``)."""
+
+
+def fits_detail(event: ev.Fits, verdict: FitsVerdict,
+                styles: FitsStyles | None = None) -> RenderableType:
+    """Header line, operands with the failed conditions' fields marked, and every condition
+    of the judgement's verdict: failed (explained), not evaluable (why), held."""
     st = styles or FitsStyles()
     head = Text()
     head.append(f"#{event.seq} step {event.step} layer {event.layer} {event.node}: ",
@@ -134,33 +148,55 @@ def fits_detail(event: ev.Fits, styles: FitsStyles | None = None) -> RenderableT
     if event.membership:
         head.append(", K/V in a kv-stream buffer (membership)", style=st.dim)
     stage = Text(f"stage_bytes {event.stage_bytes}",
-                 style=st.failed if any(c.startswith("block_tokens") for c in event.failed)
+                 style=st.failed if any(c.startswith("block_tokens") for c in verdict.failed)
                  else st.dim)
-    parts: list[RenderableType] = [head, stage, operands_table(event, st), Text(),
-                                   placement_table(event, st)]
-    if not event.evaluated and not event.failed:
-        parts.append(Text("conditions not evaluated: the writer recorded only that fits() was "
-                          "false (an imported log line does not say which condition failed; "
-                          "? = not in the log)", style=st.dim))
-        d = event.dst.ne
-        if d != _UNKNOWN and d[3] > 1:
-            parts.append(Text(f"  ✗ dst ne[3] = {d[3]}: {EXPLAIN['K.ne[3]==1']}",
-                              style=st.failed))
-        if event.k.runtime is None and event.v.runtime is None:
-            parts.append(Text(f"  ✗ {EXPLAIN['K.runtime!=NULL']}", style=st.failed))
+    parts: list[RenderableType] = [head, stage, operands_table(event, st, verdict.failed),
+                                   Text(), placement_table(event, st, verdict.failed)]
+    failed, rest = conditions_text(verdict, st)
+    parts += failed
+    if verdict.outcome in ("mismatch", "fallback") or (
+            verdict.failed and event.route in ("streamed", "abort")):
         parts.append(_route_note(event, st))
-    elif event.failed:
-        parts.append(Text(f"{len(event.failed)} failed condition(s):", style=st.heading))
-        for cond in event.failed:
+    return Group(*parts, *rest)
+
+
+def conditions_text(verdict: FitsVerdict, st: FitsStyles) -> tuple[list[Text], list[Text]]:
+    """The verdict's conditions in words: what failed (explained) and where the writer's
+    predicate disagrees, then the rest — the conditions not evaluable and why, those that
+    held."""
+    conds = verdict.conditions
+    unknown = [c for c in conds if c.state == "unknown"]
+    held = [c for c in conds if c.state == "held"]
+    out: list[Text] = []
+    if verdict.failed:
+        out.append(Text(f"{len(verdict.failed)} failed condition(s), {BY[verdict.by]}:",
+                        style=st.heading))
+        by_name = {c.name: c for c in conds}
+        for name in verdict.failed:
             line = Text("  ✗ ")
-            line.append(cond, style=st.failed)
-            line.append(f"  {explain(cond)}")
-            parts.append(line)
-        if event.route in ("streamed", "abort", "fallback"):
-            parts.append(_route_note(event, st))
+            c = by_name.get(name)
+            line.append(c.text() if c is not None else name, style=st.failed)
+            line.append(f"  {explain(name)}")
+            out.append(line)
+    elif verdict.by == "not recorded":
+        out.append(Text(f"conditions not evaluated: {BY['not recorded']}", style=st.heading))
+    elif unknown:
+        out.append(Text(f"no condition failed of the {len(held)} kvdiag could evaluate "
+                        f"({BY[verdict.by]})", style=st.ok))
     else:
-        parts.append(Text("every condition holds", style=st.ok))
-    return Group(*parts)
+        out.append(Text("every condition holds", style=st.ok))
+    if verdict.note:
+        out.append(Text(f"note: {verdict.note}", style=st.failed))
+    rest: list[Text] = []
+    if unknown:
+        rest.append(Text(f"{len(unknown)} not evaluable:", style=st.heading))
+        for c in unknown:
+            rest.append(Text(f"  ? {c.name}: {c.why}", style=st.dim))
+    if held:
+        # their values are in the operands table above
+        rest.append(Text(f"{len(held)} held: " + ", ".join(c.name for c in held),
+                         style=st.dim))
+    return out, rest
 
 
 def _route_note(event: ev.Fits, st: FitsStyles) -> Text:

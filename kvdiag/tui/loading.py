@@ -1,9 +1,14 @@
 """Loading a file into document snapshots, in a worker thread (no textual import).
 
-A trace is indexed (``kvdiag.analysis.trace_index``), then its page-replay groups are built,
-then it is analysed (``kvdiag.tui.digest``); a log is parsed by the post-mortem
-scanner, optionally re-symbolized, and its lines indexed. Each stage publishes a new snapshot;
-cancellation (the viewer closing) is checked between chunks.
+A trace is indexed (:mod:`kvdiag.analysis.trace_index`) and judged
+(:mod:`kvdiag.tui.judging`) in one pass over its bytes: each block of lines the indexer reads is
+fed to the trace's one Judge right behind it — in this thread, or for a big file in a child
+process reading the same blocks on another core (:mod:`kvdiag.tui.judgeproc`). Every
+:data:`PUBLISH_EVERY_S` a snapshot is published with the index so far and the judgement of a
+prefix of it (:class:`~kvdiag.tui.digest.TraceDigest`); when the index is complete the page
+replay's groups are built, and the document is ready when the judgement is. A log is parsed by
+the post-mortem scanner, optionally re-symbolized, and its lines indexed. Cancellation (the
+viewer closing) is checked between blocks.
 """
 
 from __future__ import annotations
@@ -21,11 +26,19 @@ from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import build_log_index
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import geometry_from_header
-from kvdiag.analysis.trace_index import FITS, READ, UPLOAD, WRITE, IndexBuilder, header_end
+from kvdiag.analysis.trace_index import (
+    FITS,
+    READ,
+    UPLOAD,
+    WRITE,
+    IndexBuilder,
+    header_end,
+    line_blocks,
+)
 from kvdiag.errors import InputError
 from kvdiag.trace.reader import TraceReader
 from kvdiag.tui.clip import clip, clip_deep
-from kvdiag.tui.digest import digest_trace
+from kvdiag.tui.digest import DigestBuilder, TraceDigest
 from kvdiag.tui.document import (
     ErrorDoc,
     LogDoc,
@@ -33,14 +46,16 @@ from kvdiag.tui.document import (
     Publish,
     TraceDoc,
     detect_kind,
+    trace_source,
 )
+from kvdiag.tui.judgeproc import Failed, JudgeProcess
+from kvdiag.tui.judging import JudgingPass
 
 PUBLISH_EVERY_S = 0.2
 YIELD_CHUNK = 1 << 20
-
-
-class _Cancelled(Exception):
-    """The viewer is closing: stop reading."""
+PROCESS_MIN_BYTES = 64 << 20
+"""Traces this big are judged in a child process (starting one costs a few tenths of a
+second; a smaller trace is judged in that time)."""
 
 
 def _never() -> bool:
@@ -81,37 +96,101 @@ def load(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
         publish(ErrorDoc(path, clip(f"{path}: {type(exc).__name__}: {exc}")))
 
 
+class _Judging:
+    """The judging pass behind the indexer: in this thread (``feed`` gets each block) or in a
+    child process (it reads the blocks itself)."""
+
+    def __init__(self, path: str, size: int, in_process: bool | None) -> None:
+        child = size >= PROCESS_MIN_BYTES if in_process is None else in_process
+        self.local = None if child else JudgingPass(path)
+        self.remote = JudgeProcess(path, PUBLISH_EVERY_S) if child else None
+        self.builder = DigestBuilder()
+        self.failed: str | None = None
+
+    @property
+    def digest(self) -> TraceDigest | None:
+        return self.builder.latest
+
+    @property
+    def done(self) -> bool:
+        d = self.builder.latest
+        return self.failed is not None or (d is not None and d.done)
+
+    def feed(self, block: bytes, offset: int) -> None:
+        if self.local is not None:
+            self.local.feed(block, offset)
+
+    def update(self, *, end: bool = False, wait: float = 0.0) -> None:
+        """Take what the pass has judged (``end``: the indexer has fed it the whole file)."""
+        if self.local is not None:
+            if end:
+                self.local.finish()
+            self.builder.add(self.local.delta(done=end))
+            return
+        assert self.remote is not None
+        for item in self.remote.receive(wait):
+            if isinstance(item, Failed):
+                self.failed = item.message
+            else:
+                self.builder.add(item)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+
+
 def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _never,
-               painted: Callable[[], object] = _nothing) -> None:
+               painted: Callable[[], object] = _nothing, *,
+               judge_in_process: bool | None = None) -> None:
+    """Index and judge ``path`` (``judge_in_process``: the Judge in a child process, in this
+    thread, or — None — by the file's size)."""
     t0 = time.perf_counter()
     with TraceReader.open(path) as reader:  # validates the header: InputError if not a trace
         header = clip_deep(reader.header)
-    source = LineSource.open(path)
-    builder = IndexBuilder(source, header_end(source))
+    source = trace_source(path)  # a segment set or a compressed trace: joined in memory
+    start = header_end(source)
+    builder = IndexBuilder(source, start)
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
     publish(doc)
     painted()
+    judging = _Judging(path, source.size, judge_in_process)
+    try:
+        _index_and_judge(doc, builder, judging, publish, cancelled, t0)
+    finally:
+        judging.close()
+
+
+def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
+                     publish: Publish, cancelled: Callable[[], bool], t0: float) -> None:
+    source = doc.source
     last = time.perf_counter()
-    for pos in builder.run(YIELD_CHUNK):
+    for offset, block in line_blocks(source, builder.pos, YIELD_CHUNK):
         if cancelled():
             return
+        builder.add(block, offset)
+        judging.feed(block, offset)
         # Hand the GIL over between chunks: the UI thread waits for it after every select()
         # and would otherwise wait out the interpreter's 5 ms switch interval each time.
         time.sleep(0)
         now = time.perf_counter()
         if now - last >= PUBLISH_EVERY_S:
             last = now
-            doc = replace(doc, index=builder.snapshot(), progress=pos / max(source.size, 1))
+            judging.update()
+            doc = replace(doc, index=builder.snapshot(), progress=builder.pos / max(source.size, 1),
+                          digest=judging.digest)
             publish(doc)
+    builder.done = True
     index = builder.snapshot()
     t_index = time.perf_counter() - t0
     c = index.columns
     seen_layers = int(c["layer"].max()) + 1 if index.n else 0
     streams = np.unique(c["stream"][np.isin(c["kind"], (READ, WRITE, UPLOAD))])
     pages = int(index.columns["b"][c["kind"] == UPLOAD].max(initial=0))
-    geometry = geometry_from_header(header, layers=seen_layers,
+    geometry = geometry_from_header(doc.header, layers=seen_layers,
                                     streams=[int(s) for s in streams if s >= 0], pages=pages)
-    doc = replace(doc, index=index, geometry=geometry, stage="analysing", progress=0.0,
+    judging.update(end=judging.local is not None)
+    doc = replace(doc, index=index, geometry=geometry, stage="judging",
+                  progress=_judged(judging.digest, source.size), digest=judging.digest,
                   fits_rows=np.flatnonzero(c["kind"] == FITS),
                   timings={"indexed_s": t_index})
     publish(doc)
@@ -119,31 +198,31 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     doc = replace(doc, pages=pages_query,
                   timings={**doc.timings, "pages_s": time.perf_counter() - t0})
     publish(doc)
-    if cancelled():
-        return
-    state = {"last": time.perf_counter()}
-
-    def progress(fraction: float) -> None:
+    while not judging.done:
         if cancelled():
-            raise _Cancelled
-        time.sleep(0)  # as above: let the UI thread in
-        now = time.perf_counter()
-        if now - state["last"] >= PUBLISH_EVERY_S:
-            state["last"] = now
-            publish(replace(doc, progress=fraction))
-
-    try:
-        digest = digest_trace(path, progress, every=256)
-    except _Cancelled:
+            return
+        judging.update(wait=PUBLISH_EVERY_S)
+        if judging.digest is not doc.digest:
+            doc = replace(doc, digest=judging.digest,
+                          progress=_judged(judging.digest, source.size))
+            publish(doc)
+    timings = {**doc.timings, "judged_s": time.perf_counter() - t0}
+    if judging.failed is not None:
+        publish(replace(doc, stage="ready", progress=1.0, judge_error=clip(judging.failed),
+                        timings=timings))
         return
     perf = None
     if index.kind_counts().get("timing"):
         from kvdiag.analysis.perf_trace import run_from_events
 
-        with TraceReader.open(path) as reader:
-            perf = run_from_events(Path(path).name, path, reader)
-    publish(replace(doc, digest=digest, stage="ready", progress=1.0, perf=perf,
-                    timings={**doc.timings, "analysed_s": time.perf_counter() - t0}))
+        with TraceReader.open(doc.path) as reader:
+            perf = run_from_events(Path(doc.path).name, doc.path, reader)
+    publish(replace(doc, digest=judging.digest, stage="ready", progress=1.0, timings=timings,
+                    perf=perf))
+
+
+def _judged(digest: TraceDigest | None, size: int) -> float:
+    return 0.0 if digest is None else digest.position / max(size, 1)
 
 
 class _Reporting:
@@ -168,13 +247,14 @@ class _Reporting:
 
 def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None:
     from kvdiag.analysis.signatures import evaluate
-    from kvdiag.postmortem.lines import open_log
+    from kvdiag.files.logs import open_log
     from kvdiag.postmortem.parse import LogParser
     from kvdiag.postmortem.perfscan import PerfScanner
 
     parser = LogParser()
     requests = PerfScanner(path)
-    name, stream, closers = open_log(path)
+    log = open_log(path)
+    name, stream, closers = log.name, log.stream, log.closers
     raw = closers[-1]  # the file itself, under any decompressor: its position is progress
     size = max(os.fstat(raw.fileno()).st_size, 1)
     last = [time.perf_counter()]
@@ -190,7 +270,8 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
 
     try:
         # the parser only calls read/read1 on it
-        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)))
+        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)),
+                    leading_nuls=log.leading_nuls)
     finally:
         for c in closers:
             c.close()
@@ -207,6 +288,8 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
     findings = clip_deep(tuple(evaluate(scan)))
     publish(PendingDoc(path, "indexing the log's lines", progress=1.0))
     source = LineSource.open(path)
+    if source.broken is not None:
+        notes.append(clip(f"{name}: read up to where it breaks: {source.broken}"))
     index = build_log_index(source, scan, name)
     perf = requests.finish()
     publish(LogDoc(path, source, scan, findings, index, notes=tuple(notes),

@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-from kvdiag.analysis.replay import PageCell, PagesSnapshot
+from kvdiag.analysis.judgement import WHY
+from kvdiag.analysis.replay import JUDGING, LastRead, PageCell, PagesSnapshot
 
 SOURCE_LETTER = {"pool": "P", "ring": "R", "host": "H"}
 CELL_WIDTH = 9
-GLYPH = {"foreign": "!", "stale": "~"}
-"""The class of a cell's latest read as a character, in front of its label: colour alone is
-lost in a monochrome screenshot and to a colour-blind reader."""
+GLYPH = {"foreign": "!", "stale": "~", "not judged": "?"}
+"""The judgement's class of a cell's latest read as a character, in front of its label: colour
+alone is lost in a monochrome screenshot and to a colour-blind reader."""
 OUTSIDE_GLYPH = "^"
 """A page whose rows a ``mark`` at this step put outside every resident window."""
 EDGE_GLYPH = "│"
 """In the glyph column of a layer's first page beyond its resident window: where the window
 ends (in an adaptive trace it moves with the step, and differs per layer in a decode layout)."""
-LEGEND = ("! foreign read (another stream's bytes) · ~ stale read (older version) · "
+LEGEND = ("! foreign read (another stream's, layer's or page's bytes) · ~ stale read (older "
+          "version) · ? not judged (the trace lacks a fact) · "
           "^ marked outside the window · P/R/H read from pool/ring/host, '·' not read · "
           "s:pVv the slot holds stream s page p version v · * dirty · bold: read at this step · "
           "│ where the resident window ends")
 
 
 def cell_glyph(cell: PageCell) -> str:
-    """One character: ``!`` foreign, ``~`` stale, else a space (the column then separates the
-    cell from its left neighbour)."""
+    """One character: ``!`` foreign, ``~`` stale, ``?`` not judged, else a space (the column
+    then separates the cell from its left neighbour)."""
     read = cell.read
-    return GLYPH[read.cls] if read is not None and read.cls in GLYPH else " "
+    return GLYPH.get(read.cls, " ") if read is not None else " "
 
 
 def cell_text(cell: PageCell, outside: bool = False, edge: bool = False) -> str:
@@ -58,10 +60,11 @@ def cell_label(cell: PageCell) -> str:
 
 
 def cell_mark(cell: PageCell, step: int) -> str:
-    """Style name of a cell: the class of its latest read (``foreign``, ``stale``, ``exact``),
-    ``ring``/``host`` for those sources, ``empty`` when never read."""
+    """Style name of a cell: the judgement's class of its latest read (``foreign``,
+    ``stale``, ``exact``), ``ring``/``host`` for those sources, ``empty`` when never read, not
+    judged, or still being judged."""
     read = cell.read
-    if read is None:
+    if read is None or read.cls in ("not judged", JUDGING):
         return "empty"
     if read.cls in ("foreign", "stale"):
         return read.cls
@@ -104,16 +107,31 @@ def cell_words(snap: PagesSnapshot, stream: int, layer: int, page: int,
         when = "at this step" if read.step == snap.step else f"last at step {read.step}"
         text = f"Read {when} from {read.source}"
         if read.cls == "foreign":
-            text += (f": FOREIGN, stream {stream} read stream {read.holder}'s bytes"
-                     if read.holder >= 0 else ": FOREIGN, a slot that was never uploaded")
+            text += ": FOREIGN, " + _foreign_words(read, layer, stream, page)
         elif read.cls == "stale":
             text += f": STALE, {read.lag} version(s) behind the host copy"
+        elif read.cls == "not judged":
+            text += f": not judged ({WHY.get(read.why) or 'the trace lacks a fact it needs'})"
+        elif read.cls == JUDGING:
+            text += ": judging… (the judgement has not reached this read yet)"
         else:
             text += ": exact (the right stream's current data)"
         parts.append(text + ".")
     if cell.dirty:
         parts.append("Its key was marked dirty by this step's writes.")
     return where + " ".join(parts)
+
+
+def _foreign_words(read: LastRead, layer: int, stream: int, page: int) -> str:
+    """Whose bytes the slot held (the judgement's holder)."""
+    if read.holder_layer < 0:
+        return "the slot held nothing (never uploaded, or emptied)"
+    held = f"layer {read.holder_layer} stream {read.holder} page {read.holder_page}"
+    if read.holder_layer != layer:
+        return f"the slot held another layer's bytes ({held})"
+    if read.holder != stream:
+        return f"stream {stream} read stream {read.holder}'s bytes ({held})"
+    return f"the slot held another page of this view ({held}, not page {page})"
 
 
 def window_words(snap: PagesSnapshot) -> str:

@@ -12,14 +12,17 @@ from functools import lru_cache
 import numpy as np
 from rich.text import Text
 
+from kvdiag.analysis.judgement import FitsVerdict
+from kvdiag.analysis.judgement.fits import FitsJudge
 from kvdiag.analysis.log_index import LOG_KINDS
 from kvdiag.analysis.trace_index import KINDS, decode_event
 from kvdiag.model import events as ev
 from kvdiag.model.logrecords import FitsLine
 from kvdiag.postmortem.lines import clean
 from kvdiag.tui.clip import MAX_FIELD, clip, clip_deep
+from kvdiag.tui.digest import TraceDigest
 from kvdiag.tui.document import LogDoc, TraceDoc
-from kvdiag.tui.eventtext import describe, nb, ne, ptr
+from kvdiag.tui.eventtext import ReadJudged, describe, fits_mark, nb, ne, ptr
 from kvdiag.tui.rowsource import Cells, Column
 
 TRACE_COLUMNS = (Column("seq", 8, "right"), Column("step", 6, "right"),
@@ -77,6 +80,7 @@ class TraceRows(_Selection):
         super().__init__(doc.index.n, selection)
         self.doc = doc
         self.needle = needle
+        self.fits = FitsJudge(doc.header)
         self._row = lru_cache(maxsize=1024)(self._make)
 
     def event(self, row: int) -> object:
@@ -85,6 +89,16 @@ class TraceRows(_Selection):
 
     def row(self, i: int) -> tuple[Cells, str]:
         return self._row(self.source_row(i))
+
+    def judged(self, row: int, event: object) -> ReadJudged | FitsVerdict | None:
+        """The judgement's verdict on the event at ``row``: a read's classes (None while the
+        row is past the judged prefix), a fits decision's conditions."""
+        if isinstance(event, ev.Fits):
+            return self.fits.verdict(event)
+        digest = self.doc.digest
+        if not isinstance(event, ev.Read) or digest is None or row >= digest.rows:
+            return None
+        return read_judged(digest, row)
 
     def _make(self, r: int) -> tuple[Cells, str]:
         c = self.doc.index.columns
@@ -95,7 +109,7 @@ class TraceRows(_Selection):
             summary, mark = clip_line(line)[0], "corrupt"
             t_ms = ""
         else:
-            summary, mark = describe(event)
+            summary, mark = describe(event, self.judged(r, event))
             summary = clip(summary)
             t_ms = f"{event.t_ns / 1e6:.3f}"
         layer, stream = int(c["layer"][r]), int(c["stream"][r])
@@ -105,6 +119,17 @@ class TraceRows(_Selection):
             _highlight(summary, self.needle),
         ]
         return cells, mark
+
+
+def read_judged(digest: TraceDigest, row: int) -> ReadJudged | None:
+    """The ledger's verdict on the read at index ``row`` (None: no read judged there)."""
+    ledger = digest.ledger
+    i = ledger.read_at(row)
+    if i is None:
+        return None
+    r = ledger.reads.rows(i, i + 1)[0]
+    return ReadJudged((int(r["exact"]), int(r["stale"]), int(r["foreign"]),
+                       int(r["not_judged"])), ledger.pieces_of(i))
 
 
 class LogRows(_Selection):
@@ -141,17 +166,23 @@ def clip_line(line: bytes) -> tuple[str, str | None]:
 
 
 class FitsRows(_Selection):
-    """One row per fits event (``doc.fits_rows``)."""
+    """One row per fits event (``doc.fits_rows``), with the judgement's verdict on it."""
 
     def __init__(self, doc: TraceDoc, selection: np.ndarray) -> None:
         super().__init__(len(selection), selection)
         self.doc = doc
+        self.judge = FitsJudge(doc.header)
         self._row = lru_cache(maxsize=1024)(self._make)
 
     def event(self, i: int) -> ev.Fits | None:
         r = self.source_row(i)
         e = decode_event(self.doc.source.line(int(self.doc.index.columns["offset"][r])))
         return clip_deep(e) if isinstance(e, ev.Fits) else None
+
+    def verdict(self, event: ev.Fits) -> FitsVerdict:
+        """The judgement's verdict on one decision (:meth:`Judge.fits_verdict`: a pure function
+        of the event and the header)."""
+        return self.judge.verdict(event)
 
     def row(self, i: int) -> tuple[Cells, str]:
         return self._row(i)
@@ -160,10 +191,11 @@ class FitsRows(_Selection):
         e = self.event(i)
         if e is None:
             return ["", "", "", "", "", "", "(not a fits event)"], "corrupt"
+        v = self.verdict(e)
         rt = f"{'-' if e.k.runtime is None else e.k.runtime}/" \
              f"{'-' if e.v.runtime is None else e.v.runtime}"
-        failed = Text(", ".join(e.failed)) if e.failed else Text(
-            "-" if e.evaluated else "not evaluated")
+        failed = Text(", ".join(v.failed) + (" (by kvdiag)" if v.by == "kvdiag" else "")
+                      if v.failed else ("not evaluable" if v.by == "not recorded" else "-"))
         cells: list[str | Text] = [
             str(e.seq), str(e.step), str(e.layer), e.node, e.route,
             "true" if e.result else "FALSE", failed, ne(e.q), ne(e.k), ne(e.v), ne(e.dst),
@@ -171,8 +203,7 @@ class FitsRows(_Selection):
             rt, ptr(e.dst.data or None),
             ptr(e.k.data or None), ptr(e.v.data or None),
         ]
-        mark = "abort" if e.route == "abort" else ("fits-false" if not e.result else "")
-        return cells, mark
+        return cells, fits_mark(e, v.outcome)
 
 
 class LogFitsRows:

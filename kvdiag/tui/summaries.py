@@ -13,8 +13,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvdiag.analysis.judgement import Completeness
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, verdict
+from kvdiag.report.check_output import steps_text
 from kvdiag.report.findings import SEVERITY_STYLE
 from kvdiag.report.postmortem import binary_line, boot_for, config_table
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
@@ -43,13 +45,27 @@ def _status_facts(doc: Document) -> list[str]:
     if isinstance(doc, LogDoc):
         return ["log", f"{doc.index.n:,} lines", f"{len(doc.scan.crashes)} crash(es)",
                 f"{len(doc.findings)} finding(s)"]
-    n = doc.index.n
+    return ["trace", *trace_facts(doc)]
+
+
+def trace_facts(doc: TraceDoc) -> list[str]:
+    """Events, steps and findings of a trace: the judgement's counts and steps rule, of the
+    judged prefix while the judgement runs."""
+    d = doc.digest
+    judged = f"judged {_judged(doc):.0%}"
     if doc.stage == "indexing":
-        return ["trace", f"indexing {doc.progress:.0%} ({n:,} events so far)"]
-    steps = doc.index.last_step + 1
-    if doc.stage == "analysing":
-        return ["trace", f"{n:,} events, {steps:,} steps", f"analysing {doc.progress:.0%}"]
-    return ["trace", f"{n:,} events, {steps:,} steps", f"{len(doc.findings)} finding(s)"]
+        return [f"indexing {doc.progress:.0%} ({doc.index.n:,} events so far)", judged]
+    if d is None or not d.done:
+        so_far = "" if d is None else f" ({len(d.findings)} finding(s) so far)"
+        return [f"{doc.index.n:,} events", f"judging {_judged(doc):.0%}{so_far}"]
+    j = d.judgement
+    events = sum(j.counts.values())
+    return [f"{events:,} events, {j.steps.count:,} steps", f"{len(d.findings)} finding(s)"]
+
+
+def _judged(doc: TraceDoc) -> float:
+    d = doc.digest
+    return 0.0 if d is None else d.position / max(doc.source.size, 1)
 
 
 def middle_cut(text: str, width: int) -> str:
@@ -118,14 +134,17 @@ def overview(doc: Document) -> RenderableType:
 
 def _trace_overview(doc: TraceDoc) -> RenderableType:
     parts: list[RenderableType] = []
-    if doc.digest is not None:
-        parts.append(verdict(list(doc.findings)))
-    elif doc.stage == "indexing":
-        parts.append(Text(f"indexing {doc.progress:.0%} … (findings follow the index)",
-                          style="yellow"))
+    d = doc.digest
+    if doc.judge_error is not None:
+        parts.append(Text(f"the judgement stopped: {doc.judge_error} — what is shown is the "
+                          f"judgement of the first {d.rows if d else 0:,} events only",
+                          style="bold red"))
+    if d is not None and d.done:
+        parts.append(verdict(list(d.findings)))
     else:
-        parts.append(Text(f"analysing {doc.progress:.0%} … (the other screens work already)",
-                          style="yellow"))
+        what = "indexing" if doc.stage == "indexing" else "judging"
+        parts.append(Text(f"{what} … judged {_judged(doc):.0%} (the findings below are of the "
+                          "events judged so far)", style="yellow"))
     parts.append(header_table(doc.path, doc.header))
     dev = doc.header.device
     extras = [x for x in (f"{dev.memory_bytes / (1 << 30):.0f} GiB" if dev.memory_bytes else None,
@@ -134,24 +153,41 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
     parts.append(Text(f"device: {dev.name}" + (f" ({', '.join(extras)})" if extras else "") +
                       f" · created {doc.header.created} · kvdiag {doc.header.kvdiag_version}",
                       style="dim"))
-    parts.append(_section("Events by kind"))
-    parts.append(_counts_line(doc.index.kind_counts()))
-    if doc.digest is not None:
-        d = doc.digest
-        parts.append(_section("Findings"))
-        parts.append(severity_counts(d.findings))
-        parts.append(findings_list(d.findings))
-        parts.append(residency_table(d.summary))
-        status = d.summary.get("status", "?")
-        parts.append(Text(f"capture status: {status}", style="dim" if status == "completed"
-                          else "yellow"))
-        if d.problems:
-            parts.append(_section("Problems in the file"))
-            for p in d.problems[:20]:
-                parts.append(Text(f"line {p.line}: {p.kind}: {p.message}", style="yellow"))
-            if len(d.problems) > 20:
-                parts.append(Text(f"… and {len(d.problems) - 20} more", style="yellow"))
+    if d is None:
+        parts.append(_section("Events by kind (indexed so far)"))
+        parts.append(_counts_line(doc.index.kind_counts()))
+        return Group(*parts)
+    j = d.judgement
+    parts.append(_section("Events by kind" + ("" if d.done else " (judged so far)")))
+    parts.append(_counts_line(j.counts))
+    parts.append(Text(f"{steps_text(j.summary())} · capture status: {j.status}",
+                      style="dim" if j.status == "completed" else "yellow"))
+    parts.append(_section("Recorded"))
+    parts += recorded_lines(j.completeness)
+    parts.append(_section("Findings"))
+    parts.append(severity_counts(d.findings))
+    parts.append(findings_list(d.findings))
+    parts.append(residency_table(d.summary))
+    if d.problems:
+        parts.append(_section("Problems in the file"))
+        for p in d.problems[:20]:
+            parts.append(Text(f"line {p.line}: {p.kind}: {p.message}", style="yellow"))
+        if d.problems_total > 20:
+            parts.append(Text(f"… and {d.problems_total - 20:,} more", style="yellow"))
     return Group(*parts)
+
+
+def recorded_lines(c: Completeness) -> list[Text]:
+    """What the trace records and, for each judged kind it lacks, what cannot be judged."""
+    how = ("as its writer declares" if c.source == "declared" else
+           "inferred from what the trace contains; its writer does not declare it")
+    missing = c.missing
+    head = ("every judged kind is recorded" if not missing else
+            "not recorded: " + ", ".join(k.kind for k in missing))
+    out = [Text(f"{head} ({how})", style="yellow" if missing else "dim")]
+    for k in missing:
+        out.append(Text(f"  {k.kind} not recorded — {k.hides}", style="yellow"))
+    return out
 
 
 def _log_overview(doc: LogDoc) -> RenderableType:

@@ -43,6 +43,11 @@
  *                                object kvrt_ring.cpp, dlopen()ed after the header line
  *   --unevaluated                fits events without failed names (kvdiag evaluates them)
  *   --forever                    alternate requests until killed; "ready" after the first step
+ *   --rounds N                   with --forever: stop after N requests (a long run that ends)
+ *   --crash segv|abort --crash-at N
+ *                                at the end of ubatch N: a real SIGSEGV (a store through a null
+ *                                pointer) or abort() without KVTRACE_ABORT (the flight recorder's
+ *                                signal path)
  *   --steps N --prompt P         decode steps per phase (3), prompt tokens (1300)
  *
  * SPDX-License-Identifier: MIT
@@ -78,9 +83,12 @@ typedef struct {
     int layout_per_stream, dispatch_fits, concurrent, prefetch, threads, unevaluated, forever;
     int steps, prompt;
     const char *dso, *truth;
+    long rounds, crash_at;
+    const char *crash;
 } options_t;
 
-static options_t opt = {0, 1, 0, 0, 0, 0, 0, 3, 1300, NULL, NULL};
+static options_t opt = {0, 1, 0, 0, 0, 0, 0, 3, 1300, NULL, NULL, 0, -1, NULL};
+static int *volatile nowhere = NULL;
 
 static page_t host[LAYERS][STREAMS][PAGES];
 static page_t slots[POOL_SLOTS];
@@ -432,6 +440,11 @@ static void ubatch(const int *streams, int n, int tokens) {
         KVTRACE_OUTPUT(s, crc32_of(got, LAYERS), crc32_of(ref, LAYERS), 1, delta, 0.001);
         pos[s] += tokens;
     }
+    if (opt.crash && step_no == opt.crash_at) {
+        if (truth) fflush(truth);
+        if (!strcmp(opt.crash, "abort")) abort();
+        *nowhere = 1; /* SIGSEGV */
+    }
     pthread_mutex_unlock(&runtime_lock);
 }
 
@@ -495,7 +508,7 @@ static void run(void) {
         return;
     }
     if (opt.forever) {
-        for (long round = 0;; round++) {
+        for (long round = 0; !opt.rounds || round < opt.rounds; round++) {
             int s = (int)(round % 2);
             if (pos[s] + opt.prompt + 64 > KV_SIZE || round < 2) restart(s);
             request(s, 32);
@@ -504,6 +517,7 @@ static void run(void) {
                 fflush(stdout);
             }
         }
+        return;
     }
     if (opt.concurrent) {
         one[0] = 0;
@@ -546,6 +560,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--truth")) opt.truth = v, i++;
         else if (!strcmp(a, "--steps")) opt.steps = atoi(v), i++;
         else if (!strcmp(a, "--prompt")) opt.prompt = atoi(v), i++;
+        else if (!strcmp(a, "--rounds")) opt.rounds = atol(v), i++;
+        else if (!strcmp(a, "--crash")) opt.crash = v, i++;
+        else if (!strcmp(a, "--crash-at")) opt.crash_at = atol(v), i++;
         else return usage(a);
     }
     if (!opt.truth) return usage("--truth is required");

@@ -8,7 +8,11 @@ nothing itself: no class, condition, flow or count is computed anywhere else
 Modules, one idea each:
 
 - :mod:`.classes` — the classification rule (exact / stale / foreign / not judged) and codes;
-- :mod:`.slots` — what every pool and ring slot holds, host page versions, the ring rule;
+- :mod:`.slots` — what every pool and ring slot holds, host page versions, the ring rule
+  (and the arrays that carry them between chunks);
+- :mod:`.batch` — a chunk of events judged with array operations (the speed of ``check``);
+- :mod:`.history` — the slot rule by random access over an index (a viewer's any-step state);
+- :mod:`.crosscheck` — the model's own annotations compared with the judgement;
 - :mod:`.fits` — one fits decision: outcome (which decisions are bad) and every condition
   held / failed with its logged value / unknown and why (predicate: :mod:`kvdiag.model.fits`);
 - :mod:`.completeness` — which kinds the trace records (declared or inferred) and what a
@@ -28,18 +32,24 @@ Headless, one pass (what ``kvdiag check`` does)::
     j = judge.snapshot()                    # Judgement: an immutable value
     j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
 
-Per read, as it streams (``diff``, ``trace pages``, an exporter's flows)::
+Per read, a chunk at a time (``diff``, ``trace pages``, ``trace export``)::
 
-    for e in reader:
-        judge.feed(e)
-        if type(e) is Read:
-            judge.last            # ReadVerdict: counts (exact, stale, foreign, not judged),
+    judge = Judge(reader.header, flows=True)    # flows: which writes each read missed
+    for chunk in batches:                       # lists of events (judge.CHUNK at a time)
+        judge.feed_all(chunk)
+        for e in chunk:
+            if type(e) is Read:
+                judge.verdict(e)  # ReadVerdict: counts (exact, stale, foreign, not judged),
                                   # pieces = its non-exact runs (slots.Piece tuples)
-            judge.pages(e)        # [PageVerdict] every page: source, slot, class, lag,
+                judge.pages(e)    # [PageVerdict] every page: source, slot, class, lag,
                                   # host version, holder Copy (whose bytes), why not judged
-            judge.missed_writes() # seqs of the writes its stale/foreign pages missed (flows)
+                judge.missed(e)   # (write seq, class) of the writes its stale/foreign
+                                  # pages missed: the flows
+        judge.live_writes()       # writes still the last of some page (a surface drawing
+                                  # flows may forget the rest)
 
-Reads change no state, so ask right after feeding the read. Any fits event, any time:
+A read is asked about while its chunk is the last one fed (``judge.feed(e)`` is a chunk of
+one; ``judge.last`` the last read of the last chunk). Any fits event, any time:
 ``judge.fits_verdict(e)`` → :class:`~.fits.FitsVerdict` (``outcome``, ``failed``, ``by``,
 ``conditions``, ``note``); :func:`.fits.outcome` alone says whether a decision is bad.
 
@@ -63,16 +73,19 @@ from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
 from kvdiag.analysis.judgement.completeness import Completeness, KindStatus
 from kvdiag.analysis.judgement.fits import FitsVerdict, outcome
 from kvdiag.analysis.judgement.judge import (
+    CHUNK,
     Judge,
     Judgement,
     PageVerdict,
     ReadVerdict,
     Steps,
+    batches,
 )
 from kvdiag.analysis.judgement.ledger import LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy
 
 __all__ = [
+    "CHUNK",
     "CLASSES",
     "SOURCES",
     "WHY",
@@ -86,5 +99,6 @@ __all__ = [
     "PageVerdict",
     "ReadVerdict",
     "Steps",
+    "batches",
     "outcome",
 ]

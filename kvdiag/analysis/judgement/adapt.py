@@ -65,10 +65,23 @@ class _Streak:
 
 
 @dataclass
+class _Loop:
+    """One decode loop: its number, its repartitions counted, the first ones kept."""
+
+    number: int
+    count: int = 0
+    shown: list[ev.Repartition] = field(default_factory=list)
+
+
+@dataclass
 class AdaptAnalyzer:
     """Feed events in file order; ask for findings at the end."""
 
-    loops: list[list[ev.Repartition]] = field(default_factory=list)
+    loops: list[_Loop] = field(default_factory=list)
+    """Decode loops that thrashed, and the current one (memory stays bounded however long
+    the run: a finished loop that did not thrash is dropped, a loop keeps its first
+    repartitions as evidence and counts the rest)."""
+    _loop_number: int = 0
     starved: _Streak = field(default_factory=_Streak)
     light: _Streak = field(default_factory=_Streak)
     repartitions: int = 0
@@ -85,17 +98,26 @@ class AdaptAnalyzer:
         if handler is not None:
             handler(event)
 
+    def _new_loop(self) -> None:
+        if self.loops and self.loops[-1].count <= THRASH_REPARTITIONS:
+            self.loops.pop()
+        self._loop_number += 1
+        self.loops.append(_Loop(self._loop_number))
+
     def _step(self, e: ev.Step) -> None:
         decode = e.phase == "decode"
         if decode and not self._in_decode:
-            self.loops.append([])
+            self._new_loop()
         self._in_decode = decode
 
     def _repartition(self, e: ev.Repartition) -> None:
         self.repartitions += 1
         if not self.loops:
-            self.loops.append([])  # a log without step boundaries: one loop
-        self.loops[-1].append(e)
+            self._new_loop()  # a log without step boundaries: one loop
+        loop = self.loops[-1]
+        loop.count += 1
+        if len(loop.shown) < MAX_EVIDENCE:
+            loop.shown.append(e)
 
     def _adapt(self, e: ev.Adapt) -> None:
         if not e.samples:
@@ -116,14 +138,15 @@ class AdaptAnalyzer:
 
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
-        for i, loop in enumerate(self.loops):
-            if len(loop) <= THRASH_REPARTITIONS:
+        for loop in self.loops:
+            if loop.count <= THRASH_REPARTITIONS:
                 continue
-            shown = loop[:MAX_EVIDENCE]
-            more = f" (first {len(shown)} of {len(loop)})" if len(loop) > len(shown) else ""
+            shown = loop.shown
+            more = f" (first {len(shown)} of {loop.count})" if loop.count > len(shown) else ""
+            i = loop.number - 1
             out.append(Finding(
                 rule="partition-thrash", severity=Severity.WARNING,
-                title=(f"{len(loop)} repartitions in decode loop {i + 1} (more than "
+                title=(f"{loop.count} repartitions in decode loop {i + 1} (more than "
                        f"{THRASH_REPARTITIONS}): every one invalidates the resident pages{more}"),
                 evidence=tuple(Evidence(seq=r.seq, step=r.step, text=(
                     f"resident {r.resident[0]} -> {r.resident[1]}, ring {r.ring[0]} -> "
@@ -131,7 +154,7 @@ class AdaptAnalyzer:
                 fix=("raise the hysteresis/cooldown, or pin the boundary with "
                      "GGML_CUDA_KV_STREAM_FIXED_RING_SLOTS; check that the feedback is not "
                      "noisy (deadline samples per evaluation)"),
-                details={"loop": i + 1, "repartitions": len(loop)}))
+                details={"loop": i + 1, "repartitions": loop.count}))
         s = self.starved
         if s.best >= SUSTAINED and s.best_first and s.best_last:
             saturated = s.busy_max >= COPY_SATURATED * 100

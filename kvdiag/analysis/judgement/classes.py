@@ -41,6 +41,7 @@ NO_UPLOAD: Final = 2
 NO_WRITE: Final = 3
 OUT_OF_RANGE: Final = 4
 RING_HISTORY: Final = 5
+BEFORE_SNAPSHOT: Final = 6
 WHY: dict[int, str] = {
     0: "",
     NO_SERVED: "read.served not recorded: where each page came from is unknown",
@@ -48,9 +49,12 @@ WHY: dict[int, str] = {
     NO_WRITE: "write not recorded: the slot holds the right page, current or old is unknown",
     OUT_OF_RANGE: "page or slot out of any believable range (damaged or hostile trace)",
     RING_HISTORY: "the ring slot's copies go back further than kvdiag keeps",
+    BEFORE_SNAPSHOT: "the ring copy the read consumed was made before this segment's snapshot "
+                     "(an earlier segment)",
 }
 WHY_KEY: dict[int, str] = {NO_SERVED: "read.served", NO_UPLOAD: "upload", NO_WRITE: "write",
-                           OUT_OF_RANGE: "out-of-range", RING_HISTORY: "ring-history"}
+                           OUT_OF_RANGE: "out-of-range", RING_HISTORY: "ring-history",
+                           BEFORE_SNAPSHOT: "before-snapshot"}
 """Short keys of the reasons, for JSON summaries."""
 
 MAX_PAGE: Final = 1 << 20

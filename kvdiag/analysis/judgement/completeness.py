@@ -80,6 +80,9 @@ class CompletenessTracker:
         self.aborts = 0
         self.slot_pages = 0
         """Pages read from a pool or ring slot."""
+        self.decided = 0
+        """Events that say a fits decision was made: the fallback warning
+        (``kv-stream-fallback``) and the abort of the streamed kernel's fits assert."""
 
     def declare(self, kinds: Iterable[object]) -> None:
         """A ``records`` event: more kinds declared."""
@@ -116,7 +119,7 @@ class CompletenessTracker:
         if kind in ("write", "upload"):
             return self.slot_pages > 0
         if kind == "fits":
-            return reads > 0 or counts.get("write", 0) > 0
+            return reads > 0 or counts.get("write", 0) > 0 or self.decided > 0
         if kind == "output":
             return reads > 0
         return False

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
@@ -71,6 +73,16 @@ class Group:
         if len(self.evidence) < MAX_EVIDENCE:
             self.evidence.append(evidence)
 
+    @property
+    def full(self) -> bool:
+        """No more evidence is kept: later occurrences are only counted (:meth:`count_one`)."""
+        return len(self.evidence) >= MAX_EVIDENCE
+
+    def count_one(self, pages: int = 0) -> None:
+        """One more occurrence, once the evidence is full (the first step is already set)."""
+        self.count += 1
+        self.pages += pages
+
     def caps(self, command: str | None = None) -> dict[str, Any]:
         """How much evidence the finding lists of how much it counted."""
         out: dict[str, Any] = {"evidence_shown": len(self.evidence),
@@ -98,6 +110,10 @@ def _pages(b: int, e: int) -> str:
 def _slots(src: int, q: int, n: int) -> str:
     name = "ring" if src == RING else "pool"
     return f"{name} slot {q}" if n == 1 else f"{name} slots {q}..{q + n - 1}"
+
+
+HELD: tuple[str, ...] = ("nothing", "another layer's", "another stream's", "another page's")
+"""What a foreign page's slot held, relative to the reading view."""
 
 
 def held_kind(layer: int, stream: int, p: tuple[int, ...]) -> str:
@@ -151,28 +167,51 @@ class Groups:
         self.versions = Group()
         """Writes whose annotated versions disagree with the judgement."""
 
-    def read(self, e: ev.Read, pieces: Sequence[tuple[int, ...]]) -> None:
-        """Group the non-exact pieces of one read."""
-        stale = [p for p in pieces if p[4] == STALE]
-        foreign = [p for p in pieces if p[4] == FOREIGN]
-        layer, stream = e.layer, e.stream
-        for groups, found in ((self.stale, stale), (self.foreign, foreign)):
-            if not found:
+    def read_chunk(self, reads: Sequence[ev.Read], pieces: np.ndarray, layer: np.ndarray,
+                   stream: np.ndarray, step: np.ndarray) -> None:
+        """Group the non-exact pieces of a chunk's reads (``pieces``: rows of
+        :data:`~kvdiag.analysis.judgement.batch.PIECE_COLUMNS`; ``layer``, ``stream``,
+        ``step``: per read of the chunk). Counting is done on the arrays; evidence is built
+        only for the reads a group still shows."""
+        if not pieces.size:
+            return
+        read = pieces[:, 0]
+        pages = pieces[:, 2] - pieces[:, 1]
+        for cls, groups in ((STALE, self.stale), (FOREIGN, self.foreign)):
+            sel = pieces[:, 5] == cls
+            if not sel.any():
                 continue
-            g = groups.get(stream)
-            if g is None:
-                g = groups[stream] = PageGroup()
-            n = 0
-            for p in found:
-                k = p[1] - p[0]
-                n += k
-                g.by_source[1 if p[2] == RING else 0] += k
-                if p[4] == FOREIGN:
-                    what = held_kind(layer, stream, p)
-                    g.held[what] = g.held.get(what, 0) + k
-            g.add(Evidence(seq=e.seq, step=e.step, layer=layer_of(layer), stream=stream,
-                           page=found[0][0],
-                           text="; ".join(piece_text(layer, stream, p) for p in found)), n)
+            r_streams = stream[read[sel]]
+            for s in np.unique(r_streams).tolist():
+                mine = np.flatnonzero(sel)[r_streams == s]
+                g = groups.get(s)
+                if g is None:
+                    g = groups[s] = PageGroup()
+                ring = pieces[mine, 3] == RING
+                g.by_source[0] += int(pages[mine][~ring].sum())
+                g.by_source[1] += int(pages[mine][ring].sum())
+                if cls == FOREIGN:
+                    hl, hs = pieces[mine, 7], pieces[mine, 8]
+                    rl = layer[read[mine]]
+                    kinds = np.where(hl < 0, 0, np.where(hl != rl, 1, np.where(hs != s, 2, 3)))
+                    for k, n in enumerate(np.bincount(kinds, weights=pages[mine],
+                                                      minlength=4).tolist()):
+                        if n:
+                            what = HELD[k]
+                            g.held[what] = g.held.get(what, 0) + int(n)
+                ids, first = np.unique(read[mine], return_index=True)
+                ids = ids[np.argsort(first)]
+                if g.first_step is None:
+                    g.first_step = int(step[ids[0]])
+                g.count += ids.size
+                g.pages += int(pages[mine].sum())
+                for r in ids[:max(0, MAX_EVIDENCE - len(g.evidence))].tolist():
+                    e = reads[r]
+                    found = [tuple(row) for row in pieces[mine][read[mine] == r].tolist()]
+                    g.evidence.append(Evidence(
+                        seq=e.seq, step=e.step, layer=layer_of(e.layer), stream=e.stream,
+                        page=found[0][1],
+                        text="; ".join(piece_text(e.layer, e.stream, p[1:]) for p in found)))
 
 
 def _where(by_source: list[int], word: str) -> str:
@@ -216,6 +255,11 @@ def identity(f: Finding) -> tuple[Any, ...]:
             d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"))
 
 
+def _fits_details(failed: tuple[str, ...], by: str, g: Group) -> dict[str, Any]:
+    return {"failed": list(failed), "conditions_from": by, "count": g.count,
+            "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"], **g.caps()}
+
+
 def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
     """The findings of everything grouped so far (not-recorded and incomplete are added by
     the Judge, which knows the completeness and the end)."""
@@ -226,10 +270,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             title=(f"FA node routed to the streamed kernel while fits() was false "
                    f"({_conditions(g.extra['shown'], by, g.extra['unknown'])}) — "
                    f"{g.count} node(s)"),
-            evidence=tuple(g.evidence), fix=FIX_DISPATCH,
-            details={"failed": list(failed), "conditions_from": by, "count": g.count,
-                     "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"],
-                     **g.caps()}))
+            evidence=tuple(g.evidence), fix=FIX_DISPATCH, details=_fits_details(failed, by, g)))
     for a in groups.aborts:
         out.append(Finding(
             rule="abort", severity=Severity.CRITICAL, title=a.message,
@@ -246,9 +287,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             evidence=tuple(g.evidence),
             fix="expected with several KV streams per ubatch; use --kv-unified to keep "
                 "the streamed path",
-            details={"failed": list(failed), "conditions_from": by, "count": g.count,
-                     "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"],
-                     **g.caps()}))
+            details=_fits_details(failed, by, g)))
     for stream, pg in sorted(groups.stale.items()):
         out.append(Finding(
             rule="stale-page-read", severity=Severity.ERROR,
@@ -359,14 +398,14 @@ def incomplete(end: ev.End | None, last_seq: int, last_step: int | None) -> Find
     """``trace-incomplete`` (error): the run did not complete — killed before its End event,
     or ended with status error (End.reason says why where the writer knew, format 1.1).
     ``kvdiag check --allow-incomplete`` lowers it to a warning."""
-    at = f"step {last_step}" if last_step is not None else "before the first step"
+    at = f"at step {last_step}" if last_step is not None else "before the first step"
     if end is None:
         why = "no End event: the capture was killed or is still running"
-        title = f"the run did not complete ({why}) at {at}; analysed up to event #{last_seq}"
+        title = f"the run did not complete ({why}) {at}; analysed up to event #{last_seq}"
         evidence = Evidence(seq=last_seq, step=last_step, text=why)
     else:
         why = end.reason or "no reason recorded"
-        title = f"the run did not complete: ended with status error at {at} ({why})"
+        title = f"the run did not complete: ended with status error {at} ({why})"
         evidence = Evidence(seq=end.seq, step=last_step, text=why)
     return Finding(
         rule="trace-incomplete", severity=Severity.ERROR, title=title, evidence=(evidence,),

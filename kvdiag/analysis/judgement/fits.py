@@ -24,6 +24,7 @@ import functools
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 
 from kvdiag.model import events as ev
 from kvdiag.model.fits import Condition, conditions
@@ -35,19 +36,35 @@ By = Literal["writer", "kvdiag", "not recorded"]
 
 def outcome(e: ev.Fits) -> Outcome:
     """What the dispatcher did with this decision (module docstring)."""
-    if e.route == "fallback":
-        return "fallback"
-    if not e.result and e.route in ("streamed", "abort"):
-        return "mismatch"
-    if e.route == "ordinary":
-        return "ordinary"
-    if e.route == "streamed":
-        return "streamed"
-    return "other"
+    return OUTCOMES[int(outcome_codes([e.route], [e.result])[0])]
 
 
 BAD: frozenset[str] = frozenset({"mismatch", "fallback"})
 """Outcomes that make findings (``fits-dispatch-mismatch``, ``fallback``)."""
+
+OUTCOMES: tuple[Outcome, ...] = ("streamed", "mismatch", "fallback", "ordinary", "other")
+OUTCOME_CODE: dict[str, int] = {o: i for i, o in enumerate(OUTCOMES)}
+
+
+class _Routes(dict[str, int]):
+    def __missing__(self, key: str) -> int:
+        return 4
+
+
+_ROUTE_CODE = _Routes({"streamed": 0, "fallback": 1, "abort": 2, "ordinary": 3})
+
+
+def outcome_codes(routes: list[str], results: list[bool]) -> np.ndarray:
+    """:func:`outcome` of many decisions at once, as :data:`OUTCOME_CODE` codes (the same
+    rule, for the chunked judgement)."""
+    route = np.fromiter(map(_ROUTE_CODE.__getitem__, routes), np.int8, len(routes))
+    result = np.fromiter(results, bool, len(results))
+    out = np.full(len(routes), OUTCOME_CODE["other"], np.int8)
+    out[route == 0] = OUTCOME_CODE["streamed"]
+    out[route == 3] = OUTCOME_CODE["ordinary"]
+    out[~result & ((route == 0) | (route == 2))] = OUTCOME_CODE["mismatch"]
+    out[route == 1] = OUTCOME_CODE["fallback"]
+    return out
 
 
 class FitsVerdict(msgspec.Struct, frozen=True):

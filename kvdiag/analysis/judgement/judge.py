@@ -1,6 +1,7 @@
 """The streaming Judge: feed raw events in file order, read the judgement at any point.
 
-One pass, one event at a time; memory is bounded by the trace's geometry (host pages, slots,
+One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.batch` judges a chunk's
+pages with array operations); memory is bounded by the trace's geometry (host pages, slots,
 open findings' capped evidence), not its length — unless a ledger is asked for
 (:mod:`~kvdiag.analysis.judgement.ledger`), which keeps a compact row per read.
 
@@ -18,46 +19,83 @@ Per event kind:
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
 - ``abort``, ``end``, ``adapt``, ``repartition``: as recorded.
 
-Reads change no state, so right after ``feed(read)`` :attr:`Judge.last` holds that read's
-verdict and :meth:`Judge.pages` / :meth:`Judge.missed_writes` can be asked about it.
+The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
+:meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
+events with :meth:`Judge.feed_all`, then ask).
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from kvdiag.analysis.judgement import crosscheck
 from kvdiag.analysis.judgement import findings as fnd
 from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
+from kvdiag.analysis.judgement.batch import (
+    CODE_OF,
+    OTHER,
+    REASONS,
+    Chunk,
+    State,
+    ints,
+    judge_chunk,
+)
 from kvdiag.analysis.judgement.classes import (
     CLASSES,
     EXACT,
     FOREIGN,
     HOST,
     MAX_PAGE,
-    MAX_SLOT,
     NO_SERVED,
     NO_UPLOAD,
     NO_WRITE,
     NOT_JUDGED,
-    OUT_OF_RANGE,
     POOL,
     RING,
-    SOURCE_CODE,
     SOURCES,
     STALE,
     WHY,
     WHY_KEY,
 )
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
-from kvdiag.analysis.judgement.fits import BAD, FitsJudge, FitsVerdict, outcome
-from kvdiag.analysis.judgement.ledger import OUTCOME_CODE, Ledger, LedgerSnapshot
-from kvdiag.analysis.judgement.slots import Copy, HostPages, Piece, Ring, Slots
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
+from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.slots import Copy, Piece
+from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
+
+CHUNK = 2048
+"""Events judged together: array operations cost per call, and a chunk's events are read
+several times over, so it should stay in the processor's cache (measured: 2048 beats 512 and
+8192)."""
+_g = operator.attrgetter
+_STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
+_ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
+_BEGIN, _END, _CLS = _g("begin"), _g("end"), _g("cls")
+
+
+class _NotExact(dict[str, bool]):
+    def __missing__(self, key: str) -> bool:
+        return True
+
+
+_NOT_EXACT = _NotExact(exact=False)
+
+
+FITS_ASSERT = "ggml_cuda_kv_stream_fattn_fits"
+"""The streamed kernel's assert (``GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst))``,
+kv-stream-domain.md §2.3): its abort says a fits decision was made."""
+FALLBACK_WARN = "kv-stream-fallback"
+"""The fixed dispatcher's warning when fits() is false (docs/trace-format.md, ``warn``)."""
 
 
 @dataclass(frozen=True)
@@ -131,129 +169,152 @@ class Judge:
     ``ledger``: keep compact per-read tables (for viewers). ``name``: the trace's path, used in
     the command that lists every judged page. ``records``: a declaration of recorded kinds
     given by the caller (overrides the header's). ``keep_writes``: keep the last write event of
-    every page with its ubatch's mark (:meth:`last_write`; memory bounded by the pages)."""
+    every page with its ubatch's mark (:meth:`last_write`; memory bounded by the pages).
+    ``flows``: find the writes each read missed (:meth:`missed_writes`). ``detail``: the copy
+    behind every page :meth:`pages` lists, exact ones too (else only non-exact pages say which
+    upload made their copy). ``kvdiag check`` needs none of these; each costs time."""
 
     def __init__(self, header: ev.Header | None = None, *, ledger: bool = False,
                  name: str | None = None, records: Iterable[str] | None = None,
-                 keep_writes: bool = False) -> None:
+                 keep_writes: bool = False, flows: bool = False, detail: bool = False
+                 ) -> None:
         self.header = header
         self.name = name
         declared = records if records is not None else getattr(header, "records", None)
         self.completeness = CompletenessTracker(declared)
         self.fits_judge = FitsJudge(header)
         self.ledger = Ledger() if ledger else None
-        canon: dict[tuple[int, int, int], tuple[int, int, int]] = {}
-        self.host = HostPages()
-        self.pool = Slots(canon)
-        self.ring = Ring(canon)
-        self._canon = canon
-        self._writes: bool | None = self.completeness.is_declared("write")
-        self._uploads: dict[str, bool | None] = dict.fromkeys(
-            ("resident", "ring"), self.completeness.is_declared("upload"))
+        self.state = State()
+        self.state.writes = self.completeness.is_declared("write")
+        up = self.completeness.is_declared("upload")
+        self.state.uploads = [up, up]
         self.groups = fnd.Groups()
         self.adapt = AdaptAnalyzer()
         self.keep_writes = keep_writes
+        self.flows = flows or keep_writes
+        """Find the writes stale and foreign pages missed (:meth:`missed_writes`; the ledger
+        always does)."""
+        self.detail = detail or keep_writes
+        """Keep the upload seq and step of every page's copy, exact ones too (what
+        :meth:`pages` shows of them; non-exact pages always have it)."""
         self.mark: ev.Mark | None = None
         """The latest mark event (kept with writes when ``keep_writes``)."""
+        self._writes: dict[tuple[int, int, int], tuple[ev.Write, ev.Mark | None]] = {}
         self.rows = 0
         """Events fed (and rows skipped): the ledger's row numbers."""
-        self.last: ReadVerdict | None = None
         self.last_seq = 0
         self.end: ev.End | None = None
         self._first_step: int | None = None
         self._last_step: int | None = None
-        self.classes = [[0, 0, 0, 0] for _ in SOURCES]
+        self.classes = np.zeros((3, 4), np.int64)
         """Pages by source (pool, ring, host) and class (exact, stale, foreign, not judged)."""
         self.not_judged_why: Counter[int] = Counter()
-        self.pages_read = [0, 0, 0]
+        self.pages_read = np.zeros(3, np.int64)
         """Pages the reads' own counts say (pool, ring, host)."""
         self.reads = [0, 0]
         """Reads judged (with served), reads without served."""
-        self.uploads: dict[tuple[str, str], list[int]] = {}
-        """Per (target, reason): uploads, pages, bytes."""
-        self.evictions = 0
-        self.invalidations = 0
         self.routes: Counter[str] = Counter()
         self.out_of_range = 0
         self._arisen: set[tuple[Any, ...]] = set()
-        self._table: dict[type, list[Any]] = {}
+        self._types: Counter[type] = Counter()
         self._unknown: Counter[str] = Counter()
+        self._chunk: Chunk | None = None
+        self._unserved: dict[int, int] = {}
+        """Reads of the last chunk without served pages: index → pages."""
+        self._index: dict[int, int] | None = None
+        self._flows_by_read: tuple[Chunk, np.ndarray, np.ndarray] | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Step: self._step, ev.Fits: self._fits, ev.Read: self._read,
-            ev.Upload: self._upload, ev.Write: self._write, ev.Evict: self._evict,
-            ev.Invalidate: self._invalidate, ev.Abort: self.groups.aborts.append,
+            ev.Step: self.adapt.feed, ev.Abort: self._abort, ev.Warn: self._warn,
             ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
             ev.Records: self._records,
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
+        self.snapshot_replaced: list[int] = []
+        """Seqs of snapshots that replaced a state the events had built (a gap before them,
+        or a writer that disagrees with the judgement): :mod:`.snapshot`."""
 
     # -- feeding ---------------------------------------------------------------------------
 
-    def _entry(self, cls: type) -> list[Any]:
-        entry = self._table.get(cls)
-        if entry is None:
-            entry = self._table[cls] = [0, self._handlers.get(cls)]
-        return entry
-
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
-        entry = self._table.get(type(event)) or self._entry(type(event))
-        entry[0] += 1
-        self.last_seq = event.seq
-        if type(event) is not ev.End:
-            step = event.step
-            if self._first_step is None:
-                self._first_step = self._last_step = step
-            elif step > self._last_step:  # type: ignore[operator]
-                self._last_step = step
-            elif step < self._first_step:
-                self._first_step = step
-        if entry[1] is not None:
-            entry[1](event)
-        self.rows += 1
+        """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
+        self._judge([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
-        # feed() inlined: a method call per event is a tenth of the judgement of a big trace
-        table, entry_of = self._table, self._entry
-        first, last = self._first_step, self._last_step
-        rows = self.rows
-        end = ev.End
-        e: Any = None
-        try:
-            for e in events:
-                t = type(e)
-                entry = table.get(t) or entry_of(t)
-                entry[0] += 1
-                if t is not end:
-                    step = e.step
-                    if last is None or first is None:
-                        first = last = step
-                    elif step > last:
-                        last = step
-                    elif step < first:
-                        first = step
-                # the row must be right while the handler runs (the ledger records it)
-                self.rows = rows
-                rows += 1
-                if entry[1] is not None:
-                    entry[1](e)
-        finally:
-            self.rows = rows
-            self._first_step, self._last_step = first, last
-            if e is not None:
-                self.last_seq = e.seq
+        """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
+        operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
+        for chunk in batches(events):
+            self._judge(chunk)
         return self
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
         self.rows += n
 
+    def _judge(self, chunk: list[Any]) -> None:
+        types = list(map(type, chunk))
+        if types.count(ev.Snapshot):
+            # a segment's starting state (format 1.2): what follows is judged from it
+            i = types.index(ev.Snapshot)
+            if len(chunk) > 1:
+                if i:
+                    self._judge(chunk[:i])
+                self._judge([chunk[i]])
+                if i + 1 < len(chunk):
+                    self._judge(chunk[i + 1:])
+                return
+            self._snapshot(chunk[0])
+        if len(chunk) > 1 and (types.count(ev.Records) or types.count(ev.Unknown)):
+            # a records event declares more kinds: what follows it is judged with them
+            for i, e in enumerate(chunk):
+                if _declares(e):
+                    if i:
+                        self._judge(chunk[:i])
+                    self._judge([e])
+                    if i + 1 < len(chunk):
+                        self._judge(chunk[i + 1:])
+                    return
+        self._types.update(types)
+        n = len(chunk)
+        steps = ints(chunk, _STEP)
+        ran = steps
+        if types.count(ev.End):  # the End's step is not a step the run ran
+            ran = steps[[t is not ev.End for t in types]]
+        if ran.size:
+            lo, hi = int(ran.min()), int(ran.max())
+            if self._first_step is None or lo < self._first_step:
+                self._first_step = lo
+            if self._last_step is None or hi > self._last_step:
+                self._last_step = hi
+        rows0 = self.rows
+        code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
+        result = judge_chunk(self.state, chunk, code, steps, rows0,
+                             flows=self.ledger is not None or self.flows, detail=self.detail)
+        fits: list[int] = []
+        handler = self._handlers.get
+        for i in np.flatnonzero(code == OTHER).tolist():
+            t = types[i]
+            if t is ev.Fits:
+                fits.append(i)
+                continue
+            h = handler(t)
+            if h is not None:
+                self.rows = rows0 + i
+                h(chunk[i])
+        if fits:
+            self._fits(chunk, fits, rows0)
+        self._absorb(result)
+        if self.keep_writes:
+            self._keep_writes(chunk, types)
+        self.rows = rows0 + n
+        self.last_seq = chunk[-1].seq
+
     # -- events ----------------------------------------------------------------------------
 
     def _unknown_event(self, e: ev.Unknown) -> None:
         self._unknown[e.kind] += 1
-        if e.kind == "records":  # a declaration of more recorded kinds (format 1.2)
+        if e.kind == "records":  # from a reader that does not know the 1.2 kind
             kinds = e.fields.get("kinds")
             if isinstance(kinds, list):
                 self._declare(kinds)
@@ -262,104 +323,61 @@ class Judge:
         self._declare(list(e.kinds))
 
     def _declare(self, kinds: list[Any]) -> None:
+        """A ``records`` event (format 1.2): more kinds declared, for what follows it."""
         self.completeness.declare(kinds)
-        self._writes = self.completeness.is_declared("write") or self._writes
+        st = self.state
+        st.writes = st.writes or self.completeness.is_declared("write")
         up = self.completeness.is_declared("upload")
-        for target in self._uploads:
-            self._uploads[target] = up or self._uploads[target]
+        st.uploads = [st.uploads[0] or up, st.uploads[1] or up]
+
+    def _abort(self, e: ev.Abort) -> None:
+        self.groups.aborts.append(e)
+        if e.condition.startswith(FITS_ASSERT):
+            self.completeness.decided += 1
+
+    def _warn(self, e: ev.Warn) -> None:
+        if e.code == FALLBACK_WARN:
+            self.completeness.decided += 1
+
+    def _snapshot(self, e: ev.Snapshot) -> None:
+        """A segment's starting state (:mod:`.snapshot`): compared when the events before it
+        built the same state, else taken as the state."""
+        st = self.state
+        if matches(st, e):
+            return
+        if self.rows > 0:
+            self.snapshot_replaced.append(e.seq)
+        seed(st, e, self.rows)
+        if e.versions and st.writes is None:
+            st.writes = True
+        for target, runs in enumerate((e.pool, e.ring)):
+            if runs and st.uploads[target] is None:
+                st.uploads[target] = True
 
     def _mark(self, e: ev.Mark) -> None:
         self.mark = e
-
-    def _step(self, e: ev.Step) -> None:
-        self.adapt.feed(e)
 
     def _end(self, e: ev.End) -> None:
         if self.end is None:
             self.end = e
 
-    def _evict(self, e: ev.Evict) -> None:
-        self.evictions += 1
-        self.pool.empty(e.slot)
-
-    def _invalidate(self, e: ev.Invalidate) -> None:
-        self.invalidations += 1
-        self.pool.clear()
-        self.ring.clear()
-
-    def _write(self, e: ev.Write) -> None:
-        c0, c1 = e.cells
-        if c1 <= c0:
-            return
-        p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
-        if p0 < 0 or p1 > MAX_PAGE:
-            self.out_of_range += 1
-            return
-        if self._writes is None:
-            self._writes = True
-        view = (e.layer, e.stream)
-        v = self.host.ver.get(view)
-        if v is None or len(v) < p1:
-            v, w = self.host.views(view, p1)
-        else:
-            w = self.host.wseq[view]
-        if p1 - p0 == 1:
-            v[p0] += 1
-            w[p0] = e.seq
-        else:
-            for page in range(p0, p1):
-                v[page] += 1
-            w[p0:p1] = [e.seq] * (p1 - p0)
-        if e.versions:
-            self._check_versions(e, v)
-        if self.keep_writes:
-            kept = self.host.wevent.setdefault(view, [])
-            if len(kept) < p1:
-                kept.extend([None] * (p1 - len(kept)))
-            kept[p0:p1] = [(e, self.mark)] * (p1 - p0)
+    def _keep_writes(self, chunk: list[Any], types: list[type]) -> None:
+        mark = self.mark
+        for e, t in zip(chunk, types, strict=True):
+            if t is ev.Mark:
+                mark = e
+            elif t is ev.Write:
+                c0, c1 = e.cells
+                if c1 > c0 and c0 >= 0:
+                    for page in range(c0 // PAGE_TOKENS,
+                                      min((c1 - 1) // PAGE_TOKENS + 1, MAX_PAGE)):
+                        self._writes[(e.layer, e.stream, page)] = (e, mark)
+        self.mark = mark
 
     def last_write(self, layer: int, stream: int, page: int
                    ) -> tuple[ev.Write, ev.Mark | None] | None:
         """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
-        kept = self.host.wevent.get((layer, stream))
-        got = kept[page] if kept is not None and 0 <= page < len(kept) else None
-        return got  # type: ignore[return-value]
-
-    def _check_versions(self, e: ev.Write, v: list[int]) -> None:
-        for page, version in e.versions:
-            if not 0 <= page < len(v) or v[page] != version:
-                self.groups.versions.add(Evidence(
-                    seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
-                    page=page, text=f"annotated version {version}, judged "
-                                    f"{v[page] if 0 <= page < len(v) else 0}"))
-                return
-
-    def _upload(self, e: ev.Upload) -> None:
-        p0, p1 = e.pages
-        n = p1 - p0
-        acc = self.uploads.get((e.target, e.reason))
-        if acc is None:
-            acc = self.uploads[(e.target, e.reason)] = [0, 0, 0]
-        acc[0] += 1
-        acc[1] += n
-        acc[2] += e.bytes
-        if n <= 0:
-            return
-        if p0 < 0 or p1 > MAX_PAGE or not 0 <= e.slot <= MAX_SLOT - n:
-            self.out_of_range += 1
-            return
-        view = (e.layer, e.stream)
-        v = self.host.ver.get(view)
-        if v is None or len(v) < p1:
-            v = self.host.views(view, p1)[0]
-        if e.target == "ring":
-            if self._uploads["ring"] is None:
-                self._uploads["ring"] = True
-            self.ring.copy_ring(e.seq, e.step, e.layer, e.stream, p0, e.slot, v[p0:p1])
-        else:
-            if self._uploads["resident"] is None:
-                self._uploads["resident"] = True
-            self.pool.copy(e.layer, e.stream, p0, e.slot, v[p0:p1], (e.step, e.seq))
+        return self._writes.get((layer, stream, page))
 
     def _output(self, e: ev.Output) -> None:
         diverged = e.diverged
@@ -367,8 +385,12 @@ class Judge:
             self.ledger.outputs.append((self.rows, e.seq, e.step, e.stream,
                                         -1 if diverged is None else int(diverged)))
         if diverged is None:
-            self.groups.no_reference.add(Evidence(seq=e.seq, step=e.step, stream=e.stream,
-                                                  text=f"checksum {e.checksum}, no reference"))
+            nr = self.groups.no_reference
+            if nr.full:
+                nr.count_one()
+            else:
+                nr.add(Evidence(seq=e.seq, step=e.step, stream=e.stream,
+                                text=f"checksum {e.checksum}, no reference"))
         elif diverged:
             assert e.max_abs_delta is not None
             g = self.groups.divergence.get(e.stream)
@@ -384,21 +406,24 @@ class Judge:
         """The verdict of any fits event (pure; cached by geometry)."""
         return self.fits_judge.verdict(e)
 
-    def _fits(self, e: ev.Fits) -> None:
-        self.routes[e.route] += 1
-        if e.route in ("streamed", "fallback"):
-            self.completeness.attention += 1
-        kind = outcome(e)
-        if kind not in BAD:
-            if self.ledger is not None:
-                self.ledger.fits.append((self.rows, e.seq, e.step, e.layer,
-                                         OUTCOME_CODE[kind], 0))
-            return
-        v = self.fits_judge.verdict(e)
-        assert v.outcome in BAD
+    def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
+        fs = [chunk[i] for i in idx]
+        routes = list(map(_ROUTE, fs))
+        before = self.routes["streamed"] + self.routes["fallback"]
+        self.routes.update(routes)
+        codes = outcome_codes(routes, list(map(_RESULT, fs)))
+        self.completeness.attention += self.routes["streamed"] + self.routes["fallback"] - before
+        failed = np.zeros(len(fs), np.int64)
+        for k in np.flatnonzero((codes == OUTCOME_CODE["mismatch"])
+                                | (codes == OUTCOME_CODE["fallback"])).tolist():
+            failed[k] = self._bad_fits(fs[k])
         if self.ledger is not None:
-            self.ledger.fits.append((self.rows, e.seq, e.step, e.layer,
-                                     OUTCOME_CODE[v.outcome], len(v.failed)))
+            self.ledger.fits.extend([rows0 + np.asarray(idx, np.int64),
+                                     ints(fs, _SEQ), ints(fs, _STEP), ints(fs, _LAYER),
+                                     codes.astype(np.int64), failed])
+
+    def _bad_fits(self, e: ev.Fits) -> int:
+        v = self.fits_judge.verdict(e)
         shown = v.shown()
         text = f"{e.node or 'FA node'}: failed: {shown}" if v.failed else (e.node or "FA node")
         if v.by == "kvdiag":
@@ -406,242 +431,272 @@ class Judge:
             text += f"; {v.note})" if v.note else ")"
         elif v.note:
             text += f" ({v.note})"
-        unknown = v.unknown
-        if unknown and v.by != "writer":
-            text += "; not evaluable: " + ", ".join(
-                dict.fromkeys(c.why for c in unknown))
+        unknown = v.unknown if v.by != "writer" else ()
+        if unknown:
+            text += "; not evaluable: " + ", ".join(dict.fromkeys(c.why for c in unknown))
         groups = self.groups.fallback if v.outcome == "fallback" else self.groups.mismatch
         key = (v.failed, v.by)
         g = groups.get(key)
         if g is None:
             g = groups[key] = fnd.Group()
-            g.extra.update(shown=shown, unknown=len(unknown) if v.by != "writer" else 0,
-                           not_evaluable=[c.name for c in unknown] if v.by != "writer" else [])
-        g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), text=text))
+            g.extra.update(shown=shown, unknown=len(unknown),
+                           not_evaluable=[c.name for c in unknown])
+        if g.full:
+            g.count_one()
+        else:
+            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), text=text))
+        return len(v.failed)
 
     # -- reads -----------------------------------------------------------------------------
 
-    def _known(self, source: str) -> bool:
-        """Is what a slot of this kind holds known (an upload of its target recorded, or
-        declared)? Without it no page read from such a slot is judged."""
-        return bool(self._uploads["ring" if source == "ring" else "resident"])
-
-    def _read(self, e: ev.Read) -> None:
-        pr = self.pages_read
-        pr[0] += e.pool
-        pr[1] += e.ring
-        pr[2] += e.host
-        layer, stream = e.layer, e.stream
-        served = e.served
-        self.ring.read_done(layer, stream)
-        if not served:
-            self._unserved(e)
+    def _absorb(self, c: Chunk) -> None:
+        """Count, group, cross-check and record the verdicts of one chunk's reads."""
+        self._chunk, self._index = c, None
+        self.classes += c.page_cls
+        self.not_judged_why.update(c.not_judged)
+        for w, page, said, judged in c.versions_disagree:
+            self.groups.versions.add(Evidence(
+                seq=w.seq, step=w.step, layer=fnd.layer_of(w.layer), stream=w.stream,
+                page=page, text=f"annotated version {said}, judged {judged}"))
+        reads = c.reads
+        self._unserved = {}
+        if not reads:
             return
-        self.reads[0] += 1
-        classes = self.classes
-        view = (layer, stream)
-        writes = bool(self._writes)
-        pieces: list[Piece] = []
-        exact_runs: list[tuple[int, int, int]] | None = [] if e.ranges else None
-        for s in served:
-            b, end = s.begin, s.end
-            n = end - b
-            if n <= 0:
-                continue
-            if b < 0 or end > MAX_PAGE:
-                self.out_of_range += 1
-                continue
-            src = s.source
-            if src == "host":
-                classes[HOST][EXACT] += n
-                if exact_runs is not None:
-                    exact_runs.append((b, end, HOST))
-                continue
-            code = POOL if src == "pool" else RING
-            q = s.slot
-            if q < 0 or q > MAX_SLOT - n:
-                pieces.append((b, end, code, q, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
-                               OUT_OF_RANGE))
-                continue
-            if not self._known(src):
-                pieces.append((b, end, code, q, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
-                               NO_UPLOAD))
-                continue
-            slots = self.pool if code == POOL else self.ring
-            v = self.host.ver.get(view)
-            if v is None or len(v) < end:
-                v = self.host.views(view, end)[0]
-            ident = self._canon.get((layer, stream, b - q))
-            if (writes and ident is not None and len(slots.ident) >= q + n
-                    and slots.ident[q:q + n].count(ident) == n
-                    and slots.ver[q:q + n] == v[b:end]):
-                classes[code][EXACT] += n
-                if exact_runs is not None:
-                    exact_runs.append((b, end, code))
-                continue
-            slots.pieces(layer, stream, b, q, v[b:end], code, writes, pieces)
-        bad: list[Piece] = []
-        counts = [0, 0, 0, 0]
-        for p in pieces:
-            k = p[1] - p[0]
-            cls = p[4]
-            classes[p[2]][cls] += k
-            if cls == EXACT:
-                if exact_runs is not None:
-                    exact_runs.append((p[0], p[1], p[2]))
-                continue
-            counts[cls] += k
-            bad.append(p)
-        if bad:
-            counts[EXACT] = sum(s.end - s.begin for s in served) - counts[1] - counts[2] \
-                - counts[3]
-            self._bad_read(e, bad, counts)
-        else:
-            counts[EXACT] = sum(s.end - s.begin for s in served if s.end > s.begin)
-        self.last = ReadVerdict(e.seq, e.step, layer, stream, (counts[0], counts[1],
-                                counts[2], counts[3]), tuple(bad))
-        if exact_runs is not None:
-            self._check_ranges(e, exact_runs, bad)
+        nr = len(reads)
+        self.pages_read += c.r_pages.sum(axis=0)
+        runs = np.bincount(c.detail["run_read"], minlength=nr)
+        layer, stream, step = c.r_layer, c.r_stream, c.r_step
+        for k in np.flatnonzero(runs == 0).tolist():
+            self._unserved[k] = self._not_served(reads[k])
+        self.reads[0] += nr - len(self._unserved)
+        self.groups.read_chunk(reads, c.pieces, layer, stream, step)
+        nj = c.pieces[c.pieces[:, 5] == NOT_JUDGED] if c.pieces.size else c.pieces
+        for why in (np.unique(nj[:, 13]).tolist() if nj.size else []):
+            mine = nj[nj[:, 13] == why]
+            g = self.groups.not_judged.get(why)
+            if g is None:
+                g = self.groups.not_judged[why] = fnd.Group()
+            ids, first = np.unique(mine[:, 0], return_index=True)
+            ids = ids[np.argsort(first)]
+            per = np.bincount(mine[:, 0], weights=mine[:, 2] - mine[:, 1], minlength=nr)
+            for r in ids.tolist():
+                e = reads[r]
+                if g.full:
+                    g.count_one(int(per[r]))
+                else:
+                    g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
+                                   stream=e.stream, text=f"{int(per[r])} page(s)"), int(per[r]))
+        annotated = np.fromiter(map(len, map(_RANGES, reads)), np.int64, nr)
+        if annotated.any():
+            self._check_ranges(c, annotated)
         if self.ledger is not None:
-            self._ledger_read(e, counts, bad)
-        self.completeness.slot_pages += e.pool + e.ring
+            self._ledger(c, layer, stream, step)
 
-    def _bad_read(self, e: ev.Read, bad: list[Piece], counts: list[int]) -> None:
-        self.groups.read(e, bad)
-        if counts[NOT_JUDGED]:
-            by_why: dict[int, int] = {}
-            for p in bad:
-                if p[4] == NOT_JUDGED:
-                    by_why[p[12]] = by_why.get(p[12], 0) + p[1] - p[0]
-            for why, n in by_why.items():
-                self.not_judged_why[why] += n
-                g = self.groups.not_judged.get(why)
-                if g is None:
-                    g = self.groups.not_judged[why] = fnd.Group()
-                g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                               stream=e.stream, text=f"{n} page(s)"), n)
-
-    def _unserved(self, e: ev.Read) -> None:
+    def _not_served(self, e: ev.Read) -> int:
+        """A read without served pages: none of its pages can be judged (the pages it says
+        it read count as read)."""
         self.reads[1] += 1
         n = e.pool + e.ring + e.host
-        for code, k in ((POOL, e.pool), (RING, e.ring), (HOST, e.host)):
-            self.classes[code][NOT_JUDGED] += k
+        self.pages_read += (e.pool, e.ring, e.host)
+        self.classes[POOL, NOT_JUDGED] += e.pool
+        self.classes[RING, NOT_JUDGED] += e.ring
+        self.classes[HOST, NOT_JUDGED] += e.host
         self.not_judged_why[NO_SERVED] += n
-        self.completeness.slot_pages += e.pool + e.ring
-        self.groups.no_served.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                                           stream=e.stream), n)
+        g = self.groups.no_served
+        if g.full:
+            g.count_one(n)
+        else:
+            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
+                           stream=e.stream), n)
         said = self.groups.annotated_classes
         for r in e.ranges:
             said[r.cls] = said.get(r.cls, 0) + r.end - r.begin
-        piece = (0, n, POOL, -1, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1, NO_SERVED)
-        self.last = ReadVerdict(e.seq, e.step, e.layer, e.stream, (0, 0, 0, n),
-                                (piece,) if n else ())
-        if self.ledger is not None:
-            self._ledger_read(e, [0, 0, 0, n], [])
+        return n
 
-    def _ledger_read(self, e: ev.Read, counts: list[int], bad: list[Piece]) -> None:
+    def _check_ranges(self, c: Chunk, annotated: np.ndarray) -> None:
+        """The model's annotated ranges against the verdicts (a cross-check): a read whose
+        judged and annotated non-exact page counts are both 0 agrees without a closer look."""
+        nr = len(c.reads)
+        ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
+        owner = np.repeat(np.arange(nr), annotated)
+        n = len(ranges)
+        width = ints(ranges, _END) - ints(ranges, _BEGIN)
+        bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
+        said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
+        judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
+        for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
+            if k in self._unserved:
+                continue
+            e = c.reads[k]
+            diff = crosscheck.disagrees(e, self._pieces(c, k))
+            if diff is not None:
+                self.groups.annotation.add(Evidence(
+                    seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
+                    text=diff))
+
+    def _ledger(self, c: Chunk, layer: np.ndarray, stream: np.ndarray,
+                step: np.ndarray) -> None:
         led = self.ledger
         assert led is not None
-        index = led.reads.n
-        led.reads.append((self.rows, e.seq, e.step, e.layer, e.stream, *counts))
-        for p in bad:
-            led.pieces.append((index, *p))
-        for write, cls in self._missed(e.layer, e.stream, bad):
-            led.flows.append((write, e.seq, index, cls))
+        base = led.reads.n
+        rc = c.r_counts.copy()
+        for k, n in self._unserved.items():
+            rc[k, NOT_JUDGED] = n
+        led.reads.extend([c.rows0 + c.r_pos, c.r_seq, step, layer, stream,
+                          rc[:, 0], rc[:, 1], rc[:, 2], rc[:, 3]])
+        if c.pieces.size:
+            p = c.pieces
+            led.pieces.extend([base + p[:, 0], *(p[:, i] for i in range(1, 14))])
+        if c.flows.size:
+            f = c.flows
+            led.flows.extend([f[:, 0], c.r_seq[f[:, 1]], base + f[:, 1], f[:, 2]])
 
-    def _missed(self, layer: int, stream: int, bad: Iterable[Piece]) -> list[tuple[int, int]]:
-        """(write seq, class) of the last writes of the stale and foreign pages: the flows."""
-        w = self.host.wseq.get((layer, stream))
-        if w is None:
+    def _pieces(self, c: Chunk, k: int) -> list[Piece]:
+        if not c.pieces.size:
             return []
-        out: dict[int, int] = {}
-        for p in bad:
-            if p[4] in (STALE, FOREIGN):
-                for seq in set(w[p[0]:p[1]]):
-                    if seq > 0:
-                        out.setdefault(seq, p[4])
-        return sorted(out.items())
+        rows = c.pieces[c.pieces[:, 0] == k]
+        return [tuple(r[1:]) for r in rows.tolist()]
+
+    def _read_index(self, e: ev.Read) -> int | None:
+        c = self._chunk
+        if c is None:
+            return None
+        if self._index is None:
+            self._index = {id(r): k for k, r in enumerate(c.reads)}
+        return self._index.get(id(e))
+
+    @property
+    def last(self) -> ReadVerdict | None:
+        """The verdict of the last read of the last chunk fed (None: that chunk had none)."""
+        c = self._chunk
+        if c is None or not c.reads:
+            return None
+        return self._verdict(c, len(c.reads) - 1)
+
+    def verdict(self, e: ev.Read) -> ReadVerdict | None:
+        """The verdict of a read of the last chunk fed (None: not in it)."""
+        k = self._read_index(e)
+        return None if k is None else self._verdict(self._chunk, k)  # type: ignore[arg-type]
+
+    def _verdict(self, c: Chunk, k: int) -> ReadVerdict:
+        e = c.reads[k]
+        if k in self._unserved:
+            n = self._unserved[k]
+            piece = (0, n, POOL, -1, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1, NO_SERVED)
+            return ReadVerdict(e.seq, e.step, e.layer, e.stream, (0, 0, 0, n),
+                               (piece,) if n else ())
+        counts = tuple(int(x) for x in c.r_counts[k])
+        return ReadVerdict(e.seq, e.step, e.layer, e.stream, counts,  # type: ignore[arg-type]
+                           tuple(self._pieces(c, k)))
 
     def missed_writes(self, verdict: ReadVerdict | None = None) -> list[int]:
-        """The writes whose bytes the read (default: the last one fed) did not get: for each
-        stale or foreign page, the last write of that page before the read (flows start
-        there). Ask right after feeding the read."""
-        v = verdict or self.last
-        if v is None:
+        """The writes whose bytes a read of the last chunk fed (default: its last read) did
+        not get: for each stale or foreign page, the last write of that page before the read
+        (flows start there). Needs ``flows`` (or a ledger) on when the read is fed."""
+        c = self._chunk
+        if c is None or not c.reads:
             return []
-        return [seq for seq, _ in self._missed(v.layer, v.stream, v.pieces)]
+        k = len(c.reads) - 1
+        if verdict is not None:
+            found = [i for i, r in enumerate(c.reads) if r.seq == verdict.seq]
+            if not found:
+                return []
+            k = found[0]
+        return sorted(set(c.flows[c.flows[:, 1] == k, 0].tolist())) if c.flows.size else []
 
-    def _check_ranges(self, e: ev.Read, exact: list[tuple[int, int, int]],
-                      bad: list[Piece]) -> None:
-        """Compare the model's annotated ranges with the verdicts, page by page."""
-        if not bad:
-            if all(r.cls == "exact" for r in e.ranges):
-                return
-        elif any(p[4] == NOT_JUDGED for p in bad):
-            return
-        derived = _as_ranges(e.stream, exact, bad)
-        if derived != _merge(e.ranges):
-            self.groups.annotation.add(Evidence(
-                seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
-                text="annotated " + _ranges_text(e.ranges) + "; judged "
-                     + _ranges_text(derived)))
+    def missed(self, e: ev.Read) -> list[tuple[int, str]]:
+        """(write seq, ``"stale"`` or ``"foreign"``) of each write a read of the last chunk
+        fed missed — the ledger's ``flows`` rows of that read, for a surface that draws them
+        as it goes (``trace export``). Needs ``flows`` (or a ledger) on when it is fed."""
+        c, k = self._chunk, self._read_index(e)
+        if c is None or k is None or not c.flows.size:
+            return []
+        if self._flows_by_read is None or self._flows_by_read[0] is not c:
+            order = np.argsort(c.flows[:, 1], kind="stable")
+            self._flows_by_read = (c, c.flows[order], c.flows[order, 1])
+        _, rows, reads = self._flows_by_read
+        lo, hi = np.searchsorted(reads, k, "left"), np.searchsorted(reads, k, "right")
+        return [(w, CLASSES[cls]) for w, _, cls in rows[lo:hi].tolist()]
+
+    def live_writes(self) -> set[int]:
+        """Seqs of the writes that are still the last write of some page: the only writes a
+        later read can miss, so a surface that remembers writes to draw flows may forget the
+        others (memory bounded by the pages, not the trace's length)."""
+        return set(np.unique(self.state.pages.wseq).tolist()) - {0}
 
     def pages(self, e: ev.Read) -> list[PageVerdict]:
-        """Every page of the read's ``served`` runs, judged (ask right after feeding it; a
-        read without served has no pages to list: :attr:`last` counts them not judged)."""
+        """Every page of a read of the last chunk fed, judged (a read without served pages
+        has no pages to list: :meth:`verdict` counts them not judged). Without
+        ``Judge(detail=True)`` an exact page's copy is not named (its holder's step and seq
+        are -1)."""
+        c = self._chunk
+        k = self._read_index(e)
+        if c is None or k is None or k in self._unserved:
+            return []
+        d = c.detail
+        views = self.state.views
+        run_ids = np.flatnonzero(d["run_read"] == k)
+        mine = d["p_read"] == k
+        p_run = d["p_run"][mine]
+        cols = {name: d[name][mine] for name in ("p_page", "p_slot", "cls", "lag", "why",
+                                                  "cur", "h_vid", "h_page", "h_ver",
+                                                  "h_step", "h_seq")}
+        nj = dict(zip(d["nj_runs"].tolist(), d["nj_why"].tolist(), strict=True))
         out: list[PageVerdict] = []
-        layer, stream, view = e.layer, e.stream, (e.layer, e.stream)
-        if not e.served:
-            return out  # no page numbers to judge: the read's verdict says why
-        writes = bool(self._writes)
-        for s in e.served:
-            b, end = s.begin, s.end
-            if end <= b or b < 0 or end > MAX_PAGE:
+        for run in run_ids.tolist():
+            if not d["keep"][run]:
                 continue
-            v = self.host.views(view, end)[0]
-            pieces: list[Piece] = []
-            code = SOURCE_CODE[s.source]
-            q = s.slot
-            if code == HOST:
-                pieces.append((b, end, HOST, -1, EXACT, 0, -1, -1, -1, -1, -1, -1, 0))
-            elif q < 0 or q > MAX_SLOT - (end - b):
-                pieces.append((b, end, code, q, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
-                               OUT_OF_RANGE))
-            elif not self._known(s.source):
-                pieces.append((b, end, code, q, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
-                               NO_UPLOAD))
-            else:
-                (self.pool if code == POOL else self.ring).pieces(
-                    layer, stream, b, q, v[b:end], code, writes, pieces)
-            for p in pieces:
-                slots = self.pool if p[2] == POOL else self.ring
-                for i in range(p[1] - p[0]):
-                    page = p[0] + i
-                    slot = p[3] + i if p[3] >= 0 else -1
-                    holder: Copy | None = None
-                    if p[6] >= 0:
-                        if p[1] - p[0] == 1:
-                            holder = Copy(p[6], p[7], p[8], p[9], p[10], p[11])
-                        else:
-                            held = slots.held(slot)
-                            holder = held if held is not None else None
-                    out.append(PageVerdict(e.seq, e.step, layer, stream, page,
-                                           SOURCES[p[2]], slot, CLASSES[p[4]], p[5], v[page],
-                                           holder, WHY[p[12]]))
+            b, end, src = int(d["b"][run]), int(d["e"][run]), int(d["src"][run])
+            slot0 = int(d["slot"][run])
+            if d["host"][run]:
+                for page in range(b, end):
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page, "host", -1,
+                                           "exact", 0, self._version_at(c, e, page), None, ""))
+                continue
+            if run in nj:
+                why = WHY[nj[run]]
+                for page in range(b, end):
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page,
+                                           SOURCES[src], slot0 + page - b, "not judged", 0,
+                                           self._version_at(c, e, page), None, why))
+                continue
+            sel = np.flatnonzero(p_run == run)
+            for i in sel.tolist():
+                hv = int(cols["h_vid"][i])
+                holder = None if hv < 0 else Copy(
+                    int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
+                    int(cols["h_ver"][i]), int(cols["h_step"][i]), int(cols["h_seq"][i]))
+                out.append(PageVerdict(
+                    e.seq, e.step, e.layer, e.stream, int(cols["p_page"][i]), SOURCES[src],
+                    int(cols["p_slot"][i]), CLASSES[int(cols["cls"][i])], int(cols["lag"][i]),
+                    int(cols["cur"][i]), holder, WHY[int(cols["why"][i])]))
         return out
+
+    def _version_at(self, c: Chunk, e: ev.Read, page: int) -> int:
+        """A host page's version when a read of the last chunk read it."""
+        view = self.state.views.one(e.layer, e.stream)
+        now, _ = self.state.pages.get(view, page)
+        if view is None or now == 0:
+            return now
+        d = c.detail
+        flat = int(self.state.pages.flat(np.array([view]), np.array([page]))[0])
+        wkey, R = d["wkey"], d["R"]
+        t = int(c.r_pos[self._read_index(e) or 0])
+        later = int(np.searchsorted(wkey, flat * R + d["n"] + 1)
+                    - np.searchsorted(wkey, flat * R + t))
+        return now - later
 
     # -- the judgement ---------------------------------------------------------------------
 
     @property
     def steps(self) -> Steps:
-        return Steps(self._first_step, self._last_step,
-                     self._table.get(ev.Step, [0])[0])
+        return Steps(self._first_step, self._last_step, self._types[ev.Step])
 
     @property
     def counts(self) -> dict[str, int]:
         """Events per kind."""
         out: Counter[str] = Counter(self._unknown)
-        for cls, (n, _) in self._table.items():
+        for cls, n in self._types.items():
             if n and cls is not ev.Unknown:
                 out[cls.__struct_config__.tag] += n  # type: ignore[attr-defined]
         return dict(out)
@@ -649,6 +704,7 @@ class Judge:
     def snapshot(self) -> Judgement:
         """The judgement of everything fed so far (an immutable value)."""
         counts = self.counts
+        self.completeness.slot_pages = int(self.pages_read[0] + self.pages_read[1])
         completeness = self.completeness.result(counts)
         return Judgement(
             counts=counts, steps=self.steps, end=self.end, last_seq=self.last_seq,
@@ -697,30 +753,32 @@ class Judge:
         return out
 
     def _residency(self) -> dict[str, Any]:
-        up_count: Counter[str] = Counter()
-        up_pages: Counter[str] = Counter()
-        up_bytes: Counter[str] = Counter()
-        reasons: Counter[str] = Counter()
-        for (target, reason), (count, pages, nbytes) in self.uploads.items():
-            up_count[target] += count
-            up_pages[target] += pages
-            up_bytes[target] += nbytes
-            reasons[reason] += pages
-        pool_read = self.pages_read[0]
-        total = [sum(c[i] for c in self.classes) for i in range(4)]
+        st = self.state.upload_stats
+        targets = ("resident", "ring")
+        up_count = {t: int(st[i, 0].sum()) for i, t in enumerate(targets) if st[i, 0].sum()}
+        up_pages: Counter[str] = Counter(
+            {t: int(st[i, 1].sum()) for i, t in enumerate(targets) if st[i, 0].sum()})
+        up_bytes = {t: int(st[i, 2].sum()) for i, t in enumerate(targets) if st[i, 0].sum()}
+        reasons = {(REASONS[r] if r < len(REASONS) else "other"): int(st[:, 1, r].sum())
+                   for r in range(st.shape[2]) if st[:, 0, r].sum()}
+        pool_read = int(self.pages_read[0])
+        total = [int(x) for x in self.classes.sum(axis=0)]
+        self.evictions = self._types[ev.Evict]
+        self.invalidations = self._types[ev.Invalidate]
         return {
-            "pages_read": dict(zip(SOURCES, self.pages_read, strict=True)),
+            "pages_read": dict(zip(SOURCES, self.pages_read.tolist(), strict=True)),
             "read_classes": {"exact": total[EXACT], "stale": total[STALE],
                              "foreign": total[FOREIGN], "not_judged": total[NOT_JUDGED]},
             "read_classes_by_source": {
                 src: {"exact": c[EXACT], "stale": c[STALE], "foreign": c[FOREIGN],
-                      "not_judged": c[NOT_JUDGED]} for src, c in zip(SOURCES, self.classes,
-                                                                      strict=True)},
+                      "not_judged": c[NOT_JUDGED]}
+                for src, c in zip(SOURCES, self.classes.tolist(), strict=True)},
             "not_judged": {WHY_KEY[w]: n for w, n in sorted(self.not_judged_why.items())},
             "reads": {"judged": self.reads[0], "without_served": self.reads[1]},
             "cross_check": {"annotation_disagrees": self.groups.annotation.count,
-                            "versions_disagree": self.groups.versions.count},
-            "out_of_range": self.out_of_range,
+                            "versions_disagree": self.groups.versions.count,
+                            "snapshot_replaced": len(self.snapshot_replaced)},
+            "out_of_range": self.state.out_of_range,
             "resident_hits": pool_read - up_pages["resident"],
             "resident_hit_rate": (max(0.0, 1.0 - up_pages["resident"] / pool_read)
                                   if pool_read else None),
@@ -767,32 +825,35 @@ class Judgement:
         }
 
 
-def _as_ranges(stream: int, exact: list[tuple[int, int, int]], bad: list[Piece]
-               ) -> tuple[ev.ReadRange, ...]:
-    """Verdicts in the model annotation's shape: runs of equal (source, holder stream, class,
-    lag), in page order."""
-    items: list[tuple[int, int, str, int, str, int]] = [
-        (b, e, SOURCES[src], stream, "exact", 0) for b, e, src in exact]
-    items += [(p[0], p[1], SOURCES[p[2]], p[7] if p[6] >= 0 else -1, CLASSES[p[4]],
-               p[5]) for p in bad]
-    items.sort()
-    return _merge(ev.ReadRange(*i) for i in items)  # type: ignore[arg-type]
+def _declares(e: object) -> bool:
+    """Is ``e`` a ``records`` event (more kinds declared)?"""
+    t = type(e)
+    return t is ev.Records or (t is ev.Unknown and e.kind == "records")  # type: ignore[attr-defined]
 
 
-def _merge(ranges: Iterable[ev.ReadRange]) -> tuple[ev.ReadRange, ...]:
-    out: list[ev.ReadRange] = []
-    for r in ranges:
-        last = out[-1] if out else None
-        if (last is not None and last.end == r.begin and last.source == r.source
-                and last.holder == r.holder and last.cls == r.cls
-                and last.version_lag == r.version_lag):
-            out[-1] = ev.ReadRange(last.begin, r.end, r.source, r.holder, r.cls, r.version_lag)
-        else:
-            out.append(r)
-    return tuple(out)
-
-
-def _ranges_text(ranges: Iterable[ev.ReadRange]) -> str:
-    return ", ".join(f"{r.begin}..{r.end - 1} {r.source} {r.cls}"
-                     + (f" (stream {r.holder})" if r.cls == "foreign" else "")
-                     + (f" -{r.version_lag}" if r.cls == "stale" else "") for r in ranges)
+def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
+            ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
+    """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
+    ``records`` event alone in its list. The Judge answers (:meth:`~Judge.verdict`,
+    :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
+    and judges what follows a declaration with it, so a list that held one in its middle would
+    leave the reads before it unanswered."""
+    chunk: list[ev.AnyEvent | ev.Unknown] = []
+    for e in events:
+        if _declares(e):
+            if chunk:
+                yield chunk
+                chunk = []
+            yield [e]
+            continue
+        if type(e) is ev.Snapshot and chunk:
+            # a segment's snapshot starts a list: the reads after it are then the list's own,
+            # and the Judge can be asked about every one of them
+            yield chunk
+            chunk = []
+        chunk.append(e)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -19,16 +19,23 @@ Tables (columns in :data:`READS`, :data:`PIECES`, :data:`FLOWS`, :data:`FITS`,
   exact;
 - ``flows``: write → read: the last write of a page (``write_seq``) before a read that got that
   page stale or foreign (``read_seq``, ``read`` index, ``cls``): one row per (write, read);
-- ``fits``: one row per fits event: outcome code (:data:`OUTCOMES`), failed-condition count;
+- ``fits``: one row per fits event: outcome code (:data:`~kvdiag.analysis.judgement.fits.OUTCOMES`),
+  failed-condition count;
 - ``outputs``: one row per output event: 1 diverged, 0 within tolerance, -1 no reference.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE
+from kvdiag.analysis.judgement.slots import Piece
 
 BLOCK = 8192
 
@@ -48,50 +55,134 @@ FITS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"), ("l
                                ("outcome", "i1"), ("failed", "i2")]
 OUTPUTS: list[tuple[str, str]] = [("row", "i8"), ("seq", "i8"), ("step", "i4"),
                                   ("stream", "i4"), ("diverged", "i1")]
-OUTCOMES: tuple[str, ...] = ("streamed", "mismatch", "fallback", "ordinary", "other")
-OUTCOME_CODE = {o: i for i, o in enumerate(OUTCOMES)}
 
-_I32 = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
+_I64 = (-(1 << 63), (1 << 63) - 1)
+_LIMITS = {np.dtype(t).char: (np.iinfo(t).min, np.iinfo(t).max)
+           for t in (np.int8, np.int16, np.int32, np.int64)}
 
 
 class Table:
-    """Append-only rows sealed into structured-array blocks."""
+    """Append-only rows sealed into structured-array blocks.
+
+    The open rows are one flat ``array('q')`` of int64s: appending a row is one C call, and
+    sealing or copying them is a buffer view and a cast per column (converting a list of
+    tuples to a structured array cost about a microsecond per row, a tenth of a viewer's
+    judging pass when every snapshot copies the open rows)."""
 
     def __init__(self, columns: list[tuple[str, str]]) -> None:
         self.dtype = np.dtype(columns)
+        self.width = len(columns)
         self.blocks: list[np.ndarray] = []
-        self.rows: list[tuple[int, ...]] = []
+        self.open = array("q")
         self.n = 0
 
     def append(self, row: tuple[int, ...]) -> None:
-        self.rows.append(row)
-        self.n += 1
-        if len(self.rows) >= BLOCK:
-            self.blocks.append(self._seal(self.rows))
-            self.rows = []
-
-    def _seal(self, rows: list[tuple[int, ...]]) -> np.ndarray:
+        start = len(self.open)
         try:
-            arr = np.array(rows, dtype=self.dtype)
-        except OverflowError:  # a hostile value beyond its column: clipped, never a crash
-            arr = np.array([tuple(max(_I32[0], min(_I32[1], v)) for v in r) for r in rows],
-                           dtype=self.dtype)
+            self.open.extend(row)
+        except OverflowError:  # a hostile value beyond 64 bits: clipped, never a crash
+            del self.open[start:]
+            self.open.extend(max(_I64[0], min(_I64[1], v)) for v in row)
+        self.n += 1
+        if len(self.open) >= BLOCK * self.width:
+            self.blocks.append(self._seal())
+            self.open = array("q")
+
+    def extend(self, columns: list[np.ndarray]) -> None:
+        """Many rows at once, one array per column (in :attr:`dtype`'s order)."""
+        if not columns or not columns[0].size:
+            return
+        if self.open:
+            self.blocks.append(self._seal())
+            self.open = array("q")
+        block = np.empty(columns[0].size, self.dtype)
+        for name, col in zip(self.dtype.names or (), columns, strict=True):
+            block[name] = np.clip(col, *_LIMITS[block[name].dtype.char])
+        block.flags.writeable = False
+        self.blocks.append(block)
+        self.n += block.size
+
+    def _seal(self) -> np.ndarray:
+        flat = np.frombuffer(self.open, dtype=np.int64).reshape(-1, self.width)
+        arr = np.empty(len(flat), self.dtype)
+        for i, name in enumerate(self.dtype.names or ()):
+            kind = self.dtype[name]
+            info = np.iinfo(kind)
+            # a value beyond its column (a hostile trace) is clipped, never wrapped
+            arr[name] = flat[:, i].clip(info.min, info.max) if kind.itemsize < 8 \
+                else flat[:, i]
         arr.flags.writeable = False
         return arr
 
     def snapshot(self) -> TableSnapshot:
-        tail = (self._seal(self.rows),) if self.rows else ()
-        return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n)
+        tail = (self._seal(),) if self.open else ()
+        return TableSnapshot(self.dtype, (*self.blocks, *tail), self.n, len(self.blocks))
+
+    def take(self) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+        """The blocks sealed since the last take (forgotten here), a copy of the open rows
+        and the row count: for a viewer that keeps the table in another process, so that it
+        is held once. A table taken from no longer makes whole snapshots."""
+        sealed, self.blocks = self.blocks, []
+        return sealed, (self._seal() if self.open else None), self.n
 
 
 class TableSnapshot:
-    """An immutable prefix of a :class:`Table`."""
+    """An immutable prefix of a :class:`Table`: ``blocks`` in row order, the first ``sealed``
+    of them final (a later snapshot shares them), the rest a copy of the rows still open.
 
-    def __init__(self, dtype: np.dtype[Any], blocks: Sequence[np.ndarray], n: int) -> None:
+    Lookups by an ascending column (``reads.row``, ``pieces.read``) search block by block, so
+    a viewer asking about a few rows never flattens millions of them; :attr:`array` does."""
+
+    def __init__(self, dtype: np.dtype[Any], blocks: Sequence[np.ndarray], n: int,
+                 sealed: int | None = None) -> None:
         self.dtype = dtype
-        self.blocks = tuple(blocks)
+        self.blocks = tuple(b for b in blocks if len(b))
         self.n = n
+        self.sealed = len(self.blocks) if sealed is None else min(sealed, len(self.blocks))
         self._flat: np.ndarray | None = None
+        self._starts: list[int] | None = None
+        self._firsts: dict[str, list[int]] = {}
+
+    def _block_starts(self) -> list[int]:
+        """Index of each block's first row, and the total."""
+        if self._starts is None:
+            self._starts = [0, *itertools.accumulate(len(b) for b in self.blocks)]
+        return self._starts
+
+    def _first_values(self, name: str) -> list[int]:
+        got = self._firsts.get(name)
+        if got is None:
+            got = self._firsts[name] = [int(b[name][0]) for b in self.blocks]
+        return got
+
+    def bounds(self, name: str, value: int) -> tuple[int, int]:
+        """``[lo, hi)``: the rows whose ``name`` equals ``value``, for an integer column that
+        ascends through the table (a viewer asks this per cell row it draws: plain bisection
+        over the blocks' first values, one search in a block)."""
+        if not self.blocks:
+            return 0, 0
+        firsts = self._first_values(name)
+        starts = self._block_starts()
+        first = max(0, bisect.bisect_left(firsts, value) - 1)
+        last = max(0, bisect.bisect_right(firsts, value) - 1)
+        # in ascending integers the rows equal to v end where those >= v + 1 begin
+        lo, hi = self.blocks[first][name].searchsorted((value, value + 1))
+        lo, hi = starts[first] + int(lo), starts[first] + int(hi)
+        if last != first:
+            hi = starts[last] + int(self.blocks[last][name].searchsorted(value + 1))
+        return lo, max(lo, hi)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` as one array (joining the blocks they span)."""
+        lo, hi = max(lo, 0), min(hi, self.n)
+        if hi <= lo:
+            return np.empty(0, self.dtype)
+        starts = self._block_starts()
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_right(starts, hi - 1) - 1
+        parts = [self.blocks[b][max(lo - starts[b], 0):hi - starts[b]]
+                 for b in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def __len__(self) -> int:
         return self.n
@@ -120,10 +211,12 @@ class Ledger:
         self.fits = Table(FITS)
         self.outputs = Table(OUTPUTS)
 
+    def tables(self) -> tuple[Table, ...]:
+        """In :class:`LedgerSnapshot`'s order."""
+        return self.reads, self.pieces, self.flows, self.fits, self.outputs
+
     def snapshot(self) -> LedgerSnapshot:
-        return LedgerSnapshot(self.reads.snapshot(), self.pieces.snapshot(),
-                              self.flows.snapshot(), self.fits.snapshot(),
-                              self.outputs.snapshot())
+        return LedgerSnapshot(*(t.snapshot() for t in self.tables()))
 
 
 class LedgerSnapshot:
@@ -139,9 +232,17 @@ class LedgerSnapshot:
 
     def pieces_of(self, read: int) -> np.ndarray:
         """The non-exact runs of read ``read`` (an index into ``reads``), in page order."""
-        col = self.pieces.column("read")
-        lo, hi = np.searchsorted(col, read, side="left"), np.searchsorted(col, read, "right")
-        return self.pieces.array[lo:hi]
+        return self.pieces.rows(*self.pieces.bounds("read", read))
+
+    def read_at(self, row: int) -> int | None:
+        """The index into ``reads`` of the read event at ``row`` (None: no read judged
+        there)."""
+        lo, hi = self.reads.bounds("row", row)
+        return lo if hi > lo else None
+
+    def piece_tuples(self, read: int) -> list[Piece]:
+        """:meth:`pieces_of` as :data:`~kvdiag.analysis.judgement.slots.Piece` tuples."""
+        return [cast(Piece, tuple(r[1:])) for r in self.pieces_of(read).tolist()]
 
     def steps_with(self, what: str) -> np.ndarray:
         """Sorted unique steps with ``stale`` or ``foreign`` or ``not judged`` pages, a

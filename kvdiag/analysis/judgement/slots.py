@@ -1,5 +1,5 @@
 """What every pool and ring slot holds, and every host page's version (docs/trace-format.md,
-"Derivation").
+"Derivation") — the rule, and the arrays that carry it from one chunk of events to the next.
 
 - The **host version** of (layer, stream, page) is the number of ``write`` events whose
   ``cells`` touch the page; the last such write is remembered (flows start there).
@@ -33,36 +33,29 @@ that cycles within one read still judges each page by the copy it consumed. A re
 several events (kvtrace.h's ``KVTRACE_READ_RUNS``) is one batch: the batch starts at V's first
 ring copy after a read of V.
 
-Memory is bounded by the number of distinct host pages and slots (and a window of recent ring
+The state is numpy arrays (:class:`PageTable`, :class:`SlotTable`, :class:`RingLog`) so that
+a chunk of events is judged with array operations (:mod:`~kvdiag.analysis.judgement.batch`);
+memory is bounded by the number of distinct host pages and slots (and a window of recent ring
 copies for rule 3), never by the length of the trace.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import NamedTuple
 
-from kvdiag.analysis.judgement.classes import (
-    EXACT,
-    FOREIGN,
-    NO_WRITE,
-    NOT_JUDGED,
-    RING_HISTORY,
-    STALE,
-)
+import numpy as np
+
+from kvdiag.analysis.judgement.classes import MAX_PAGE
 
 View = tuple[int, int]
 """(layer, stream) of the host store."""
-Ident = tuple[int, int, int]
-"""What a slot holds, as (layer, stream, page - slot): consecutive pages copied into
-consecutive slots share one ident object, so a run of slots is checked with ``list.count``
-(whose identity shortcut skips comparing the tuples)."""
-When = tuple[int, int]
-"""(step, seq) of the upload that made a copy."""
 
-RING_LOG = 8192
-"""Ring uploads kept for rule 3 (a read's own batch is a few dozen)."""
+DENSE_LAYERS, DENSE_STREAMS = 1025, 64
+"""View ids of layers -1..1023 and streams 0..63 are looked up in a table."""
+
+RING_LOG = 1 << 16
+"""Ring copies (pages) kept for rule 3 (a read's own batch is a few dozen)."""
 
 
 class Copy(NamedTuple):
@@ -84,244 +77,188 @@ holder step, holder upload seq, why-not-judged). Holder fields are -1 when the s
 nothing or the page is not judged."""
 
 
-class HostPages:
-    """Host versions and the last write of every page, page-indexed per view."""
+class Views:
+    """(layer, stream) ↔ a small view id, vectorised both ways."""
 
     def __init__(self) -> None:
-        self.ver: dict[View, list[int]] = {}
-        self.wseq: dict[View, list[int]] = {}
+        self.ids: dict[View, int] = {}
+        self.layer = np.empty(0, np.int64)
+        self.stream = np.empty(0, np.int64)
+        self._keys = np.empty(0, np.int64)
+        self._order = np.empty(0, np.int64)
+        self._dense = np.full((DENSE_LAYERS, DENSE_STREAMS), -1, np.int64)
+
+    @staticmethod
+    def key(layer: np.ndarray, stream: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (layer + (1 << 31)) * (1 << 32) + (stream + (1 << 31))
+        return out
+
+    def of(self, layer: np.ndarray, stream: np.ndarray) -> np.ndarray:
+        """View ids of (layer, stream) pairs, assigning new ones as needed (a table lookup for
+        the usual small layer and stream numbers)."""
+        if layer.size == 0:
+            return np.empty(0, np.int64)
+        # a hostile layer or stream beyond 32 bits: one view for all of them (keys fit int64)
+        layer = np.clip(layer, -(1 << 31), (1 << 31) - 1)
+        stream = np.clip(stream, -(1 << 31), (1 << 31) - 1)
+        dense = self._dense
+        lo, hi = int(layer.min()), int(layer.max())
+        so, sh = int(stream.min()), int(stream.max())
+        if lo >= -1 and hi < DENSE_LAYERS - 1 and so >= 0 and sh < DENSE_STREAMS:
+            got: np.ndarray = dense[layer + 1, stream]
+            if (got >= 0).all():
+                return got
+        keys = self.key(layer, stream)
+        new = np.setdiff1d(np.unique(keys), self._keys, assume_unique=True)
+        if new.size:
+            lay = np.asarray(layer)
+            st = np.asarray(stream)
+            for k in new.tolist():
+                i = int(np.flatnonzero(keys == k)[0])
+                self.ids[(int(lay[i]), int(st[i]))] = len(self.ids)
+            pairs = list(self.ids)
+            self.layer = np.array([p[0] for p in pairs], np.int64)
+            self.stream = np.array([p[1] for p in pairs], np.int64)
+            all_keys = self.key(self.layer, self.stream)
+            self._order = np.argsort(all_keys)
+            self._keys = all_keys[self._order]
+            for (ly, sm), vid in self.ids.items():
+                if -1 <= ly < DENSE_LAYERS - 1 and 0 <= sm < DENSE_STREAMS:
+                    dense[ly + 1, sm] = vid
+        out: np.ndarray = self._order[np.searchsorted(self._keys, keys)]
+        return out
+
+    def one(self, layer: int, stream: int) -> int | None:
+        return self.ids.get((layer, stream))
+
+
+class PageTable:
+    """Per view, the host version and last write (seq and row) of every page: one flat array
+    per column, each view a segment of it (``offset[view] + page``), grown by doubling."""
+
+    def __init__(self) -> None:
+        self.offset = np.zeros(0, np.int64)
+        self.cap = np.zeros(0, np.int64)
+        self.version = np.zeros(0, np.int64)
+        self.wseq = np.zeros(0, np.int64)
         """Seq of the last write that touched each page (0: none)."""
-        self.wevent: dict[View, list[object]] = {}
-        """The last write event of each page with the mark of its ubatch, where the Judge keeps
-        them (``keep_writes``: diff's cause chains)."""
+        self.wrow = np.full(0, -1, np.int64)
+        """Row of that write (for the kept write events: -1 none)."""
 
-    def views(self, view: View, end: int) -> tuple[list[int], list[int]]:
-        v = self.ver.get(view)
-        if v is None:
-            v = self.ver[view] = []
-            self.wseq[view] = []
-        w = self.wseq[view]
-        if len(v) < end:
-            v.extend([0] * (end - len(v)))
-            w.extend([0] * (end - len(w)))
-        return v, w
+    def ensure(self, views: np.ndarray, ends: np.ndarray) -> None:
+        """Room for pages ``< ends`` of ``views`` (every end ≤ MAX_PAGE)."""
+        n_views = int(views.max()) + 1 if views.size else 0
+        if n_views > self.cap.size:
+            grow = n_views - self.cap.size
+            self.offset = np.concatenate([self.offset, np.zeros(grow, np.int64)])
+            self.cap = np.concatenate([self.cap, np.zeros(grow, np.int64)])
+        if not views.size:
+            return
+        need = np.zeros(self.cap.size, np.int64)
+        np.maximum.at(need, views, ends)
+        short = np.flatnonzero(need > self.cap)
+        for v in short.tolist():
+            new_cap = min(max(int(need[v]), 2 * int(self.cap[v]), 16), MAX_PAGE)
+            start = self.version.size
+            old, size = int(self.offset[v]), int(self.cap[v])
+            self.version = np.concatenate([self.version, np.zeros(new_cap, np.int64)])
+            self.wseq = np.concatenate([self.wseq, np.zeros(new_cap, np.int64)])
+            self.wrow = np.concatenate([self.wrow, np.full(new_cap, -1, np.int64)])
+            if size:
+                self.version[start:start + size] = self.version[old:old + size]
+                self.wseq[start:start + size] = self.wseq[old:old + size]
+                self.wrow[start:start + size] = self.wrow[old:old + size]
+            self.offset[v] = start
+            self.cap[v] = new_cap
+        if self.version.size > 4 * max(int(self.cap.sum()), 1024):
+            self._compact()
 
-    def version(self, layer: int, stream: int, page: int) -> int:
-        v = self.ver.get((layer, stream))
-        return v[page] if v is not None and 0 <= page < len(v) else 0
+    def _compact(self) -> None:
+        """Drop the segments left behind by growth."""
+        total = int(self.cap.sum())
+        version = np.zeros(total, np.int64)
+        wseq = np.zeros(total, np.int64)
+        wrow = np.full(total, -1, np.int64)
+        at = 0
+        for v in range(self.cap.size):
+            o, c = int(self.offset[v]), int(self.cap[v])
+            version[at:at + c] = self.version[o:o + c]
+            wseq[at:at + c] = self.wseq[o:o + c]
+            wrow[at:at + c] = self.wrow[o:o + c]
+            self.offset[v] = at
+            at += c
+        self.version, self.wseq, self.wrow = version, wseq, wrow
 
-    def last_write(self, layer: int, stream: int, page: int) -> int:
-        w = self.wseq.get((layer, stream))
-        return w[page] if w is not None and 0 <= page < len(w) else 0
+    def flat(self, views: np.ndarray, pages: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.offset[views] + pages
+        return out
+
+    def get(self, view: int | None, page: int) -> tuple[int, int]:
+        """(version, last write seq) of one page (0, 0 when never written)."""
+        if view is None or view >= self.cap.size or not 0 <= page < int(self.cap[view]):
+            return 0, 0
+        i = int(self.offset[view]) + page
+        return int(self.version[i]), int(self.wseq[i])
 
 
-class Slots:
-    """One namespace of slots (pool or ring): slot-indexed lists of the newest copy."""
+class SlotTable:
+    """One namespace of slots (pool or ring): slot-indexed arrays of the newest copy."""
 
-    def __init__(self, canon: dict[Ident, Ident]) -> None:
-        self.canon = canon
-        self.ident: list[Ident | None] = []
-        self.ver: list[int] = []
-        self.when: list[When] = []
+    COLUMNS = ("view", "page", "version", "seq", "step", "row")
+
+    def __init__(self) -> None:
+        self.view = np.full(0, -1, np.int64)
+        """View id of the copy held (-1: empty)."""
+        self.page = np.zeros(0, np.int64)
+        self.version = np.zeros(0, np.int64)
+        self.seq = np.zeros(0, np.int64)
+        self.step = np.zeros(0, np.int64)
+        self.row = np.full(0, -1, np.int64)
 
     def grow(self, end: int) -> None:
-        n = end - len(self.ident)
+        n = end - self.view.size
         if n > 0:
-            self.ident.extend([None] * n)
-            self.ver.extend([-1] * n)
-            self.when.extend([(-1, -1)] * n)
-
-    def copy(self, layer: int, stream: int, p0: int, s0: int, versions: list[int],
-             when: When) -> None:
-        n = len(versions)
-        if s0 + n > len(self.ident):
-            self.grow(s0 + n)
-        ident = (layer, stream, p0 - s0)
-        ident = self.canon.setdefault(ident, ident)
-        if n == 1:
-            self.ident[s0] = ident
-            self.ver[s0] = versions[0]
-            self.when[s0] = when
-        else:
-            self.ident[s0:s0 + n] = [ident] * n
-            self.ver[s0:s0 + n] = versions
-            self.when[s0:s0 + n] = [when] * n
-
-    def empty(self, slot: int) -> None:
-        if 0 <= slot < len(self.ident):
-            self.ident[slot] = None
-            self.ver[slot] = -1
-            self.when[slot] = (-1, -1)
+            n = max(n, self.view.size)  # doubling
+            self.view = np.concatenate([self.view, np.full(n, -1, np.int64)])
+            for name in ("page", "version", "seq", "step"):
+                setattr(self, name, np.concatenate([getattr(self, name),
+                                                     np.zeros(n, np.int64)]))
+            self.row = np.concatenate([self.row, np.full(n, -1, np.int64)])
 
     def clear(self) -> None:
-        n = len(self.ident)
-        self.ident = [None] * n
-        self.ver = [-1] * n
-        self.when = [(-1, -1)] * n
-
-    def held(self, slot: int) -> Copy | None:
-        """The newest copy in ``slot``."""
-        ident = self.ident[slot] if 0 <= slot < len(self.ident) else None
-        if ident is None:
-            return None
-        step, seq = self.when[slot]
-        return Copy(ident[0], ident[1], slot + ident[2], self.ver[slot], step, seq)
-
-    def pieces(self, layer: int, stream: int, begin: int, slot: int, current: list[int],
-               source: int, writes: bool, out: list[Piece]) -> None:
-        """Verdicts of pages ``begin..begin+len(current)`` served from slots ``slot..``, by
-        the newest copy of each slot, a group of equal slot contents at a time (uploads fill
-        consecutive slots with one ident, so a run is a handful of groups)."""
-        n = len(current)
-        if slot + n > len(self.ident):
-            self.grow(slot + n)
-        idents = self.ident[slot:slot + n]
-        own = self.canon.get((layer, stream, begin - slot))
-        i = 0
-        for ident, group in _groups(idents):
-            j = i + group
-            q = slot + i
-            if ident is None:
-                out.append((begin + i, begin + j, source, q, FOREIGN, 0, -1, -1, -1, -1, -1,
-                            -1, 0))
-            elif ident is not own:
-                step, seq = self.when[q]
-                out.append((begin + i, begin + j, source, q, FOREIGN, 0, ident[0], ident[1],
-                            q + ident[2], self.ver[q], step, seq, 0))
-            elif not writes:
-                step, seq = self.when[q]
-                out.append((begin + i, begin + j, source, q, NOT_JUDGED, 0, layer, stream,
-                            begin + i, self.ver[q], step, seq, NO_WRITE))
-            else:
-                _same_page(self, layer, stream, begin, slot, i, j, current, source, out)
-            i = j
+        self.view[:] = -1
+        self.row[:] = -1
 
 
-def _groups(items: list[Ident | None]) -> list[tuple[Ident | None, int]]:
-    """(value, length) of each run of equal consecutive items (iterated in C: the idents are
-    canonical objects, compared by identity first)."""
-    return [(k, len(list(g))) for k, g in itertools.groupby(items)]
+class RingLog:
+    """Recent ring copies, page by page, for rule 3: kept as a few numpy blocks (row, slot,
+    view, page, version, seq, step) up to :data:`RING_LOG` pages."""
 
+    def __init__(self) -> None:
+        self.blocks: deque[np.ndarray] = deque()
+        self.size = 0
+        self.dropped = False
+        """Older copies were dropped: a walk that reaches them cannot be finished."""
 
-def _same_page(slots: Slots, layer: int, stream: int, begin: int, slot: int, i: int, j: int,
-               current: list[int], source: int, out: list[Piece]) -> None:
-    """Pages i..j of a run whose slots hold copies of the right pages: exact where the copy's
-    version is current, stale (by how many writes) where not."""
-    vers = slots.ver[slot + i:slot + j]
-    cur = current[i:j]
-    if vers == cur:
-        step, seq = slots.when[slot + i]
-        out.append((begin + i, begin + j, source, slot + i, EXACT, 0, layer, stream, begin + i,
-                    vers[0], step, seq, 0))
-        return
-    k = i
-    while k < j:
-        lag = cur[k - i] - vers[k - i]
-        m = k + 1
-        while m < j and cur[m - i] - vers[m - i] == lag:
-            m += 1
-        step, seq = slots.when[slot + k]
-        cls = EXACT if lag == 0 else STALE
-        out.append((begin + k, begin + m, source, slot + k, cls, lag if cls == STALE else 0,
-                    layer, stream, begin + k, vers[k - i], step, seq, 0))
-        k = m
-
-
-class RingCopy(NamedTuple):
-    seq: int
-    step: int
-    layer: int
-    stream: int
-    p0: int
-    p1: int
-    slot: int
-    versions: tuple[int, ...]
-
-
-class Ring(Slots):
-    """The ring namespace: newest copies as in :class:`Slots`, plus what rule 3 of the module
-    docstring needs — each view's batch start and a window of recent ring uploads."""
-
-    def __init__(self, canon: dict[Ident, Ident]) -> None:
-        super().__init__(canon)
-        self.log: deque[RingCopy] = deque(maxlen=RING_LOG)
-        self.batch: dict[View, list[int]] = {}
-        """Per view: [seq of the batch's first copy, 1 if a read of the view came since]."""
-
-    def copy_ring(self, seq: int, step: int, layer: int, stream: int, p0: int, s0: int,
-                  versions: list[int]) -> None:
-        view = (layer, stream)
-        b = self.batch.get(view)
-        if b is None:
-            self.batch[view] = [seq, 0]
-        elif b[1]:
-            b[0], b[1] = seq, 0
-        self.copy(layer, stream, p0, s0, versions, (step, seq))
-        self.log.append(RingCopy(seq, step, layer, stream, p0, p0 + len(versions), s0,
-                                 tuple(versions)))
-
-    def read_done(self, layer: int, stream: int) -> None:
-        b = self.batch.get((layer, stream))
-        if b is not None:
-            b[1] = 1
-
-    def clear(self) -> None:
-        super().clear()
-        self.log.clear()
-        self.batch.clear()
-
-    def pieces(self, layer: int, stream: int, begin: int, slot: int, current: list[int],
-               source: int, writes: bool, out: list[Piece]) -> None:
-        """Rules 1 and 2 by groups of equal newest copies (as the pool); rule 3 page by page
-        for slots whose newest copy is another page of the same view."""
-        first = len(out)
-        super().pieces(layer, stream, begin, slot, current, source, writes, out)
-        view_ok = False
-        for k in range(first, len(out)):
-            p = out[k]
-            if p[4] == FOREIGN and p[6] == layer and p[7] == stream:
-                view_ok = True
-                break
-        if not view_ok:
+    def add(self, block: np.ndarray) -> None:
+        if block.shape[0] == 0:
             return
-        pieces = out[first:]
-        del out[first:]
-        for p in pieces:
-            if p[4] != FOREIGN or p[6] != layer or p[7] != stream:
-                out.append(p)
-                continue
-            for page in range(p[0], p[1]):
-                s = p[3] + page - p[0]
-                out.append(self._consumed(layer, stream, page, s, current[page - begin],
-                                          source, writes))
+        self.blocks.append(block)
+        self.size += block.shape[0]
+        while self.size - self.blocks[0].shape[0] >= RING_LOG:
+            self.size -= self.blocks.popleft().shape[0]
+            self.dropped = True
 
-    def _consumed(self, layer: int, stream: int, page: int, slot: int, current: int,
-                  source: int, writes: bool) -> Piece:
-        """Rule 3 for one page whose slot's newest copy is another page of its view."""
-        start = self.batch.get((layer, stream), [0, 0])[0]
-        newest = self.held(slot)
-        assert newest is not None
-        seen_start = False
-        for c in reversed(self.log):
-            if c.seq < start:
-                seen_start = True
-                break
-            if not c.slot <= slot < c.slot + (c.p1 - c.p0):
-                continue
-            p = c.p0 + slot - c.slot
-            if (c.layer, c.stream) != (layer, stream):
-                return (page, page + 1, source, slot, FOREIGN, 0, c.layer, c.stream, p,
-                        c.versions[p - c.p0], c.step, c.seq, 0)
-            if p == page:
-                version = c.versions[p - c.p0]
-                if not writes:
-                    return (page, page + 1, source, slot, NOT_JUDGED, 0, layer, stream, page,
-                            version, c.step, c.seq, NO_WRITE)
-                cls = EXACT if version == current else STALE
-                return (page, page + 1, source, slot, cls, current - version, layer, stream,
-                        page, version, c.step, c.seq, 0)
-        if not seen_start and len(self.log) == self.log.maxlen:
-            return (page, page + 1, source, slot, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1,
-                    RING_HISTORY)
-        return (page, page + 1, source, slot, FOREIGN, 0, newest.layer, newest.stream,
-                newest.page, newest.version, newest.step, newest.seq, 0)
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.size = 0
+        self.dropped = False
+
+    def entries(self) -> np.ndarray:
+        if not self.blocks:
+            return np.empty((0, 7), np.int64)
+        if len(self.blocks) > 1:
+            merged = np.concatenate(list(self.blocks))
+            self.blocks = deque([merged])
+        block: np.ndarray = self.blocks[0]
+        return block

@@ -176,8 +176,8 @@ class BacktraceScreen(KvScreen):
             options.highlighted = highlighted
 
     def _empty(self, doc: Document) -> None:
-        if isinstance(doc, TraceDoc) and doc.digest is None:
-            text = "analysing… aborts appear when the analysis finishes"
+        if isinstance(doc, TraceDoc) and not doc.judged:
+            text = "judging… aborts appear as the judgement reaches them"
         elif isinstance(doc, TraceDoc):
             text = "no abort in this trace: the capture did not crash"
         elif isinstance(doc, LogDoc):

@@ -123,8 +123,8 @@ class FindingsScreen(KvScreen):
         table.columns = finding_columns(rows)
         table.set_source(rows, cursor=table.cursor if old else 0)
         if not self.findings:
-            text = ("analysing… findings appear when the analysis finishes"
-                    if isinstance(doc, TraceDoc) and doc.digest is None
+            text = ("judging… findings appear as the judgement reaches them"
+                    if isinstance(doc, TraceDoc) and not doc.judged
                     else unavailable(doc) or "no findings")
             self.query_one("#finding-detail", Static).update(text)
             self.query_one("#evidence-table", VirtualTable).set_source(EvidenceRows((), []))

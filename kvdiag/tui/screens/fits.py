@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from kvdiag.analysis.judgement.fits import OUTCOME_CODE
 from kvdiag.analysis.trace_index import F_FITS_FALSE, ROUTES
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.fitsdetail import FitsStyles, fits_detail, fitsline_detail
@@ -91,8 +92,16 @@ class FitsScreen(KvScreen):
                              if rows.size else [])
         false = int(np.count_nonzero(c["flags"][rows] & F_FITS_FALSE)) if rows.size else 0
         parts = ", ".join(f"{r} {int(n)}" for r, n in zip(ROUTES, routes, strict=False) if n)
-        return (f"{rows.size:,} fits() decision(s), {false:,} false · routes: {parts or '-'}"
-                " · the pane below explains the selected row")
+        text = (f"{rows.size:,} fits() decision(s), {false:,} false · routes: {parts or '-'}")
+        digest = doc.digest
+        if digest is not None:
+            # the judgement's outcomes: which decisions are bad is its rule, not the route's
+            outcome = digest.ledger.fits.array["outcome"]
+            bad = {name: int(np.count_nonzero(outcome == OUTCOME_CODE[name]))
+                   for name in ("mismatch", "fallback")}
+            text += f" · mismatch {bad['mismatch']:,}, fallback {bad['fallback']:,}" + (
+                "" if digest.done else " (judging…)")
+        return text + " · the pane below explains the selected row"
 
     @on(RowHighlighted, "#fits-table")
     def highlighted(self, message: RowHighlighted) -> None:
@@ -110,8 +119,8 @@ class FitsScreen(KvScreen):
         i = self.table.cursor
         if isinstance(rows, FitsRows):
             event = rows.event(i)
-            pane.update(fits_detail(event, pane.styles_for_detail()) if event is not None
-                        else "(this line is not a valid fits event)")
+            pane.update(fits_detail(event, rows.verdict(event), pane.styles_for_detail())
+                        if event is not None else "(this line is not a valid fits event)")
         else:
             pane.update(fitsline_detail(rows.records[i], pane.styles_for_detail()))
 

@@ -50,8 +50,10 @@ SCREEN_KEYS = {
 | `c` | compare: this trace's selected stream next to the same stream of the other open trace (same schedule, steps aligned by number; `tab` picks the stream, `c` again ends it) |
 
 Cells: `P` pool, `R` ring, `H` host, `·` not read yet; then the holder of the pool slot as
-`stream:page v version`; `*` the key was marked dirty this step. `!` (red): foreign read
-(another stream's bytes); `~` (yellow): stale read (an older version); `^` (underlined): a
+`stream:page v version`; `*` the key was marked dirty this step. The classes are the
+judgement's (what each slot held, as `kvdiag check` judges it): `!` (red): foreign read
+(another stream's, layer's or page's bytes); `~` (yellow): stale read (an older version); `?`:
+not judged (the trace does not record what it takes; the cell says what); `^` (underlined): a
 `mark` at this step put the page's rows outside every resident window, so its resident copy is
 never refreshed; bold: read at this step. A layer the plan does not stream is labelled so.
 """,

@@ -22,7 +22,7 @@ class OverviewScreen(KvScreen):
 
     def show_doc(self, doc: Document, old: Document | None) -> None:
         bar = self.query_one("#load-progress", ProgressBar)
-        loading = doc.stage in ("opening", "indexing", "analysing")
+        loading = doc.stage in ("opening", "indexing", "judging")
         bar.display = loading
         if loading:
             bar.update(progress=doc.progress)

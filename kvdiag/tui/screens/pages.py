@@ -192,7 +192,7 @@ class PagesScreen(KvScreen):
         if step != self.kv.step:
             self.kv.step = step
         if step != self.shown_step or self.snapshot is None:
-            self.snapshot = doc.pages.snapshot(step)
+            self.snapshot = doc.pages_at(step)
             self.shown_step = step
         snap = self.snapshot
         streamed = self.streamed_layers()
@@ -202,7 +202,7 @@ class PagesScreen(KvScreen):
         compared = ""
         if other is not None and other.pages is not None:
             aligned = aligned_step(step, other.index.last_step)
-            other_snap = other.pages.snapshot(aligned.step)
+            other_snap = other.pages_at(aligned.step)
             other_marks = step_marks(other.index, other.source, other_snap.geometry,
                                      aligned.step)
             stream = self.panels()[0][1]
@@ -226,6 +226,9 @@ class PagesScreen(KvScreen):
         now = [f for f in flagged if f[3].step == step]
         bad = (f" · [red]{len(now)} stale/foreign page read(s) at this step[/]" if now else
                (f" · {len(flagged)} page(s) last read stale/foreign" if flagged else ""))
+        if not doc.judged and (doc.digest is None or
+                               doc.index.cutoff(step) > doc.digest.rows):
+            bad += " · [yellow]judging… (reads of this step not judged yet)[/]"
         outside = (f" · {len(marks.outside)} page(s) marked outside the window (^)"
                    if marks.outside else "")
         self.query_one("#pages-info", Static).update(
@@ -293,16 +296,18 @@ class PagesScreen(KvScreen):
             self.timer = None
 
     def action_flagged(self, direction: int) -> None:
-        marks = self.marks()
-        if not marks:
-            self.notify("the analysis is still running; try again in a moment", timeout=2)
+        """To the next (previous) step with a read the judgement found stale or foreign."""
+        doc = self.doc
+        if not isinstance(doc, TraceDoc) or doc.digest is None:
+            self.notify("judging… try again in a moment", timeout=2)
             return
-        steps = np.union1d(marks.get("foreign", np.zeros(0, np.int64)),
-                           marks.get("stale", np.zeros(0, np.int64)))
+        marks = doc.digest.marks
+        steps = np.union1d(marks["foreign"], marks["stale"])
         here = self.kv.step
         after = steps[steps > here] if direction > 0 else steps[steps < here]
         if after.size == 0:
-            self.notify("no further step with a stale or foreign read", timeout=2)
+            self.notify("no further step with a stale or foreign read" + (
+                "" if doc.judged else " judged so far (judging…)"), timeout=2)
             return
         self.set_step(int(after[0] if direction > 0 else after[-1]))
         self._cursor_to_flagged()

@@ -168,7 +168,7 @@ class TelemetryScreen(KvScreen):
             body.update("")
             return
         if series is None:
-            info.update("analysing… telemetry appears when the analysis finishes")
+            info.update("judging… telemetry appears as the judgement reaches it")
             body.update("")
             return
         partition = self.partition()

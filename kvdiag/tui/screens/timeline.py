@@ -21,7 +21,7 @@ from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.marks import place
 from kvdiag.tui.messages import RowHighlighted, RowSelected
 from kvdiag.tui.navigation import Target, evidence_target
-from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows
+from kvdiag.tui.rows import LOG_COLUMNS, TRACE_COLUMNS, LogRows, TraceRows, read_judged
 from kvdiag.tui.rowsource import EmptySource
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
@@ -110,6 +110,9 @@ class TimelineScreen(KvScreen):
             shown = len(self.rows) if self.rows is not None else 0
             what = "lines" if isinstance(doc, LogDoc) else "events"
             text = f"{shown:,} of {total:,} {what}"
+            if isinstance(doc, TraceDoc) and not doc.judged:
+                judged = doc.digest.rows if doc.digest is not None else 0
+                text += f" · reads past event {judged:,} are still judging…"
             if not self.flt.empty:
                 text += f" · filter {self.flt.describe()}"
             if self.needle:
@@ -226,11 +229,11 @@ class TimelineScreen(KvScreen):
         c = doc.index.columns
         kind = KINDS[int(c["kind"][row])]
         page = int(c["a"][row]) if kind in ("upload", "evict") else None
-        if kind == "read" and isinstance(self.rows, TraceRows):
-            # open the read at its first wrong page, if it has one
-            event = self.rows.event(row)
-            if isinstance(event, ev.Read):
-                page = next((r.begin for r in event.ranges if r.cls != "exact"), None)
+        if kind == "read" and doc.digest is not None and row < doc.digest.rows:
+            # open the read at its first page the judgement did not find exact, if any
+            judged = read_judged(doc.digest, row)
+            if judged is not None and len(judged.pieces):
+                page = int(judged.pieces["begin"].min())
         stream: int | None = None
         if kind == "mark" and isinstance(self.rows, TraceRows) and doc.geometry is not None:
             # open the Pages on the first page the mark put outside the window

@@ -12,7 +12,8 @@ from textual.widget import Widget
 
 from kvdiag.tui.messages import SeekStep
 
-MARK_ORDER: tuple[str, ...] = ("abort", "foreign", "stale", "diverged", "fallback")
+MARK_ORDER: tuple[str, ...] = ("abort", "mismatch", "foreign", "stale", "diverged", "fallback")
+"""Marks by precedence (the judgement's: kvdiag.tui.digest.MARKS, and abort events)."""
 
 
 class Scrubber(Widget):

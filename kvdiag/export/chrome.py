@@ -13,14 +13,24 @@ Every event kind is exported, with all its fields in ``args`` (fields a newer mi
 added, which the reader keeps, under ``args.unknown_fields``); nothing is cut. Each slice
 lasts until the next event on its track (at most :data:`MAX_SLICE_US`), so it is visible.
 
-Flow arrows (``"s"`` at a write, ``"f"`` with ``"bp": "e"`` at a read, same id) join a read
-that was not served the current bytes of a page to the write it missed: the last write to
-that (layer, stream, page). Which reads those are is derived as format 1.1 describes
-(docs/trace-format.md, notes/format-1.1.md "Derivation"): host versions count the writes that
-touch a page, uploads fill slots with (layer, stream, page, version), invalidate empties them,
-and a read's ``served`` runs name the slot of each page; traces without ``served`` use the
-model's ``ranges`` classes. Events are written as they are read: memory holds one pending
-slice per track and the page and slot maps, not the events.
+Labels and flow arrows are the judgement's (:mod:`kvdiag.analysis.judgement`, fed the same
+events as they are exported; design.md, "One judgement, every surface"), over every page of
+every read:
+
+- a read's slice is named by the classes of its pages that are not exact ("read stream 1
+  (stale, foreign)", "(not judged)") and carries the verdict in ``args.verdict``: pages per
+  class and the non-exact runs (source, slot, class, writes missed, whose copy the slot held);
+- a flow (``"s"`` at a write, ``"f"`` with ``"bp": "e"`` at a read, same id, category
+  ``stale-read`` or ``foreign-read``) joins a read to each write its stale or foreign pages
+  missed: the ledger's ``flows`` rows;
+- a fits slice of a bad decision names the judgement's outcome (mismatch, fallback) and the
+  failed conditions;
+- at the end, one global instant ``judgement`` with the page classes, flows and completeness,
+  and one ``not recorded: KIND`` instant per judged kind the trace lacks (what it hides).
+
+Events are written as they are read, a chunk at a time (judged together, then drawn): memory
+holds one chunk, one pending slice per track, the Judge's page and slot tables, and the time and
+track of the writes that are still some page's last write.
 """
 
 from __future__ import annotations
@@ -30,8 +40,10 @@ from typing import IO, Any
 
 import msgspec
 
+from kvdiag.analysis.judgement import CLASSES, SOURCES, WHY, Judge, Judgement
+from kvdiag.analysis.judgement.fits import BAD
+from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
-from kvdiag.model.pages import PAGE_TOKENS
 
 RUNTIME_PID = 1
 STREAM_PID0 = 100
@@ -43,11 +55,10 @@ MAX_SLICE_US = 1000.0
 LAST_SLICE_US = 1.0
 MAX_NAME = 1000
 """Characters of a message used as a slice name; the whole message is in ``args``."""
-MAX_FLOW_PAGES = 4096
-"""Pages of one read examined for flows (a bound on work per event, not on correctness of
-the pages it covers; the read's own classes come from all of them)."""
+PRUNE_WRITES = 4096
+"""Remembered writes beyond which, between chunks, those no longer any page's last write are
+forgotten."""
 
-Key = tuple[int, int, int]  # (layer, stream, page)
 Track = tuple[int, int]  # (pid, tid)
 
 
@@ -72,11 +83,13 @@ def _meta(pid: int, tid: int | None, what: str, name: str) -> dict[str, Any]:
 class ChromeExporter:
     """Turns events into trace-event dicts; ``write`` streams them into a JSON array.
 
-    ``extras`` is the reader's ``{seq: {path: value}}`` of fields this version does not
-    declare (newer minor versions), ``header_extras`` the same for the header.
+    ``header`` is what the Judge needs (declared record kinds, the config for fits
+    conditions); ``extras`` the reader's ``{seq: {path: value}}`` of fields this version does
+    not declare (newer minor versions), ``header_extras`` the same for the header.
     """
 
-    def __init__(self, extras: Mapping[int, dict[str, Any]] | None = None,
+    def __init__(self, header: ev.Header | None = None,
+                 extras: Mapping[int, dict[str, Any]] | None = None,
                  header_extras: Mapping[str, Any] | None = None) -> None:
         self._extras = extras if extras is not None else {}
         self._header_extras = dict(header_extras or {})
@@ -84,12 +97,14 @@ class ChromeExporter:
         self._named: set[Track] = set()
         self._streams: set[int] = set()
         self._last_t = 0
-        self._version: dict[Key, int] = {}
-        self._last_write: dict[Key, tuple[float, Track, int]] = {}
-        self._slots: dict[int, tuple[int, int, int, int]] = {}
+        self.judge = Judge(header, flows=True)
+        self._writes: dict[int, tuple[float, Track]] = {}
+        """Slice start and track of each write still some page's last write, by seq."""
         self._flow_id = 0
         self.flows = 0
         self._request_end: dict[int, float] = {}
+        self.judgement: Judgement | None = None
+        """The judgement of everything exported, once :meth:`finish` ran."""
 
     # -- tracks ---------------------------------------------------------------------------
 
@@ -165,24 +180,22 @@ class ChromeExporter:
                 c0, c1 = event.cells
                 start = self._slice(track, ts, f"write cells {c0}..{c1 - 1}", "write", args,
                                     out)
-                self._written(event, start, track)
+                self._written(event.seq, start, track)
             case ev.Upload():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 p0, p1 = event.pages
                 self._slice(track, ts, f"upload {event.target} pages {p0}..{p1 - 1} → slot "
                                        f"{event.slot} ({event.reason})", "upload", args, out)
-                for i in range(max(0, min(p1 - p0, MAX_FLOW_PAGES))):
-                    key = (event.layer, event.stream, p0 + i)
-                    self._slots[event.slot + i] = (*key, self._version.get(key, 0))
             case ev.Read():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
-                classes, missed = self._served(event)
-                bad = sorted(classes - {"exact"})
-                name = f"read stream {event.stream}" + (f" ({', '.join(bad)})" if bad else "")
-                start = self._slice(track, ts, name, "alias" if bad else "read", args, out)
-                for write in missed:
-                    if write[0] <= start:  # a damaged file's later write cannot be missed
-                        out += self._flow(write, start, track)
+                name, cat = self._read(event, args)
+                start = self._slice(track, ts, name, cat, args, out)
+                for seq, cls in self.judge.missed(event):
+                    write = self._writes.get(seq)
+                    if write is not None and write[0] <= start:
+                        # (a damaged file's write stamped later than the read is not drawn
+                        # backwards in time)
+                        out += self._flow(seq, cls, write, start, track)
             case ev.Evict():
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 self._slice(track, ts, f"evict slot {event.slot}", "evict", args, out)
@@ -190,9 +203,8 @@ class ChromeExporter:
                 track = self._track(event.stream, event.layer, CACHE_TID, out)
                 self._slice(track, ts, f"kernel {event.name}", "kernel", args, out)
             case ev.Fits():
-                self._slice((RUNTIME_PID, DISPATCH_TID), ts,
-                            f"fits {event.route}{'' if event.result else ' (false)'} "
-                            f"layer {event.layer}", "fits", args, out)
+                self._slice((RUNTIME_PID, DISPATCH_TID), ts, self._fits(event, args), "fits",
+                            args, out)
             case ev.Learn():
                 self._slice(runtime, ts, f"learn layer {event.layer}"
                             + (" (relearn)" if event.relearn else ""), "learn", args, out)
@@ -200,7 +212,6 @@ class ChromeExporter:
                 self._slice(runtime, ts, f"mark {len(event.rows)} row run(s)"
                             + (" (all pages)" if event.all else ""), "mark", args, out)
             case ev.Invalidate():
-                self._slots.clear()
                 self._slice(runtime, ts, f"invalidate ({_name(event.reason)})", "invalidate",
                             args, out)
             case ev.Repartition():
@@ -222,9 +233,11 @@ class ChromeExporter:
                 out.append({"ph": "C", "pid": RUNTIME_PID, "tid": GLOBAL_TID, "ts": ts,
                             "name": f"max |delta| stream {event.stream}",
                             "args": {"max_abs_delta": event.max_abs_delta or 0.0}})
+                verdict = ("no reference" if event.diverged is None else
+                           "diverged" if event.diverged else "")
                 out.append({"ph": "i", "s": "t", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
-                            "ts": ts, "cat": "output", "name": f"output stream {event.stream}",
-                            "args": args})
+                            "ts": ts, "cat": "output", "name": f"output stream {event.stream}"
+                            + (f" ({verdict})" if verdict else ""), "args": args})
             case ev.Telemetry():
                 out.append({"ph": "i", "s": "t", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "telemetry", "name": "telemetry", "args": args})
@@ -237,6 +250,11 @@ class ChromeExporter:
                 out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
                             "ts": ts, "cat": "records",
                             "name": _name("records + " + ", ".join(event.kinds)), "args": args})
+            case ev.Snapshot():
+                out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID,
+                            "ts": ts, "cat": "snapshot",
+                            "name": _name(f"segment starts ({event.reason or 'snapshot'})"),
+                            "args": {"seq": event.seq, "step": event.step}})
             case ev.Timing():
                 tid = REQUEST_TID0 + max(event.slot or 0, 0)
                 if (RUNTIME_PID, tid) not in self._named:
@@ -267,65 +285,72 @@ class ChromeExporter:
                             out)
         return out
 
-    # -- derivation for flows -------------------------------------------------------------
+    # -- the judgement's verdicts -----------------------------------------------------------
 
-    def _written(self, event: ev.Write, ts: float, track: Track) -> None:
-        c0, c1 = event.cells
-        if c1 <= c0:
-            return
-        first, last = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS
-        for page in range(first, min(last, first + MAX_FLOW_PAGES - 1) + 1):
-            key = (event.layer, event.stream, page)
-            self._version[key] = self._version.get(key, 0) + 1
-            self._last_write[key] = (ts, track, event.seq)
+    def _written(self, seq: int, ts: float, track: Track) -> None:
+        self._writes[seq] = (ts, track)
 
-    def _served(self, event: ev.Read) -> tuple[set[str], list[tuple[float, Track, int]]]:
-        """The read's classes and the writes it missed (one per write, in page order)."""
-        classes: set[str] = set()
-        missed: dict[int, tuple[float, Track, int]] = {}
+    def _forget_writes(self) -> None:
+        """Between chunks: forget the writes no page has as its last write any more (a read
+        of a later chunk cannot have missed them)."""
+        if len(self._writes) >= PRUNE_WRITES:
+            live = self.judge.live_writes()
+            self._writes = {s: w for s, w in self._writes.items() if s in live}
 
-        def miss(page: int) -> None:
-            write = self._last_write.get((event.layer, event.stream, page))
-            if write is not None:
-                missed.setdefault(write[2], write)
-
+    def _read(self, event: ev.Read, args: dict[str, Any]) -> tuple[str, str]:
+        """The read's slice name and category, and its verdict into ``args``."""
+        v = self.judge.verdict(event)
+        assert v is not None, "a read is drawn while its chunk is the judge's last"
+        counts = dict(zip(("exact", "stale", "foreign", "not_judged"), v.counts, strict=True))
+        verdict: dict[str, Any] = dict(counts)
         if event.served:
-            budget = MAX_FLOW_PAGES
-            for run in event.served:
-                if run.source == "host":
-                    classes.add("exact")
-                    continue
-                for page in range(run.begin, min(run.end, run.begin + budget)):
-                    key = (event.layer, event.stream, page)
-                    holder = self._slots.get(run.slot + page - run.begin)
-                    if holder is not None and holder[:3] == key:
-                        if holder[3] >= self._version.get(key, 0):
-                            classes.add("exact")
-                            continue
-                        classes.add("stale")
-                    else:
-                        classes.add("foreign")
-                    miss(page)
-                budget -= max(0, run.end - run.begin)
-                if budget <= 0:
-                    break
-        else:
-            for rng in event.ranges:
-                classes.add(rng.cls)
-                if rng.cls != "exact":
-                    for page in range(rng.begin, min(rng.end, rng.begin + MAX_FLOW_PAGES)):
-                        miss(page)
-        return classes, list(missed.values())
+            verdict["runs"] = [_run(p) for p in v.pieces]
+        elif sum(v.counts):
+            verdict["why"] = WHY[v.pieces[0][12]] if v.pieces else ""
+        args["verdict"] = verdict
+        bad = [CLASSES[c] for c in (1, 2, 3) if v.counts[c]]
+        name = f"read stream {event.stream}" + (f" ({', '.join(bad)})" if bad else "")
+        cat = "alias" if v.counts[1] or v.counts[2] else "not-judged" if v.counts[3] else "read"
+        return name, cat
 
-    def _flow(self, write: tuple[float, Track, int], ts: float,
+    def _fits(self, event: ev.Fits, args: dict[str, Any]) -> str:
+        name = f"fits {event.route}{'' if event.result else ' (false)'} layer {event.layer}"
+        v = self.judge.fits_verdict(event)
+        if v.outcome not in BAD:
+            return name
+        args["verdict"] = {"outcome": v.outcome, "failed": list(v.failed), "by": v.by,
+                           **({"note": v.note} if v.note else {})}
+        return f"{name}: {v.outcome}" + (f" ({v.shown()})" if v.failed else "")
+
+    def _flow(self, seq: int, cls: str, write: tuple[float, Track], ts: float,
               track: Track) -> list[dict[str, Any]]:
         self._flow_id += 1
         self.flows += 1
-        w_ts, (w_pid, w_tid), w_seq = write
-        common = {"cat": "stale-read", "name": "write the read missed", "id": self._flow_id}
+        w_ts, (w_pid, w_tid) = write
+        common = {"cat": f"{cls}-read", "name": f"write the read missed ({cls} page)",
+                  "id": self._flow_id}
         return [{**common, "ph": "s", "pid": w_pid, "tid": w_tid, "ts": w_ts,
-                 "args": {"write_seq": w_seq}},
+                 "args": {"write_seq": seq}},
                 {**common, "ph": "f", "bp": "e", "pid": track[0], "tid": track[1], "ts": ts}]
+
+    def _conclusion(self, ts: float) -> list[dict[str, Any]]:
+        """The judgement of the whole trace, and what it could not judge, as instants."""
+        j = self.judgement = self.judge.snapshot()
+        out: list[dict[str, Any]] = [{
+            "ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID, "ts": ts,
+            "cat": "judgement", "name": "judgement: " + ", ".join(
+                f"{k.replace('_', ' ')} {n}" for k, n in j.residency["read_classes"].items())
+            + f" page(s); {self.flows} flow(s); {j.steps.text()}",
+            "args": {"read_classes": j.residency["read_classes"], "flows": self.flows,
+                     "steps": j.steps.count, "status": j.status,
+                     "completeness": j.completeness.as_json(),
+                     "findings": [f.rule for f in j.findings]}}]
+        for k in j.completeness.missing:
+            out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID, "ts": ts,
+                        "cat": "not-recorded", "name": f"not recorded: {k.kind}",
+                        "args": {"kind": k.kind, "hides": k.hides,
+                                 "source": j.completeness.source}})
+        return out
 
     # -- output ---------------------------------------------------------------------------
 
@@ -337,7 +362,7 @@ class ChromeExporter:
             prev = self._pending[track]
             cap = LAST_SLICE_US if track != (RUNTIME_PID, UBATCH_TID) else float("inf")
             self._close(track, max(end, prev["ts"] + LAST_SLICE_US), out, cap)
-        return out
+        return out + self._conclusion(end)
 
     def write(self, events: Iterable[ev.AnyEvent | ev.Unknown], out: IO[bytes],
               title: str = "kvdiag") -> int:
@@ -370,8 +395,26 @@ class ChromeExporter:
                 n += 1
 
         emit(head)
-        for event in events:
-            emit(self.convert(event))
+        for chunk in batches(events):
+            self.judge.feed_all(chunk)
+            for event in chunk:
+                emit(self.convert(event))
+            self._forget_writes()
         emit(self.finish())
         out.write(b"\n]\n")
         return n
+
+
+def _run(p: tuple[int, ...]) -> dict[str, Any]:
+    """One non-exact run of a read's verdict (a ``slots.Piece``) as JSON."""
+    out: dict[str, Any] = {"pages": [p[0], p[1]], "source": SOURCES[p[2]], "slot": p[3],
+                           "class": CLASSES[p[4]]}
+    if p[5]:
+        out["writes_missed"] = p[5]
+    if p[6] >= 0:
+        out["holder"] = {"layer": p[6], "stream": p[7], "page": p[8], "version": p[9],
+                         "upload_seq": p[11]}
+    if p[12]:
+        out["why"] = WHY[p[12]]
+    return out
+

@@ -2,8 +2,9 @@
 
 A model of the log, not a recording: the boot lines of llama_context/llama_kv_cache with
 streaming on (domain brief §5.1, §7.2), slot activity in the server's ``slot <func>: id | task
-|`` shape (§7.3), the arm117 port's instrumented ``fits=false`` line for every FA node that
-failed fits() while sitting in a kv-stream buffer (§4.5), the fallback warning, the
+|`` shape (§7.3), the arm117 port's instrumented ``fits=false`` line (§4.5) for every fits
+decision the judgement finds bad (:func:`kvdiag.analysis.judgement.fits.outcome`: a mismatch
+or a fallback — an FA node in a kv-stream buffer that fits() refused), the fallback warning, the
 ``kv_stream_adapt`` partition and trace lines of an adaptive capture (§5.3), and for a
 modelled abort the ``<file>:<line>: GGML_ASSERT(...) failed`` line followed by a gdb-style
 stack of the frames the abort event names. ``kvdiag postmortem`` reads it like a real log, so
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from kvdiag.analysis.judgement.fits import BAD, outcome
 from kvdiag.model import events as ev
 
 MIB = 1 << 20
@@ -95,6 +97,8 @@ class LogExporter:
         self.next_request = 0
         self.active: dict[int, dict[str, Any]] = {}  # slot -> request state
         self.task = 0
+        self.bad_fits = 0
+        """fits=false lines written: the decisions the judgement finds bad."""
 
     def boot(self) -> list[str]:
         return boot_lines(self.cfg, self.plan, f"kvdiag-{self.header.scenario.get('name', 'capture')}")
@@ -151,8 +155,9 @@ class LogExporter:
         return out
 
     def fits(self, e: ev.Fits) -> list[str]:
-        if e.result or not e.membership:
+        if outcome(e) not in BAD:
             return []
+        self.bad_fits += 1
         kr = f"{_RUNTIME_PTR + e.k.runtime:#x}" if e.k.runtime is not None else "(nil)"
         vr = f"{_RUNTIME_PTR + e.v.runtime:#x}" if e.v.runtime is not None else "(nil)"
         ne = ",".join(map(str, e.dst.ne))

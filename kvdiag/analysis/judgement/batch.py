@@ -1,0 +1,700 @@
+"""A chunk of events judged with array operations: the page verdicts of every read in it.
+
+The rule is :mod:`~kvdiag.analysis.judgement.slots`'s; this module applies it to a chunk of
+(up to a few thousand) events at once, because judging event by event in Python costs more
+than decoding the trace (benchmarks/bench_check.py). Within a chunk every page-changing event
+has a position; for a page read at position t:
+
+- its host version is the version carried into the chunk plus the chunk's writes of that page
+  before t (a sorted key ``page * R + position`` and two binary searches);
+- its slot's newest copy is the chunk's last upload into that slot before t, unless an
+  ``evict`` of the slot or an ``invalidate`` came after that upload (then: empty), or, with
+  none of those before t, the copy carried into the chunk; the copy's version is the page's
+  version at the upload's own position;
+- rule 3 of the ring (the newest copy is another page of the same view) is walked page by
+  page over the recent ring copies: it occurs only where one read cycles through the ring.
+
+At the end of the chunk the carried state (versions, last writes, slot contents, recent ring
+copies, each view's last read) is brought forward with the same arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvdiag.analysis.judgement.classes import (
+    BEFORE_SNAPSHOT,
+    EXACT,
+    FOREIGN,
+    HOST,
+    MAX_PAGE,
+    MAX_SLOT,
+    NO_UPLOAD,
+    NO_WRITE,
+    NOT_JUDGED,
+    OUT_OF_RANGE,
+    POOL,
+    RING,
+    RING_HISTORY,
+    STALE,
+)
+from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views
+from kvdiag.model import events as ev
+from kvdiag.model.pages import PAGE_TOKENS
+
+WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER = range(6)
+
+
+class _Codes(dict[type, int]):
+    def __missing__(self, key: type) -> int:
+        return OTHER
+
+
+CODE_OF = _Codes({ev.Write: WRITE, ev.Upload: UPLOAD, ev.Evict: EVICT,
+                  ev.Invalidate: INVALIDATE, ev.Read: READ})
+for _t in (ev.Step, ev.Learn, ev.Fits, ev.Mark, ev.Abort, ev.Warn, ev.Output, ev.Repartition,
+           ev.Adapt, ev.Telemetry, ev.Kernel, ev.End, ev.Unknown, ev.Snapshot):
+    CODE_OF[_t] = OTHER
+
+_SOURCE = {"pool": POOL, "ring": RING, "host": HOST}
+_TARGET = {"resident": 0, "ring": 1}
+REASONS: tuple[str, ...] = ("miss", "dirty", "wide-query", "last-chunk", "ring")
+
+
+class _Reasons(dict[str, int]):
+    def __missing__(self, key: str) -> int:
+        return 5
+
+
+_REASON = _Reasons({r: i for i, r in enumerate(REASONS)})
+
+_g = operator.attrgetter
+_LAYER, _STREAM, _SEQ, _STEP, _SLOT = _g("layer"), _g("stream"), _g("seq"), _g("step"), _g("slot")
+_CELLS, _PAGES, _SERVED, _BYTES = _g("cells"), _g("pages"), _g("served"), _g("bytes")
+_BEGIN, _END, _SRC, _TGT, _RSN = _g("begin"), _g("end"), _g("source"), _g("target"), _g("reason")
+_POOL, _RING, _HOSTN, _RANGES = _g("pool"), _g("ring"), _g("host"), _g("ranges")
+
+
+def pick(items: Sequence[Any], idx: np.ndarray) -> list[Any]:
+    """``[items[i] for i in idx]``, in C."""
+    if idx.size == 0:
+        return []
+    if idx.size == 1:
+        return [items[int(idx[0])]]
+    return list(operator.itemgetter(*idx.tolist())(items))
+
+
+BOUND = 1 << 62
+"""Integers are clipped to ±2^62 for arithmetic (a trace's integers are 64-bit, signed or
+not; values that large are beyond every believable page, slot or step anyway)."""
+
+
+def _clipped(values: Any) -> Any:
+    return (min(max(v, -BOUND), BOUND) for v in values)
+
+
+def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
+    """One integer field of each object, as an array."""
+    try:
+        return np.fromiter(map(getter, objs), np.int64, len(objs))
+    except OverflowError:  # a damaged or hostile trace's 64-bit unsigned value
+        return np.fromiter(_clipped(map(getter, objs)), np.int64, len(objs))
+
+
+def pairs(objs: Sequence[Any], getter: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves of a ``[a, b)`` field (cells, pages) of each object."""
+    try:
+        both = np.fromiter(itertools.chain.from_iterable(map(getter, objs)), np.int64,
+                           2 * len(objs)).reshape(-1, 2)
+    except OverflowError:
+        both = np.fromiter(_clipped(itertools.chain.from_iterable(map(getter, objs))),
+                           np.int64, 2 * len(objs)).reshape(-1, 2)
+    return both[:, 0], both[:, 1]
+
+
+def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner index, first + i) for i in range(count) of each owner."""
+    count = np.maximum(count, 0)
+    owner = np.repeat(np.arange(count.size), count)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return owner, first[owner] + within
+
+
+@dataclass
+class State:
+    """What the judgement carries from one chunk to the next."""
+
+    views: Views = field(default_factory=Views)
+    pages: PageTable = field(default_factory=PageTable)
+    pool: SlotTable = field(default_factory=SlotTable)
+    ring: SlotTable = field(default_factory=SlotTable)
+    ring_log: RingLog = field(default_factory=RingLog)
+    batch_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Per view: row of the first ring copy of its current batch (-1: none) — rule 3."""
+    read_since: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    """Per view: a read came since its batch started (its next ring copy starts a new one)."""
+    writes: bool | None = None
+    """A write is recorded (or declared); None: not yet seen."""
+    uploads: list[bool | None] = field(default_factory=lambda: [None, None])
+    """Per target (resident, ring): an upload is recorded (or declared)."""
+    out_of_range: int = 0
+    history_row: int = -1
+    """Row of the snapshot the state was taken from (:mod:`.snapshot`): ring copies before it
+    are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 3, 8), np.int64))
+    """[target, (uploads, pages, bytes), reason] (reason index 5: another reason)."""
+
+
+@dataclass
+class Chunk:
+    """The reads of one judged chunk: what the Judge groups, counts, records and hands out."""
+
+    rows0: int
+    reads: list[Any]
+    r_pos: np.ndarray
+    r_counts: np.ndarray
+    """Per read: pages exact, stale, foreign, not judged."""
+    pieces: np.ndarray
+    """Non-exact runs, one row each (columns :data:`PIECE_COLUMNS`), in read and page order."""
+    page_cls: np.ndarray
+    """Per source (pool, ring, host) and class: pages."""
+    not_judged: dict[int, int]
+    flows: np.ndarray
+    """(write seq, read index, class) of the stale and foreign pages' last writes (found only
+    when asked for)."""
+    detail: dict[str, Any]
+    """The page-level arrays :meth:`pages` reads (this chunk only)."""
+    versions_disagree: list[tuple[Any, int, int, int]]
+    """(write, page, annotated version, judged version) where ``write.versions`` (the model's
+    annotation) disagrees: the first page of each such write."""
+    r_layer: np.ndarray
+    r_stream: np.ndarray
+    r_step: np.ndarray
+    r_seq: np.ndarray
+    r_pages: np.ndarray
+    """Per read: pages of its served runs from pool, ring, host."""
+
+
+PIECE_COLUMNS = ("read", "begin", "end", "source", "slot", "cls", "lag", "h_layer", "h_stream",
+                 "h_page", "h_version", "h_step", "h_seq", "why")
+
+
+def _known_at(carried: bool | None, first: int, pos: np.ndarray) -> np.ndarray:
+    """Is a kind known (recorded or declared) at each position, given where the chunk first
+    records it?"""
+    if carried:
+        return np.ones(pos.shape, bool)
+    return pos > first
+
+
+def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.ndarray,
+                rows0: int, flows: bool, detail: bool) -> Chunk:
+    """Judge every read page of ``chunk`` (``code``: :data:`CODE_OF` of each event; ``steps``:
+    of each event; ``flows``: also find the writes stale and foreign pages
+    missed; ``detail``: the upload seq and step of every page's copy, exact ones too)."""
+    n = len(chunk)
+    R = n + 1
+    views, pages = state.views, state.pages
+
+    # -- writes ------------------------------------------------------------------------------
+    wi = np.flatnonzero(code == WRITE)
+    ws = pick(chunk, wi)
+    if ws:
+        c0, c1 = pairs(ws, _CELLS)
+        p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
+        ok = c1 > c0
+        bad = ok & ((p0 < 0) | (p1 > MAX_PAGE))
+        state.out_of_range += int(bad.sum())
+        ok &= ~bad
+        w_ok = ok
+        w_vid_e = views.of(ints(ws, _LAYER)[ok], ints(ws, _STREAM)[ok])
+        owner, w_page = expand(p0[ok], (p1 - p0)[ok])
+        w_vid = w_vid_e[owner]
+        w_pos = wi[ok][owner]
+        w_seq = ints(ws, _SEQ)[ok][owner]
+    else:
+        w_vid = w_page = w_pos = w_seq = w_vid_e = np.empty(0, np.int64)
+        w_ok = np.empty(0, bool)
+    first_write = int(w_pos[0]) if w_pos.size else n
+
+    # -- uploads -----------------------------------------------------------------------------
+    ui = np.flatnonzero(code == UPLOAD)
+    us = pick(chunk, ui)
+    if us:
+        u0, u1 = pairs(us, _PAGES)
+        cnt = u1 - u0
+        tgt = np.fromiter(map(_TARGET.__getitem__, map(_TGT, us)), np.int64, len(us))
+        rsn = np.fromiter(map(_REASON.__getitem__, map(_RSN, us)), np.int64, len(us))
+        key = tgt * 8 + rsn  # [target, reason] flattened, for the residency statistics
+        st = state.upload_stats
+        st[:, 0, :] += np.bincount(key, minlength=16).reshape(2, 8)
+        st[:, 1, :] += np.bincount(key, weights=cnt, minlength=16).astype(np.int64).reshape(2, 8)
+        st[:, 2, :] += np.bincount(key, weights=ints(us, _BYTES),
+                                   minlength=16).astype(np.int64).reshape(2, 8)
+        slot0 = ints(us, _SLOT)
+        ok = cnt > 0
+        bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
+        state.out_of_range += int(bad.sum())
+        ok &= ~bad
+        u_vid_e = views.of(ints(us, _LAYER)[ok], ints(us, _STREAM)[ok])
+        owner, u_page = expand(u0[ok], cnt[ok])
+        u_vid = u_vid_e[owner]
+        u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
+        u_pos = ui[ok][owner]
+        u_tgt = tgt[ok][owner]
+        u_seq = ints(us, _SEQ)[ok][owner]
+        u_step = steps[ui][ok][owner]
+    else:
+        u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
+    first_up = [int(u_pos[u_tgt == t][0]) if np.any(u_tgt == t) else n for t in (0, 1)]
+
+    # -- evicts, invalidates -----------------------------------------------------------------
+    ei = np.flatnonzero(code == EVICT)
+    e_slot = ints(pick(chunk, ei), _SLOT)
+    e_pos = ei
+    inv_pos = np.flatnonzero(code == INVALIDATE)
+
+    # -- reads ---------------------------------------------------------------------------------
+    ri = np.flatnonzero(code == READ)
+    rs = pick(chunk, ri)
+    nr = len(rs)
+    r_layer, r_stream = ints(rs, _LAYER), ints(rs, _STREAM)
+    r_vid = views.of(r_layer, r_stream)
+    served = list(map(_SERVED, rs))
+    lens = np.fromiter(map(len, served), np.int64, nr)
+    runs = list(itertools.chain.from_iterable(served))
+    run_read = np.repeat(np.arange(nr), lens)
+    b = ints(runs, _BEGIN)
+    e = ints(runs, _END)
+    src = np.fromiter(map(_SOURCE.__getitem__, map(_SRC, runs)), np.int64, len(runs))
+    slot = ints(runs, _SLOT)
+    run_pos = ri[run_read]
+    length = e - b
+    keep = length > 0
+    oor = keep & ((b < 0) | (e > MAX_PAGE))
+    state.out_of_range += int(oor.sum())
+    keep &= ~oor
+    host = keep & (src == HOST)
+    slot_bad = keep & ~host & ((slot < 0) | (slot > MAX_SLOT - length))
+    up_known = np.where(src == RING, _known_at(state.uploads[1], first_up[1], run_pos),
+                        _known_at(state.uploads[0], first_up[0], run_pos))
+    no_upload = keep & ~host & ~slot_bad & ~up_known
+    judged = keep & ~host & ~slot_bad & up_known
+    jr = np.flatnonzero(judged)
+    owner, p_page = expand(b[jr], length[jr])
+    p_run = jr[owner]
+    p_read = run_read[p_run]
+    p_pos = run_pos[p_run]
+    p_vid = r_vid[p_read]
+    p_src = src[p_run]
+    p_slot = slot[p_run] + (p_page - b[p_run])
+
+    # -- versions ------------------------------------------------------------------------------
+    need_v = np.concatenate([w_vid, u_vid, p_vid])
+    need_e = np.concatenate([w_page, u_page, p_page]) + 1
+    pages.ensure(need_v, need_e)
+    w_flat = pages.flat(w_vid, w_page)
+    worder = np.argsort(w_flat * R + w_pos, kind="stable")
+    wkey = (w_flat * R + w_pos)[worder]
+
+    def before(flat: np.ndarray, t: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.searchsorted(wkey, flat * R + t) - np.searchsorted(wkey, flat * R)
+        return out
+
+    p_flat = pages.flat(p_vid, p_page)
+    cur = pages.version[p_flat]
+    if w_flat.size:  # only pages this chunk writes can have moved on since it began
+        written = np.zeros(pages.version.size, bool)
+        written[w_flat] = True
+        moved = np.flatnonzero(written[p_flat])
+        cur[moved] += before(p_flat[moved], p_pos[moved])
+    versions_disagree = _check_versions(ws, wi, w_ok, w_vid_e, pages, before)
+    u_flat = pages.flat(u_vid, u_page)
+    u_ver = pages.version[u_flat] + before(u_flat, u_pos)
+
+    # -- the newest copy of each read page's slot ----------------------------------------------
+    m = p_page.size
+    h_vid = np.full(m, -1, np.int64)
+    h_page = np.full(m, -1, np.int64)
+    h_ver = np.full(m, -1, np.int64)
+    from_upload = np.full(m, -1, np.int64)
+    """Per page: the upload entry its copy came from (-1: carried, or none)."""
+    carried_slot = np.full(m, -1, np.int64)
+    """Per page: the carried slot its copy is in (-1: from an upload, or none)."""
+    for target, table, code_src in ((0, state.pool, POOL), (1, state.ring, RING)):
+        sel = np.flatnonzero(p_src == code_src)
+        if not sel.size:
+            continue
+        q, t = p_slot[sel], p_pos[sel]
+        tu = np.flatnonzero(u_tgt == target)
+        evicts = e_slot if target == 0 else e_slot[:0]
+        # a page whose slot this chunk neither fills nor empties before it holds what came in
+        busy = t > inv_pos[0] if inv_pos.size else np.zeros(sel.size, bool)
+        if tu.size or evicts.size:
+            top = int(max(q.max(), u_slot[tu].max() if tu.size else 0,
+                          evicts.max() if evicts.size else 0)) + 1
+            touched = np.zeros(top, bool)
+            touched[u_slot[tu]] = True
+            touched[evicts[evicts >= 0]] = True
+            busy |= touched[q]
+        quiet = np.flatnonzero(~busy)
+        if quiet.size:
+            _carried(table, sel[quiet], q[quiet], h_vid, h_page, h_ver, carried_slot)
+        look = np.flatnonzero(busy)
+        if not look.size:
+            continue
+        sel, q, t = sel[look], q[look], t[look]
+        ukey_all = u_slot[tu] * R + u_pos[tu]
+        uorder = np.argsort(ukey_all, kind="stable")
+        ukey = ukey_all[uorder]
+        j = np.searchsorted(ukey, q * R + t) - 1
+        jc = np.maximum(j, 0)
+        hit = (j >= 0) & (ukey[jc] // R == q) if ukey.size else np.zeros(sel.size, bool)
+        u_at = np.where(hit, ukey[jc] % R if ukey.size else 0, -1)
+        at = u_at.copy()
+        if evicts.size:
+            ekey = np.sort(evicts * R + e_pos)
+            k = np.searchsorted(ekey, q * R + t) - 1
+            kc = np.maximum(k, 0)
+            ehit = (k >= 0) & (ekey[kc] // R == q)
+            at = np.maximum(at, np.where(ehit, ekey[kc] % R, -1))
+        if inv_pos.size:
+            li = np.searchsorted(inv_pos, t) - 1
+            at = np.maximum(at, np.where(li >= 0, inv_pos[np.maximum(li, 0)], -1))
+        from_up = hit & (u_at == at)
+        carried = at < 0
+        if from_up.any():
+            src_i = tu[uorder[jc[from_up]]]
+            dst = sel[from_up]
+            h_vid[dst] = u_vid[src_i]
+            h_page[dst] = u_page[src_i]
+            h_ver[dst] = u_ver[src_i]
+            from_upload[dst] = src_i
+        if carried.any():
+            _carried(table, sel[carried], q[carried], h_vid, h_page, h_ver, carried_slot)
+
+    # -- classes -------------------------------------------------------------------------------
+    same = (h_vid == p_vid) & (h_page == p_page) & (h_vid >= 0)
+    wk = _known_at(state.writes, first_write, p_pos)
+    cls = np.full(m, FOREIGN, np.int64)
+    cls[same & wk & (h_ver == cur)] = EXACT
+    cls[same & wk & (h_ver != cur)] = STALE
+    cls[same & ~wk] = NOT_JUDGED
+    why = np.where(same & ~wk, NO_WRITE, 0)
+    lag = np.where(cls == STALE, cur - h_ver, 0)
+    h_seq = np.full(m, -1, np.int64)
+    h_step = np.full(m, -1, np.int64)
+    h_row = np.full(m, -1, np.int64)
+    need = np.arange(m) if detail else np.flatnonzero(cls != EXACT)
+    up_i = from_upload[need]
+    got = up_i >= 0
+    h_seq[need[got]] = u_seq[up_i[got]]
+    h_step[need[got]] = u_step[up_i[got]]
+    h_row[need[got]] = rows0 + u_pos[up_i[got]]
+    cs = carried_slot[need]
+    got = cs >= 0
+    for target, table in ((POOL, state.pool), (RING, state.ring)):
+        mine = got & (p_src[need] == target)
+        h_seq[need[mine]] = table.seq[cs[mine]]
+        h_step[need[mine]] = table.step[cs[mine]]
+        h_row[need[mine]] = table.row[cs[mine]]
+    rule3 = np.flatnonzero((p_src == RING) & (h_vid == p_vid) & ~same)
+    if rule3.size:
+        _rule3(state, rule3, rows0, p_vid, p_page, p_slot, p_pos, cur, wk, r_vid, ri,
+               u_tgt, u_pos, u_slot, u_vid, u_page, u_ver, u_seq, u_step, inv_pos,
+               cls, lag, why, h_vid, h_page, h_ver, h_seq, h_step, h_row)
+
+    # -- counts --------------------------------------------------------------------------------
+    page_cls = np.bincount(p_src * 4 + cls, minlength=12).reshape(3, 4)
+    page_cls[HOST, EXACT] += int(length[host].sum())
+    nj_runs = np.flatnonzero(slot_bad | no_upload)
+    nj_why = np.where(slot_bad[nj_runs], OUT_OF_RANGE, NO_UPLOAD)
+    for k in nj_runs.tolist():
+        page_cls[src[k], NOT_JUDGED] += int(length[k])
+    r_counts = np.bincount(p_read * 4 + cls, minlength=nr * 4).reshape(nr, 4)
+    if host.any():
+        r_counts[:, EXACT] += np.bincount(run_read[host], weights=length[host],
+                                          minlength=nr).astype(np.int64)
+    if nj_runs.size:
+        r_counts[:, NOT_JUDGED] += np.bincount(run_read[nj_runs], weights=length[nj_runs],
+                                               minlength=nr).astype(np.int64)
+    not_judged = {int(w): int(c) for w, c in enumerate(np.bincount(
+        np.concatenate([why[cls == NOT_JUDGED], nj_why]),
+        weights=np.concatenate([np.ones(int((cls == NOT_JUDGED).sum())), length[nj_runs]]),
+        minlength=6)) if c}
+
+    # -- pieces: runs of non-exact pages ---------------------------------------------------------
+    badi = np.flatnonzero(cls != EXACT)
+    if badi.size:
+        k = badi
+        off = h_page[k] - p_page[k]
+        new = np.ones(k.size, bool)
+        new[1:] = ((p_run[k][1:] != p_run[k][:-1]) | (p_page[k][1:] != p_page[k][:-1] + 1)
+                   | (cls[k][1:] != cls[k][:-1]) | (lag[k][1:] != lag[k][:-1])
+                   | (h_vid[k][1:] != h_vid[k][:-1]) | (off[1:] != off[:-1])
+                   | (why[k][1:] != why[k][:-1]))
+        starts = np.flatnonzero(new)
+        ends = np.append(starts[1:], k.size) - 1
+        s_, e_ = k[starts], k[ends]
+        hv = h_vid[s_]
+        has = hv >= 0
+        hvc = np.maximum(hv, 0)
+        page_pieces = np.stack([
+            p_read[s_], p_page[s_], p_page[e_] + 1, p_src[s_], p_slot[s_], cls[s_], lag[s_],
+            np.where(has, views.layer[hvc] if views.layer.size else -1, -1),
+            np.where(has, views.stream[hvc] if views.stream.size else -1, -1),
+            np.where(has, h_page[s_], -1), np.where(has, h_ver[s_], -1),
+            np.where(has, h_step[s_], -1), np.where(has, h_seq[s_], -1), why[s_]], axis=1)
+    else:
+        page_pieces = np.empty((0, 14), np.int64)
+    if nj_runs.size:
+        minus = np.full(nj_runs.size, -1, np.int64)
+        run_pieces = np.stack([
+            run_read[nj_runs], b[nj_runs], e[nj_runs], src[nj_runs], slot[nj_runs],
+            np.full(nj_runs.size, NOT_JUDGED, np.int64), np.zeros(nj_runs.size, np.int64),
+            minus, minus, minus, minus, minus, minus, nj_why], axis=1)
+        pieces = np.concatenate([page_pieces, run_pieces])
+        pieces = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))]
+    else:
+        pieces = page_pieces
+
+    # -- flows: the last write of every stale or foreign page ------------------------------------
+    fl = np.flatnonzero((cls == STALE) | (cls == FOREIGN)) if flows else np.empty(0, np.int64)
+    if fl.size:
+        f_flat, f_t = p_flat[fl], p_pos[fl]
+        j = np.searchsorted(wkey, f_flat * R + f_t) - 1
+        jc = np.maximum(j, 0)
+        in_chunk = (j >= 0) & (wkey[jc] // R == f_flat) if wkey.size else np.zeros(fl.size, bool)
+        wseq = np.where(in_chunk, w_seq[worder[jc]] if w_seq.size else 0, pages.wseq[f_flat])
+        # one (write, read) pair once: a packed key sorts in one pass
+        key = np.unique((wseq << 22 | p_read[fl]) << 2 | (cls[fl] == FOREIGN))
+        found = np.stack([key >> 24, (key >> 2) & ((1 << 22) - 1),
+                          np.where(key & 1, FOREIGN, STALE)], axis=1)
+        found = found[found[:, 0] > 0]
+    else:
+        found = np.empty((0, 3), np.int64)
+
+    info = {"p_run": p_run, "p_read": p_read, "p_page": p_page, "p_src": p_src, "p_slot": p_slot,
+              "cls": cls, "lag": lag, "why": why, "cur": cur, "h_vid": h_vid,
+              "h_page": h_page, "h_ver": h_ver, "h_seq": h_seq, "h_step": h_step,
+              "run_read": run_read, "b": b, "e": e, "src": src, "slot": slot,
+              "keep": keep, "host": host, "nj_runs": nj_runs, "nj_why": nj_why,
+              "wkey": wkey, "R": R, "ri": ri, "n": n}
+
+    # -- carry the state forward ---------------------------------------------------------------
+    if w_flat.size:
+        np.add.at(pages.version, w_flat, 1)
+        last = _last_of(w_flat)
+        pages.wseq[w_flat[last]] = w_seq[last]
+        pages.wrow[w_flat[last]] = rows0 + w_pos[last]
+        if state.writes is None:
+            state.writes = True
+    for target, table in ((0, state.pool), (1, state.ring)):
+        tu = np.flatnonzero(u_tgt == target)
+        if state.uploads[target] is None and tu.size:
+            state.uploads[target] = True
+        last_inv_pos = int(inv_pos[-1]) if inv_pos.size else -1
+        if last_inv_pos >= 0:
+            table.clear()
+        if target == 0 and e_slot.size:
+            ev_slots = e_slot[(e_slot >= 0) & (e_slot < table.view.size)]
+            ev_at = e_pos[(e_slot >= 0) & (e_slot < table.view.size)]
+            table.view[ev_slots] = -1
+            table.row[ev_slots] = -1
+            # an upload after the evict refills the slot below
+            del ev_at
+        if tu.size:
+            last = tu[_last_of(u_slot[tu])]
+            if target == 0 and e_slot.size:
+                ekey = np.sort(e_slot * R + e_pos)
+                k = np.searchsorted(ekey, u_slot[last] * R + n) - 1
+                kc = np.maximum(k, 0)
+                evicted_after = (k >= 0) & (ekey[kc] // R == u_slot[last]) & \
+                    (ekey[kc] % R > u_pos[last])
+                last = last[~evicted_after]
+            last = last[u_pos[last] > last_inv_pos]
+            if last.size:
+                table.grow(int(u_slot[last].max()) + 1)
+                qs = u_slot[last]
+                table.view[qs] = u_vid[last]
+                table.page[qs] = u_page[last]
+                table.version[qs] = u_ver[last]
+                table.seq[qs] = u_seq[last]
+                table.step[qs] = u_step[last]
+                table.row[qs] = rows0 + u_pos[last]
+    if inv_pos.size:
+        state.ring_log.clear()
+    ring_up = ring_up_all = np.flatnonzero(u_tgt == 1)
+    if inv_pos.size:
+        ring_up = ring_up[u_pos[ring_up] > inv_pos[-1]]
+    if ring_up.size:
+        state.ring_log.add(np.stack([rows0 + u_pos[ring_up], u_slot[ring_up], u_vid[ring_up],
+                                     u_page[ring_up], u_ver[ring_up], u_seq[ring_up],
+                                     u_step[ring_up]], axis=1))
+    _advance_batches(state, u_vid[ring_up_all], rows0 + u_pos[ring_up_all], r_vid, rows0 + ri)
+    r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
+                          minlength=nr * 3).astype(np.int64).reshape(nr, 3)
+    return Chunk(rows0, rs, ri, r_counts, pieces, page_cls, not_judged, found, info,
+                 versions_disagree, r_layer, r_stream, steps[ri], ints(rs, _SEQ), r_pages)
+
+
+_VERSIONS = operator.attrgetter("versions")
+
+
+def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np.ndarray,
+                    pages: PageTable, before: Any) -> list[tuple[Any, int, int, int]]:
+    """Compare each write's annotated ``versions`` with the judged version after it."""
+    if not ws:
+        return []
+    vlists = list(map(_VERSIONS, ws))
+    vl = np.fromiter(map(len, vlists), np.int64, len(ws))
+    total = int(vl.sum())
+    if not total:
+        return []
+    pairs = np.fromiter(_clipped(itertools.chain.from_iterable(
+        itertools.chain.from_iterable(vlists))), np.int64, 2 * total).reshape(-1, 2)
+    wix = np.repeat(np.arange(len(ws)), vl)
+    page, annotated = pairs[:, 0], pairs[:, 1]
+    okidx = np.cumsum(w_ok) - 1
+    vid = np.where(w_ok[wix], w_vid_e[np.maximum(okidx[wix], 0)] if w_vid_e.size else -1, -1)
+    cap = np.where(vid >= 0, pages.cap[np.maximum(vid, 0)] if pages.cap.size else 0, 0)
+    inside = (vid >= 0) & (page >= 0) & (page < cap)
+    judged = np.zeros(total, np.int64)
+    if inside.any():
+        flat = pages.flat(vid[inside], page[inside])
+        judged[inside] = pages.version[flat] + before(flat, wi[wix[inside]] + 1)
+    bad = np.flatnonzero(judged != annotated)
+    out: list[tuple[Any, int, int, int]] = []
+    seen: set[int] = set()
+    for k in bad.tolist():
+        w = int(wix[k])
+        if w not in seen:
+            seen.add(w)
+            out.append((ws[w], int(page[k]), int(annotated[k]), int(judged[k])))
+    return out
+
+
+def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray,
+             h_page: np.ndarray, h_ver: np.ndarray, carried_slot: np.ndarray) -> None:
+    """Pages ``dst`` read the copy their slot ``q`` held when the chunk began."""
+    inside = q < table.view.size
+    dst, q = dst[inside], q[inside]
+    h_vid[dst] = table.view[q]
+    h_page[dst] = table.page[q]
+    h_ver[dst] = table.version[q]
+    carried_slot[dst] = q
+
+
+def grow_views(state: State) -> None:
+    n = len(state.views.ids)
+    if n > state.batch_start.size:
+        grow = n - state.batch_start.size
+        state.batch_start = np.concatenate([state.batch_start, np.full(grow, -1, np.int64)])
+        state.read_since = np.concatenate([state.read_since, np.zeros(grow, bool)])
+
+
+def _advance_batches(state: State, c_vid: np.ndarray, c_row: np.ndarray, r_vid: np.ndarray,
+                     r_row: np.ndarray) -> None:
+    """Each view's ring batch after a chunk's ring copies and reads (rule 3): a copy after a
+    read of its view starts a new batch; reads and copies are taken in row order."""
+    grow_views(state)
+    if not c_vid.size and not r_vid.size:
+        return
+    nv = state.batch_start.size
+    last_copy = np.full(nv, -1, np.int64)
+    np.maximum.at(last_copy, c_vid, c_row)
+    before = r_row < last_copy[r_vid]
+    last_read = np.full(nv, -1, np.int64)
+    np.maximum.at(last_read, r_vid[before], r_row[before])
+    after = c_row > last_read[c_vid]
+    first = np.full(nv, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, c_vid[after], c_row[after])
+    has_copy = last_copy >= 0
+    start, since = state.batch_start, state.read_since
+    renew = (last_read >= 0) | since | (start < 0)
+    state.batch_start = np.where(has_copy, np.where(renew, first, start), start)
+    read_after = np.bincount(r_vid[r_row > last_copy[r_vid]], minlength=nv) > 0
+    any_read = np.bincount(r_vid, minlength=nv) > 0
+    state.read_since = np.where(has_copy, read_after, since | any_read)
+
+
+def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray) -> int:
+    """The row where a view's current ring batch starts, given its copies and reads in this
+    chunk before the moment asked about (both ascending)."""
+    start = int(state.batch_start[view]) if view < state.batch_start.size else -1
+    since = bool(state.read_since[view]) if view < state.read_since.size else False
+    events = sorted([(int(r), 0) for r in c_row] + [(int(r), 1) for r in r_row])
+    for row, is_read in events:
+        if is_read:
+            since = True
+        elif start < 0 or since:
+            start, since = row, False
+    return start
+
+
+def _last_of(keys: np.ndarray) -> np.ndarray:
+    """Index of the last occurrence of each distinct key."""
+    rev = keys[::-1]
+    _, first = np.unique(rev, return_index=True)
+    out: np.ndarray = keys.size - 1 - first
+    return out
+
+
+def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page: np.ndarray,
+           p_slot: np.ndarray, p_pos: np.ndarray, cur: np.ndarray, wk: np.ndarray,
+           r_vid: np.ndarray, ri: np.ndarray, u_tgt: np.ndarray, u_pos: np.ndarray,
+           u_slot: np.ndarray, u_vid: np.ndarray, u_page: np.ndarray, u_ver: np.ndarray,
+           u_seq: np.ndarray, u_step: np.ndarray, inv_pos: np.ndarray, cls: np.ndarray,
+           lag: np.ndarray,
+           why: np.ndarray, h_vid: np.ndarray, h_page: np.ndarray, h_ver: np.ndarray,
+           h_seq: np.ndarray, h_step: np.ndarray, h_row: np.ndarray) -> None:
+    """Rule 3 of the ring, page by page, over the recent ring copies and this chunk's."""
+    tu = np.flatnonzero(u_tgt == 1)
+    chunk_log = np.stack([rows0 + u_pos[tu], u_slot[tu], u_vid[tu], u_page[tu], u_ver[tu],
+                          u_seq[tu], u_step[tu]], axis=1) if tu.size else np.empty((0, 7),
+                                                                                  np.int64)
+    log = np.concatenate([state.ring_log.entries(), chunk_log])
+    inv_rows = rows0 + inv_pos
+    oldest = int(log[0, 0]) if log.size else -1
+    for i in idx.tolist():
+        view, page, slot, t = int(p_vid[i]), int(p_page[i]), int(p_slot[i]), rows0 + int(p_pos[i])
+        # V's batch: its ring copies since a read of V was followed by a copy
+        mine_c = chunk_log[(chunk_log[:, 2] == view) & (chunk_log[:, 0] < t), 0]
+        mine_r = rows0 + ri[(r_vid == view) & (ri < p_pos[i])]
+        start = _batch_start(state, view, np.unique(mine_c), mine_r)
+        if start < 0:
+            start = t
+        cleared = inv_rows[inv_rows < t]
+        if cleared.size:  # an invalidate emptied every slot: nothing before it is in one
+            start = max(start, int(cleared[-1]) + 1)
+        walk = log[(log[:, 1] == slot) & (log[:, 0] >= start) & (log[:, 0] < t)]
+        verdict: tuple[int, ...] | None = None
+        for c in walk[::-1]:
+            if int(c[2]) != view:
+                verdict = (FOREIGN, 0, 0, *c[2:7].tolist())
+                break
+            if int(c[3]) == page:
+                version = int(c[4])
+                if not wk[i]:
+                    verdict = (NOT_JUDGED, 0, NO_WRITE, *c[2:7].tolist())
+                else:
+                    same_cls = EXACT if version == int(cur[i]) else STALE
+                    verdict = (same_cls, int(cur[i]) - version if same_cls == STALE else 0, 0,
+                               *c[2:7].tolist())
+                break
+        if verdict is None and state.ring_log.dropped and start <= oldest:
+            verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)
+        if verdict is None and start < state.history_row:
+            # the batch began before the segment's snapshot: its earlier copies are unknown
+            verdict = (NOT_JUDGED, 0, BEFORE_SNAPSHOT, -1, -1, -1, -1, -1)
+        if verdict is None:
+            continue  # foreign, holding the newest copy: as judged already
+        cls[i], lag[i], why[i] = verdict[0], verdict[1], verdict[2]
+        h_vid[i], h_page[i], h_ver[i], h_seq[i], h_step[i] = verdict[3:8]
+        h_row[i] = -1

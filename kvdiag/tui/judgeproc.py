@@ -1,0 +1,158 @@
+"""The judging pass in a child process, for big traces (no textual import).
+
+The indexer and the Judge each cost a few microseconds per event and both hold the GIL, so in
+one process they share one core; in a child process the Judge runs on another core while the
+viewer indexes and draws. The child (``python -m kvdiag.tui.judgeproc PATH EVERY``) reads the
+same blocks of the file (:func:`~kvdiag.analysis.trace_index.line_blocks`), runs a
+:class:`~kvdiag.tui.judging.JudgingPass` and writes a :class:`~kvdiag.tui.digest.Delta` to its
+standard output about every ``EVERY`` seconds, and one with ``done`` at the end, as
+length-prefixed pickles; the viewer folds them into digests as it does for a pass run in its
+own thread. A plain subprocess rather than :mod:`multiprocessing`: spawning through it re-runs
+the parent's main script in the child, which breaks any program that embeds the viewer without
+a ``__main__`` guard (and forking a process with threads copies locks other threads hold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import pickle
+import resource
+import selectors
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from kvdiag.analysis.trace_index import CHUNK, header_end, line_blocks
+from kvdiag.tui.digest import Delta
+from kvdiag.tui.document import trace_source
+from kvdiag.tui.judging import JudgingPass
+
+_LENGTH = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The pass stopped on an error (the message says which)."""
+
+    message: str
+
+
+def _send(out: BinaryIO, item: Delta | Failed) -> None:
+    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(_LENGTH.pack(len(data)))
+    out.write(data)
+    out.flush()
+
+
+def run(path: str, out: BinaryIO, every: float) -> None:
+    """The child's work: judge ``path``, writing deltas to ``out``."""
+    # The child holds nothing but the Judge: its objects live long and form no cycles, so
+    # the cyclic GC would only re-scan them (a fifth of the pass, measured); a young
+    # collection per delta keeps anything unexpected bounded.
+    gc.disable()
+    try:
+        judging = JudgingPass(path, hand_over=True)
+        source = trace_source(path)  # a plain file, a segment set or a .zst
+        last = time.monotonic()
+        for offset, block in line_blocks(source, header_end(source), CHUNK):
+            judging.feed(block, offset)
+            if time.monotonic() - last >= every:
+                _send(out, judging.delta())
+                gc.collect(0)
+                last = time.monotonic()
+        judging.finish()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        last_delta = dataclasses.replace(judging.delta(done=True), costs={
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024})
+        _send(out, last_delta)
+    except Exception as exc:  # reported to the viewer, which says so and carries on
+        _send(out, Failed(f"{type(exc).__name__}: {exc}"))
+
+
+class JudgeProcess:
+    """A child process judging ``path``; :meth:`receive` collects what it has sent."""
+
+    def __init__(self, path: str, every: float) -> None:
+        env = dict(os.environ)
+        # the child imports this copy of kvdiag, installed or not
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "kvdiag.tui.judgeproc", path, str(every)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env)
+        assert self._proc.stdout is not None
+        self._out = self._proc.stdout
+        os.set_blocking(self._out.fileno(), False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._out, selectors.EVENT_READ)
+        self._buffer = bytearray()
+        self._ended = False
+
+    def receive(self, timeout: float) -> list[Delta | Failed]:
+        """Everything sent so far, waiting up to ``timeout`` seconds when nothing is."""
+        out = self._frames()
+        if out or self._ended:
+            return out
+        if self._selector.select(timeout):
+            self._read()
+            out = self._frames()
+        if self._ended and not (out and (isinstance(out[-1], Failed) or out[-1].done)):
+            code = self._proc.wait(timeout=5)
+            out.append(Failed(f"the judging process ended early (exit code {code})"))
+        return out
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._out.fileno(), 1 << 20)
+            except BlockingIOError:
+                return
+            if not data:
+                self._ended = True
+                self._selector.unregister(self._out)
+                return
+            self._buffer += data
+
+    def _frames(self) -> list[Delta | Failed]:
+        if not self._ended:
+            self._read()
+        items: list[Delta | Failed] = []
+        buf = self._buffer
+        while len(buf) >= _LENGTH.size:
+            (n,) = _LENGTH.unpack_from(buf)
+            if len(buf) < _LENGTH.size + n:
+                break
+            # the child is this module, started by this process: its pickles are trusted
+            items.append(pickle.loads(bytes(buf[_LENGTH.size:_LENGTH.size + n])))
+            del buf[:_LENGTH.size + n]
+        return items
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._selector.close()
+        self._out.close()
+
+
+def main(argv: list[str]) -> int:
+    out = os.fdopen(os.dup(1), "wb")
+    sys.stdout = sys.stderr  # nothing but frames on the pipe
+    run(argv[0], out, float(argv[1]))
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

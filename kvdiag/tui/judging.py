@@ -1,0 +1,141 @@
+"""The judging pass: the trace's one Judge, fed the blocks of lines the indexer reads
+(no textual import).
+
+Each block is decoded as :class:`~kvdiag.trace.reader.TraceReader` decodes it
+(:meth:`~kvdiag.trace.reader.TraceReader.decode_block`: the same events and line-numbered
+problems as ``kvdiag check``), in slices of about :data:`SLICE` bytes, and fed to
+``Judge(header, ledger=True)``; a line that is not an event is skipped with ``judge.skip()`` so
+that ledger rows stay index rows. Beside the Judge the pass keeps what the screens show and the
+Judge does not hold: telemetry samples, kv_stream_adapt's partition, abort events.
+:meth:`JudgingPass.delta` hands over what changed since the last call
+(:class:`~kvdiag.tui.digest.Delta`); the loader runs the pass in its own thread right behind the
+indexer, or in a child process for big files (:mod:`kvdiag.tui.judgeproc`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvdiag.analysis.judgement import Judge
+from kvdiag.model import events as ev
+from kvdiag.trace.reader import TraceReader
+from kvdiag.tui.digest import (
+    TABLES,
+    Delta,
+    TableDelta,
+    partition_series,
+    telemetry_series,
+)
+
+SLICE = 32 << 10
+"""Bytes decoded at a time: ``decode_lines`` makes a list of fresh objects per call, and a
+list of thousands costs the cyclic GC far more than a few hundred that die young (the
+reader's own chunk size, kvdiag/trace/reader.py)."""
+
+_SIDE: dict[type, str] = {ev.Telemetry: "telemetry", ev.Adapt: "partition",
+                          ev.Repartition: "partition", ev.Abort: "abort"}
+"""Events kept beside the Judge, by list (adapt and repartition in one, in file order)."""
+
+
+def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
+    """``block`` (whole lines) cut after a newline about every ``size`` bytes."""
+    start, n = 0, len(block)
+    while start < n:
+        if n - start <= size:
+            yield block[start:]
+            return
+        cut = block.rfind(b"\n", start, start + size)
+        if cut < 0:  # one line longer than the slice
+            cut = block.find(b"\n", start + size)
+            if cut < 0:
+                yield block[start:]
+                return
+        yield block[start:cut + 1]
+        start = cut + 1
+
+
+class JudgingPass:
+    """Judges the blocks of one trace given in file order (:meth:`feed`), from the first line
+    after the header."""
+
+    def __init__(self, path: str | Path, *, hand_over: bool = False) -> None:
+        # the reader validates the header (InputError) and then only decodes what it is given
+        with TraceReader.open(path) as reader:
+            self.reader = reader
+        if reader.segments is not None:
+            # a segment set's gaps and left-out files are said by the joined stream as it is
+            # read (the blocks fed here come from the joined bytes): read it once for them
+            with TraceReader.open(path) as whole:
+                for _ in whole:
+                    pass
+            reader.problems.extend(p for p in whole.problems if p.kind in ("gap", "segment"))
+            reader.allow_skipped(whole.skipped_seqs)
+        self.judge = Judge(reader.header, ledger=True, name=str(path))
+        self.hand_over = hand_over
+        """Deltas carry the ledger's sealed blocks away (a pass in another process): the
+        viewer keeps them, this pass forgets them."""
+        self.position = 0
+        """The byte just after the last block fed."""
+        self._sent = [0] * len(TABLES)
+        self._problems = 0
+        self._side: dict[str, list[Any]] = {k: [] for k in _SIDE.values()}
+
+    def feed(self, block: bytes, offset: int) -> None:
+        """Judge ``block``, the next lines of the file, from byte ``offset``."""
+        judge, decode, side = self.judge, self.reader.decode_block, self._side
+        items: list[Any] = []
+        for piece in slices(block):
+            decoded = decode(piece)
+            # type() is, not isinstance: this runs per event of traces of millions
+            for e in [e for e in decoded if type(e) in _SIDE]:
+                side[_SIDE[type(e)]].append(e)
+            items += decoded
+        # the whole block at once: the Judge judges a chunk with array operations
+        if None not in items:
+            judge.feed_all(items)
+        else:  # a line that is not an event: its row is skipped
+            run: list[Any] = []
+            for e in items:
+                if e is None:
+                    judge.feed_all(run)
+                    run = []
+                    judge.skip()
+                else:
+                    run.append(e)
+            judge.feed_all(run)
+        self.position = offset + len(block)
+
+    def finish(self) -> None:
+        """The file ends here."""
+        self.reader.finish()
+
+    def delta(self, *, done: bool = False) -> Delta:
+        """What was judged since the previous delta (everything, for the first)."""
+        judgement = self.judge.snapshot()
+        led = self.judge.ledger
+        assert led is not None and judgement.ledger is not None
+        tables = []
+        if self.hand_over:
+            for table in led.tables():
+                sealed, open_rows, n = table.take()
+                tables.append(TableDelta(tuple(sealed), open_rows, n))
+        else:
+            for i, name in enumerate(TABLES):
+                t = getattr(judgement.ledger, name)
+                tables.append(TableDelta(t.blocks[self._sent[i]:t.sealed],
+                                         t.blocks[t.sealed] if len(t.blocks) > t.sealed
+                                         else None, t.n))
+                self._sent[i] = t.sealed
+        side = self._side
+        self._side = {k: [] for k in _SIDE.values()}
+        problems = self.reader.problems[self._problems:]
+        self._problems = len(self.reader.problems)
+        return Delta(
+            rows=self.judge.rows, position=self.position,
+            judgement=dataclasses.replace(judgement, ledger=None), tables=tuple(tables),
+            telemetry=telemetry_series(side["telemetry"]),
+            partition=partition_series(side["partition"]), aborts=tuple(side["abort"]),
+            problems=tuple(problems), truncated=self.reader.truncated, done=done)
