@@ -34,6 +34,7 @@ COMMANDS: tuple[str, ...] = (
     "postmortem",
     "import_",
     "perf",
+    "sql",
     "devices",
     "tui",
     "demo",

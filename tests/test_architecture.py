@@ -30,6 +30,10 @@ ALLOWED: dict[str, set[str]] = {
     # kvdiag import: reads logs with postmortem, sizes pages with kvstream, writes a trace
     "logimport": {"postmortem", "kvstream", "trace", "model"},
     "tui": {"report", "analysis", "trace", "model", "postmortem"},
+    # kvdiag sql: traces judged (analysis), logs scanned (postmortem), into DuckDB
+    "sql": {"analysis", "trace", "postmortem", "model"},
+    # kvdiag check --follow: a growing trace or log (read as trace/logimport do), judged
+    "follow": {"analysis", "trace", "postmortem", "logimport", "model", "report"},
 }
 LEAVES = {"errors", "files", "__init__"}
 
@@ -70,6 +74,7 @@ def test_package_imports_follow_the_design(package: str) -> None:
     ("cupy", lambda p: p.parts[-2] == "executors" and p.name.startswith("cupy")),
     ("pynvml", lambda p: "telemetry" in p.parts),
     ("textual", lambda p: "tui" in p.parts),
+    ("duckdb", lambda p: "sql" in p.parts),
 ])
 def test_heavy_libraries_stay_in_their_place(library: str, where) -> None:  # type: ignore[no-untyped-def]
     offenders = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")

@@ -1,6 +1,8 @@
 """Analyse a trace: findings with rule ids, evidence and fixes; CI exit codes.
 
 Exit status: 0 no finding at or above --fail-on, 1 some, 2 the trace cannot be read.
+With --follow, judge a trace or a llama-server log while it is written and print each finding
+when it first appears; --exit-on SEVERITY stops at the first finding at or above it (exit 1).
 """
 
 from __future__ import annotations
@@ -19,10 +21,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="a run that did not complete (no End event, or End status "
                              "error: killed, interrupted) is a warning instead of an error")
+    parser.add_argument("--follow", action="store_true",
+                        help="read FILE (a trace or a llama-server log) as it grows and print "
+                             "each finding when it first appears; follows a file replaced or "
+                             "truncated, waits for one not created yet; ends at the trace's "
+                             "End event or Ctrl-C")
+    parser.add_argument("--exit-on", metavar="SEVERITY",
+                        help="with --follow: stop at the first finding of this severity or "
+                             "higher, with its evidence, exit 1 (a watchdog)")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvdiag.check import check_file
+    from kvdiag.errors import UsageError
+    from kvdiag.model.findings import Severity
+
+    if args.exit_on is not None and not args.follow:
+        raise UsageError("--exit-on needs --follow (without it, --fail-on sets the exit code)")
+    if args.follow:
+        from kvdiag.follow.check import follow_check
+
+        fmt = chosen_format(args)
+        if fmt not in (None, "text", "json"):
+            raise UsageError(f"--follow prints text or JSON Lines, not {fmt}")
+        if args.file == "-":
+            raise UsageError("--follow follows a file by its name, not standard input")
+        try:
+            fail_on = Severity.parse(args.fail_on)
+            exit_on = Severity.parse(args.exit_on) if args.exit_on is not None else None
+        except ValueError as exc:
+            raise UsageError(f"--fail-on/--exit-on: {exc}") from None
+        return follow_check(args.file, json_out=fmt == "json", fail_on=fail_on,
+                            exit_on=exit_on, allow_incomplete=args.allow_incomplete)
 
     return check_file(args.file, fail_on=args.fail_on, fmt=chosen_format(args),
                       allow_incomplete=args.allow_incomplete)

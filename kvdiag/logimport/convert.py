@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kvdiag.model import events as ev
 from kvdiag.model.geometry import Tensor
@@ -42,7 +42,6 @@ from kvdiag.model.logrecords import (
 from kvdiag.model.perf import RequestTiming
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.lines import clean
-from kvdiag.trace.writer import TraceWriter
 
 #: A fits=false line waits this many lines at most for the abort or warning that decides its
 #: route (the runtime prints them next to each other: the assert fires in the same dispatch).
@@ -134,6 +133,14 @@ def abort_fields(crash: Crash) -> dict[str, Any]:
     return fields
 
 
+class Emitter(Protocol):
+    """Where the events go: a :class:`~kvdiag.trace.writer.TraceWriter` (``kvdiag import``),
+    or a Judge's feed (``kvdiag check --follow`` on a log)."""
+
+    def emit(self, cls: type[ev.Event], step: int, *, t_ns: int | None = None,
+             **fields: Any) -> Any: ...
+
+
 @dataclass
 class _Item:
     line: int
@@ -176,7 +183,7 @@ class Converter:
     something, from 0.
     """
 
-    def __init__(self, writer: TraceWriter, name: str, boots: tuple[BootConfig, ...],
+    def __init__(self, writer: Emitter, name: str, boots: tuple[BootConfig, ...],
                  crashes: tuple[Crash, ...], boot: BootConfig | None,
                  stage_bytes: int, requests: tuple[RequestTiming, ...] = ()) -> None:
         self.writer = writer
@@ -206,6 +213,12 @@ class Converter:
                 self._timings.setdefault(r.line, []).append(r)
                 if r.started is not None:
                     self._starts[r.started] = None
+
+    def add_crashes(self, crashes: tuple[Crash, ...] | list[Crash]) -> None:
+        """Crashes found since construction (a log read while it grows: the scanner finishes a
+        crash only once its backtrace has ended)."""
+        self._crashes.extend(c for c in crashes if c.where.source == self.name)
+        self._crashes[self._ci:] = sorted(self._crashes[self._ci:], key=lambda c: c.where.line)
 
     # -- time and steps ---------------------------------------------------------------------
 

@@ -157,6 +157,31 @@ class LogParser:
                                          message=f"{d.summary()}; first at line {d.first_line}",
                                          code="bytes-replaced"))
 
+    # -- a source that grows (kvdiag check --follow) ---------------------------------------
+
+    def begin(self, name: str) -> None:
+        """Start a source that arrives in pieces (:meth:`feed_lines`), as a followed log does."""
+        self.sources.append(name)
+        self._reset_source(name)
+
+    def feed_lines(self, data: bytes) -> None:
+        """Complete lines of the source begun last (``data`` ends with a newline)."""
+        self.bytes += len(data)
+        self.lines += data.count(b"\n")
+        self._region(data, 0, len(data))
+        self._remember(data, 0, len(data))
+
+    @property
+    def open_crash_line(self) -> int | None:
+        """The first line of a crash whose lines may still be coming (its backtrace), else
+        None; crashes that begin before it are all in :attr:`crashes`."""
+        return self._crash.start.line if self._crash is not None else None
+
+    def close_crash(self) -> None:
+        """End the crash being read: the source went quiet (a dying server prints its abort
+        and backtrace at once, then stops)."""
+        self._close_crash()
+
     def _feed_blocks(self, read: Callable[[int], bytes], consumed: int) -> None:
         carry = b""
         skipping = False

@@ -46,3 +46,11 @@ def check_compatible(version: tuple[int, int]) -> bool:
             f"trace format {text} is older than this kvdiag understands ({FORMAT_MAJOR}.x)"
         )
     return minor > FORMAT_MINOR
+
+
+def looks_like_trace(head: bytes) -> bool:
+    """Do a file's first bytes start a kvtrace header (line 1, a JSON object naming the
+    format)? Used to tell a trace from a server log before reading either."""
+    head = head.lstrip(b"\xef\xbb\xbf")
+    return head.startswith(b'{"format":"kvtrace"') or (
+        head.startswith(b"{") and b'"kvtrace"' in head.split(b"\n", 1)[0])

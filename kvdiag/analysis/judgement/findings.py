@@ -242,6 +242,19 @@ def _abort_fix(condition: str) -> str:
     return ""
 
 
+def identity(f: Finding) -> tuple[Any, ...]:
+    """What makes a finding the same finding while its trace grows (its title's counts change,
+    its grouping key does not): the rule and what it groups by — the failed conditions and who
+    evaluated them, the reading stream, the abort's event, the decode loop, what is not
+    recorded and why."""
+    if f.rule == "abort":
+        return (f.rule, f.evidence[0].seq if f.evidence else f.title)
+    d = f.details
+    failed = d.get("failed")
+    return (f.rule, d.get("stream"), tuple(failed) if isinstance(failed, list) else None,
+            d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"))
+
+
 def _fits_details(failed: tuple[str, ...], by: str, g: Group) -> dict[str, Any]:
     return {"failed": list(failed), "conditions_from": by, "count": g.count,
             "first_step": g.first_step, "not_evaluable": g.extra["not_evaluable"], **g.caps()}

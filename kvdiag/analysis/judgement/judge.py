@@ -214,6 +214,8 @@ class Judge:
         self.reads = [0, 0]
         """Reads judged (with served), reads without served."""
         self.routes: Counter[str] = Counter()
+        self.out_of_range = 0
+        self._arisen: set[tuple[Any, ...]] = set()
         self._types: Counter[type] = Counter()
         self._unknown: Counter[str] = Counter()
         self._chunk: Chunk | None = None
@@ -709,6 +711,24 @@ class Judge:
             rows=self.rows, completeness=completeness,
             findings=tuple(self._findings(completeness)), residency=self._residency(),
             ledger=self.ledger.snapshot() if self.ledger is not None else None)
+
+    def arisen(self) -> list[Finding]:
+        """The findings that first appeared since the last call, each once (by
+        :func:`~kvdiag.analysis.judgement.findings.identity`), as they stand now: for a caller
+        that follows a growing trace (``kvdiag check --follow``). Findings that later events
+        could withdraw are not among them — what the trace does not record (a later event or
+        ``records`` declaration may show it), the run not completing (the End event may
+        come) — :meth:`snapshot` has those once the trace has ended."""
+        command = f"kvdiag trace pages {self.name} --json" if self.name else None
+        found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
+        found += fnd.cross_check(self.groups)
+        out = []
+        for f in found:
+            key = fnd.identity(f)
+            if key not in self._arisen:
+                self._arisen.add(key)
+                out.append(f)
+        return out
 
     def _findings(self, completeness: Completeness) -> list[Finding]:
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
