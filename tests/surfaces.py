@@ -126,11 +126,19 @@ def export_command_disagreements(entries: Iterable[Entry], out_dir: Path
 
 
 def self_diff_disagreements(entries: Iterable[Entry]) -> list[str]:
-    """``diff A A``: a trace is equivalent to itself."""
+    """``diff A A``: a trace is equivalent to itself — unless it holds nothing diff compares
+    (no read, write, fits or output event: a header and End, an imported log without them),
+    which diff refuses to call equivalent (exit 2, verdict ``nothing-compared``)."""
     bad: list[str] = []
     for e in entries:
         code, out = cli("diff", str(e.path), str(e.path), "--json")
         doc = json.loads(out) if out.startswith("{") else {}
+        counts = judged(e.path).judgement.counts
+        if not any(counts.get(k) for k in ("read", "write", "fits", "output")):
+            if code != 2 or doc.get("verdict") != "nothing-compared":
+                bad.append(f"{e.name}: holds nothing to compare, diff with itself: exit {code}, "
+                           f"{doc.get('verdict')}")
+            continue
         if code != 0 or not doc.get("equivalent"):
             bad.append(f"{e.name}: diff with itself: exit {code}, "
                        f"{doc.get('first') or out.strip()[:300]}")

@@ -47,6 +47,9 @@ from surfaces import (
     tui_disagreements,
 )
 
+from kvdiag.kvstream.scenarios import SCENARIOS
+from tests.judged_captures import CASES
+
 
 @dataclass(frozen=True)
 class Corpus:
@@ -98,9 +101,9 @@ def agree(bad: list[str]) -> None:
 
 def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) -> None:
     g = corpus.groups
-    assert len(g["model"]) == 32
-    assert {e.schedule[0] for e in g["model"] if e.schedule} == {
-        "single-slot", "two-slot-concurrent", "slot1-first", "late-join", "pool-pressure"}
+    assert len(g["model"]) == len(CASES) >= 32  # every scenario × layout × dispatch, unified
+    assert {e.schedule[0] for e in g["model"] if e.schedule} == set(SCENARIOS)
+    assert sum(1 for e in g["model"] if e.name.endswith("-unified")) >= 12
     assert {e.name.removeprefix("import/") for e in g["import"]} >= {
         "kvstream_np2_gdb", "aliasing_no_crash", "export-two-slot-abort",
         "export-two-slot-fallback"}
@@ -179,7 +182,7 @@ def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
     pairs = [(e, by[e.name.replace("-shared-", "-per-stream-")]) for e in corpus.groups["model"]
              if e.schedule is not None and "-shared-" in e.name]
     bad, divergent = pair_diff_disagreements(pairs)
-    assert len(pairs) == 16 and divergent >= 2  # slot1-first in both dispatch policies
+    assert len(pairs) == len(CASES) // 2 and divergent >= 2  # slot1-first, both dispatches
     agree(bad)
 
 

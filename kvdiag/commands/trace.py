@@ -155,12 +155,25 @@ def _pages(path: str, *, as_json: bool) -> int:
 
 def _info(path: str, *, as_json: bool) -> int:
     from kvdiag.analysis.judgement import Judge
+    from kvdiag.analysis.judgement.judge import CHUNK
     from kvdiag.trace.reader import TraceReader
     from kvdiag.trace.summary import summarize
 
     with TraceReader.open(path) as reader:
         judge = Judge(reader.header, name=path)
-        summary = summarize(reader, observe=judge.feed)
+        pending: list[Any] = []
+
+        def observe(event: Any) -> None:
+            # the Judge judges a chunk with array operations: fed one event at a time it
+            # took ~0.2 ms of CPU per event (minutes for a million)
+            nonlocal pending
+            pending.append(event)
+            if len(pending) >= CHUNK:
+                judge.feed_all(pending)
+                pending = []
+
+        summary = summarize(reader, observe=observe)
+        judge.feed_all(pending)
     judgement = judge.snapshot()
     if as_json:
         import msgspec
