@@ -287,17 +287,10 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
     jr = np.flatnonzero(judged)
-    owner, p_page = expand(b[jr], length[jr])
-    p_run = jr[owner]
-    p_read = run_read[p_run]
-    p_pos = run_pos[p_run]
-    p_vid = r_vid[p_read]
-    p_src = src[p_run]
-    p_slot = slot[p_run] + (p_page - b[p_run])
 
     # -- versions ------------------------------------------------------------------------------
-    need_v = np.concatenate([w_vid, u_vid, p_vid])
-    need_e = np.concatenate([w_page, u_page, p_page]) + 1
+    need_v = np.concatenate([w_vid, u_vid, r_vid[run_read[jr]]])
+    need_e = np.concatenate([w_page + 1, u_page + 1, e[jr]])
     pages.ensure(need_v, need_e)
     w_flat = pages.flat(w_vid, w_page)
     worder = np.argsort(w_flat * R + w_pos, kind="stable")
@@ -306,6 +299,24 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     def before(flat: np.ndarray, t: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.searchsorted(wkey, flat * R + t) - np.searchsorted(wkey, flat * R)
         return out
+
+    # -- whole runs first: most runs are exact, and a run whose slots the chunk leaves alone
+    # is decided from the carried slots without a page of it expanded (pages in slots the
+    # chunk fills or whose host page it writes are judged one by one below)
+    quick = np.zeros(jr.size, np.int64)
+    """Per judged run: pages found exact by the run-level check."""
+    if detail or not jr.size:
+        owner, p_page = expand(b[jr], length[jr])
+        p_run = jr[owner]
+    else:
+        p_run, p_page, quick = _quick_runs(
+            state, jr, b, length, src, slot, run_pos, r_vid[run_read[jr]], u_tgt, u_slot,
+            e_slot, inv_pos, _known_at(state.writes, first_write, run_pos[jr]), w_flat)
+    p_read = run_read[p_run]
+    p_pos = run_pos[p_run]
+    p_vid = r_vid[p_read]
+    p_src = src[p_run]
+    p_slot = slot[p_run] + (p_page - b[p_run])
 
     p_flat = pages.flat(p_vid, p_page)
     cur = pages.version[p_flat]
@@ -412,12 +423,17 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
 
     # -- counts --------------------------------------------------------------------------------
     page_cls = np.bincount(p_src * 4 + cls, minlength=12).reshape(3, 4)
+    if quick.any():
+        page_cls[:, EXACT] += np.bincount(src[jr], weights=quick, minlength=3).astype(np.int64)
     page_cls[HOST, EXACT] += int(length[host].sum())
     nj_runs = np.flatnonzero(slot_bad | no_upload)
     nj_why = np.where(slot_bad[nj_runs], OUT_OF_RANGE, NO_UPLOAD)
     for k in nj_runs.tolist():
         page_cls[src[k], NOT_JUDGED] += int(length[k])
     r_counts = np.bincount(p_read * 4 + cls, minlength=nr * 4).reshape(nr, 4)
+    if quick.any():
+        r_counts[:, EXACT] += np.bincount(run_read[jr], weights=quick,
+                                          minlength=nr).astype(np.int64)
     if host.any():
         r_counts[:, EXACT] += np.bincount(run_read[host], weights=length[host],
                                           minlength=nr).astype(np.int64)
@@ -578,6 +594,110 @@ def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np
             seen.add(w)
             out.append((ws[w], int(page[k]), int(annotated[k]), int(judged[k])))
     return out
+
+
+_OFF = 1 << 23
+_BIG = 1 << 25
+"""A slot's content as one number: view * _BIG + (page - slot) + _OFF (pages and slots are
+below 2^20 and 2^22), so consecutive pages in consecutive slots share it."""
+
+
+def _quick_runs(state: State, jr: np.ndarray, b: np.ndarray, length: np.ndarray,
+                src: np.ndarray, slot: np.ndarray, run_pos: np.ndarray, vid: np.ndarray,
+                u_tgt: np.ndarray, u_slot: np.ndarray, e_slot: np.ndarray,
+                inv_pos: np.ndarray, writes_known: np.ndarray, w_flat: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The run-level check: (run of each page entry still to judge one by one, its page,
+    pages of each judged run found exact by the check).
+
+    A run passes when every slot of it that the chunk does not fill (or empty) holds, since
+    the chunk began, the run's own pages in order (one content number throughout) at their
+    current version. Its pages in slots the chunk fills, or whose host page the chunk writes,
+    are still judged one by one; a run that does not pass is judged page by page entirely."""
+    pages = state.pages
+    passing = np.zeros(jr.size, bool)
+    special_run: list[np.ndarray] = []
+    special_page: list[np.ndarray] = []
+    eligible = writes_known.copy()
+    if inv_pos.size:
+        eligible &= run_pos[jr] < inv_pos[0]
+    w_sorted = np.unique(w_flat)
+    for target, table, code_src in ((0, state.pool, POOL), (1, state.ring, RING)):
+        mine = np.flatnonzero(eligible & (src[jr] == code_src))
+        if not mine.size or not table.view.size:
+            continue
+        runs = jr[mine]
+        q, n = slot[runs], length[runs]
+        tu = u_slot[u_tgt == target]
+        ev_slots = e_slot[e_slot >= 0] if target == 0 else e_slot[:0]
+        size = int(max(table.view.size, int((q + n).max()),
+                       int(tu.max()) + 1 if tu.size else 0,
+                       int(ev_slots.max()) + 1 if ev_slots.size else 0))
+        touched = np.zeros(size, bool)
+        touched[tu] = True
+        touched[ev_slots] = True
+        held = table.view >= 0
+        hv = np.where(held, table.view, 0)
+        hp = np.where(held, table.page, 0)
+        code = np.full(size, -1, np.int64)
+        code[:table.view.size] = np.where(
+            held, hv * _BIG + (hp - np.arange(table.view.size)) + _OFF, -1)
+        good = np.zeros(size, bool)
+        if pages.offset.size:
+            inside = held & (hv < pages.cap.size)
+            inside &= hp < np.where(inside, pages.cap[np.where(inside, hv, 0)], 0)
+            at = np.where(inside, pages.offset[np.where(inside, hv, 0)] + hp, 0)
+            good[:table.view.size] = inside & (table.version == pages.version[at])
+        idx_u = np.flatnonzero(~touched)
+        codes_u = code[idx_u]
+        brk = np.concatenate(([0], np.cumsum(codes_u[1:] != codes_u[:-1])))
+        bad = np.concatenate(([0], np.cumsum(~good[idx_u])))
+        lo = np.searchsorted(idx_u, q)
+        hi = np.searchsorted(idx_u, q + n)
+        some = hi > lo
+        want = vid[mine] * _BIG + (b[runs] - q) + _OFF
+        if idx_u.size:
+            first = np.minimum(lo, idx_u.size - 1)
+            last = np.maximum(hi - 1, 0)
+            ok = ~some | ((codes_u[first] == want) & (brk[last] == brk[first]))
+        else:
+            ok = ~some
+        ok &= bad[hi] == bad[lo]
+        good_runs = mine[ok]
+        passing[good_runs] = True
+        runs = jr[good_runs]
+        q, n = slot[runs], length[runs]
+        # their pages in slots the chunk fills or empties
+        t_list = np.flatnonzero(touched)
+        tlo, thi = np.searchsorted(t_list, q), np.searchsorted(t_list, q + n)
+        owner, at = expand(tlo, thi - tlo)
+        special_run.append(good_runs[owner])
+        special_page.append(b[runs][owner] + t_list[at] - q[owner])
+        # their pages the chunk writes
+        base = pages.offset[vid[good_runs]] + b[runs]
+        wlo = np.searchsorted(w_sorted, base)
+        whi = np.searchsorted(w_sorted, base + n)
+        owner, at = expand(wlo, whi - wlo)
+        special_run.append(good_runs[owner])
+        special_page.append(b[runs][owner] + (w_sorted[at] - base[owner]))
+    full = np.flatnonzero(~passing)
+    owner, page = expand(b[jr[full]], length[jr[full]])
+    runs_out = [full[owner]]
+    pages_out = [page]
+    quick = np.zeros(jr.size, np.int64)
+    if special_run:
+        sr = np.concatenate(special_run)
+        sp = np.concatenate(special_page)
+        key = np.unique(sr * (1 << 21) + sp)  # a page both filled and written: once
+        sr, sp = key >> 21, key & ((1 << 21) - 1)
+        runs_out.append(sr)
+        pages_out.append(sp)
+        quick[passing] = length[jr[passing]]
+        quick -= np.bincount(sr, minlength=jr.size)
+    run_idx = np.concatenate(runs_out)
+    page_all = np.concatenate(pages_out)
+    order = np.lexsort((page_all, run_idx))
+    return jr[run_idx[order]], page_all[order], quick
 
 
 def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray,

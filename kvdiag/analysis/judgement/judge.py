@@ -838,22 +838,28 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
     :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
     and judges what follows a declaration with it, so a list that held one in its middle would
     leave the reads before it unanswered."""
-    chunk: list[ev.AnyEvent | ev.Unknown] = []
-    for e in events:
-        if _declares(e):
-            if chunk:
+    it = iter(events)
+    while True:
+        block = list(itertools.islice(it, size))
+        if not block:
+            return
+        types = set(map(type, block))  # a C pass: most blocks hold neither kind
+        if ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types:
+            yield block
+            continue
+        chunk: list[ev.AnyEvent | ev.Unknown] = []
+        for e in block:
+            if _declares(e):
+                if chunk:
+                    yield chunk
+                    chunk = []
+                yield [e]
+                continue
+            if type(e) is ev.Snapshot and chunk:
+                # a segment's snapshot starts a list: the reads after it are then the list's
+                # own, and the Judge can be asked about every one of them
                 yield chunk
                 chunk = []
-            yield [e]
-            continue
-        if type(e) is ev.Snapshot and chunk:
-            # a segment's snapshot starts a list: the reads after it are then the list's own,
-            # and the Judge can be asked about every one of them
+            chunk.append(e)
+        if chunk:
             yield chunk
-            chunk = []
-        chunk.append(e)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
