@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.analysis.perf_evidence import state_at, unattached
     from kvdiag.commands._shape import shape_overrides
     from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-    from kvdiag.perfrun import choose_profile, predict_run, require_runs
+    from kvdiag.judged.perf import choose_profile, predict_run, require_runs
     from kvdiag.report import perf as rp
 
     width = DEFAULT_BIN_TOKENS if args.bin_tokens is None else args.bin_tokens

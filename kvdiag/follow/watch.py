@@ -192,7 +192,8 @@ class Follower:
                 return stream.reset  # cut while its header was being read
             raise
         judge = Judge(reader.header, name=self.path)
-        judge.feed_all(reader)
+        for block in reader.chunks():  # each read judged at once: the writer may pause
+            judge.feed_all(block)
         look()
         if judge.end is not None:
             state.ended = True
