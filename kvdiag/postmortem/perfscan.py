@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import msgspec
 
@@ -42,12 +43,16 @@ from kvdiag.postmortem.timinglines import (
     BLOCK,
     CACHED,
     GRAPHS,
+    GROUPS,
+    KV,
+    LINE_BY_LINE,
     NEW_PROMPT,
     OLD_HEADER,
     RARE_ANCHORS,
     SLOT_LINES,
     STOP,
     TIMING,
+    WHOLE,
     number,
 )
 
@@ -57,6 +62,12 @@ MAX_NOTES = 100_000
 """Discrete kv-stream lines kept; more are counted (``notes_dropped``), not kept."""
 MAX_PROBLEMS = 100
 _RARE = [re.compile(re.escape(a)) for a in RARE_ANCHORS]
+_W_BLOCK, _W_EVAL = GROUPS["whole_block"], GROUPS["whole_eval"]
+"""A whole request's groups (:data:`~kvdiag.postmortem.timinglines.SLOT_LINES`): the older
+block's figures follow ``whole_block``; the newer lines' prompt figures precede ``whole_eval``,
+its decode figures, graphs reused and the release follow it."""
+_PAIR = re.compile(rb'"?([a-z_0-9]+)"?[=:] ?("(?:[^"\\]|\\.)*"|[^ ,}\r\n]+)')
+"""One ``key=value`` (text) or ``"key":value`` (JSON) pair of the 2024 form."""
 _NOTE_OF_STREAM: dict[str, NoteKind] = {
     "feedback_error": "feedback", "layout_error": "layout", "warning": "warning",
     "alloc_failure": "warning",
@@ -244,20 +255,42 @@ class PerfScanner:
 
     def _region(self, buf: bytes, cut: int, at: int) -> None:
         rare = self._rare_hits(buf, cut, at)
-        ri = 0
+        lines, counted, ri = self._walk(SLOT_LINES, buf, 0, cut, rare, 0, self._lines, 0)
+        if ri < len(rare):
+            lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
+        self._lines = lines + buf.count(b"\n", counted, cut)
+
+    def _walk(self, pattern: re.Pattern[bytes], buf: bytes, start: int, end: int,
+              rare: list[int], ri: int, lines: int, counted: int) -> tuple[int, int, int]:
+        """Read the slot lines of ``buf[start:end]`` and the rare-anchor lines before each, in
+        order; returns the line count up to ``counted``, ``counted`` and the next rare index."""
         n_rare = len(rare)
-        counted = 0
-        lines = self._lines
         count = buf.count
         pending = self._pending
-        for m in SLOT_LINES.finditer(buf, 0, cut):
+        for m in pattern.finditer(buf, start, end):
             pos = m.start()
             if ri < n_rare and rare[ri] < pos:
                 lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
             g = m.groups()
             last: int = m.lastindex or 0
+            if last == KV:  # the 2024 key=value form
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                ls = buf.rfind(b"\n", 0, pos) + 1
+                self._kv(int(g[KV - 1]), buf[ls:m.end()], pos - ls, lines + 1)
+                continue
             slot = int(g[0])
             if last < CACHED:  # new prompt (and the cache line right after it)
+                if g[WHOLE - 1] is not None:  # ... and the rest of the request
+                    if ri < n_rare and rare[ri] < m.end():
+                        # a line to read in between: the same lines, one at a time
+                        lines, counted, ri = self._walk(LINE_BY_LINE, buf, pos, m.end(), rare,
+                                                        ri, lines, counted)
+                        continue
+                    lines += count(b"\n", counted, pos)
+                    counted = pos
+                    self._whole(m, g, slot, lines + 1)
+                    continue
                 old = pending.pop(slot, None)
                 if old is not None:
                     self._close(slot, old, None, None, "next")
@@ -304,9 +337,71 @@ class PerfScanner:
             if stop is not None:
                 del pending[slot]
                 self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
-        if ri < n_rare:
-            lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
-        self._lines = lines + count(b"\n", counted, cut)
+        return lines, counted, ri
+
+    def _whole(self, m: re.Match[bytes], g: tuple[Any, ...], slot: int,
+               started: int) -> None:
+        """A request read in one match, from its ``new prompt`` (line ``started``) to its
+        release: what the line-by-line reading makes of the same lines."""
+        old = self._pending.pop(slot, None)
+        if old is not None:
+            self._close(slot, old, None, None, "next")
+        self._opened.add(slot)
+        self._served = True
+        task = int(g[1])
+        kept = g[NEW_PROMPT + 1]
+        p = _Pending(task if task >= 0 else None, started, int(g[NEW_PROMPT]),
+                     int(g[NEW_PROMPT - 1]), None if kept is None else int(kept))
+        if g[_W_BLOCK - 1] is not None:
+            at = m.start(_W_BLOCK)
+            p.prompt = _figures(g, _W_BLOCK)
+            p.decode = _figures(g, _W_BLOCK + 4)
+        else:
+            at = m.start(_W_EVAL)
+            if g[_W_EVAL - 5] is not None:
+                p.prompt = _figures(g, _W_EVAL - 5)
+            p.decode = _figures(g, _W_EVAL)
+            graphs = g[_W_EVAL + 4]
+            if graphs is not None:
+                p.graphs = int(graphs)
+        p.line = started + m.string.count(b"\n", m.start(), at)
+        trunc = g[_W_EVAL + 6]
+        self._close(slot, p, int(g[_W_EVAL + 5] or 0),
+                    None if trunc is None else trunc == b"1", "stop")
+
+    def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
+        """A line of the 2024 form (:mod:`kvdiag.postmortem.timinglines`): its pairs after the
+        message's `` | `` (text) or all of them (JSON), by name."""
+        sep = text.rfind(b" | ", 0, at)
+        pairs: dict[bytes, bytes] = dict(_PAIR.findall(text[sep + 3:] if sep >= 0 else text))
+        raw_task = pairs.get(b"id_task", pairs.get(b"task_id", b"-1"))
+        try:
+            task = int(raw_task)
+        except ValueError:
+            task = -1
+        if b"t_total" in pairs or task < 0:
+            return
+        p = self._kv_request(slot, task, line)  # any line of the task: its first opens it
+        if b"t_token_generation" in pairs and b"n_decoded" in pairs:
+            p.decode = _kv_figures(pairs, b"t_token_generation", b"n_decoded")
+            p.line = line
+        elif b"t_prompt_processing" in pairs and b"n_prompt_tokens_processed" in pairs:
+            p.prompt = _kv_figures(pairs, b"t_prompt_processing", b"n_prompt_tokens_processed")
+        elif b"p0" in pairs:
+            p.cached = _kv_int(pairs[b"p0"])
+        elif b"n_past" in pairs and b"truncated" in pairs:
+            del self._pending[slot]
+            self._close(slot, p, _kv_int(pairs[b"n_past"]), pairs[b"truncated"] == b"true",
+                        "stop")
+
+    def _kv_request(self, slot: int, task: int, line: int) -> _Pending:
+        """The request of ``task`` on ``slot``: the 2024 form prints no ``new prompt`` at the
+        default verbosity, so a task's first line opens it."""
+        p = self._request(slot, task)
+        if p.started is None and not p.orphan:
+            p.started = line
+        self._opened.add(slot)
+        return p
 
     def _rare_before(self, buf: bytes, rare: list[int], ri: int, pos: int, lines: int,
                      counted: int) -> tuple[int, int, int]:
@@ -454,6 +549,24 @@ class PerfScanner:
     def _problem(self, message: str, line: int | None) -> None:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(Problem(source=self.source, message=message, line=line))
+
+
+def _kv_int(raw: bytes) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _kv_figures(pairs: dict[bytes, bytes], ms: bytes,
+                n: bytes) -> tuple[float | None, int, float | None, float | None]:
+    """(ms, tokens, ms per token, tokens per second) of a 2024 line: ``t_token`` and
+    ``n_tokens_second`` are the last two (a count of 0 prints them as ``null``, nlohmann's NaN)."""
+    tokens = _kv_int(pairs[n]) or 0
+    if not tokens:
+        return number(pairs[ms]), 0, None, None
+    return (number(pairs[ms]), tokens, number(pairs.get(b"t_token")),
+            number(pairs.get(b"n_tokens_second")))
 
 
 def _int(value: float | None) -> int | None:
