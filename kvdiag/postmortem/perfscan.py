@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 import msgspec
 
@@ -43,16 +42,15 @@ from kvdiag.postmortem.timinglines import (
     BLOCK,
     CACHED,
     GRAPHS,
-    GROUPS,
     KV,
-    LINE_BY_LINE,
     NEW_PROMPT,
     OLD_HEADER,
     RARE_ANCHORS,
     SLOT_LINES,
     STOP,
     TIMING,
-    WHOLE,
+    Figures,
+    figures,
     number,
 )
 
@@ -62,10 +60,6 @@ MAX_NOTES = 100_000
 """Discrete kv-stream lines kept; more are counted (``notes_dropped``), not kept."""
 MAX_PROBLEMS = 100
 _RARE = [re.compile(re.escape(a)) for a in RARE_ANCHORS]
-_W_BLOCK, _W_EVAL = GROUPS["whole_block"], GROUPS["whole_eval"]
-"""A whole request's groups (:data:`~kvdiag.postmortem.timinglines.SLOT_LINES`): the older
-block's figures follow ``whole_block``; the newer lines' prompt figures precede ``whole_eval``,
-its decode figures, graphs reused and the release follow it."""
 _PAIR = re.compile(rb'"?([a-z_0-9]+)"?[=:] ?("(?:[^"\\]|\\.)*"|[^ ,}\r\n]+)')
 """One ``key=value`` (text) or ``"key":value`` (JSON) pair of the 2024 form."""
 _NOTE_OF_STREAM: dict[str, NoteKind] = {
@@ -82,8 +76,8 @@ class _Pending(msgspec.Struct):
     depth_start: int | None = None
     n_ctx_slot: int | None = None
     cached: int | None = None
-    prompt: tuple[float | None, int, float | None, float | None] | None = None
-    decode: tuple[float | None, int, float | None, float | None] | None = None
+    prompt: Figures | None = None
+    decode: Figures | None = None
     line: int = 0
     graphs: int | None = None
     notes: list[int] = msgspec.field(default_factory=list)
@@ -110,19 +104,6 @@ class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
     on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
     depth_end: int | None = None
     truncated: bool | None = None
-
-
-def _figures(g: tuple[bytes | None, ...], i: int) -> tuple[float | None, int, float | None,
-                                                            float | None]:
-    """(ms, tokens, ms per token, tokens per second) from groups ``i`` … ``i + 3``; a count of
-    0 prints ``nan``/``inf`` figures, which are None."""
-    n = int(g[i + 1] or 0)
-    if not n:
-        return number(g[i]), 0, None, None
-    try:
-        return float(g[i] or 0), n, float(g[i + 2] or 0), float(g[i + 3] or 0)
-    except ValueError:
-        return number(g[i]), n, number(g[i + 2]), number(g[i + 3])
 
 
 class PerfScanner:
@@ -255,19 +236,20 @@ class PerfScanner:
 
     def _region(self, buf: bytes, cut: int, at: int) -> None:
         rare = self._rare_hits(buf, cut, at)
-        lines, counted, ri = self._walk(SLOT_LINES, buf, 0, cut, rare, 0, self._lines, 0)
+        lines, counted, ri = self._walk(buf, 0, cut, rare, 0, self._lines, 0)
         if ri < len(rare):
             lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
         self._lines = lines + buf.count(b"\n", counted, cut)
 
-    def _walk(self, pattern: re.Pattern[bytes], buf: bytes, start: int, end: int,
-              rare: list[int], ri: int, lines: int, counted: int) -> tuple[int, int, int]:
-        """Read the slot lines of ``buf[start:end]`` and the rare-anchor lines before each, in
-        order; returns the line count up to ``counted``, ``counted`` and the next rare index."""
+    def _walk(self, buf: bytes, start: int, end: int, rare: list[int], ri: int, lines: int,
+              counted: int) -> tuple[int, int, int]:
+        """Read the slot lines of ``buf[start:end]`` one by one and the rare-anchor lines
+        before each, in order; returns the line count up to ``counted``, ``counted`` and the
+        next rare index."""
         n_rare = len(rare)
         count = buf.count
         pending = self._pending
-        for m in pattern.finditer(buf, start, end):
+        for m in SLOT_LINES.finditer(buf, start, end):
             pos = m.start()
             if ri < n_rare and rare[ri] < pos:
                 lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
@@ -281,16 +263,6 @@ class PerfScanner:
                 continue
             slot = int(g[0])
             if last < CACHED:  # new prompt (and the cache line right after it)
-                if g[WHOLE - 1] is not None:  # ... and the rest of the request
-                    if ri < n_rare and rare[ri] < m.end():
-                        # a line to read in between: the same lines, one at a time
-                        lines, counted, ri = self._walk(LINE_BY_LINE, buf, pos, m.end(), rare,
-                                                        ri, lines, counted)
-                        continue
-                    lines += count(b"\n", counted, pos)
-                    counted = pos
-                    self._whole(m, g, slot, lines + 1)
-                    continue
                 old = pending.pop(slot, None)
                 if old is not None:
                     self._close(slot, old, None, None, "next")
@@ -312,8 +284,8 @@ class PerfScanner:
             if last >= BLOCK:
                 lines += count(b"\n", counted, pos)
                 counted = pos
-                p.prompt = _figures(g, BLOCK - 1)
-                p.decode = _figures(g, BLOCK + 3)
+                p.prompt = figures(g, BLOCK - 1)
+                p.decode = figures(g, BLOCK + 3)
                 p.line = lines + 1
                 stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
             elif last >= STOP:
@@ -324,10 +296,10 @@ class PerfScanner:
                 lines += count(b"\n", counted, pos)
                 counted = pos
                 if g[TIMING - 1] == b"eval":
-                    p.decode = _figures(g, TIMING)
+                    p.decode = figures(g, TIMING)
                     p.line = lines + 1
                 else:
-                    p.prompt = _figures(g, TIMING)
+                    p.prompt = figures(g, TIMING)
                 if g[TIMING + 4] is not None:
                     p.graphs = int(g[TIMING + 4])
                 stop, trunc = g[TIMING + 5], g[TIMING + 6]
@@ -338,36 +310,6 @@ class PerfScanner:
                 del pending[slot]
                 self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
         return lines, counted, ri
-
-    def _whole(self, m: re.Match[bytes], g: tuple[Any, ...], slot: int,
-               started: int) -> None:
-        """A request read in one match, from its ``new prompt`` (line ``started``) to its
-        release: what the line-by-line reading makes of the same lines."""
-        old = self._pending.pop(slot, None)
-        if old is not None:
-            self._close(slot, old, None, None, "next")
-        self._opened.add(slot)
-        self._served = True
-        task = int(g[1])
-        kept = g[NEW_PROMPT + 1]
-        p = _Pending(task if task >= 0 else None, started, int(g[NEW_PROMPT]),
-                     int(g[NEW_PROMPT - 1]), None if kept is None else int(kept))
-        if g[_W_BLOCK - 1] is not None:
-            at = m.start(_W_BLOCK)
-            p.prompt = _figures(g, _W_BLOCK)
-            p.decode = _figures(g, _W_BLOCK + 4)
-        else:
-            at = m.start(_W_EVAL)
-            if g[_W_EVAL - 5] is not None:
-                p.prompt = _figures(g, _W_EVAL - 5)
-            p.decode = _figures(g, _W_EVAL)
-            graphs = g[_W_EVAL + 4]
-            if graphs is not None:
-                p.graphs = int(graphs)
-        p.line = started + m.string.count(b"\n", m.start(), at)
-        trunc = g[_W_EVAL + 6]
-        self._close(slot, p, int(g[_W_EVAL + 5] or 0),
-                    None if trunc is None else trunc == b"1", "stop")
 
     def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
         """A line of the 2024 form (:mod:`kvdiag.postmortem.timinglines`): its pairs after the
@@ -383,10 +325,10 @@ class PerfScanner:
             return
         p = self._kv_request(slot, task, line)  # any line of the task: its first opens it
         if b"t_token_generation" in pairs and b"n_decoded" in pairs:
-            p.decode = _kv_figures(pairs, b"t_token_generation", b"n_decoded")
+            p.decode = _kvfigures(pairs, b"t_token_generation", b"n_decoded")
             p.line = line
         elif b"t_prompt_processing" in pairs and b"n_prompt_tokens_processed" in pairs:
-            p.prompt = _kv_figures(pairs, b"t_prompt_processing", b"n_prompt_tokens_processed")
+            p.prompt = _kvfigures(pairs, b"t_prompt_processing", b"n_prompt_tokens_processed")
         elif b"p0" in pairs:
             p.cached = _kv_int(pairs[b"p0"])
         elif b"n_past" in pairs and b"truncated" in pairs:
@@ -558,7 +500,7 @@ def _kv_int(raw: bytes) -> int | None:
         return None
 
 
-def _kv_figures(pairs: dict[bytes, bytes], ms: bytes,
+def _kvfigures(pairs: dict[bytes, bytes], ms: bytes,
                 n: bytes) -> tuple[float | None, int, float | None, float | None]:
     """(ms, tokens, ms per token, tokens per second) of a 2024 line: ``t_token`` and
     ``n_tokens_second`` are the last two (a count of 0 prints them as ``null``, nlohmann's NaN)."""

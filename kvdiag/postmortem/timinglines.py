@@ -56,70 +56,45 @@ _FIGURES = (rb"time = +([\d.]+) ms / +(\d+) (?:tokens|runs) *\( *" + _NUM
             + rb" ms per token, +" + _NUM + rb" tokens per second\)")
 
 
-def _next(body: bytes, at: bytes = b"") -> bytes:
+def _next(body: bytes) -> bytes:
     """The line right after, of the same slot and task (backreferences to groups 1 and 2):
-    read in the same match, so that no line in between is skipped. ``at``: an empty named
-    group at that line's start, to count the lines up to it."""
-    return rb"\r?\n" + at + rb"[^\n]*?id +\1 \| task +\2 \| *" + body
+    read in the same match, so that no line in between is skipped."""
+    return rb"\r?\n[^\n]*?id +\1 \| task +\2 \| *" + body
 
 
 _STOP = rb"stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
 _CACHE = rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) \[(\d+),"
 _OLD_BLOCK = (rb"\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
               + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*")
-_WHOLE = (
-    # the slot's own lines between them at the server's default verbosity (§7.3)
-    rb"[^\n]*(?P<whole>(?:" + _next(rb"prompt (?:processing progress|done)[^\n]*") + rb")*)"
-    rb"(?:" + _next(rb"", rb"(?P<whole_block>)") + _OLD_BLOCK
-    + rb"|(?:" + _next(rb"prompt eval " + _FIGURES) + rb"[^\n]*)?"
-    + _next(rb"eval " + _FIGURES, rb"(?P<whole_eval>)") + rb"[^\n]*"
+SLOT_LINES: Final = re.compile(
+    rb"id(?: +(\d+) \| task +(-?\d+) \| *(?:"
+    rb"(?P<new_prompt>)new prompt, n_ctx_slot = (\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
+    rb" = (\d+)(?:" + _next(_CACHE) + rb")?"
+    rb"|(?P<cached>)(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(\d+),"
+    rb"|kv cache rm \[(\d+),)"
+    rb"|(?P<timing>prompt eval|eval) " + _FIGURES + rb"[^\n]*"
     + rb"(?:" + _next(rb"total time[^\n]*") + rb")?"
     + rb"(?:" + _next(rb"graphs reused = +(\d+)") + rb")?"
-    + rb")" + _next(_STOP)
+    + rb"(?:" + _next(_STOP) + rb")?"
+    rb"|graphs reused = +(?P<graphs>\d+)"
+    rb"|(?P<stop>)" + _STOP
+    + rb"|(?P<block>)" + _OLD_BLOCK
+    + rb"(?:" + _next(_STOP) + rb")?"
+    rb")"
+    # the 2024 form: ``id_slot`` (``slot_id`` before 2024-03), text or JSON
+    rb"|(?:_slot|(?<=slot_id))\"?[=:] *(?P<kv>\d+)[^\n]*"
+    rb")"
 )
-
-
-def _slot_lines(whole: bool) -> re.Pattern[bytes]:
-    return re.compile(
-        rb"id(?: +(\d+) \| task +(-?\d+) \| *(?:"
-        rb"(?P<new_prompt>)new prompt, n_ctx_slot = (\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
-        rb" = (\d+)(?:" + _next(_CACHE) + rb")?"
-        # without the whole request (``whole`` False) the groups stay, never matching
-        + rb"(?:" + (b"" if whole else b"(?!)") + _WHOLE + rb")?"
-        rb"|(?P<cached>)(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(\d+),"
-        rb"|kv cache rm \[(\d+),)"
-        rb"|(?P<timing>prompt eval|eval) " + _FIGURES + rb"[^\n]*"
-        + rb"(?:" + _next(rb"total time[^\n]*") + rb")?"
-        + rb"(?:" + _next(rb"graphs reused = +(\d+)") + rb")?"
-        + rb"(?:" + _next(_STOP) + rb")?"
-        rb"|graphs reused = +(?P<graphs>\d+)"
-        rb"|(?P<stop>)" + _STOP
-        + rb"|(?P<block>)" + _OLD_BLOCK
-        + rb"(?:" + _next(_STOP) + rb")?"
-        rb")"
-        # the 2024 key=value form: ``id_slot`` (``slot_id`` before 2024-03), text or JSON
-        rb"|(?:_slot|(?<=slot_id))\"?[=:] *(?P<kv>\d+)[^\n]*"
-        rb")"
-    )
-
-
-SLOT_LINES: Final = _slot_lines(True)
-"""One match per slot line of interest — and the lines after it that belong to the same
-request when it prints them in a row (a server with one slot busy does): each match costs Python
-time, so a whole request (``new prompt``, the cache line, the prompt's progress, the
-``print_timing`` lines and the release) is read in one when its lines follow each other; a
-request whose lines interleave with others' is read line by line. The first group of each
-alternative is named (:data:`GROUPS`); ``whole_block``/``whole_eval`` mark the line whose number
-a request records."""
-
-LINE_BY_LINE: Final = _slot_lines(False)
-"""The same groups without the whole-request reading: for a span that must be read in order
-with another line inside it (a kv-stream line logged in the middle of a request)."""
+"""One match per slot line of interest — and the line right after it when that is the same
+request's next line (the cache line after ``new prompt``; ``total time``, ``graphs reused`` and
+the release after ``eval time``; the release after the older block): each match costs Python
+time. A line of the 2024 form is one match from its ``id_slot``/``slot_id`` to its end. The
+first group of each alternative follows an empty named group (:data:`GROUPS`)."""
 
 GROUPS: Final = SLOT_LINES.groupindex
-NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK, KV, WHOLE = (
+NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK, KV = (
     GROUPS[n] + (1 if n in ("new_prompt", "cached", "stop", "block") else 0)
-    for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv", "whole"))
+    for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv"))
 """The first group of each alternative after its (empty) named group, 1-based as ``re`` numbers
 them. The named groups are empty markers, not wrappers: ``lastindex`` is the outermost group
 that closed last, so a wrapper would hide the groups inside it."""
@@ -137,6 +112,21 @@ RARE_ANCHORS: tuple[bytes, ...] = (
 """Substrings of the other lines ``kvdiag perf`` reads (decoded and parsed with the post-mortem
 grammar, :mod:`kvdiag.postmortem.grammar`): few per log, so found with a plain search. Each
 search costs a pass over the log, so they are as few as cover the grammar's lines."""
+
+
+Figures = tuple[float | None, int, float | None, float | None]
+
+
+def figures(g: tuple[bytes | None, ...], i: int) -> Figures:
+    """(ms, tokens, ms per token, tokens per second) from groups ``i`` … ``i + 3`` (0-based);
+    a count of 0 prints ``nan``/``inf`` figures, which are None."""
+    n = int(g[i + 1] or 0)
+    if not n:
+        return number(g[i]), 0, None, None
+    try:
+        return float(g[i] or 0), n, float(g[i + 2] or 0), float(g[i + 3] or 0)
+    except ValueError:
+        return number(g[i]), n, number(g[i + 2]), number(g[i + 3])
 
 
 def number(raw: bytes | None) -> float | None:
