@@ -66,19 +66,26 @@ _STOP = rb"stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
 _CACHE = rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) \[(\d+),"
 _OLD_BLOCK = (rb"\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
               + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*")
+
+def _named(pattern: bytes, group: bytes, name: bytes) -> bytes:
+    """``pattern`` with its first ``group`` named ``name``."""
+    assert group in pattern
+    return pattern.replace(group, b"(?P<" + name + b">" + group[1:], 1)
+
+
 SLOT_LINES: Final = re.compile(
     rb"id(?: +(\d+) \| task +(-?\d+) \| *(?:"
-    rb"(?P<new_prompt>)new prompt, n_ctx_slot = (\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
+    rb"new prompt, n_ctx_slot = (?P<new_prompt>\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
     rb" = (\d+)(?:" + _next(_CACHE) + rb")?"
-    rb"|(?P<cached>)(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(\d+),"
-    rb"|kv cache rm \[(\d+),)"
+    rb"|(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(?P<cached>\d+),"
+    rb"|kv cache rm \[(\d+),"
     rb"|(?P<timing>prompt eval|eval) " + _FIGURES + rb"[^\n]*"
     + rb"(?:" + _next(rb"total time[^\n]*") + rb")?"
     + rb"(?:" + _next(rb"graphs reused = +(\d+)") + rb")?"
     + rb"(?:" + _next(_STOP) + rb")?"
     rb"|graphs reused = +(?P<graphs>\d+)"
-    rb"|(?P<stop>)" + _STOP
-    + rb"|(?P<block>)" + _OLD_BLOCK
+    rb"|" + _named(_STOP, rb"(\d+)", b"stop")
+    + rb"|" + _named(_OLD_BLOCK, rb"([\d.]+)", b"block")
     + rb"(?:" + _next(_STOP) + rb")?"
     rb")"
     # the 2024 form: ``id_slot`` (``slot_id`` before 2024-03), text or JSON
@@ -89,15 +96,13 @@ SLOT_LINES: Final = re.compile(
 request's next line (the cache line after ``new prompt``; ``total time``, ``graphs reused`` and
 the release after ``eval time``; the release after the older block): each match costs Python
 time. A line of the 2024 form is one match from its ``id_slot``/``slot_id`` to its end. The
-first group of each alternative follows an empty named group (:data:`GROUPS`)."""
+first capturing group of each alternative is named (:data:`GROUPS`)."""
 
 GROUPS: Final = SLOT_LINES.groupindex
 NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK, KV = (
-    GROUPS[n] + (1 if n in ("new_prompt", "cached", "stop", "block") else 0)
-    for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv"))
-"""The first group of each alternative after its (empty) named group, 1-based as ``re`` numbers
-them. The named groups are empty markers, not wrappers: ``lastindex`` is the outermost group
-that closed last, so a wrapper would hide the groups inside it."""
+    GROUPS[n] for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv"))
+"""The first group of each alternative, 1-based as ``re`` numbers them (an empty named group at
+the start of each alternative instead made the whole scan about 10 % slower: measured)."""
 
 OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 """The end of the older block's header line: an empty message."""
