@@ -44,6 +44,14 @@ id_slot=0 id_task=5 n_prompt_tokens_processed=24 … tid="…" timestamp=…``).
 The prompt's length (``prompt tokenized``, ``n_prompt_tokens``) was printed only with
 ``--verbose``, so that form gives no depth at the start: the report derives it from the end and
 the decoded tokens, and says so.
+
+Not read: the form before PR #5700 (late 2023, ``server_slot``/``llama_client_slot``'s
+``print_timings`` through ``LOG_TEE``): ``print_timings: prompt eval time = …``,
+``print_timings:        eval time = … runs …``, ``print_timings:       total time = … ms``, then
+later ``slot <n> released (<m> tokens in cache)``. Its timing lines name no slot, task or depth
+(the release line that follows them names the slot, not which block was its own when several
+slots finish at once), so they give no request this reader could place on the depth axis, and
+finding them would cost a further search over every log.
 """
 
 from __future__ import annotations
