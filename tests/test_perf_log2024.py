@@ -1,14 +1,15 @@
 """``kvdiag perf`` reads the 2024 form of llama-server's timings (kvdiag/postmortem/timinglines.py).
 
-From ggml-org/llama.cpp PR #5700 (2024-02-25) to PR #9418 (2024-09-15) the server logged through
-``server_log(level, function, line, message, extra)`` in ``examples/server/utils.hpp``: with
+From ggml-org/llama.cpp PR #5700 (opened 2024-02-24) to PR #9418 (opened 2024-09-10) the server
+logged through ``server_log(level, function, line, message, extra)`` in
+``examples/server/utils.hpp``: with
 ``--log-format json`` (the default) one JSON object a line, with ``--log-format text``
 ``"%4s [%24s] %s"`` (level, function, message) then `` |`` and `` key=value`` for each key, the
 value JSON-dumped. The object is nlohmann's ``json`` (keys sorted) holding ``tid`` and
 ``timestamp``, ``level``/``function``/``line``/``msg`` (JSON only) and the call's keys.
 ``print_timings`` made three calls (prompt, generation, total); ``update_slots`` logged ``kv
 cache rm [p0, end)`` and ``slot released``. Keys were ``slot_id``/``task_id`` until PR #5882
-(2024-03-07) renamed them ``id_slot``/``id_task``. The fixtures below print those calls so.
+(opened 2024-03-05) renamed them ``id_slot``/``id_task``. The fixtures below print those calls so.
 """
 
 from __future__ import annotations

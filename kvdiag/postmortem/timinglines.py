@@ -20,15 +20,17 @@ Shapes (brief §7.3; the server's ``SLT_*`` macro prints ``slot <func>: id <%2d>
   without the slot prefix): ``slot print_timing: id 0 | task 5 | `` then the three lines
 - ``stop processing: n_tokens = <n>, truncated = <0|1>`` (older ``n_past``)
 
-The 2024 form (``server_log``, from ggml-org/llama.cpp PR #5700 of 2024-02-25, "server: logs -
-unified format and --log-format option", until PR #9418 of 2024-09-15, "common : reimplement
-logging", replaced it with the ``SLT_*`` lines above): ``LOG_INFO(message, {key: value, ...})``
-printed as one JSON object a line (``--log-format json``, the default:
-``{"function":"print_timings",...,"id_slot":0,"id_task":5,...,"msg":"prompt eval time     = …"}``)
-or as text (``--log-format text``: ``INFO [           print_timings] prompt eval time     = … |
-id_slot=0 id_task=5 n_prompt_tokens_processed=24 … tid="…" timestamp=…``). The keys were
-``slot_id``/``task_id`` until PR #5882 of 2024-03-07 ("server : refactor") renamed them
-``id_slot``/``id_task``; the JSON object's keys are sorted (nlohmann ``json``). The lines read
+The 2024 form (``server_log``): from ggml-org/llama.cpp PR #5700 ("server: logs - unified
+format and --log-format option", opened 2024-02-24) until PR #9418 ("common : reimplement
+logging", opened 2024-09-10) replaced it with the ``SLT_*`` lines above,
+``LOG_INFO(message, {key: value, ...})`` printed one JSON object a line (``--log-format json``,
+the default: ``{"function":"print_timings",...,"id_slot":0,"id_task":5,...,"msg":"prompt eval
+time     = …"}``) or text (``--log-format text``: ``INFO [           print_timings] prompt eval
+time     = … | id_slot=0 id_task=5 n_prompt_tokens_processed=24 … tid="…" timestamp=…``). The
+keys were ``slot_id``/``task_id`` until PR #5882 ("server : refactor", opened 2024-03-05; the
+new names were in the code by 2024-03-21, PR #6213) renamed them ``id_slot``/``id_task``; the
+JSON object's keys are sorted (nlohmann ``json``; a log of that time in PR #5939 shows them so).
+The lines read
 (``examples/server/server.cpp`` of that time, ``server_slot::print_timings`` and
 ``update_slots``, as held by forks of that time):
 
