@@ -88,10 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from kvdiag.report.perf_plot import save_plot
 
-        curves = [(f"{r.name}: model ({p.profile.name})",
-                   [x.row.depth_mid or 0.0 for x in p.predicted if x.predicted_tps],
-                   [x.predicted_tps or 0.0 for x in p.predicted if x.predicted_tps],
-                   [float(x.model.resident_pages[0]) for x in p.predicted if x.predicted_tps])
+        curves = [(f"{r.name}: model ({p.profile.name})", *p.curve())
                   for r, p in zip(predicted_runs, predictions, strict=True)]
         save_plot([*runs, *([base] if base else [])], Path(args.plot), width,
                   baseline=base.name if base else None, predicted=curves)
