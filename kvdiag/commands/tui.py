@@ -50,10 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def predictor(profile: str | None) -> Predictor:
     """``kvdiag perf --predict``'s computation for the Perf screen: the run (and baseline) read
     again with their boot's shape, the model played on the run's requests, its curve and the
-    lines ``perf`` prints about it (one computation: :func:`kvdiag.perfrun.predict_run`)."""
+    lines ``perf`` prints about it (one computation: :func:`kvdiag.judged.perf.predict_run`)."""
 
     def predict(path: str, base: str | None) -> ModelCurve:
-        from kvdiag.perfrun import choose_profile, predict_run, require_runs
+        from kvdiag.judged.perf import choose_profile, predict_run, require_runs
         from kvdiag.report.perf import prediction_lines
         from kvdiag.tui.perfview import ModelCurve
 

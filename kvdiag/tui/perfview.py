@@ -19,7 +19,7 @@ from kvdiag.report.perf import run_summary, state_text
 @dataclass(frozen=True)
 class ModelCurve:
     """The runtime model's play of a run's own requests, as ``kvdiag perf --predict`` computes
-    it (``kvdiag.perfrun.Prediction``): its decode tok/s at each request's depth, and the text
+    it (``kvdiag.judged.perf.Prediction``): its decode tok/s at each request's depth, and the text
     ``perf`` prints about it (the GPU profile, the calibration, every request it disagrees with
     by more than 15 % and what would have to change)."""
 
