@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -100,3 +101,24 @@ def open_input(path: str | os.PathLike[str], *, what: str = "a regular file",
     except BaseException:
         os.close(fd)
         raise
+
+
+class Tapped:
+    """A read-only stream that shows every block read from ``stream`` to ``hook`` (a boot
+    sniffer, a progress bar): the log parser reads in large blocks, so this costs a few calls
+    a second."""
+
+    def __init__(self, stream: BinaryIO, hook: Callable[[bytes], None]) -> None:
+        self._stream = stream
+        self._hook = hook
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._hook(data)
+        return data
+
+    def read1(self, n: int = -1) -> bytes:
+        read1 = getattr(self._stream, "read1", None)
+        data: bytes = read1(n) if read1 is not None else self._stream.read(n)
+        self._hook(data)
+        return data

@@ -12,12 +12,12 @@ docs/log-import.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from kvdiag.errors import InputError, UsageError
+from kvdiag.files.inputs import Tapped
 from kvdiag.files.outputs import Output, open_output, plan_output
 from kvdiag.logimport.convert import UNKNOWN_FIELDS, Converter, Counts
 from kvdiag.logimport.header import BootSniffer, build_header, chosen_boot
@@ -47,25 +47,6 @@ class ImportResult:
     """Stray bytes replaced while reading the log (kvdiag.files.text)."""
 
 
-class _Sniffing:
-    """The scanner's stream, with every block it reads shown to the boot sniffer too."""
-
-    def __init__(self, stream: BinaryIO, hook: Callable[[bytes], None]) -> None:
-        self._stream = stream
-        self._hook = hook
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self._hook(data)
-        return data
-
-    def read1(self, n: int = -1) -> bytes:
-        read1 = getattr(self._stream, "read1", None)
-        data: bytes = read1(n) if read1 is not None else self._stream.read(n)
-        self._hook(data)
-        return data
-
-
 def default_output(log: str) -> Path:
     """``server.log`` → ``server.kvtrace`` (``.gz`` dropped too), beside the log."""
     p = Path(log)
@@ -87,7 +68,7 @@ def _scan(log: LogInput, sniffer: BootSniffer) -> tuple[LogScan, PerfRun]:
         requests.feed(data)
 
     with log.open() as opened:
-        parser.feed(log.display, cast(BinaryIO, _Sniffing(opened.stream, hook)),
+        parser.feed(log.display, cast(BinaryIO, Tapped(opened.stream, hook)),
                     leading_nuls=opened.leading_nuls)
     return parser.result(), requests.finish()
 

@@ -225,28 +225,9 @@ def _judged(digest: TraceDigest | None, size: int) -> float:
     return 0.0 if digest is None else digest.position / max(size, 1)
 
 
-class _Reporting:
-    """A read-only stream that calls ``hook`` with every block read (the log parser reads in
-    large blocks, so this is a few calls a second)."""
-
-    def __init__(self, stream: BinaryIO, hook: Callable[[bytes], None]) -> None:
-        self._stream = stream
-        self._hook = hook
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self._hook(data)
-        return data
-
-    def read1(self, n: int = -1) -> bytes:
-        read1 = getattr(self._stream, "read1", None)
-        data: bytes = read1(n) if read1 is not None else self._stream.read(n)
-        self._hook(data)
-        return data
-
-
 def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None:
     from kvdiag.analysis.signatures import evaluate
+    from kvdiag.files.inputs import Tapped
     from kvdiag.files.logs import open_log
     from kvdiag.postmortem.parse import LogParser
     from kvdiag.postmortem.perfscan import PerfScanner
@@ -270,7 +251,7 @@ def load_log(path: str, publish: Publish, symbols: Symbols = NO_SYMBOLS) -> None
 
     try:
         # the parser only calls read/read1 on it
-        parser.feed(name, cast(BinaryIO, _Reporting(stream, progress)),
+        parser.feed(name, cast(BinaryIO, Tapped(stream, progress)),
                     leading_nuls=log.leading_nuls)
     finally:
         for c in closers:
