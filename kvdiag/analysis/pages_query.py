@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,6 +51,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 Groups = dict[tuple[int, ...], np.ndarray]
+GroupedRows = dict[tuple[int, ...], tuple[np.ndarray, ...]]
 
 
 def _group(keys: list[np.ndarray], rows: np.ndarray, *values: np.ndarray
@@ -102,53 +104,118 @@ def _last(rows: np.ndarray, limit: int) -> int:
     return int(np.searchsorted(rows, limit)) - 1
 
 
+class _Parts(NamedTuple):
+    """The rows of each kind a snapshot looks up, grouped by key (rows ascending)."""
+
+    reads: GroupedRows
+    writes: GroupedRows
+    slot_uploads: GroupedRows
+    key_uploads: GroupedRows
+    evicts: GroupedRows
+    learns: np.ndarray
+    relearns: np.ndarray
+    invalidates: np.ndarray
+    adapts: np.ndarray
+    repartitions: np.ndarray
+
+    def joined(self, later: _Parts) -> _Parts:
+        """These groups followed by ``later``'s (rows of a later part of the trace)."""
+
+        def rows(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+            return np.concatenate((mine, theirs)) if len(theirs) else mine
+
+        def groups(mine: GroupedRows, theirs: GroupedRows) -> GroupedRows:
+            if not theirs:
+                return mine
+            merged = dict(mine)
+            for key, arrays in theirs.items():
+                have = merged.get(key)
+                merged[key] = arrays if have is None else tuple(
+                    np.concatenate(pair) for pair in zip(have, arrays, strict=True))
+            return merged
+
+        return _Parts(groups(self.reads, later.reads), groups(self.writes, later.writes),
+                      groups(self.slot_uploads, later.slot_uploads),
+                      groups(self.key_uploads, later.key_uploads),
+                      groups(self.evicts, later.evicts), rows(self.learns, later.learns),
+                      rows(self.relearns, later.relearns),
+                      rows(self.invalidates, later.invalidates),
+                      rows(self.adapts, later.adapts),
+                      rows(self.repartitions, later.repartitions))
+
+
+def _parts(index: TraceIndex, lo: int) -> _Parts:
+    """Group the index rows from ``lo`` on."""
+    c = index.columns
+    kind = c["kind"][lo:]
+
+    def col(name: str, rows: np.ndarray) -> np.ndarray:
+        # Gather first, widen after: widening whole columns of millions of rows first
+        # would cost hundreds of MiB at the peak.
+        out: np.ndarray = c[name][rows].astype(np.int64)
+        return out
+
+    def rows_of(mask: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(mask) + lo
+
+    r = rows_of(kind == READ)
+    reads = _group([col("layer", r), col("stream", r)], r)
+
+    w = rows_of(kind == WRITE)
+    wa, wb = col("a", w), col("b", w)
+    # the writes the judgement counts (Judge._write): a believable page range
+    valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
+    w, wa, wb = w[valid], wa[valid], wb[valid]
+    p0 = wa // PAGE_TOKENS
+    p1 = (wb - 1) // PAGE_TOKENS + 1
+    wrow, wpage, _ = _expand(w, p0, p1 - p0)
+    writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
+    del w, wa, wb, p0, p1, wpage
+
+    u = rows_of((kind == UPLOAD) & ((c["flags"][lo:] & F_RING) == 0))
+    ua = col("a", u)
+    urow, upage, within = _expand(u, ua, col("b", u) - ua)
+    uslot = col("slot", urow) + within
+    ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
+    slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
+    key_uploads = _group([ulayer, ukey, upage], urow, uslot)
+
+    e = rows_of(kind == EVICT)
+    evicts = _group([col("slot", e)], e)
+
+    learns = rows_of(kind == LEARN)
+    return _Parts(reads, writes, slot_uploads, key_uploads, evicts, learns,
+                  learns[(c["flags"][learns] & F_RELEARN) != 0],
+                  rows_of(kind == KIND_CODE["invalidate"]), rows_of(kind == KIND_CODE["adapt"]),
+                  rows_of(kind == KIND_CODE["repartition"]))
+
+
 class PagesQuery:
     """Snapshots of an indexed trace (complete or not: only indexed rows are used)."""
 
-    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry) -> None:
+    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry, *,
+                 parts: _Parts | None = None) -> None:
         self.index = index
         self.source = source
         self.geometry = geometry
-        c = index.columns
-        kind = c["kind"]
-
-        def col(name: str, rows: np.ndarray) -> np.ndarray:
-            # Gather first, widen after: widening whole columns of millions of rows first
-            # would cost hundreds of MiB at the peak.
-            out: np.ndarray = c[name][rows].astype(np.int64)
-            return out
-
-        r = np.flatnonzero(kind == READ)
-        self._reads = _group([col("layer", r), col("stream", r)], r)
-
-        w = np.flatnonzero(kind == WRITE)
-        wa, wb = col("a", w), col("b", w)
-        # the writes the judgement counts (Judge._write): a believable page range
-        valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
-        w, wa, wb = w[valid], wa[valid], wb[valid]
-        p0 = wa // PAGE_TOKENS
-        p1 = (wb - 1) // PAGE_TOKENS + 1
-        wrow, wpage, _ = _expand(w, p0, p1 - p0)
-        self._writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
-        del w, wa, wb, p0, p1, wpage
-
-        u = np.flatnonzero((kind == UPLOAD) & ((c["flags"] & F_RING) == 0))
-        ua = col("a", u)
-        urow, upage, within = _expand(u, ua, col("b", u) - ua)
-        uslot = col("slot", urow) + within
-        ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
-        self._slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
-        self._key_uploads = _group([ulayer, ukey, upage], urow, uslot)
-
-        e = np.flatnonzero(kind == EVICT)
-        self._evicts = _group([col("slot", e)], e)
-
-        self._learns = np.flatnonzero(kind == LEARN)
-        self._relearns = self._learns[(c["flags"][self._learns] & F_RELEARN) != 0]
-        self._invalidates = np.flatnonzero(kind == KIND_CODE["invalidate"])
-        self._adapts = np.flatnonzero(kind == KIND_CODE["adapt"])
-        self._repartitions = np.flatnonzero(kind == KIND_CODE["repartition"])
+        p = _parts(index, 0) if parts is None else parts
+        self.parts = p
+        self._reads, self._writes = p.reads, p.writes
+        self._slot_uploads, self._key_uploads, self._evicts = p.slot_uploads, p.key_uploads, p.evicts
+        self._learns, self._relearns = p.learns, p.relearns
+        self._invalidates, self._adapts, self._repartitions = p.invalidates, p.adapts, p.repartitions
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
+
+    def grown(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry
+              ) -> PagesQuery:
+        """The query of ``index``, a longer prefix of the same trace (a followed file): only
+        the rows added since are grouped, and appended to this query's groups (which stay as
+        they are: a screen may still be drawing from this one). The grid's shape may have
+        grown too (``geometry``); the groups do not depend on it."""
+        if index.n < self.index.n:
+            raise ValueError("grown() needs a longer prefix of the same trace")
+        return PagesQuery(index, source, geometry,
+                          parts=self.parts.joined(_parts(index, self.index.n)))
 
     def _decode(self, row: int) -> object:
         return decode_event(self.source.line(int(self.index.columns["offset"][row])))

@@ -19,6 +19,10 @@ SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="traces and/or logs")
+    parser.add_argument("--follow", action="store_true",
+                        help="follow the one FILE (a trace or a llama-server log) as it is "
+                             "written: every screen updates live, through rotation and "
+                             "truncation, and the file may not exist yet; p pauses")
     parser.add_argument("--export-svg", metavar="OUT",
                         help="save a screenshot of one screen to OUT (no interactive session); "
                              "'-' writes it to standard output")
@@ -60,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     symbols = Symbols(tuple(args.binary), args.debug_dir)
     from kvdiag.tui.document import detect_kind
 
-    for path in args.files:
+    if args.follow:
+        _check_follow(args)
+    for path in args.files if not args.follow else ():
         detect_kind(path)  # a file the viewer cannot show is refused before it starts
     if args.export_svg:
         from kvdiag.files.outputs import plan_output
@@ -79,4 +85,21 @@ def run(args: argparse.Namespace) -> int:
                          "kvdiag check / kvdiag postmortem for text reports)")
     from kvdiag.tui.app import run_tui
 
-    return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)))
+    return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)),
+                   follow=args.follow)
+
+
+def _check_follow(args: argparse.Namespace) -> None:
+    """``--follow`` takes one file, written as plain text (it may not exist yet), and shows it
+    live in a terminal: a screenshot of a moving file (``--export-svg``) and re-symbolizing a
+    log still being written (``--binary``) are refused."""
+    if len(args.files) != 1:
+        raise UsageError(f"--follow follows one file ({len(args.files)} given)")
+    if args.export_svg:
+        raise UsageError("--follow shows a file live in a terminal; --export-svg draws a "
+                         "finished one (run it without --follow)")
+    if args.binary:
+        raise UsageError("--binary symbolizes a finished log (run it without --follow)")
+    from kvdiag.tui.live import check_followable
+
+    check_followable(args.files[0])

@@ -47,6 +47,14 @@ class Tail:
     def opened(self) -> bool:
         return self._fh is not None
 
+    def reopen(self) -> BinaryIO | None:
+        """A new handle on the file being read (None before it exists), for a viewer that reads
+        lines back by offset (``os.pread``) while this one reads on: it keeps the file of this
+        generation after a rotation, and reads a truncated one short, never past its end."""
+        if self._fh is None:
+            return None
+        return os.fdopen(os.dup(self._fh.fileno()), "rb")
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
