@@ -118,10 +118,22 @@ class LineSource:
                 self.data.close()
 
 
+class OwnedFd:
+    """A file descriptor closed when the last holder drops it (the snapshots of one growing
+    file share it; none of them knows which is last)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
 class GrowingSource(LineSource):
     """The first ``size`` bytes of a file still being written (``kvdiag tui --follow``): one
-    value per published snapshot, all reading through ``fh`` (the open file of one generation,
-    closed when the last snapshot holding it is dropped).
+    value per published snapshot, all reading through one descriptor of the file (closed when
+    the last snapshot holding it is dropped).
 
     Read with ``os.pread``, not mapped: a followed file can be truncated under the viewer, and
     touching a map past the new end kills the process (SIGBUS) where ``pread`` reads short.
@@ -130,19 +142,19 @@ class GrowingSource(LineSource):
     _LINE = 4096
     _FIND = 1 << 20
 
-    def __init__(self, fh: BinaryIO, name: str, size: int) -> None:
+    def __init__(self, fd: OwnedFd, name: str, size: int) -> None:
         # not LineSource.__init__: there is no ``data`` to hold
-        self.fh = fh
+        self.owned = fd
         self.name = name
         self.compressed = False
         self.broken = None
-        self._fd = None  # nothing of this file to close: ``fh`` is shared
-        self._file = fh.fileno()
+        self._fd = None  # nothing for close() to close: the descriptor is shared
+        self._file = fd.fd
         self._size = size
 
     def grown(self, size: int) -> GrowingSource:
         """The same file with its first ``size`` bytes."""
-        return GrowingSource(self.fh, self.name, size)
+        return GrowingSource(self.owned, self.name, size)
 
     @property
     def data(self) -> bytes:
@@ -210,7 +222,7 @@ class GrowingSource(LineSource):
         return -1
 
     def close(self) -> None:
-        pass  # other snapshots of the file may still read it; ``fh`` closes with the last
+        pass  # other snapshots of the file may still read it; it closes with the last
 
 
 def _gunzip(fh: BinaryIO, name: str) -> tuple[bytes, str | None]:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.findings import identity
-from kvdiag.analysis.linesource import GrowingSource, LineSource
+from kvdiag.analysis.linesource import GrowingSource, LineSource, OwnedFd
 from kvdiag.analysis.log_index import build_log_index
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import PagesGeometry, geometry_from_header
@@ -197,10 +197,10 @@ class _TraceGeneration:
         header_line = head[:head.find(b"\n") + 1]
         reader = TraceReader(io.BytesIO(header_line), f.path)  # InputError: not a trace
         header: Header = clip_deep(reader.header)
-        fh = f.tail.reopen()
-        assert fh is not None  # the tail has read this file's first bytes
+        fd = f.tail.reopen()
+        assert fd is not None  # the tail has read this file's first bytes
         start = len(header_line)
-        source = GrowingSource(fh, f.path, start)
+        source = GrowingSource(OwnedFd(fd), f.path, start)
         builder = IndexBuilder(source, start)
         judging = JudgingPass(f.path, reader=reader)
         buf, pos = head[start:], start

@@ -47,7 +47,10 @@ class KvScreen(Screen[None]):
         followed file's marker first (LIVE, PAUSED, ENDED), the line coloured by it."""
         app = self.kv
         title = f"{TITLES[self.MODE]}  ·  "
-        status = self.query_one("#status", Static)
+        found = self.query("#status")
+        if not found:
+            return  # not composed yet (the follower's clock ticks from the start)
+        status = found.first(Static)
         if app.follow:
             marker, state = live_marker(app.doc, app.paused, time.monotonic())
             title = f"{marker}  ·  {title}"
