@@ -50,6 +50,9 @@ class Writer(threading.Thread):
         self.trigger_at: float | None = None
         self.events = 0
         self.elapsed = 0.0
+        self.marks: list[tuple[float, int, int]] = []
+        """Per batch of writes: (time just before its first write, events written after it,
+        the step of its last event) — what a reader's latency is measured against."""
 
     def events_(self) -> Iterator[ev.AnyEvent]:
         """Exact reads forever (seq 0: numbered when written)."""
@@ -87,11 +90,15 @@ class Writer(threading.Thread):
                     self.trigger_at = time.monotonic()
                     os.write(fd, enc.encode(bad) + b"\n")
                     continue
-                for _ in range(max(0, int(now * self.rate) - n)):
+                batch = max(0, int(now * self.rate) - n)
+                t_batch = time.monotonic()
+                for _ in range(batch):
                     e = next(gen)
                     n += 1
                     step = e.step
                     os.write(fd, enc.encode(msgspec.structs.replace(e, seq=n, t_ns=n)) + b"\n")
+                if batch:
+                    self.marks.append((t_batch, n, step))
                 time.sleep(0.001)
             self.events, self.elapsed = n, time.monotonic() - start
         finally:

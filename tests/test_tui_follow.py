@@ -49,7 +49,7 @@ async def until(pilot: Pilot[int], cond: Callable[[], bool], what: str,
     deadline = loop.time() + timeout
     while not cond():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{text(pilot.app)}")
+            raise AssertionError(f"timed out waiting for {what}:\n{text(pilot.app)}")  # type: ignore[arg-type]
         await asyncio.sleep(0.02)
     await pilot.pause()
 
@@ -281,3 +281,88 @@ def test_follow_refuses_what_cannot_be_followed(tmp_path: Path,
     gz.write_bytes(b"\x1f\x8b\x08\x00rest")
     assert main(["tui", "--follow", str(gz)]) == 2
     assert "compressed; only a file being written as plain text" in capsys.readouterr().err
+
+
+def test_a_pages_query_grown_row_by_row_equals_one_built_whole(s1: Path) -> None:
+    from kvdiag.analysis.linesource import LineSource
+    from kvdiag.analysis.pages_query import PagesQuery
+    from kvdiag.analysis.trace_index import IndexBuilder, header_end, line_blocks
+
+    whole = load_document(str(s1))
+    assert whole.pages is not None and whole.geometry is not None
+    source = LineSource.open(s1)
+    builder = IndexBuilder(source, header_end(source))
+    grown: PagesQuery | None = None
+    for offset, block in line_blocks(source, builder.pos, 2000):  # a few events at a time
+        builder.add(block, offset)
+        index = builder.snapshot()
+        grown = (PagesQuery(index, source, whole.geometry) if grown is None
+                 else grown.grown(index, source, whole.geometry))
+    assert grown is not None and grown.index.n == whole.index.n == 182
+    for step in range(15):
+        a = grown.snapshot(step, whole.digest.ledger if whole.digest else None)
+        b = whole.pages.snapshot(step, whole.digest.ledger if whole.digest else None)
+        for stream in whole.geometry.streams:
+            for layer in range(whole.geometry.layers):
+                assert a.row(stream, layer) == b.row(stream, layer), (step, stream, layer)
+
+
+def test_a_growing_source_reads_lines_and_finds_text_only_in_its_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvdiag.analysis.linesource import GrowingSource, LineSource, OwnedFd
+
+    p = tmp_path / "f"
+    body = b"".join(b"line %d %s\n" % (i, b"x" * (i * 37 % 5000)) for i in range(400))
+    p.write_bytes(body + b"past the prefix needle\n")
+    whole = LineSource.open(p)
+    src = GrowingSource(OwnedFd(os.open(p, os.O_RDONLY)), str(p), len(body))
+    monkeypatch.setattr(GrowingSource, "_FIND", 4096)  # several chunks, needles across edges
+    try:
+        assert src.size == len(body) and src.data == body
+        starts = [0, *(i + 1 for i in range(len(body)) if body[i:i + 1] == b"\n")][:-1]
+        for off in starts[::17]:
+            assert src.line(off) == whole.line(off)
+        for needle in (b"line 399", b"line 250 ", b"x\nline 3", b"needle"):
+            assert src.find(needle, 0) == body.find(needle)
+            assert src.rfind(needle, 0, src.size) == body.rfind(needle)
+            assert src.find(needle, 5000, 90000) == body.find(needle, 5000, 90000)
+        longer = src.grown(whole.size)
+        assert longer.find(b"needle", 0) == whole.find(b"needle", 0) > 0
+        assert src.read(len(body) - 3, 100) == body[-3:]  # never past its prefix
+    finally:
+        whole.close()
+
+
+def segment_header(s1: Path, index: int, first_seq: int) -> bytes:
+    import json
+
+    head = json.loads(s1.read_bytes().split(b"\n", 1)[0])
+    head.setdefault("extra", {})["segment"] = {"index": index, "first_seq": first_seq,
+                                               "run": "r1"}
+    return json.dumps(head).encode() + b"\n"
+
+
+def test_a_segment_set_is_followed_into_its_next_segment(s1: Path, tmp_path: Path) -> None:
+    lines = s1.read_bytes().splitlines(keepends=True)
+    cut = len(lines_to_step(s1, 6))
+    first = tmp_path / "rig.000001.kvtrace"
+    first.write_bytes(segment_header(s1, 1, 1) + b"".join(lines[1:cut]))
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await until(pilot, lambda: isinstance(app.doc, TraceDoc)
+                    and app.doc.index.last_step == 6, "segment 1")
+        assert trace(app).index.n == cut - 1
+        second = tmp_path / "rig.000002.kvtrace"  # the writer rotates: segment 1 is complete
+        second.write_bytes(segment_header(s1, 2, cut) + b"".join(lines[cut:]))
+        await until(pilot, lambda: trace(app).live is not None
+                    and trace(app).live.files == 2  # type: ignore[union-attr]
+                    and trace(app).index.n == len(lines) - cut, "segment 2")
+        doc = trace(app)
+        assert doc.live is not None
+        assert "segment rig.000001.kvtrace is complete" in doc.live.note
+        assert "rig.000002.kvtrace" in doc.live.note
+        assert int(doc.index.columns["step"][0]) == 7  # segment 2 from its start
+        assert "■ ENDED: End event" in text(app)
+
+    follow(tmp_path / "rig.kvtrace", script)
+

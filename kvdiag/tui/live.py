@@ -3,7 +3,10 @@ textual import).
 
 The bytes come from :class:`~kvdiag.follow.tail.Tail`, the follower ``kvdiag check --follow``
 uses: the file may not exist yet, and a rotation or truncation starts the new file from its
-start (a new document, as ``check --follow`` starts a new Judge). What arrives takes the path a
+start (a new document, as ``check --follow`` starts a new Judge). A segment set (kvtrace.h's
+``KVTRACE_MAX_MB``) is followed segment by segment (:class:`~kvdiag.follow.segtail.
+SegmentTail`): each starts with its snapshot, so each is judged on its own, and the viewer
+shows the segment being written. What arrives takes the path a
 whole trace takes in :mod:`kvdiag.tui.loading`, one block of whole lines at a time:
 
 - a trace: the block is appended to the :class:`~kvdiag.analysis.trace_index.IndexBuilder` and
@@ -44,6 +47,7 @@ from kvdiag.analysis.replay import PagesGeometry, geometry_from_header
 from kvdiag.analysis.trace_index import FITS, IndexBuilder
 from kvdiag.errors import InputError
 from kvdiag.follow.livelog import MAX_LINE
+from kvdiag.follow.segtail import SegmentTail, is_set_name
 from kvdiag.follow.tail import Reset, Tail
 from kvdiag.follow.watch import GZIP_MAGIC, INTERVAL, QUIET
 from kvdiag.model.events import Header
@@ -82,7 +86,7 @@ def follow(path: str, publish: Publish, cancelled: Cancelled,
            painted: Callable[[], object] = _nothing, *, interval: float = INTERVAL) -> None:
     """Follow ``path`` until ``cancelled()``, publishing snapshots; a file that cannot be
     followed is published as an :class:`ErrorDoc`."""
-    tail = Tail(path)
+    tail = SegmentTail(path)
     try:
         _Following(path, tail, publish, cancelled, painted, interval).run()
     except InputError as exc:
@@ -97,6 +101,13 @@ def check_followable(path: str) -> None:
     """Refuse, before the viewer starts, what cannot be followed: a directory, a FIFO or
     device, a compressed file, binary data (:class:`InputError`). A path that does not exist
     yet is waited for."""
+    if is_set_name(path):
+        seg = SegmentTail(path)
+        try:
+            seg.poll(0)  # a folder without a set, or with several, is refused
+        finally:
+            seg.close()
+        return
     if not os.path.lexists(path):
         return
     tail = Tail(path)
@@ -113,7 +124,7 @@ def check_followable(path: str) -> None:
 
 
 class _Following:
-    def __init__(self, path: str, tail: Tail, publish: Publish, cancelled: Cancelled,
+    def __init__(self, path: str, tail: SegmentTail, publish: Publish, cancelled: Cancelled,
                  painted: Callable[[], object], interval: float) -> None:
         self.path = path
         self.tail = tail
