@@ -4,6 +4,8 @@ Each FILE is a kvtrace trace (kvdiag capture) or a llama-server log (plain or gz
 is told from the content. ``--export-svg OUT`` draws one screen without a terminal and saves
 it as an SVG screenshot (for bug reports) instead of starting the interactive viewer. A missing
 file, a directory, a FIFO or binary data is refused before the viewer starts (exit code 2).
+``--follow F`` shows one file live while it is written (:mod:`kvdiag.tui.live`); it may not
+exist yet, and it is refused with ``--export-svg`` or ``--binary`` (both need a finished file).
 """
 
 from __future__ import annotations
