@@ -275,6 +275,14 @@ def test_follow_refuses_bad_combinations_in_one_line(tmp_path: Path, extra: list
 
 def test_follow_refuses_what_cannot_be_followed(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tui", "--follow", "-"]) == 2
+    assert "not standard input" in capsys.readouterr().err
+    (tmp_path / "a.000001.kvtrace").write_bytes(b"")
+    (tmp_path / "b.000001.kvtrace").write_bytes(b"")
+    assert main(["tui", "--follow", str(tmp_path)]) == 2
+    assert "2 segment sets; name one" in capsys.readouterr().err
+    (tmp_path / "a.000001.kvtrace").unlink()
+    (tmp_path / "b.000001.kvtrace").unlink()
     assert main(["tui", "--follow", str(tmp_path)]) == 2
     assert "directory" in capsys.readouterr().err
     gz = tmp_path / "run.log.gz"

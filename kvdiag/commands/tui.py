@@ -102,6 +102,8 @@ def _check_follow(args: argparse.Namespace) -> None:
                          "finished one (run it without --follow)")
     if args.binary:
         raise UsageError("--binary symbolizes a finished log (run it without --follow)")
+    if args.files[0] == "-":
+        raise UsageError("--follow follows a file by its name, not standard input")
     from kvdiag.tui.live import check_followable
 
     check_followable(args.files[0])
