@@ -7,6 +7,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from textual.pilot import Pilot
 
@@ -92,6 +93,8 @@ def test_a_trace_written_by_a_thread_is_shown_live_and_ends_as_a_whole_load(
                     and bool(app.doc.live.ended), "the End event")
         doc = trace(app)
         assert doc.index.n == 182 and doc.index.last_step == 14
+        steps = doc.index.columns["step"]
+        assert doc.index.step_high.tolist() == np.maximum.accumulate(steps).tolist()
         assert "■ ENDED: End event (status completed)" in text(app)
         assert "step 14 of 14 · following the newest step" in text(app)
         # the whole file, loaded as a finished trace, shows the same
@@ -301,12 +304,22 @@ def test_a_pages_query_grown_row_by_row_equals_one_built_whole(s1: Path) -> None
     source = LineSource.open(s1)
     builder = IndexBuilder(source, header_end(source))
     grown: PagesQuery | None = None
+    early: tuple[PagesQuery, list[object]] | None = None
+    geo = whole.geometry
+
+    def rows(q: PagesQuery, step: int) -> list[object]:
+        snap = q.snapshot(step)
+        return [snap.row(s, layer) for s in geo.streams for layer in range(geo.layers)]
+
     for offset, block in line_blocks(source, builder.pos, 2000):  # a few events at a time
         builder.add(block, offset)
         index = builder.snapshot()
-        grown = (PagesQuery(index, source, whole.geometry) if grown is None
-                 else grown.grown(index, source, whole.geometry))
+        grown = (PagesQuery(index, source, geo) if grown is None
+                 else grown.grown(index, source, geo))
+        if early is None and index.last_step >= 6:
+            early = (grown, rows(grown, 6))
     assert grown is not None and grown.index.n == whole.index.n == 182
+    assert early is not None and rows(early[0], 6) == early[1]  # growing left it as it was
     for step in range(15):
         a = grown.snapshot(step, whole.digest.ledger if whole.digest else None)
         b = whole.pages.snapshot(step, whole.digest.ledger if whole.digest else None)

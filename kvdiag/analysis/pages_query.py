@@ -118,30 +118,55 @@ class _Parts(NamedTuple):
     adapts: np.ndarray
     repartitions: np.ndarray
 
-    def joined(self, later: _Parts) -> _Parts:
-        """These groups followed by ``later``'s (rows of a later part of the trace)."""
+    def joined(self, later: _Parts, room: Room) -> _Parts:
+        """These groups followed by ``later``'s (rows of a later part of the trace).
+
+        A key's arrays grow inside buffers kept in ``room`` (twice the size they need), so
+        that appending a few rows to a key of millions copies only the new rows: the arrays of
+        these groups are views of the buffers' first rows, which appending leaves as they are.
+        So only the latest parts may be joined to (each one's spare room is the next one's).
+        """
 
         def rows(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
             return np.concatenate((mine, theirs)) if len(theirs) else mine
 
-        def groups(mine: GroupedRows, theirs: GroupedRows) -> GroupedRows:
+        def groups(part: int, mine: GroupedRows, theirs: GroupedRows) -> GroupedRows:
             if not theirs:
                 return mine
             merged = dict(mine)
             for key, arrays in theirs.items():
                 have = merged.get(key)
-                merged[key] = arrays if have is None else tuple(
-                    np.concatenate(pair) for pair in zip(have, arrays, strict=True))
+                merged[key] = arrays if have is None else _extend(room, (part, key), have,
+                                                                   arrays)
             return merged
 
-        return _Parts(groups(self.reads, later.reads), groups(self.writes, later.writes),
-                      groups(self.slot_uploads, later.slot_uploads),
-                      groups(self.key_uploads, later.key_uploads),
-                      groups(self.evicts, later.evicts), rows(self.learns, later.learns),
+        return _Parts(groups(0, self.reads, later.reads), groups(1, self.writes, later.writes),
+                      groups(2, self.slot_uploads, later.slot_uploads),
+                      groups(3, self.key_uploads, later.key_uploads),
+                      groups(4, self.evicts, later.evicts), rows(self.learns, later.learns),
                       rows(self.relearns, later.relearns),
                       rows(self.invalidates, later.invalidates),
                       rows(self.adapts, later.adapts),
                       rows(self.repartitions, later.repartitions))
+
+
+Room = dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, ...]]
+"""Buffers the groups of a growing query live in, by (part, key)."""
+
+
+def _extend(room: Room, where: tuple[int, tuple[int, ...]], have: tuple[np.ndarray, ...],
+            more: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``have`` with ``more`` appended (per array), in the buffers ``room`` keeps."""
+    n, m = len(have[0]), len(more[0])
+    bufs = room.get(where)
+    if bufs is None or len(bufs[0]) < n + m or not np.may_share_memory(bufs[0], have[0]):
+        bufs = tuple(np.empty(max(2 * (n + m), 64), a.dtype) for a in have)
+        for buf, a in zip(bufs, have, strict=True):
+            buf[:n] = a
+        room[where] = bufs
+    for buf, a in zip(bufs, more, strict=True):
+        buf[n:n + m] = a
+    return tuple(buf[:n + m] for buf in bufs)
 
 
 def _parts(index: TraceIndex, lo: int) -> _Parts:
@@ -205,17 +230,21 @@ class PagesQuery:
         self._learns, self._relearns = p.learns, p.relearns
         self._invalidates, self._adapts, self._repartitions = p.invalidates, p.adapts, p.repartitions
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
+        self._room: Room = {}
 
     def grown(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry
               ) -> PagesQuery:
         """The query of ``index``, a longer prefix of the same trace (a followed file): only
         the rows added since are grouped, and appended to this query's groups (which stay as
         they are: a screen may still be drawing from this one). The grid's shape may have
-        grown too (``geometry``); the groups do not depend on it."""
+        grown too (``geometry``); the groups do not depend on it. Call it on the latest query
+        only (see :meth:`_Parts.joined`)."""
         if index.n < self.index.n:
             raise ValueError("grown() needs a longer prefix of the same trace")
-        return PagesQuery(index, source, geometry,
-                          parts=self.parts.joined(_parts(index, self.index.n)))
+        grown = PagesQuery(index, source, geometry,
+                           parts=self.parts.joined(_parts(index, self.index.n), self._room))
+        grown._room = self._room
+        return grown
 
     def _decode(self, row: int) -> object:
         return decode_event(self.source.line(int(self.index.columns["offset"][row])))

@@ -202,6 +202,7 @@ class _TraceGeneration:
         self.geometry: PagesGeometry | None = None
         self.shape: dict[str, Any] = {"layers": 0, "streams": [], "pages": 0}
         self.fits_rows = np.zeros(0, np.intp)
+        self._high = np.zeros(0, np.int32)
 
     def run(self, head: bytes) -> Reset | None:
         f = self.f
@@ -256,7 +257,7 @@ class _TraceGeneration:
     def _doc(self, header: Header, source: GrowingSource, builder: IndexBuilder,
              judging: JudgingPass, live: Live) -> TraceDoc:
         before = self.pages.index.n if self.pages is not None else 0
-        index = builder.snapshot()
+        index = builder.snapshot(self._step_high(builder, before))
         delta = judging.delta(done=True)
         if judging.judge.end is None:
             delta = self._arisen_only(judging, delta)
@@ -276,6 +277,24 @@ class _TraceGeneration:
         return TraceDoc(self.f.path, source, header, index, stage="ready", progress=1.0,
                         geometry=geometry, pages=self.pages, digest=digest,
                         fits_rows=self.fits_rows, live=live)
+
+    def _step_high(self, builder: IndexBuilder, before: int) -> np.ndarray:
+        """The running maximum of the steps (TraceIndex.step_high), extended by the rows since
+        ``before`` in a buffer with room to grow (the views handed out stay as they are): a
+        screen would otherwise compute it over every row of each snapshot."""
+        n = builder.n
+        new = builder.snapshot().columns["step"][before:n]
+        high = self._high
+        if len(high) < n:
+            grown = np.empty(max(2 * n, 1024), np.int32)
+            grown[:before] = high[:before]
+            high = self._high = grown
+        if len(new):
+            start = high[before - 1] if before else new[0]
+            high[before:n] = np.maximum.accumulate(np.maximum(new, start))
+        view = high[:n]
+        view.flags.writeable = False
+        return view
 
     def _arisen_only(self, judging: JudgingPass, delta: Delta) -> Delta:
         """The findings :meth:`Judge.arisen` has reported so far, as the judgement has them
