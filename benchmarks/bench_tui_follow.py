@@ -22,6 +22,7 @@ import asyncio
 import datetime
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,15 +76,18 @@ def first_at(samples: list[tuple[float, int, int, bool]], t: float, ok: Any) -> 
     return None
 
 
-def one_round(tmp: Path, screen: str, rate: float, lead: float) -> dict[str, Any]:
+def one_round(tmp: Path, screen: str, rate: float, lead: float, prefix: Path | None,
+              prefix_events: int) -> dict[str, Any]:
     path = tmp / f"live-{time.monotonic_ns()}.kvtrace"
+    if prefix is not None:
+        shutil.copyfile(prefix, path)
     tail = subprocess.Popen(["tail", "-F", "-n", "+1", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     got_tail: dict[str, float] = {}
     reader = threading.Thread(target=first_line, args=(tail, b'"pool",999', got_tail),
                               daemon=True)
     reader.start()
-    w = TimedWriter(path, rate, lead, 2.0)
+    w = TimedWriter(path, rate, lead, 2.0, prefix=prefix_events)
     samples: list[tuple[float, int, int, bool]] = []
     cpu: dict[str, float] = {}
 
@@ -91,6 +95,11 @@ def one_round(tmp: Path, screen: str, rate: float, lead: float) -> dict[str, Any
         app = KvdiagApp([str(path)], follow=True)
         async with app.run_test(size=(160, 48)) as pilot:
             await pilot.press(SCREENS[screen])
+            t_open = time.monotonic()
+            while prefix_events and getattr(getattr(app.doc, "index", None), "n", -1) \
+                    < prefix_events:
+                await asyncio.sleep(0.05)
+            cpu["catch_up"] = time.monotonic() - t_open
             await asyncio.sleep(0.5)
             c0, t0 = time.process_time(), time.monotonic()
             w.start()
@@ -108,7 +117,8 @@ def one_round(tmp: Path, screen: str, rate: float, lead: float) -> dict[str, Any
     assert w.trigger_at is not None
     out: dict[str, Any] = {"screen": screen, "events": w.events, "rate": w.events / w.elapsed,
                            "tail": got_tail.get("t", float("nan")) - w.trigger_at,
-                           "cpu": (cpu["s"] - w.cpu) / cpu["wall"]}
+                           "cpu": (cpu["s"] - w.cpu) / cpu["wall"],
+                           "catch_up": cpu["catch_up"]}
     lat: list[float] = []
     if screen == "timeline":
         for t, n, _step in w.marks:
@@ -138,13 +148,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds per screen")
     ap.add_argument("--lead", type=float, default=3.0,
                     help="seconds of exact reads before the foreign one")
+    ap.add_argument("--prefix", type=int, default=0, metavar="N",
+                    help="events already in the file when the viewer opens it (a run that has "
+                         "been going on: 3,000 events/s is 10.8 million an hour)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        prefix = None
+        if args.prefix:
+            prefix = Path(tmp) / "prefix.kvtrace"
+            TimedWriter(prefix, args.rate, 0, 0, prefix=args.prefix).write_prefix()
         for _ in range(args.rounds):
             for screen in SCREENS:
-                results.append(one_round(Path(tmp), screen, args.rate, args.lead))
+                results.append(one_round(Path(tmp), screen, args.rate, args.lead, prefix,
+                                         args.prefix))
     load_after = os.getloadavg()
     rates = [r["rate"] for r in results]
     print(f"date      {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
@@ -153,6 +171,10 @@ def main() -> int:
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (shared machine)")
     print(f"writer    {min(rates):,.0f}-{max(rates):,.0f} events/s achieved (asked "
           f"{args.rate:,.0f}), one write() per event, a thread of the viewer's process")
+    if args.prefix:
+        caught = sorted(r["catch_up"] for r in results)
+        print(f"prefix    {args.prefix:,} events in the file before the viewer opened it "
+              f"(read and judged in {caught[0]:.1f}-{caught[-1]:.1f} s), then appended to")
     worst = 0.0
     for screen, what in (("timeline", "every batch of events"), ("pages", "every step"),
                          ("findings", "the foreign read's finding")):
@@ -166,7 +188,7 @@ def main() -> int:
     trig = sorted(x for r in results if r["screen"] == "findings" for x in r["lat"])
     print(f"baseline  write → tail -F output (the trigger line): median "
           f"{pct(tails, 0.5):.3f} s, max {tails[-1]:.3f} s; ratio (medians, Findings) "
-          f"{pct(trig, 0.5) / pct(tails, 0.5):.1f}x")
+          f"{pct(trig, 0.5) / pct(tails, 0.5):.2f}x")
     print(f"target    ≤ {TARGET_S:.0f} s at {args.rate:,.0f} events/s, every screen: "
           f"{'PASS' if worst <= TARGET_S else 'MISS'}")
     return 0
