@@ -163,7 +163,7 @@ def test_pause_keeps_the_screens_still_and_resume_catches_up(s1: Path, tmp_path:
         await until(pilot, lambda: isinstance(app.doc, TraceDoc)
                     and app.doc.index.n == len(first) - 1, "the first steps")
         n = trace(app).index.n
-        await pilot.press("p")
+        await pilot.press("s")
         await pilot.pause()
         assert app.paused and "⏸ PAUSED" in text(app)
         append(live, lines[len(first):])
@@ -171,7 +171,7 @@ def test_pause_keeps_the_screens_still_and_resume_catches_up(s1: Path, tmp_path:
         await pilot.pause()
         assert trace(app).index.n == n
         assert f"{n} of {n} events" in text(app)
-        await pilot.press("p")
+        await pilot.press("s")
         await until(pilot, lambda: trace(app).index.n == 182, "the held snapshot")
         assert not app.paused and "⏸ PAUSED" not in text(app)
         assert "182 of 182 events" in text(app)

@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follow", action="store_true",
                         help="follow the one FILE (a trace or a llama-server log) as it is "
                              "written: every screen updates live, through rotation and "
-                             "truncation, and the file may not exist yet; p pauses")
+                             "truncation, and the file may not exist yet; s pauses")
     parser.add_argument("--export-svg", metavar="OUT",
                         help="save a screenshot of one screen to OUT (no interactive session); "
                              "'-' writes it to standard output")

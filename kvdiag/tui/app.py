@@ -60,7 +60,7 @@ class KvdiagApp(App[int]):
         Binding("o", "next_file(1)", "Other file", show=False),
         Binding("O", "next_file(-1)", "Previous file", show=False),
         Binding("backspace", "go_back", "Back", show=False),
-        Binding("p", "pause", "Pause/resume"),
+        Binding("s", "pause", "Pause/resume"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -74,7 +74,7 @@ class KvdiagApp(App[int]):
         self.follow = follow
         """The one file is followed as it is written (kvdiag tui --follow)."""
         self.paused = False
-        """Following, but the screens keep what they show (key p); newer snapshots wait."""
+        """Following, but the screens keep what they show (key s); newer snapshots wait."""
         self.follow_step = True
         """Following: the shared step moves to the newest step as it arrives, until the user
         puts it elsewhere (Pages, Telemetry); the last step, or ``end``, takes it up again."""

@@ -47,7 +47,7 @@ def live_marker(doc: Document, paused: bool, now: float) -> tuple[str, str]:
     ``paused`` or ``ended`` (the stylesheet colours the status line by it)."""
     live = doc.live if isinstance(doc, TraceDoc | LogDoc) else None
     if paused:
-        return "⏸ PAUSED (p: resume)", "paused"
+        return "⏸ PAUSED (s: resume)", "paused"
     if live is not None and live.ended:
         return f"■ ENDED: {live.ended}", "ended"
     text = "● LIVE"

@@ -17,7 +17,7 @@ GLOBAL = """\
 | `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
-| `p` | with `--follow`: pause / resume the live screens (the marker says `● LIVE`, `⏸ PAUSED` or `■ ENDED`) |
+| `s` | with `--follow`: pause / resume the live screens (the marker says `● LIVE`, `⏸ PAUSED` or `■ ENDED`) |
 | `?` | this help · `q` quit |
 """
 
