@@ -72,9 +72,9 @@ def _capture(pythonpath: Path, args: list[str], out: Path, env: dict[str, str]) 
 
 def _shape_kv_bytes(args: list[str]) -> int:
     """K/V bytes of every layer, stream and cell of the capture's shape."""
-    from kvdiag.capture import scenario_from_args
     from kvdiag.cli import build_parser
     from kvdiag.commands._shape import build_config
+    from kvdiag.commands.capture import scenario_from_args
     from kvdiag.kvstream.ggml_types import ggml_type
 
     ns = build_parser().parse_args(["capture", *args, "-o", "unused"])

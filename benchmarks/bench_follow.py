@@ -164,7 +164,7 @@ def one_round(tmp: Path, rate: float, lead: float) -> tuple[float, float, int, f
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--rate", type=float, default=3000.0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lead", type=float, default=3.0,

@@ -4,7 +4,7 @@ Traces, each a file:
 
 - **model**: every scenario × layout (shared, per-stream) × dispatch (membership, fits), and
   ``--kv-unified`` where a scenario has several slots (tests/judged_captures.py's small shape,
-  written by ``kvdiag.capture.capture`` as ``kvdiag capture`` writes them);
+  written by ``kvdiag.runs.capture.capture`` as ``kvdiag capture`` writes them);
 - **kvrt**: every run tests/native_runtime.py offers, each with the runtime's own page truth;
 - **import**: ``kvdiag import`` of the real-format server logs in tests/fixtures/logs and of
   ``kvdiag trace export --format llama-log`` of model captures (abort, fallback, aliasing);

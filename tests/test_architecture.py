@@ -35,7 +35,14 @@ ALLOWED: dict[str, set[str]] = {
     "sql": {"analysis", "trace", "postmortem", "model"},
     # kvdiag check --follow: a growing trace or log (read as trace/logimport do), judged
     "follow": {"analysis", "trace", "postmortem", "logimport", "model", "report"},
+    # runs of the model that make raw events: capture and sweep
+    "runs": {"kvstream", "executors", "telemetry", "trace", "model", "analysis"},
+    # a trace file judged; logs and traces as perf runs beside the model's prediction
+    "judged": {"analysis", "trace", "postmortem", "logimport", "kvstream", "model"},
 }
+# the command line: one module per subcommand (commands/) and the dispatcher (cli.py), above
+# every package; nothing below them imports them
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors"}
 LEAVES = {"errors", "files", "__init__"}
 
 
@@ -104,3 +111,67 @@ def test_the_judgement_imports_only_the_model() -> None:
            if name.startswith("kvdiag.") and not name.startswith(
                ("kvdiag.model", "kvdiag.analysis.judgement"))]
     assert bad == []
+
+
+def test_only_the_command_line_sits_beside_the_packages() -> None:
+    """Issue 15 §7: modules that do work live in a package whose row above says what it may
+    import; at the top only the entry points and the leaf of errors remain."""
+    assert {p.stem for p in ROOT.glob("*.py")} == TOP_LEVEL
+    assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} \
+        == {*ALLOWED, "commands", "files"}
+
+
+def test_nothing_below_the_command_line_imports_it() -> None:
+    bad = [f"{p.relative_to(ROOT)} imports {name}"
+           for p in ROOT.rglob("*.py") if p.parts[len(ROOT.parts)] not in ("commands", "cli.py",
+                                                                           "__main__.py")
+           for name in imports(p) if name.startswith(("kvdiag.commands", "kvdiag.cli"))]
+    assert bad == []
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """kvdiag modules ``path`` imports when it runs (lazy imports in functions count; those
+    under ``if TYPE_CHECKING:`` do not: they are for the type checker only)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body for n in ast.walk(stmt)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """Issue 15 §7 (report/check.py and report/check_output.py imported each other): the
+    module graph has no cycle, so every arrow points one way."""
+    mods = {".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in ROOT.rglob("*.py")}
+    graph = {m: {d for d in _runtime_imports(p) if d in mods and d != m
+                 and not m.startswith(d + ".")}  # a module's own package __init__
+             for m, p in mods.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycles.append([*path[path.index(d):], d])
+            elif d not in state:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert cycles == []

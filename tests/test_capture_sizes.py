@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvdiag.capture import stream_cells_needed
 from kvdiag.kvstream.scenarios import SCENARIOS
+from kvdiag.runs.capture import stream_cells_needed
 
 KVDIAG = [sys.executable, "-m", "kvdiag"]
 

@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvdiag.check import analyse_file
 from kvdiag.cli import main
+from kvdiag.judged.trace import analyse_file
 from kvdiag.model import events as ev
 from kvdiag.model.events import Device
 from kvdiag.trace.writer import TraceWriter, make_header

@@ -111,12 +111,12 @@ def test_a_crash_counts_as_an_error_level_result(capsys: pytest.CaptureFixture[s
 
 @pytest.fixture
 def broken_check(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import kvdiag.check
+    import kvdiag.commands.check
 
     def boom(*_a: object, **_k: object) -> int:
         raise ZeroDivisionError("a bug in kvdiag")
 
-    monkeypatch.setattr(kvdiag.check, "check_file", boom)
+    monkeypatch.setattr(kvdiag.commands.check, "check_file", boom)
     yield
 
 

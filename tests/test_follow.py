@@ -128,7 +128,7 @@ def test_a_trace_is_judged_while_written_and_ends_at_its_end_event(s1: Path, tmp
     state = f.state
     assert state.ended and state.events == 182
     # the same findings as check on the finished file, those only the end settles apart
-    from kvdiag.check import analyse_file
+    from kvdiag.judged.trace import analyse_file
 
     final = analyse_file(s1)
     assert sorted(rules + [x.rule for x in state.final]) == sorted(

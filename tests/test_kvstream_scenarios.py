@@ -172,12 +172,12 @@ def test_kv_unified_keeps_two_slots_on_the_streamed_path(
 def test_a_device_fault_mid_run_ends_in_an_abort_event_and_a_valid_trace(tmp_path: Path) -> None:
     """A CUDA error in the executor becomes an abort carrying the driver's text; the trace
     closes cleanly (status aborted) and check reports it."""
-    from kvdiag.capture import capture
     from kvdiag.errors import DeviceFault
     from kvdiag.executors.numpy_exec import NumpyExecutor
     from kvdiag.kvstream.config import PRESETS, RuntimeConfig
     from kvdiag.kvstream.scenarios import SCENARIOS
     from kvdiag.model.events import Device
+    from kvdiag.runs.capture import capture
 
     class Faulty(NumpyExecutor):
         calls = 0
@@ -190,7 +190,7 @@ def test_a_device_fault_mid_run_ends_in_an_abort_event_and_a_valid_trace(tmp_pat
                                   "encountered")
             return super().attend(*args, **kwargs)
 
-    import kvdiag.capture as cap
+    import kvdiag.runs.capture as cap
 
     original = cap.make_executor
     cap.make_executor = lambda name: (Faulty(), Device(name="faulty"))  # type: ignore[assignment]

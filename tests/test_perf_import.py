@@ -64,7 +64,7 @@ def test_perf_reads_the_imported_trace_as_it_reads_the_log(tmp_path: Path) -> No
     from server_logs import adapt_line, session
 
     from kvdiag.analysis.perf_compare import compare
-    from kvdiag.perfrun import load
+    from kvdiag.judged.perf import load
 
     runs = {}
     for name, tps, stage, during in (

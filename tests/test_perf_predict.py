@@ -15,12 +15,12 @@ from server_logs import ServerLog, session
 from kvdiag.analysis.perf import rows
 from kvdiag.analysis.perf_predict import GAP, calibrate, predict
 from kvdiag.cli import main
+from kvdiag.judged.perf import LoadedRun, choose_profile, predict_run, replay
 from kvdiag.kvstream.config import PRESETS, RuntimeConfig
 from kvdiag.kvstream.profiles import load_profile
 from kvdiag.kvstream.scenarios import SCENARIOS, Scheduler, multiturn_growth
 from kvdiag.kvstream.session import play
 from kvdiag.kvstream.timing import H200
-from kvdiag.perfrun import LoadedRun, choose_profile, predict_run, replay
 from kvdiag.postmortem.perfread import scan_stream
 
 ARM117 = RuntimeConfig(**PRESETS["arm117"], adaptive=True, layout="per-stream",

@@ -144,3 +144,31 @@ def test_cut_log_and_gzip(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_a_log_without_requests() -> None:
     run = scan("hello\nworld\n")
     assert run.requests == () and run.lines == 2 and run.unfinished == 0
+
+
+def test_figures_converted_at_once_are_the_figures_read_one_by_one() -> None:
+    """``figure_sets`` (one JSON decode of a block's printed numbers) gives what ``figures``
+    (``float()`` on each) gives, for every way the server prints them."""
+    import random
+
+    from kvdiag.postmortem.timinglines import figure_sets, figures
+
+    rng = random.Random(17)
+    odd = [b"-nan", b"nan", b"inf", b"-nan(ind)", b"-inf"]
+    for _ in range(3000):
+        g: list[bytes] = []
+        for _ in range(2):
+            n = rng.choice([0, 1, rng.randint(2, 99999)])
+            ms = rng.uniform(0, 1e6)
+            fmt = rng.choice(["%.2f", "%10.2f", "%r", "%.6f"])
+            per = ms / n if n else float("nan")
+            tps = n * 1000.0 / ms if n and ms else float("inf")
+            cells = [(fmt % ms).strip().encode(), str(n).encode(),
+                     (fmt % per).strip().encode(), (fmt % tps).strip().encode()]
+            if rng.random() < 0.1:
+                cells[rng.choice([2, 3])] = rng.choice(odd)
+            g += cells
+        t = tuple(g)
+        # repr: a nan read either way is the same nan, and nan != nan
+        assert repr(figure_sets(t, 0, 2)) == repr([figures(t, 0), figures(t, 4)]), t
+        assert repr(figure_sets(t, 4, 1)) == repr([figures(t, 4)]), t

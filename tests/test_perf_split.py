@@ -90,3 +90,32 @@ def test_the_second_process_reads_the_second_half(tmp_path: Path,
         run = perfread.scan_stream(str(path), fh)
     assert calls == [1]  # the child process answered
     assert normal(run) == whole
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_every_cut_of_a_2024_log_gives_the_whole_run(tmp_path: Path, form: str) -> None:
+    """The 2024 form has no ``new prompt``: a task's first line opens its request, in either
+    half (tests/test_perf_log2024.py)."""
+    from test_perf_log2024 import request
+
+    keys = ("id_slot", "id_task")
+    a = request(form, keys, 0, 7, cached=512, prompt=(812.5, 3488), decode=(9375.0, 250),
+                n_past=4250)
+    b = request(form, keys, 1, 8, cached=0, prompt=(95.0, 190), decode=(3000.0, 60),
+                n_past=250, truncated=True)
+    c = request(form, keys, 0, 9, cached=4250, prompt=(40.0, 100), decode=(900.0, 30),
+                n_past=4380)
+    lines = [x for pair in zip(a, b, strict=True) for x in pair] + c
+    lines.insert(5, "kv_stream_adapt: " + partition_line(30, 29, 12, 13, 2.0, 40.0)[17:])
+    text = "\n".join(lines) + "\n"
+    path = tmp_path / "old.log"
+    path.write_bytes(text.encode())
+    whole = normal(scan_stream(str(path), io.BytesIO(text.encode())))
+    assert [r.task for r in whole.requests] == [7, 8, 9] and whole.unfinished == 0
+    data = text.encode()
+    for cut in [i + 1 for i, ch in enumerate(data) if ch == 10][:-1]:
+        first = PerfScanner(str(path))
+        perfsplit.read_range(first, str(path), 0, cut)
+        half = perfsplit._second_half(str(path), cut, len(data), str(path))
+        perfsplit.join(first, half)
+        assert normal(first.finish()) == whole, cut

@@ -148,15 +148,15 @@ def test_a_link_to_a_file_is_followed_and_kept(tmp_path: Path,
 def test_a_missing_folder_is_refused_before_any_work(
         name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvdiag.capture
-    import kvdiag.sweep
+    import kvdiag.runs.capture
+    import kvdiag.runs.sweep
     import kvdiag.tui.export
 
     def never(*_a: object, **_k: object) -> None:
         raise AssertionError("the work started before the output was checked")
 
-    monkeypatch.setattr(kvdiag.sweep, "run_sweep", never)
-    monkeypatch.setattr(kvdiag.capture, "make_executor", never)
+    monkeypatch.setattr(kvdiag.runs.sweep, "run_sweep", never)
+    monkeypatch.setattr(kvdiag.runs.capture, "make_executor", never)
     monkeypatch.setattr(kvdiag.tui.export, "KvdiagApp", never)
     out = tmp_path / "no" / "such" / "folder" / "out.bin"
     assert main(argv(name, out)) == 2

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdiag.check import analyse_file
+from kvdiag.judged.trace import analyse_file
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 

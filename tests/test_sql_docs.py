@@ -14,8 +14,8 @@ from sql_corpus import build
 
 from kvdiag.analysis.judgement import Judge
 from kvdiag.analysis.signatures import evaluate
-from kvdiag.check import CheckResult, analyse_file
 from kvdiag.files.logs import open_log
+from kvdiag.judged.trace import CheckResult, analyse_file
 from kvdiag.model import events as ev
 from kvdiag.postmortem.parse import scan
 from kvdiag.postmortem.perfread import scan_paths

@@ -15,7 +15,7 @@ from kvdiag.kvstream.config import PRESETS, RuntimeConfig
 from kvdiag.kvstream.scenarios import SCENARIOS, Scenario
 from kvdiag.kvstream.timing import H200
 from kvdiag.model import events as ev
-from kvdiag.sweep import PointSpec, run_point, run_sweep, stage_range
+from kvdiag.runs.sweep import PointSpec, run_point, run_sweep, stage_range
 from kvdiag.trace import TraceReader
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kvdiag.check import analyse_file
 from kvdiag.cli import main
+from kvdiag.judged.trace import analyse_file
 from kvdiag.model import events as ev
 from tests.judged_captures import capture
 from tests.test_check_derived import write_trace

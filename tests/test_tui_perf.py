@@ -9,6 +9,7 @@ import pytest
 from seed_arm117 import seed_logs
 from server_logs import ServerLog, adapt_line, session
 from textual.pilot import Pilot
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from kvdiag.cli import main
@@ -93,3 +94,74 @@ def test_a_file_without_timing_says_so(runs: dict[str, Path]) -> None:
         assert "no request timing in this file" in text(app)
 
     drive([plain], script)
+
+
+def test_the_model_beside_the_measurement(runs: dict[str, Path],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN the seed's streaming run and its baseline WHEN p is pressed on Perf THEN the
+    model's decode tok/s is drawn against depth beside the measured curves, the same figures
+    ``kvdiag perf --predict`` gives, and its disagreements are listed with the mechanism that
+    would have to change; p again hides it."""
+    import asyncio
+    import json
+
+    from kvdiag.commands.tui import predictor
+    from kvdiag.tui.export import wait_loaded
+
+    stream, base = runs["stream.log"], runs["base.log"]
+    assert main(["perf", str(stream), "--baseline", str(base), "--predict", "--json"]) == 0
+    (expected,) = json.loads(capsys.readouterr().out)["predictions"]
+    tps = [r["predicted_tps"] for r in expected["requests"] if r["predicted_tps"]]
+    assert len(tps) >= 9
+
+    async def run() -> None:
+        app = KvdiagApp([str(stream), str(base)], predictor=predictor(None))
+        async with app.run_test(size=(140, 70)) as pilot:
+            await wait_loaded(app, timeout=60)
+            await show(pilot, "8")
+            rate = app.screen.query_one("#perf-rate", PlotextPlot)
+            assert not any("model" in str(name) for name in series(rate))
+            await show(pilot, "p")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            got = series(rate)
+            depths, model = got["stream.log: model (NVIDIA H200)"]
+            assert model == pytest.approx(tps)
+            assert depths[0] == 6775.0  # the first request's decode, 6,400–7,150
+            detail = app.screen.query_one("#perf-detail", Static)
+            words = " ".join(str(detail.render()).split())
+            assert "GPU: the run's GPU is unknown" in words
+            assert "request 7 at depth 49300→50050: measured 8.79 tok/s, predicted 22.00" in words
+            assert "what would have to change:" in words
+            await show(pilot, "p")
+            assert not any("model" in str(name) for name in series(rate))
+
+    asyncio.run(run())
+
+
+def test_the_model_says_why_it_cannot_play_a_run(runs: dict[str, Path]) -> None:
+    """A run whose log gives no model shape: the reason, on the screen, in one line."""
+    import asyncio
+
+    from kvdiag.commands.tui import predictor
+    from kvdiag.tui.export import wait_loaded
+
+    log = ServerLog()
+    log.boot(stage_mib=None)
+    for t in session(2, 4000, 100, [30.0, 29.0]):
+        log.requests(t)
+    plain = runs["base.log"].parent / "unstreamed.log"
+    plain.write_text(log.text())
+
+    async def run() -> None:
+        app = KvdiagApp([str(plain)], predictor=predictor(None))
+        async with app.run_test(size=(140, 60)) as pilot:
+            await wait_loaded(app, timeout=60)
+            await show(pilot, "8", "p")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            detail = app.screen.query_one("#perf-detail", Static)
+            words = " ".join(str(detail.render()).split())
+            assert "model: --predict: unstreamed.log does not stream KV (no pool line)" in words
+
+    asyncio.run(run())

@@ -122,10 +122,12 @@ def depth_bins(table: Sequence[RequestRow], width: int = DEFAULT_BIN_TOKENS,
     """The bins of ``width`` tokens that hold a request, in depth order."""
     if width <= 0:
         raise ValueError("bin width must be positive")
-    groups: dict[int, list[RequestRow]] = {}
+    # one pass, summing as it goes: a log holds millions of requests
+    groups: dict[int, tuple[list[int], list[float]]] = {}
     for row in table:
         start, r = row.depth_start, row.request
-        if start is None or r.decode_ms is None or not r.decode_tokens:
+        ms, tokens = r.decode_ms, r.decode_tokens
+        if start is None or ms is None or not tokens:
             continue
         if r.truncated and not include_capped:
             continue
@@ -133,17 +135,16 @@ def depth_bins(table: Sequence[RequestRow], width: int = DEFAULT_BIN_TOKENS,
         key = int((start + end) / 2 // width)
         group = groups.get(key)
         if group is None:
-            groups[key] = [row]
-        else:
-            group.append(row)
-    out = []
-    for b, members in sorted(groups.items()):
-        out.append(DepthBin(
-            lo=b * width, hi=(b + 1) * width, requests=tuple(r.index for r in members),
-            decode_tokens=sum(r.request.decode_tokens or 0 for r in members),
-            decode_ms=sum(r.request.decode_ms or 0.0 for r in members),
-            capped=sum(r.capped for r in members)))
-    return out
+            group = groups[key] = ([], [0, 0.0, 0])
+        group[0].append(row.index)
+        sums = group[1]
+        sums[0] += tokens
+        sums[1] += ms
+        if r.truncated:
+            sums[2] += 1
+    return [DepthBin(lo=b * width, hi=(b + 1) * width, requests=tuple(members),
+                     decode_tokens=int(sums[0]), decode_ms=sums[1], capped=int(sums[2]))
+            for b, (members, sums) in sorted(groups.items())]
 
 
 def mean(values: Sequence[float]) -> float | None:

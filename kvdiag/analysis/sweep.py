@@ -1,6 +1,6 @@
 """What a stage-size sweep found: each point's figures and, per slot count, the best rate,
 the smallest stage that keeps ≥ 90 % of it and the cliff (``kvdiag sweep``; the points are
-produced by :mod:`kvdiag.sweep`)."""
+produced by :mod:`kvdiag.runs.sweep`)."""
 
 from __future__ import annotations
 

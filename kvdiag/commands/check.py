@@ -8,8 +8,12 @@ when it first appears; --exit-on SEVERITY stops at the first finding at or above
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from kvdiag.commands._formats import add_format_args, chosen_format
+
+if TYPE_CHECKING:
+    from kvdiag.judged.trace import CheckResult
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +36,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvdiag.check import check_file
     from kvdiag.errors import UsageError
     from kvdiag.model.findings import Severity
 
@@ -56,3 +59,41 @@ def run(args: argparse.Namespace) -> int:
 
     return check_file(args.file, fail_on=args.fail_on, fmt=chosen_format(args),
                       allow_incomplete=args.allow_incomplete)
+
+
+def _allow_incomplete(result: CheckResult) -> CheckResult:
+    """``--allow-incomplete``: a run that did not complete is a warning, not an error."""
+    import msgspec
+
+    from kvdiag.judged.trace import CheckResult
+    from kvdiag.model.findings import Severity
+
+    findings = [msgspec.structs.replace(f, severity=Severity.WARNING)
+                if f.rule == "trace-incomplete" else f for f in result.findings]
+    return CheckResult(result.header, findings, result.summary, result.problems,
+                       result.judgement)
+
+
+def check_file(path: str, json_out: bool = False, fail_on: str = "error",
+               allow_incomplete: bool = False, fmt: str | None = None) -> int:
+    """Judge the trace at ``path``, print the result in ``fmt``, return the exit code: 1 when
+    a finding is at or above ``fail_on``, else 0."""
+    from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+    from kvdiag.judged.trace import analyse_file
+    from kvdiag.model.findings import Severity
+
+    try:
+        threshold = Severity.parse(fail_on)
+    except ValueError as exc:
+        raise UsageError(f"--fail-on: {exc}") from None
+    result = analyse_file(path)
+    if allow_incomplete:
+        result = _allow_incomplete(result)
+    failing = [f for f in result.findings if f.severity >= threshold]
+    code = EXIT_FINDINGS if failing else EXIT_OK
+    from kvdiag.report.check import write_check
+
+    name = "<stdin>" if path == "-" else str(path)
+    write_check(fmt or ("json" if json_out else "text"), name, result.header, result.findings,
+                result.summary, threshold, code)
+    return code

@@ -23,9 +23,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from kvdiag.capture import capture_from_args
-    from kvdiag.check import check_file
     from kvdiag.cli import build_parser
+    from kvdiag.commands.capture import capture_from_args
+    from kvdiag.commands.check import check_file
     from kvdiag.errors import UsageError
 
     out = Path(args.output_dir)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from kvdiag.check import analyse_file
+    from kvdiag.judged.trace import analyse_file
     from kvdiag.logimport import import_log
 
     result = import_log(args.log, args.output, force=args.force)

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.analysis.perf_evidence import state_at, unattached
     from kvdiag.commands._shape import shape_overrides
     from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-    from kvdiag.perfrun import choose_profile, predict_run, require_runs
+    from kvdiag.judged.perf import choose_profile, predict_run, require_runs
     from kvdiag.report import perf as rp
 
     width = DEFAULT_BIN_TOKENS if args.bin_tokens is None else args.bin_tokens
@@ -88,10 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from kvdiag.report.perf_plot import save_plot
 
-        curves = [(f"{r.name}: model ({p.profile.name})",
-                   [x.row.depth_mid or 0.0 for x in p.predicted if x.predicted_tps],
-                   [x.predicted_tps or 0.0 for x in p.predicted if x.predicted_tps],
-                   [float(x.model.resident_pages[0]) for x in p.predicted if x.predicted_tps])
+        curves = [(f"{r.name}: model ({p.profile.name})", *p.curve())
                   for r, p in zip(predicted_runs, predictions, strict=True)]
         save_plot([*runs, *([base] if base else [])], Path(args.plot), width,
                   baseline=base.name if base else None, predicted=curves)

@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from kvdiag.capture import ctx_rounding_note
     from kvdiag.commands._shape import build_config
     from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
     from kvdiag.kvstream.plan import make_plan, multiseq_warning
+    from kvdiag.runs.capture import ctx_rounding_note
 
     cfg = build_config(args)
     plan = make_plan(cfg, allow_multiseq=args.allow_multiseq)

@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvdiag.analysis.sweep import summarise
-    from kvdiag.capture import check_scenario_fits, scenario_from_args
-    from kvdiag.capture_limits import capture_bytes, check_memory, check_sweep_points
     from kvdiag.commands._shape import build_config
+    from kvdiag.commands.capture import scenario_from_args
     from kvdiag.errors import EXIT_OK, UsageError
     from kvdiag.files.outputs import plan_output
     from kvdiag.kvstream.profiles import load_profile
@@ -68,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         sweep_table,
         terminal_plot,
     )
-    from kvdiag.sweep import PointSpec, run_sweep, stage_range
+    from kvdiag.runs.capture import check_scenario_fits
+    from kvdiag.runs.limits import capture_bytes, check_memory, check_sweep_points
+    from kvdiag.runs.sweep import PointSpec, run_sweep, stage_range
 
     # where the plot goes is checked first: a sweep can run for minutes
     plot = (plan_output(args.plot, force=args.force, flag="--plot", stdout=False)

@@ -11,9 +11,13 @@ exist yet, and it is refused with ``--export-svg`` or ``--binary`` (both need a 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from kvdiag.commands._values import MAX_COLUMNS, MAX_ROWS, MIN_COLUMNS, MIN_ROWS, terminal_size
 from kvdiag.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvdiag.tui.perfview import ModelCurve, Predictor
 
 SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry", "findings",
                 "perf")
@@ -43,6 +47,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "its backtrace frames are symbolized (as kvdiag postmortem does)")
     parser.add_argument("--debug-dir", metavar="DIR",
                         help="directory with separate debug files (.build-id/xx/yyyy.debug)")
+    parser.add_argument("--profile", metavar="NAME|PATH",
+                        help="device profile for the model on the Perf screen (key p), as "
+                             "kvdiag perf --predict --profile takes it; default: the card the "
+                             "log names, else h200")
+
+
+def predictor(profile: str | None) -> Predictor:
+    """``kvdiag perf --predict``'s computation for the Perf screen: the run (and baseline) read
+    again with their boot's shape, the model played on the run's requests, its curve and the
+    lines ``perf`` prints about it (one computation: :func:`kvdiag.judged.perf.predict_run`)."""
+
+    def predict(path: str, base: str | None) -> ModelCurve:
+        from kvdiag.judged.perf import choose_profile, predict_run, require_runs
+        from kvdiag.report.perf import prediction_lines
+        from kvdiag.tui.perfview import ModelCurve
+
+        (loaded,) = require_runs([path])
+        base_loaded = require_runs([base])[0] if base is not None else None
+        chosen, why = choose_profile(profile, loaded.device,
+                                     base_loaded.device if base_loaded else None)
+        pred = predict_run(loaded, base_loaded, chosen, why, None, {})
+        depths, tps, _resident = pred.curve()
+        return ModelCurve(f"{loaded.run.name}: model ({chosen.name})", depths, tps,
+                          prediction_lines(pred))
+
+    return predict
 
 
 def screen_name(value: str) -> str:
@@ -88,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.tui.app import run_tui
 
     return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)),
-                   follow=args.follow)
+                   follow=args.follow, predictor=predictor(args.profile))
 
 
 def _check_follow(args: argparse.Namespace) -> None:

@@ -81,6 +81,24 @@ def boot_lines(cfg: dict[str, Any], plan: dict[str, Any], model: str = "model") 
     return lines
 
 
+def _num(x: float, width: int) -> str:
+    """``%<width>.2f`` as the server prints; a figure with more digits (read from the 2024 form,
+    which printed them all, or computed) keeps them, so that it reads back the same."""
+    return f"{x:{width}.2f}" if round(x, 2) == x else f"{x!r:>{width}}"
+
+
+def _figures(ms: float, n: int, ms_per_token: float | None, tps: float | None) -> str:
+    """``<ms> ms / <n> tokens (<ms> ms per token, <tps> tokens per second)`` as
+    ``print_timing`` prints it; a count of 0 prints ``nan`` as the server does."""
+    if not n:
+        return f"{_num(ms, 10)} ms / {n:5d} tokens (     nan ms per token,      nan tokens per " \
+            "second)"
+    per = ms_per_token if ms_per_token is not None else ms / n
+    rate = tps if tps is not None else (n * 1000.0 / ms if ms else float("nan"))
+    return (f"{_num(ms, 10)} ms / {n:5d} tokens ({_num(per, 8)} ms per token, {_num(rate, 8)} "
+            "tokens per second)")
+
+
 class LogExporter:
     def __init__(self, header: ev.Header,
                  extras: Mapping[int, dict[str, Any]] | None = None) -> None:
@@ -183,6 +201,44 @@ class LogExporter:
                 f"{e.resident[0]} -> {e.resident[1]}, ring slots {e.ring[0]} -> {e.ring[1]}"
                 f"{tail}"]
 
+    def timing(self, e: ev.Timing) -> list[str]:
+        """A request's lines as the server prints them, in the newer ``print_timing`` shape that
+        ``kvdiag perf`` reads back (:mod:`kvdiag.postmortem.timinglines`): ``new prompt`` (when
+        the depth at the start and the slot's size are known), the cache line, the three
+        timing lines (``graphs reused`` when recorded) and the release (when the depth at the
+        end is known). Written together at the event's time: the ``new prompt`` line is not
+        placed at ``started_ns``, since the events before this one are written already, so a
+        kv-stream line of the trace logged while the request was in flight comes before its
+        lines in the export (the figures, depths and slots read back are the same)."""
+        if e.slot is None:
+            return [f"D kvtrace: timing seq {e.seq} has no slot; its lines are not printed"]
+        task = -1 if e.task is None else e.task
+        out = []
+        if e.depth_start is not None and e.n_ctx_slot is not None:
+            out.append(self._slot(e.slot, "update_slots", f"new prompt, n_ctx_slot = "
+                                  f"{e.n_ctx_slot}, n_keep = 0, task.n_tokens = "
+                                  f"{e.depth_start}", task))
+        if e.cached is not None:
+            out.append(self._slot(e.slot, "update_slots", f"n_tokens = {e.cached}, "
+                                  f"memory_seq_rm [{e.cached}, end)", task))
+        prompt = _figures(e.prompt_ms, e.prompt_tokens, None, e.prompt_tps)
+        decode = _figures(e.decode_ms, e.decode_tokens, e.ms_per_token, e.decode_tps)
+        out += [
+            self._slot(e.slot, "print_timing", f"prompt eval time = {prompt}", task),
+            self._slot(e.slot, "print_timing", f"       eval time = {decode}", task),
+            self._slot(e.slot, "print_timing", f"      total time = "
+                       f"{_num(e.prompt_ms + e.decode_ms, 10)} ms / "
+                       f"{e.prompt_tokens + e.decode_tokens:5d} tokens", task),
+        ]
+        if e.graphs_reused is not None:
+            out.append(self._slot(e.slot, "print_timing",
+                                  f"   graphs reused = {e.graphs_reused:10d}", task))
+        if e.depth_end is not None:
+            trunc = "" if e.truncated is None else f", truncated = {int(e.truncated)}"
+            out.append(self._slot(e.slot, "     release",
+                                  f"stop processing: n_tokens = {e.depth_end}{trunc}", task))
+        return out
+
     def abort(self, e: ev.Abort) -> list[str]:
         lines = [e.message, "[Thread debugging using libthread_db enabled]"]
         frames = [f for f in e.backtrace if not f.endswith("(inlined)")]
@@ -208,6 +264,12 @@ class LogExporter:
                     batch = self.adapt(e)
                 case ev.Repartition():
                     batch = self.repartition(e)
+                case ev.Warn() if e.code == "import-boot":
+                    # the imported log's server started again: so does the export's (the
+                    # header's configuration, the only one the trace holds)
+                    batch = self.boot()
+                case ev.Timing():
+                    batch = self.timing(e)
                 case ev.Warn():
                     func = "llama_context" if e.code == "multiseq-opt-in" else (
                         "ggml_cuda_kv_stream_fattn")

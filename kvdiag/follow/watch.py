@@ -21,12 +21,10 @@ from dataclasses import dataclass, field
 
 from kvdiag.analysis.judgement import Judge
 from kvdiag.analysis.judgement.findings import identity
-from kvdiag.analysis.judgement.judge import CHUNK
 from kvdiag.errors import InputError
 from kvdiag.follow.livelog import LiveLog
 from kvdiag.follow.segtail import SegmentTail
 from kvdiag.follow.tail import Reset
-from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
 from kvdiag.trace.reader import TraceReader
 from kvdiag.trace.version import looks_like_trace
@@ -178,9 +176,6 @@ class Follower:
 
         def look() -> None:
             if judge is not None:
-                if pending:  # what the reader decoded before it asked for more bytes
-                    judge.feed_all(pending)
-                    pending.clear()
                 state.events = judge.rows
                 for f in judge.arisen():
                     state.findings.append(f)
@@ -198,16 +193,8 @@ class Follower:
                 return stream.reset  # cut while its header was being read
             raise
         judge = Judge(reader.header, name=self.path)
-        # Fed by the list, not feed_all(reader): batches() waits for CHUNK events, and the
-        # reader waits for the file to grow, so the last events before a pause (the End
-        # among them) would wait for events that never come. ``look`` feeds what is pending
-        # whenever the reader asks the stream for more.
-        pending: list[ev.AnyEvent | ev.Unknown] = []
-        for e in reader:
-            pending.append(e)
-            if len(pending) >= CHUNK:
-                judge.feed_all(pending)
-                pending.clear()
+        for block in reader.chunks():  # each read judged at once: the writer may pause
+            judge.feed_all(block)
         look()
         if judge.end is not None:
             state.ended = True

@@ -42,12 +42,15 @@ from kvdiag.postmortem.timinglines import (
     BLOCK,
     CACHED,
     GRAPHS,
+    KV,
     NEW_PROMPT,
     OLD_HEADER,
     RARE_ANCHORS,
     SLOT_LINES,
     STOP,
     TIMING,
+    Figures,
+    figure_sets,
     number,
 )
 
@@ -57,6 +60,8 @@ MAX_NOTES = 100_000
 """Discrete kv-stream lines kept; more are counted (``notes_dropped``), not kept."""
 MAX_PROBLEMS = 100
 _RARE = [re.compile(re.escape(a)) for a in RARE_ANCHORS]
+_PAIR = re.compile(rb'"?([a-z_0-9]+)"?[=:] ?("(?:[^"\\]|\\.)*"|[^ ,}\r\n]+)')
+"""One ``key=value`` (text) or ``"key":value`` (JSON) pair of the 2024 form."""
 _NOTE_OF_STREAM: dict[str, NoteKind] = {
     "feedback_error": "feedback", "layout_error": "layout", "warning": "warning",
     "alloc_failure": "warning",
@@ -71,8 +76,8 @@ class _Pending(msgspec.Struct):
     depth_start: int | None = None
     n_ctx_slot: int | None = None
     cached: int | None = None
-    prompt: tuple[float | None, int, float | None, float | None] | None = None
-    decode: tuple[float | None, int, float | None, float | None] | None = None
+    prompt: Figures | None = None
+    decode: Figures | None = None
     line: int = 0
     graphs: int | None = None
     notes: list[int] = msgspec.field(default_factory=list)
@@ -99,19 +104,12 @@ class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
     on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
     depth_end: int | None = None
     truncated: bool | None = None
-
-
-def _figures(g: tuple[bytes | None, ...], i: int) -> tuple[float | None, int, float | None,
-                                                            float | None]:
-    """(ms, tokens, ms per token, tokens per second) from groups ``i`` … ``i + 3``; a count of
-    0 prints ``nan``/``inf`` figures, which are None."""
-    n = int(g[i + 1] or 0)
-    if not n:
-        return number(g[i]), 0, None, None
-    try:
-        return float(g[i] or 0), n, float(g[i + 2] or 0), float(g[i + 3] or 0)
-    except ValueError:
-        return number(g[i]), n, number(g[i + 2]), number(g[i + 3])
+    started: int | None = None
+    """The line of its first line in this part, for the 2024 form (where a task's first line
+    opens its request): its start, if the part before did not hold one."""
+    notes: tuple[int, ...] = ()
+    """The notes of this part logged while it was in flight here: its notes, if the part
+    before did not hold its start."""
 
 
 class PerfScanner:
@@ -244,18 +242,31 @@ class PerfScanner:
 
     def _region(self, buf: bytes, cut: int, at: int) -> None:
         rare = self._rare_hits(buf, cut, at)
-        ri = 0
+        lines, counted, ri = self._walk(buf, 0, cut, rare, 0, self._lines, 0)
+        if ri < len(rare):
+            lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
+        self._lines = lines + buf.count(b"\n", counted, cut)
+
+    def _walk(self, buf: bytes, start: int, end: int, rare: list[int], ri: int, lines: int,
+              counted: int) -> tuple[int, int, int]:
+        """Read the slot lines of ``buf[start:end]`` one by one and the rare-anchor lines
+        before each, in order; returns the line count up to ``counted``, ``counted`` and the
+        next rare index."""
         n_rare = len(rare)
-        counted = 0
-        lines = self._lines
         count = buf.count
         pending = self._pending
-        for m in SLOT_LINES.finditer(buf, 0, cut):
+        for m in SLOT_LINES.finditer(buf, start, end):
             pos = m.start()
             if ri < n_rare and rare[ri] < pos:
                 lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
             g = m.groups()
             last: int = m.lastindex or 0
+            if last == KV:  # the 2024 key=value form
+                lines += count(b"\n", counted, pos)
+                counted = pos
+                ls = buf.rfind(b"\n", 0, pos) + 1
+                self._kv(int(g[KV - 1]), buf[ls:m.end()], pos - ls, lines + 1)
+                continue
             slot = int(g[0])
             if last < CACHED:  # new prompt (and the cache line right after it)
                 old = pending.pop(slot, None)
@@ -279,8 +290,7 @@ class PerfScanner:
             if last >= BLOCK:
                 lines += count(b"\n", counted, pos)
                 counted = pos
-                p.prompt = _figures(g, BLOCK - 1)
-                p.decode = _figures(g, BLOCK + 3)
+                p.prompt, p.decode = figure_sets(g, BLOCK - 1, 2)
                 p.line = lines + 1
                 stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
             elif last >= STOP:
@@ -291,10 +301,10 @@ class PerfScanner:
                 lines += count(b"\n", counted, pos)
                 counted = pos
                 if g[TIMING - 1] == b"eval":
-                    p.decode = _figures(g, TIMING)
+                    p.decode = figure_sets(g, TIMING, 1)[0]
                     p.line = lines + 1
                 else:
-                    p.prompt = _figures(g, TIMING)
+                    p.prompt = figure_sets(g, TIMING, 1)[0]
                 if g[TIMING + 4] is not None:
                     p.graphs = int(g[TIMING + 4])
                 stop, trunc = g[TIMING + 5], g[TIMING + 6]
@@ -304,9 +314,41 @@ class PerfScanner:
             if stop is not None:
                 del pending[slot]
                 self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
-        if ri < n_rare:
-            lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
-        self._lines = lines + count(b"\n", counted, cut)
+        return lines, counted, ri
+
+    def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
+        """A line of the 2024 form (:mod:`kvdiag.postmortem.timinglines`): its pairs after the
+        message's `` | `` (text) or all of them (JSON), by name."""
+        sep = text.rfind(b" | ", 0, at)
+        pairs: dict[bytes, bytes] = dict(_PAIR.findall(text[sep + 3:] if sep >= 0 else text))
+        raw_task = pairs.get(b"id_task", pairs.get(b"task_id", b"-1"))
+        try:
+            task = int(raw_task)
+        except ValueError:
+            task = -1
+        if b"t_total" in pairs or task < 0:
+            return
+        p = self._kv_request(slot, task, line)  # any line of the task: its first opens it
+        if b"t_token_generation" in pairs and b"n_decoded" in pairs:
+            p.decode = _kvfigures(pairs, b"t_token_generation", b"n_decoded")
+            p.line = line
+        elif b"t_prompt_processing" in pairs and b"n_prompt_tokens_processed" in pairs:
+            p.prompt = _kvfigures(pairs, b"t_prompt_processing", b"n_prompt_tokens_processed")
+        elif b"p0" in pairs:
+            p.cached = _kv_int(pairs[b"p0"])
+        elif b"n_past" in pairs and b"truncated" in pairs:
+            del self._pending[slot]
+            self._close(slot, p, _kv_int(pairs[b"n_past"]), pairs[b"truncated"] == b"true",
+                        "stop")
+
+    def _kv_request(self, slot: int, task: int, line: int) -> _Pending:
+        """The request of ``task`` on ``slot``: the 2024 form prints no ``new prompt`` at the
+        default verbosity, so a task's first line opens it."""
+        p = self._request(slot, task)
+        if p.started is None:
+            p.started = line
+        self._opened.add(slot)
+        return p
 
     def _rare_before(self, buf: bytes, rare: list[int], ri: int, pos: int, lines: int,
                      counted: int) -> tuple[int, int, int]:
@@ -344,7 +386,8 @@ class PerfScanner:
             self.orphans.append(Orphan(
                 slot=slot, task=p.task, cached=p.cached, prompt=p.prompt, decode=p.decode,
                 line=p.line, graphs=p.graphs, ended=ended, depth_end=depth_end,
-                truncated=truncated, notes_until=None if ended == "end" else len(self.notes)))
+                truncated=truncated, notes_until=None if ended == "end" else len(self.notes),
+                started=p.started, notes=tuple(p.notes)))
             return
         if p.decode is None:
             self.unfinished += 1
@@ -356,13 +399,11 @@ class PerfScanner:
                                                                               None)
         if p_tps is None and p_ms and p_n:
             p_tps = p_n * 1000.0 / p_ms
+        # positional, in the fields' order: a third of the keyword call's cost, per request
         self.requests.append(RequestTiming(
-            source=self.source, line=p.line, boot=self._boot_index, slot=slot, task=p.task,
-            prompt_tokens=p_n, prompt_ms=p_ms, prompt_tps=p_tps, decode_tokens=d_n,
-            decode_ms=d_ms, decode_tps=d_tps, ms_per_token=d_mspt,
-            depth_start=p.depth_start, depth_end=depth_end, cached=p.cached,
-            n_ctx_slot=p.n_ctx_slot, truncated=truncated, graphs_reused=p.graphs,
-            started=p.started, notes=tuple(p.notes)))
+            self.source, p.line, self._boot_index, slot, p.task, p_n, p_ms, p_tps, d_n, d_ms,
+            d_tps, d_mspt, p.depth_start, depth_end, p.cached, p.n_ctx_slot, truncated,
+            p.graphs, p.started, tuple(p.notes)))
 
     def _end_boot(self, ended: str = "boot") -> None:
         for slot, p in sorted(self._pending.items()):
@@ -454,6 +495,24 @@ class PerfScanner:
     def _problem(self, message: str, line: int | None) -> None:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(Problem(source=self.source, message=message, line=line))
+
+
+def _kv_int(raw: bytes) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _kvfigures(pairs: dict[bytes, bytes], ms: bytes,
+                n: bytes) -> tuple[float | None, int, float | None, float | None]:
+    """(ms, tokens, ms per token, tokens per second) of a 2024 line: ``t_token`` and
+    ``n_tokens_second`` are the last two (a count of 0 prints them as ``null``, nlohmann's NaN)."""
+    tokens = _kv_int(pairs[n]) or 0
+    if not tokens:
+        return number(pairs[ms]), 0, None, None
+    return (number(pairs[ms]), tokens, number(pairs.get(b"t_token")),
+            number(pairs.get(b"n_tokens_second")))
 
 
 def _int(value: float | None) -> int | None:

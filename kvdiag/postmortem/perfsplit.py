@@ -191,7 +191,9 @@ def join(first: PerfScanner, half: Half) -> None:
             if p is not None:
                 del first._pending[o.slot]
                 first._close(o.slot, p, None, None)
-            p = first._pending[o.slot] = _Pending(o.task)
+            p = first._pending[o.slot] = _Pending(
+                o.task, None if o.started is None else o.started + lines)
+            p.notes.extend(moved(o.notes))
         for name in ("cached", "prompt", "decode", "graphs"):
             value = getattr(o, name)
             if value is not None:

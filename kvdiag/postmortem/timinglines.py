@@ -20,7 +20,40 @@ Shapes (brief §7.3; the server's ``SLT_*`` macro prints ``slot <func>: id <%2d>
   without the slot prefix): ``slot print_timing: id 0 | task 5 | `` then the three lines
 - ``stop processing: n_tokens = <n>, truncated = <0|1>`` (older ``n_past``)
 
-The 2024 key=value form (``… | id_slot=0 id_task=5 t_prompt_processing=…``) is not read.
+The 2024 form (``server_log``): from ggml-org/llama.cpp PR #5700 ("server: logs - unified
+format and --log-format option", opened 2024-02-24) until PR #9418 ("common : reimplement
+logging", opened 2024-09-10) replaced it with the ``SLT_*`` lines above,
+``LOG_INFO(message, {key: value, ...})`` printed one JSON object a line (``--log-format json``,
+the default: ``{"function":"print_timings",...,"id_slot":0,"id_task":5,...,"msg":"prompt eval
+time     = …"}``) or text (``--log-format text``: ``INFO [           print_timings] prompt eval
+time     = … | id_slot=0 id_task=5 n_prompt_tokens_processed=24 … tid="…" timestamp=…``). The
+keys were ``slot_id``/``task_id`` until PR #5882 ("server : refactor", opened 2024-03-05; the
+new names were in the code by 2024-03-21, PR #6213) renamed them ``id_slot``/``id_task``; the
+JSON object's keys are sorted (nlohmann ``json``; a log of that time in PR #5939 shows them so).
+The lines read
+(``examples/server/server.cpp`` of that time, ``server_slot::print_timings`` and
+``update_slots``, as held by forks of that time):
+
+- ``prompt eval time     = …``: ``t_prompt_processing`` ms, ``n_prompt_tokens_processed``,
+  ``t_token`` ms per token, ``n_tokens_second``
+- ``generation eval time = … runs …``: ``t_token_generation`` ms, ``n_decoded``, ``t_token``,
+  ``n_tokens_second``
+- ``          total time = …``: ``t_total`` (not needed)
+- ``kv cache rm [p0, end)``: ``p0``, what the cache kept
+- ``slot released``: ``n_past`` (the depth at the end), ``truncated`` (``true``/``false``);
+  its ``n_ctx`` is the server's whole context, not the slot's, so it is not read as one
+
+The prompt's length (``prompt tokenized``, ``n_prompt_tokens``) was printed only with
+``--verbose``, so that form gives no depth at the start: the report derives it from the end and
+the decoded tokens, and says so.
+
+Not read: the form before PR #5700 (late 2023, ``server_slot``/``llama_client_slot``'s
+``print_timings`` through ``LOG_TEE``): ``print_timings: prompt eval time = …``,
+``print_timings:        eval time = … runs …``, ``print_timings:       total time = … ms``, then
+later ``slot <n> released (<m> tokens in cache)``. Its timing lines name no slot, task or depth
+(the release line that follows them names the slot, not which block was its own when several
+slots finish at once), so they give no request this reader could place on the depth axis, and
+finding them would cost a further search over every log.
 """
 
 from __future__ import annotations
@@ -28,9 +61,12 @@ from __future__ import annotations
 import re
 from typing import Final
 
+import msgspec
+
 _NUM = rb"(-?[\d.]+|-?nan(?:\(ind\))?|-?inf)"
 _FIGURES = (rb"time = +([\d.]+) ms / +(\d+) (?:tokens|runs) *\( *" + _NUM
             + rb" ms per token, +" + _NUM + rb" tokens per second\)")
+
 
 def _next(body: bytes) -> bytes:
     """The line right after, of the same slot and task (backreferences to groups 1 and 2):
@@ -39,36 +75,46 @@ def _next(body: bytes) -> bytes:
 
 
 _STOP = rb"stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
+_CACHE = rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) \[(\d+),"
+_OLD_BLOCK = (rb"\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
+              + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*")
+
+def _named(pattern: bytes, group: bytes, name: bytes) -> bytes:
+    """``pattern`` with its first ``group`` named ``name``."""
+    assert group in pattern
+    return pattern.replace(group, b"(?P<" + name + b">" + group[1:], 1)
+
 
 SLOT_LINES: Final = re.compile(
-    rb"id +(\d+) \| task +(-?\d+) \| *(?:"
-    rb"new prompt, n_ctx_slot = (\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens) = (\d+)"
-    + rb"(?:" + _next(rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) "
-                      rb"\[(\d+),") + rb")?"
-    rb"|(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(\d+),|kv cache rm \[(\d+),"
-    rb"|(prompt eval|eval) " + _FIGURES + rb"[^\n]*"
+    rb"id(?: +(\d+) \| task +(-?\d+) \| *(?:"
+    rb"new prompt, n_ctx_slot = (?P<new_prompt>\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
+    rb" = (\d+)(?:" + _next(_CACHE) + rb")?"
+    rb"|(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(?P<cached>\d+),"
+    rb"|kv cache rm \[(\d+),"
+    rb"|(?P<timing>prompt eval|eval) " + _FIGURES + rb"[^\n]*"
     + rb"(?:" + _next(rb"total time[^\n]*") + rb")?"
     + rb"(?:" + _next(rb"graphs reused = +(\d+)") + rb")?"
     + rb"(?:" + _next(_STOP) + rb")?"
-    rb"|graphs reused = +(\d+)"
-    rb"|" + _STOP
-    + rb"|\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
-    + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*"
+    rb"|graphs reused = +(?P<graphs>\d+)"
+    rb"|" + _named(_STOP, rb"(\d+)", b"stop")
+    + rb"|" + _named(_OLD_BLOCK, rb"([\d.]+)", b"block")
     + rb"(?:" + _next(_STOP) + rb")?"
+    rb")"
+    # the 2024 form: ``id_slot`` (``slot_id`` before 2024-03), text or JSON
+    rb"|(?:_slot|(?<=slot_id))\"?[=:] *(?P<kv>\d+)[^\n]*"
     rb")"
 )
 """One match per slot line of interest — and the line right after it when that is the same
 request's next line (the cache line after ``new prompt``; ``total time``, ``graphs reused`` and
-the release after ``eval time``; the release after the older block): a server with one slot
-prints them so, and each match costs Python time. Groups: 1 slot, 2 task; new prompt: 3
-n_ctx_slot, 4 tokens, 5 kept (next line); kept: 6 (newer) or 7 (older); one timing line: 8
-``prompt eval``/``eval``, 9 ms, 10 tokens, 11 ms per token, 12 tokens per second, 13 graphs
-reused, 14 released at, 15 truncated (next lines); 16 graphs reused; release: 17 tokens, 18
-truncated; the older block: 19–22 prompt (ms, tokens, ms/token, tok/s), 23–26 decode, 27–28
-release (next line)."""
+the release after ``eval time``; the release after the older block): each match costs Python
+time. A line of the 2024 form is one match from its ``id_slot``/``slot_id`` to its end. The
+first capturing group of each alternative is named (:data:`GROUPS`)."""
 
-NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK = 3, 6, 8, 16, 17, 19
-"""The first group of each alternative, 1-based as ``re`` numbers them."""
+GROUPS: Final = SLOT_LINES.groupindex
+NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK, KV = (
+    GROUPS[n] for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv"))
+"""The first group of each alternative, 1-based as ``re`` numbers them (an empty named group at
+the start of each alternative instead made the whole scan about 10 % slower: measured)."""
 
 OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 """The end of the older block's header line: an empty message."""
@@ -83,6 +129,41 @@ RARE_ANCHORS: tuple[bytes, ...] = (
 """Substrings of the other lines ``kvdiag perf`` reads (decoded and parsed with the post-mortem
 grammar, :mod:`kvdiag.postmortem.grammar`): few per log, so found with a plain search. Each
 search costs a pass over the log, so they are as few as cover the grammar's lines."""
+
+
+Figures = tuple[float | None, int, float | None, float | None]
+
+
+def figures(g: tuple[bytes | None, ...], i: int) -> Figures:
+    """(ms, tokens, ms per token, tokens per second) from groups ``i`` … ``i + 3`` (0-based);
+    a count of 0 prints ``nan``/``inf`` figures, which are None."""
+    n = int(g[i + 1] or 0)
+    if not n:
+        return number(g[i]), 0, None, None
+    try:
+        return float(g[i] or 0), n, float(g[i + 2] or 0), float(g[i + 3] or 0)
+    except ValueError:
+        return number(g[i]), n, number(g[i + 2]), number(g[i + 3])
+
+
+_NUMBERS = msgspec.json.Decoder(list[float])
+
+
+def figure_sets(g: tuple[bytes | None, ...], i: int, k: int) -> list[Figures]:
+    """``k`` sets of :func:`figures` from groups ``i`` … ``i + 4k - 1``, the same values
+    converted at once: the printed numbers are valid JSON numbers, and one decode of them all
+    (msgspec, in C) costs a fraction of ``4k`` ``float()`` calls on bytes, which were a large
+    part of reading a request. A set holding ``nan``/``inf`` (not JSON) is read by
+    :func:`figures`."""
+    try:
+        v = _NUMBERS.decode(b"[" + b",".join(g[i:i + 4 * k]) + b"]")  # type: ignore[arg-type]
+    except (msgspec.DecodeError, TypeError):
+        return [figures(g, i + 4 * j) for j in range(k)]
+    out: list[Figures] = []
+    for j in range(0, 4 * k, 4):
+        n = int(v[j + 1])
+        out.append((v[j], n, v[j + 2], v[j + 3]) if n else (v[j], 0, None, None))
+    return out
 
 
 def number(raw: bytes | None) -> float | None:

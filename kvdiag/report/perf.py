@@ -280,7 +280,7 @@ def prediction_table(name: str, predicted: Sequence[Any], calibrated: bool) -> T
 
 def prediction_lines(pred: Any) -> list[str]:
     """Where the model stands and, for each request it disagrees with by more than 15 %, what
-    would have to change (``kvdiag.perfrun.Prediction``)."""
+    would have to change (``kvdiag.judged.perf.Prediction``)."""
     cfg = pred.config
     pool = pred.pool
     lines = [f"GPU: {pred.profile_why}",

@@ -156,6 +156,13 @@ class TraceReader:
             self._iterator = itertools.chain.from_iterable(self._chunks())
         return self._iterator
 
+    def chunks(self) -> Iterator[Sequence[TraceItem]]:
+        """The events one list per read of the stream, as they are decoded (iterate either
+        this or the reader, not both): a stream that grows (``check --follow``) has each list
+        judged as soon as it is read, where iterating event by event would wait for a whole
+        batch."""
+        return self._chunks()
+
     def close(self) -> None:
         if self._close_stream:
             self._stream.close()

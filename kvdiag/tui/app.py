@@ -25,6 +25,7 @@ from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
 from kvdiag.tui.loading import NO_SYMBOLS, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
 from kvdiag.tui.navigation import SCREENS, TITLES, Target
+from kvdiag.tui.perfview import Predictor
 from kvdiag.tui.screens.backtrace import BacktraceScreen
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.screens.findings import FindingsScreen
@@ -68,9 +69,12 @@ class KvdiagApp(App[int]):
     """The step the Pages and Telemetry screens show (shared, so they stay in sync)."""
 
     def __init__(self, paths: list[str], *, start_screen: str = "overview",
-                 symbols: Symbols = NO_SYMBOLS, debug: bool = False, follow: bool = False
-                 ) -> None:
+                 symbols: Symbols = NO_SYMBOLS, debug: bool = False,
+                 predictor: Predictor | None = None, follow: bool = False) -> None:
         super().__init__()
+        self.predictor = predictor
+        """The model beside the measurement on the Perf screen (``kvdiag tui`` passes
+        ``kvdiag perf --predict``'s computation; None: not offered)."""
         self.follow = follow
         """The one file is followed as it is written (kvdiag tui --follow)."""
         self.paused = False
@@ -273,14 +277,14 @@ def crash_error(error: Exception) -> KvdiagError:
 
 
 def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS, *, debug: bool = False,
-            follow: bool = False) -> int:
+            predictor: Predictor | None = None, follow: bool = False) -> int:
     """Run the viewer on ``paths`` (traces and/or logs; with ``follow`` one file, followed as
     it is written) until the user quits.
 
     An exception that stopped it is a :class:`KvdiagError` (one line, exit 70); with ``debug``
     Textual prints its traceback instead and the exit code is still 70.
     """
-    app = KvdiagApp(paths, symbols=symbols, debug=debug, follow=follow)
+    app = KvdiagApp(paths, symbols=symbols, debug=debug, predictor=predictor, follow=follow)
     result = app.run()
     if app.crash is not None:
         if debug:

@@ -4,6 +4,7 @@ each depth, and the text about the request under the cursor against the baseline
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -13,6 +14,24 @@ from kvdiag.analysis.perf_evidence import NOT_EXPLAINED
 from kvdiag.model.pages import PAGE_TOKENS
 from kvdiag.model.perf import PerfRun
 from kvdiag.report.perf import run_summary, state_text
+
+
+@dataclass(frozen=True)
+class ModelCurve:
+    """The runtime model's play of a run's own requests, as ``kvdiag perf --predict`` computes
+    it (``kvdiag.judged.perf.Prediction``): its decode tok/s at each request's depth, and the text
+    ``perf`` prints about it (the GPU profile, the calibration, every request it disagrees with
+    by more than 15 % and what would have to change)."""
+
+    label: str
+    depths: list[float]
+    tps: list[float]
+    lines: list[str]
+
+
+Predictor = Callable[[str, str | None], ModelCurve]
+"""(run's path, baseline's path or None) -> the model's curve; raises a ``KvdiagError`` with a
+one-line reason when the model cannot play the run."""
 
 
 @dataclass(frozen=True, eq=False)

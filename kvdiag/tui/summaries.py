@@ -15,8 +15,7 @@ from rich.text import Text
 
 from kvdiag.analysis.judgement import Completeness
 from kvdiag.model.findings import Finding, Severity
-from kvdiag.report.check import header_table, residency_table, verdict
-from kvdiag.report.check_output import steps_text
+from kvdiag.report.check import header_table, residency_table, steps_text, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
 from kvdiag.report.postmortem import binary_line, boot_for, config_table
 from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc

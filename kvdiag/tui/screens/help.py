@@ -75,13 +75,17 @@ never refreshed; bold: read at this step. A layer the plan does not stream is la
 |---|---|
 | `←` `→` | the request cursor: previous / next request of this file · `home` / `end` |
 | `b` | the baseline: the next other open file with request timings |
+| `p` | the model beside the measurement: `kvdiag perf --predict` for this file against the baseline (`kvdiag tui --profile` names the GPU) |
 
 Decode tok/s against context depth for this file and the baseline (dots: requests, lines:
 depth bins), then on the same depth axis the partition kv_stream_adapt recorded (resident
 pages/layer, ring slots) against the requests' active pages, with repartitions and fallbacks
 marked, and the deadline miss %. Below: the request under the cursor, its bin against the
 baseline, the partition recorded there and the causes its evidence names (or "not explained
-by what the log records"), as `kvdiag perf` reports them.
+by what the log records"), as `kvdiag perf` reports them. With `p`, the runtime model's decode
+tok/s for the same requests is drawn beside them, and below are listed the GPU profile, the
+calibration on the baseline and every request the model disagrees with by more than 15 % with
+what would have to change.
 """,
     "findings": """\
 | key | Findings |

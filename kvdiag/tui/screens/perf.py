@@ -5,6 +5,7 @@ and deadline misses the current run recorded on the same depth axis and a cursor
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 from textual import events
@@ -15,10 +16,11 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from kvdiag.analysis.perf_compare import Comparison
+from kvdiag.errors import KvdiagError
 from kvdiag.model.perf import PerfRun
 from kvdiag.tui.document import Document
 from kvdiag.tui.navigation import Target
-from kvdiag.tui.perfview import RunView, comparison_of, describe
+from kvdiag.tui.perfview import ModelCurve, RunView, comparison_of, describe
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
 
@@ -35,6 +37,7 @@ class PerfScreen(KvScreen):
         Binding("home", "edge(0)", "First", show=False),
         Binding("end", "edge(1)", "Last", show=False),
         Binding("b", "baseline", "Baseline"),
+        Binding("p", "model", "Model"),
     ]
 
     def __init__(self) -> None:
@@ -44,6 +47,9 @@ class PerfScreen(KvScreen):
         self._views: dict[int, tuple[PerfRun, RunView]] = {}
         self._comparisons: dict[tuple[int, int],
                                 tuple[PerfRun, PerfRun, Comparison | None]] = {}
+        self.show_model = False
+        self._models: dict[tuple[str, str | None], ModelCurve | str] = {}
+        """By (run's path, baseline's path): the model's curve, or why there is none."""
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="perf-info")
@@ -111,7 +117,9 @@ class PerfScreen(KvScreen):
         at = max(0, min(self.cursor.get(current, 0), n - 1)) if n else 0
         self.cursor[current] = at
         x = view.table[at].depth_mid if n else None
-        self._rate(plots[0], view, base, x)
+        model = self._model(self.kv.docs[current].path, self.kv.docs[base_i].path if base is not None and
+                            base_i is not None else None) if self.show_model else None
+        self._rate(plots[0], view, base, x, model if isinstance(model, ModelCurve) else None)
         self._partition(plots[1], plots[2], view, x)
         # one depth axis for the three plots
         span = [d for v in (view, base) if v is not None
@@ -122,7 +130,7 @@ class PerfScreen(KvScreen):
         base_name = base.run.name if base is not None else None
         info.update(f"{view.run.name}: {n} request(s) · "
                     + (f"baseline {base_name} (b: another)" if base_name else
-                       "no baseline open") + " · ←/→ request cursor")
+                       "no baseline open") + " · ←/→ request cursor · p: the model beside it")
         comp = None
         if base is not None and base_i is not None:
             cached = self._comparisons.get((current, base_i))
@@ -130,10 +138,37 @@ class PerfScreen(KvScreen):
                 cached = (view.run, base.run, comparison_of(view.run, base.run))
                 self._comparisons[(current, base_i)] = cached
             comp = cached[2]
-        detail.update("\n".join(describe(view, at, comp, base_name)))
+        lines = describe(view, at, comp, base_name)
+        if isinstance(model, ModelCurve):
+            lines += [f"{model.label} (p hides it):", *(f"  {t}" for t in model.lines)]
+        elif model is not None:
+            lines.append(model)
+        detail.update("\n".join(lines))
+
+    def _model(self, path: str, base: str | None) -> ModelCurve | str:
+        """The model's curve for this run against this baseline: computed once, in a thread
+        (it plays every request through the runtime model)."""
+        key = (path, base)
+        got = self._models.get(key)
+        if got is None:
+            got = self._models[key] = "model: playing the run's requests through the runtime " \
+                "model…"
+            self.run_worker(partial(self._compute_model, key), thread=True)
+        return got
+
+    def _compute_model(self, key: tuple[str, str | None]) -> None:
+        predictor = self.kv.predictor
+        assert predictor is not None
+        result: ModelCurve | str
+        try:
+            result = predictor(*key)
+        except (KvdiagError, OSError, ValueError) as exc:
+            result = f"model: {exc}"
+        self._models[key] = result
+        self.app.call_from_thread(self.redraw)
 
     def _rate(self, plot: PlotextPlot, view: RunView, base: RunView | None,
-              x: float | None) -> None:
+              x: float | None, model: ModelCurve | None) -> None:
         plt = plot.plt
         plt.clear_data()
         plt.clear_figure()
@@ -147,6 +182,9 @@ class PerfScreen(KvScreen):
             rx, ry = v.requests()
             if rx:
                 plt.scatter(rx, ry, marker="dot")
+        if model is not None and model.depths:
+            plt.plot(model.depths, model.tps, label=model.label,
+                     marker="braille" if len(model.depths) > 1 else "dot")
         if x is not None:
             plt.vline(x, "red")
         plot.display = True
@@ -204,6 +242,14 @@ class PerfScreen(KvScreen):
             return
         now = self.base_index()
         self.baseline = others[(others.index(now) + 1) % len(others)] if now in others else others[0]
+        self.redraw()
+
+    def action_model(self) -> None:
+        if self.kv.predictor is None:
+            self.notify("the model is offered by kvdiag tui (kvdiag perf --predict computes it)",
+                        timeout=3)
+            return
+        self.show_model = not self.show_model
         self.redraw()
 
     def go_to(self, target: Target) -> None:

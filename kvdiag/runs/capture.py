@@ -1,7 +1,7 @@
 """Capture: pick an executor, run a scenario through the runtime model, write the trace.
 
 Joins kvstream (decisions), executors (data plane) and trace (the file); the CLI's
-``capture`` and ``demo`` call :func:`capture`.
+``capture`` and ``demo`` (kvdiag/commands/capture.py) call :func:`capture`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 
-from kvdiag.capture_limits import check_memory, check_seed, check_telemetry_ms
 from kvdiag.errors import DeviceUnavailable, Terminated, UsageError
 from kvdiag.files.outputs import Output, open_output, plan_output
 from kvdiag.kvstream.backend import Executor
@@ -23,6 +22,7 @@ from kvdiag.kvstream.runner import ConfigError, EventSink, Runner, RunResult
 from kvdiag.kvstream.scenarios import Scenario
 from kvdiag.kvstream.timing import H200, DeviceProfile
 from kvdiag.model.events import Device
+from kvdiag.runs.limits import check_memory
 from kvdiag.trace.writer import TraceWriter, make_header
 
 EXECUTORS = ("auto", "numpy", "cupy")
@@ -170,24 +170,6 @@ def _emit_telemetry(sampler: Any) -> Callable[[int, EventSink], None]:
     return emit
 
 
-def scenario_from_args(args: Any) -> Scenario:
-    """The named scenario with --steps / --prompt-tokens applied to every request."""
-    import dataclasses
-
-    from kvdiag.kvstream.scenarios import SCENARIOS
-
-    scenario = SCENARIOS[args.scenario]
-    for flag, field in (("steps", "decode"), ("prompt_tokens", "prompt")):
-        value = getattr(args, flag, None)
-        if value is None:
-            continue
-        if value < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-        scenario = dataclasses.replace(scenario, requests=tuple(
-            dataclasses.replace(r, **{field: value}) for r in scenario.requests))
-    return scenario
-
-
 def stream_cells_needed(scenario: Scenario, n_stream: int) -> dict[int, int]:
     """Cells each KV stream must hold at once for ``scenario``, without running it.
 
@@ -241,59 +223,3 @@ def ctx_rounding_note(ctx: int | None) -> str | None:
     if ctx is None or ctx <= 0 or ctx == pad_ctx(ctx):
         return None
     return f"note: --ctx {ctx} is rounded up to {pad_ctx(ctx)} (n_ctx is padded to a multiple of 256)"
-
-
-def capture_from_args(args: Any) -> int:
-    """The ``capture`` subcommand: exit 0 ran to the end, 3 modelled abort, 2 usage error."""
-    import sys
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from kvdiag.commands._shape import build_config
-    from kvdiag.errors import EXIT_ABORTED, EXIT_OK
-
-    check_telemetry_ms(args.telemetry_ms)
-    check_seed(args.seed)
-    from kvdiag.kvstream.profiles import load_profile
-
-    scenario = scenario_from_args(args)
-    cfg = build_config(args, base=scenario.config, sizing=scenario.sizing)
-    check_scenario_fits(cfg, scenario)
-    profile = load_profile(args.profile)
-    out = plan_output(args.output, force=args.force)
-    console = Console(stderr=True)
-    from kvdiag.kvstream.plan import multiseq_warning
-
-    warning = multiseq_warning(cfg)
-    notes = [line for line in (ctx_rounding_note(args.ctx),
-                               f"warning: {warning}" if warning else None) if line is not None]
-
-    def print_notes() -> None:
-        for line in notes:
-            print(line, file=sys.stderr)  # one line each, never wrapped
-    if args.quiet or not console.is_terminal:
-        result = capture(cfg, scenario, out, args.executor, args.seed,
-                         telemetry_ms=args.telemetry_ms, on_start=print_notes,
-                         profile=profile)
-    else:
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
-            task = bar.add_task(f"capturing {scenario.name}", total=None)
-            result = capture(cfg, scenario, out, args.executor, args.seed,
-                             progress=lambda done, total: bar.update(task, completed=done,
-                                                                     total=total),
-                             telemetry_ms=args.telemetry_ms, on_start=print_notes,
-                             profile=profile)
-    r = result.result
-    line = (f"{scenario.name} on {result.executor} ({cfg.layout} layout, {cfg.dispatch} "
-            f"dispatch): {r.status} after {r.steps} step(s), {result.events} events → "
-            f"{out.display}")
-    if r.abort is not None:
-        line += f"; abort: {r.abort.message}"
-    else:
-        line += f"; max |Δ| vs resident reference {r.max_abs_delta:.3g}"
-    # with -o - standard output carries the trace itself
-    print(line, file=sys.stderr if out.to_stdout else sys.stdout)
-    return EXIT_ABORTED if r.status == "aborted" else EXIT_OK

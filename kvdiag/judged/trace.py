@@ -1,8 +1,8 @@
-"""``kvdiag check``: read a trace (tolerantly), judge it, report, pick the exit code.
+"""A trace file judged: read it (tolerantly, a segment set as one), feed the one judgement
+(:mod:`kvdiag.analysis.judgement`) in chunks, and keep what the reader found wrong beside it.
 
-The verdicts, findings and counts are the judgement's (:mod:`kvdiag.analysis.judgement`);
-this module only reads the trace, applies ``--allow-incomplete`` and the ``--fail-on``
-threshold, and hands the result to the chosen format.
+``check`` (kvdiag/commands/check.py), ``import``'s summary and ``sql`` render this result; the
+verdicts, findings and counts are the judgement's, not this module's.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from kvdiag.analysis.judgement import Judge, Judgement
-from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvdiag.model.events import Header
-from kvdiag.model.findings import Finding, Severity
+from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
 from kvdiag.trace.reader import TraceReader
 
@@ -57,30 +54,3 @@ def analyse_file(path: str | Path) -> CheckResult:
         {"line": p.line, "kind": p.kind, "message": p.message} for p in problems
     ]
     return CheckResult(header, list(judgement.findings), summary, problems, judgement)
-
-
-def _allow_incomplete(result: CheckResult) -> CheckResult:
-    """``--allow-incomplete``: a run that did not complete is a warning, not an error."""
-    findings = [msgspec.structs.replace(f, severity=Severity.WARNING)
-                if f.rule == "trace-incomplete" else f for f in result.findings]
-    return CheckResult(result.header, findings, result.summary, result.problems,
-                       result.judgement)
-
-
-def check_file(path: str, json_out: bool = False, fail_on: str = "error",
-               allow_incomplete: bool = False, fmt: str | None = None) -> int:
-    try:
-        threshold = Severity.parse(fail_on)
-    except ValueError as exc:
-        raise UsageError(f"--fail-on: {exc}") from None
-    result = analyse_file(path)
-    if allow_incomplete:
-        result = _allow_incomplete(result)
-    failing = [f for f in result.findings if f.severity >= threshold]
-    code = EXIT_FINDINGS if failing else EXIT_OK
-    from kvdiag.report.check_output import write_check
-
-    name = "<stdin>" if path == "-" else str(path)
-    write_check(fmt or ("json" if json_out else "text"), name, result.header, result.findings,
-                result.summary, threshold, code)
-    return code

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvdiag.analysis.sweep import SweepPoint
-from kvdiag.capture_limits import check_sweep_points
 from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.scenarios import Scenario
 from kvdiag.kvstream.timing import DeviceProfile
 from kvdiag.model import events as ev
+from kvdiag.runs.limits import check_sweep_points
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ class _Tally:
 
 def run_point(spec: PointSpec) -> SweepPoint:
     """One capture of the sweep (runs in a worker process)."""
-    from kvdiag.capture import make_executor
     from kvdiag.executors.decisions_exec import DecisionsOnlyExecutor
     from kvdiag.kvstream.runner import ConfigError, Runner
+    from kvdiag.runs.capture import make_executor
 
     cfg = spec.cfg
     base = SweepPoint(stage_mib=cfg.stage_mib, np=cfg.np, status="refused")

@@ -134,6 +134,14 @@ class Prediction:
     calibration: Calibration | None
     pool: dict[str, int]
 
+    def curve(self) -> tuple[list[float], list[float], list[float]]:
+        """The model's decode tok/s at each request's depth (the middle of its decode) and the
+        resident pages/layer it played there: what ``perf --plot`` and the Perf screen draw
+        beside the measured rates (requests without a predicted rate left out)."""
+        points = [p for p in self.predicted if p.predicted_tps]
+        return ([p.row.depth_mid or 0.0 for p in points], [p.predicted_tps or 0.0 for p in points],
+                [float(p.model.resident_pages[0]) for p in points])
+
 
 def predict_run(loaded: LoadedRun, base: LoadedRun | None, profile: DeviceProfile,
                 profile_why: str, preset: str | None, overrides: dict[str, Any]) -> Prediction:
