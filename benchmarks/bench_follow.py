@@ -44,16 +44,21 @@ def header() -> bytes:
 
 
 class Writer(threading.Thread):
-    def __init__(self, path: Path, rate: float, lead: float, tail: float) -> None:
+    def __init__(self, path: Path, rate: float, lead: float, tail: float, *,
+                 prefix: int = 0) -> None:
         super().__init__(daemon=True)
         self.path, self.rate, self.lead, self.tail = path, rate, lead, tail
+        self.prefix = prefix
+        """Events already in the file (written by :meth:`write_prefix`): go on after them."""
         self.trigger_at: float | None = None
         self.events = 0
         self.elapsed = 0.0
+        self.marks: list[tuple[float, int, int]] = []
+        """Per batch of writes: (time just before its first write, events written after it,
+        the step of its last event) — what a reader's latency is measured against."""
 
-    def events_(self) -> Iterator[ev.AnyEvent]:
-        """Exact reads forever (seq 0: numbered when written)."""
-        step = 0
+    def events_(self, step: int = 0) -> Iterator[ev.AnyEvent]:
+        """Exact reads forever, from step ``step + 1`` (seq 0: numbered when written)."""
         while True:
             step += 1
             yield ev.Step(seq=0, t_ns=0, step=step, phase="decode", streams=(0,), tokens=1,
@@ -66,13 +71,28 @@ class Writer(threading.Thread):
                 yield ev.Read(seq=0, t_ns=0, step=step, layer=layer, stream=0, pool=1, ring=0,
                               host=0, served=(ev.Served(0, 1, "pool", layer),))
 
+    def write_prefix(self) -> None:
+        """The header and ``prefix`` events at once (a run that has been going on)."""
+        enc = msgspec.json.Encoder()
+        gen = self.events_()
+        with open(self.path, "wb") as fh:
+            fh.write(header())
+            for n in range(1, self.prefix + 1):
+                fh.write(enc.encode(msgspec.structs.replace(next(gen), seq=n, t_ns=n)) + b"\n")
+
+    def _prefix_steps(self) -> int:
+        return -(-self.prefix // (1 + 3 * LAYERS))
+
     def run(self) -> None:
         enc = msgspec.json.Encoder()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, header())
+            if not self.prefix:
+                os.write(fd, header())
             start = time.monotonic()
-            gen = self.events_()
+            # after a prefix, from the step after its last (a prefix ends mid-step at worst:
+            # that step then shows twice, which only delays nothing)
+            gen = self.events_(self._prefix_steps())
             n = 0
             step = 0
             while True:
@@ -82,16 +102,21 @@ class Writer(threading.Thread):
                 if self.trigger_at is None and now >= self.lead:
                     # a read from a pool slot nothing was uploaded to: foreign (an error)
                     n += 1
-                    bad = ev.Read(seq=n, t_ns=n, step=step, layer=0, stream=0, pool=1, ring=0,
-                                  host=0, served=(ev.Served(0, 1, "pool", 999),))
+                    bad = ev.Read(seq=self.prefix + n, t_ns=n, step=step, layer=0, stream=0,
+                                  pool=1, ring=0, host=0, served=(ev.Served(0, 1, "pool", 999),))
                     self.trigger_at = time.monotonic()
                     os.write(fd, enc.encode(bad) + b"\n")
                     continue
-                for _ in range(max(0, int(now * self.rate) - n)):
+                batch = max(0, int(now * self.rate) - n)
+                t_batch = time.monotonic()
+                for _ in range(batch):
                     e = next(gen)
                     n += 1
                     step = e.step
-                    os.write(fd, enc.encode(msgspec.structs.replace(e, seq=n, t_ns=n)) + b"\n")
+                    os.write(fd, enc.encode(msgspec.structs.replace(
+                        e, seq=self.prefix + n, t_ns=n)) + b"\n")
+                if batch:
+                    self.marks.append((t_batch, self.prefix + n, step))
                 time.sleep(0.001)
             self.events, self.elapsed = n, time.monotonic() - start
         finally:

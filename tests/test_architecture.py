@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"analysis", "model"},
     # kvdiag import: reads logs with postmortem, sizes pages with kvstream, writes a trace
     "logimport": {"postmortem", "kvstream", "trace", "model"},
-    "tui": {"report", "analysis", "trace", "model", "postmortem"},
+    # kvdiag tui --follow: the file followed as check --follow follows it (kvdiag/follow)
+    "tui": {"report", "analysis", "trace", "model", "postmortem", "follow"},
     # kvdiag sql: traces judged (analysis), logs scanned (postmortem), into DuckDB
     "sql": {"analysis", "trace", "postmortem", "model"},
     # kvdiag check --follow: a growing trace or log (read as trace/logimport do), judged

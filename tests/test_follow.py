@@ -258,3 +258,19 @@ def test_follow_refuses_what_it_cannot_follow(tmp_path: Path,
     assert "not standard input" in capsys.readouterr().err
     assert main(["check", "--follow", str(tmp_path), "--exit-on", "error"]) == 2
     assert "directory" in capsys.readouterr().err
+
+
+def test_check_follow_ends_at_an_end_event_written_with_the_last_few_events(
+        s1: Path, tmp_path: Path) -> None:
+    """Regression: the judgement fed in lists of 2,048 events waited for more events after
+    the last ones of a short trace (the End among them) while the reader waited for the file
+    to grow; check --follow never ended."""
+    lines = s1.read_bytes().splitlines(keepends=True)
+    live = tmp_path / "short.kvtrace"
+    live.write_bytes(b"".join([*lines[:40], lines[-1]]))  # 39 events, then the End
+    found: list[str] = []
+    start = time.monotonic()
+    state = Follower(str(live), lambda f: found.append(f.rule), lambda _: None, interval=0.01,
+                     stop=lambda: time.monotonic() - start > 10).run()
+    assert state.ended and state.events == 40
+    assert time.monotonic() - start < 5

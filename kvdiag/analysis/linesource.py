@@ -118,6 +118,113 @@ class LineSource:
                 self.data.close()
 
 
+class OwnedFd:
+    """A file descriptor closed when the last holder drops it (the snapshots of one growing
+    file share it; none of them knows which is last)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class GrowingSource(LineSource):
+    """The first ``size`` bytes of a file still being written (``kvdiag tui --follow``): one
+    value per published snapshot, all reading through one descriptor of the file (closed when
+    the last snapshot holding it is dropped).
+
+    Read with ``os.pread``, not mapped: a followed file can be truncated under the viewer, and
+    touching a map past the new end kills the process (SIGBUS) where ``pread`` reads short.
+    """
+
+    _LINE = 4096
+    _FIND = 1 << 20
+
+    def __init__(self, fd: OwnedFd, name: str, size: int) -> None:
+        # not LineSource.__init__: there is no ``data`` to hold
+        self.owned = fd
+        self.name = name
+        self.compressed = False
+        self.broken = None
+        self._fd = None  # nothing for close() to close: the descriptor is shared
+        self._file = fd.fd
+        self._size = size
+
+    def grown(self, size: int) -> GrowingSource:
+        """The same file with its first ``size`` bytes."""
+        return GrowingSource(self.owned, self.name, size)
+
+    @property
+    def data(self) -> bytes:
+        """The whole of it, read (a log's indexer reads ``data``; a trace's never does)."""
+        return self.read(0, self._size)
+
+    @data.setter
+    def data(self, value: bytes | mmap.mmap) -> None:
+        raise AttributeError("a growing file's bytes are read from it, not set")
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @functools.cached_property
+    def text_start(self) -> int:
+        return 0  # a followed trace starts with its header
+
+    def read(self, offset: int, size: int) -> bytes:
+        size = min(size, self._size - offset)
+        if size <= 0:
+            return b""
+        return os.pread(self._file, size, offset)
+
+    def line(self, offset: int) -> bytes:
+        out = b""
+        pos = offset
+        while pos < self._size:
+            chunk = self.read(pos, self._LINE)
+            if not chunk:
+                break
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                out += chunk[:nl]
+                break
+            out += chunk
+            pos += len(chunk)
+        return out[:-1] if out.endswith(b"\r") else out
+
+    def find(self, needle: bytes, start: int, end: int | None = None) -> int:
+        end = self._size if end is None else min(end, self._size)
+        pos, keep = start, max(len(needle) - 1, 0)
+        while pos < end:
+            chunk = self.read(pos, min(self._FIND + keep, end - pos))
+            hit = chunk.find(needle)
+            if hit >= 0:
+                return pos + hit
+            if pos + len(chunk) >= end or not chunk:
+                return -1
+            pos += max(len(chunk) - keep, 1)
+        return -1
+
+    def rfind(self, needle: bytes, start: int, end: int) -> int:
+        end = min(end, self._size)
+        keep = max(len(needle) - 1, 0)
+        hi = end
+        while hi > start:
+            lo = max(start, hi - self._FIND - keep)
+            hit = self.read(lo, hi - lo).rfind(needle)
+            if hit >= 0:
+                return lo + hit
+            if lo == start:
+                return -1
+            hi = lo + keep
+        return -1
+
+    def close(self) -> None:
+        pass  # other snapshots of the file may still read it; it closes with the last
+
+
 def _gunzip(fh: BinaryIO, name: str) -> tuple[bytes, str | None]:
     """Decompress as much as can be read: ``(bytes, why it broke or None)``. gzip data that
     yields no byte at all is refused, as every log reader refuses it (kvdiag.files.logs)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,6 +51,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS, Holder, Key
 
 Groups = dict[tuple[int, ...], np.ndarray]
+GroupedRows = dict[tuple[int, ...], tuple[np.ndarray, ...]]
 
 
 def _group(keys: list[np.ndarray], rows: np.ndarray, *values: np.ndarray
@@ -102,53 +104,147 @@ def _last(rows: np.ndarray, limit: int) -> int:
     return int(np.searchsorted(rows, limit)) - 1
 
 
+class _Parts(NamedTuple):
+    """The rows of each kind a snapshot looks up, grouped by key (rows ascending)."""
+
+    reads: GroupedRows
+    writes: GroupedRows
+    slot_uploads: GroupedRows
+    key_uploads: GroupedRows
+    evicts: GroupedRows
+    learns: np.ndarray
+    relearns: np.ndarray
+    invalidates: np.ndarray
+    adapts: np.ndarray
+    repartitions: np.ndarray
+
+    def joined(self, later: _Parts, room: Room) -> _Parts:
+        """These groups followed by ``later``'s (rows of a later part of the trace).
+
+        A key's arrays grow inside buffers kept in ``room`` (twice the size they need), so
+        that appending a few rows to a key of millions copies only the new rows: the arrays of
+        these groups are views of the buffers' first rows, which appending leaves as they are.
+        So only the latest parts may be joined to (each one's spare room is the next one's).
+        """
+
+        def rows(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+            return np.concatenate((mine, theirs)) if len(theirs) else mine
+
+        def groups(part: int, mine: GroupedRows, theirs: GroupedRows) -> GroupedRows:
+            if not theirs:
+                return mine
+            merged = dict(mine)
+            for key, arrays in theirs.items():
+                have = merged.get(key)
+                merged[key] = arrays if have is None else _extend(room, (part, key), have,
+                                                                   arrays)
+            return merged
+
+        return _Parts(groups(0, self.reads, later.reads), groups(1, self.writes, later.writes),
+                      groups(2, self.slot_uploads, later.slot_uploads),
+                      groups(3, self.key_uploads, later.key_uploads),
+                      groups(4, self.evicts, later.evicts), rows(self.learns, later.learns),
+                      rows(self.relearns, later.relearns),
+                      rows(self.invalidates, later.invalidates),
+                      rows(self.adapts, later.adapts),
+                      rows(self.repartitions, later.repartitions))
+
+
+Room = dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, ...]]
+"""Buffers the groups of a growing query live in, by (part, key)."""
+
+
+def _extend(room: Room, where: tuple[int, tuple[int, ...]], have: tuple[np.ndarray, ...],
+            more: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``have`` with ``more`` appended (per array), in the buffers ``room`` keeps."""
+    n, m = len(have[0]), len(more[0])
+    bufs = room.get(where)
+    if bufs is None or len(bufs[0]) < n + m or not np.may_share_memory(bufs[0], have[0]):
+        bufs = tuple(np.empty(max(2 * (n + m), 64), a.dtype) for a in have)
+        for buf, a in zip(bufs, have, strict=True):
+            buf[:n] = a
+        room[where] = bufs
+    for buf, a in zip(bufs, more, strict=True):
+        buf[n:n + m] = a
+    return tuple(buf[:n + m] for buf in bufs)
+
+
+def _parts(index: TraceIndex, lo: int) -> _Parts:
+    """Group the index rows from ``lo`` on."""
+    c = index.columns
+    kind = c["kind"][lo:]
+
+    def col(name: str, rows: np.ndarray) -> np.ndarray:
+        # Gather first, widen after: widening whole columns of millions of rows first
+        # would cost hundreds of MiB at the peak.
+        out: np.ndarray = c[name][rows].astype(np.int64)
+        return out
+
+    def rows_of(mask: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(mask) + lo
+
+    r = rows_of(kind == READ)
+    reads = _group([col("layer", r), col("stream", r)], r)
+
+    w = rows_of(kind == WRITE)
+    wa, wb = col("a", w), col("b", w)
+    # the writes the judgement counts (Judge._write): a believable page range
+    valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
+    w, wa, wb = w[valid], wa[valid], wb[valid]
+    p0 = wa // PAGE_TOKENS
+    p1 = (wb - 1) // PAGE_TOKENS + 1
+    wrow, wpage, _ = _expand(w, p0, p1 - p0)
+    writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
+    del w, wa, wb, p0, p1, wpage
+
+    u = rows_of((kind == UPLOAD) & ((c["flags"][lo:] & F_RING) == 0))
+    ua = col("a", u)
+    urow, upage, within = _expand(u, ua, col("b", u) - ua)
+    uslot = col("slot", urow) + within
+    ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
+    slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
+    key_uploads = _group([ulayer, ukey, upage], urow, uslot)
+
+    e = rows_of(kind == EVICT)
+    evicts = _group([col("slot", e)], e)
+
+    learns = rows_of(kind == LEARN)
+    return _Parts(reads, writes, slot_uploads, key_uploads, evicts, learns,
+                  learns[(c["flags"][learns] & F_RELEARN) != 0],
+                  rows_of(kind == KIND_CODE["invalidate"]), rows_of(kind == KIND_CODE["adapt"]),
+                  rows_of(kind == KIND_CODE["repartition"]))
+
+
 class PagesQuery:
     """Snapshots of an indexed trace (complete or not: only indexed rows are used)."""
 
-    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry) -> None:
+    def __init__(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry, *,
+                 parts: _Parts | None = None) -> None:
         self.index = index
         self.source = source
         self.geometry = geometry
-        c = index.columns
-        kind = c["kind"]
-
-        def col(name: str, rows: np.ndarray) -> np.ndarray:
-            # Gather first, widen after: widening whole columns of millions of rows first
-            # would cost hundreds of MiB at the peak.
-            out: np.ndarray = c[name][rows].astype(np.int64)
-            return out
-
-        r = np.flatnonzero(kind == READ)
-        self._reads = _group([col("layer", r), col("stream", r)], r)
-
-        w = np.flatnonzero(kind == WRITE)
-        wa, wb = col("a", w), col("b", w)
-        # the writes the judgement counts (Judge._write): a believable page range
-        valid = (wa >= 0) & (wb > wa) & ((wb - 1) // PAGE_TOKENS + 1 <= MAX_PAGE)
-        w, wa, wb = w[valid], wa[valid], wb[valid]
-        p0 = wa // PAGE_TOKENS
-        p1 = (wb - 1) // PAGE_TOKENS + 1
-        wrow, wpage, _ = _expand(w, p0, p1 - p0)
-        self._writes = _group([col("layer", wrow), col("stream", wrow), wpage], wrow)
-        del w, wa, wb, p0, p1, wpage
-
-        u = np.flatnonzero((kind == UPLOAD) & ((c["flags"] & F_RING) == 0))
-        ua = col("a", u)
-        urow, upage, within = _expand(u, ua, col("b", u) - ua)
-        uslot = col("slot", urow) + within
-        ulayer, ustream, ukey = col("layer", urow), col("stream", urow), col("key", urow)
-        self._slot_uploads = _group([uslot], urow, ulayer, ustream, upage)
-        self._key_uploads = _group([ulayer, ukey, upage], urow, uslot)
-
-        e = np.flatnonzero(kind == EVICT)
-        self._evicts = _group([col("slot", e)], e)
-
-        self._learns = np.flatnonzero(kind == LEARN)
-        self._relearns = self._learns[(c["flags"][self._learns] & F_RELEARN) != 0]
-        self._invalidates = np.flatnonzero(kind == KIND_CODE["invalidate"])
-        self._adapts = np.flatnonzero(kind == KIND_CODE["adapt"])
-        self._repartitions = np.flatnonzero(kind == KIND_CODE["repartition"])
+        p = _parts(index, 0) if parts is None else parts
+        self.parts = p
+        self._reads, self._writes = p.reads, p.writes
+        self._slot_uploads, self._key_uploads, self._evicts = p.slot_uploads, p.key_uploads, p.evicts
+        self._learns, self._relearns = p.learns, p.relearns
+        self._invalidates, self._adapts, self._repartitions = p.invalidates, p.adapts, p.repartitions
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
+        self._room: Room = {}
+
+    def grown(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry
+              ) -> PagesQuery:
+        """The query of ``index``, a longer prefix of the same trace (a followed file): only
+        the rows added since are grouped, and appended to this query's groups (which stay as
+        they are: a screen may still be drawing from this one). The grid's shape may have
+        grown too (``geometry``); the groups do not depend on it. Call it on the latest query
+        only (see :meth:`_Parts.joined`)."""
+        if index.n < self.index.n:
+            raise ValueError("grown() needs a longer prefix of the same trace")
+        grown = PagesQuery(index, source, geometry,
+                           parts=self.parts.joined(_parts(index, self.index.n), self._room))
+        grown._room = self._room
+        return grown
 
     def _decode(self, row: int) -> object:
         return decode_event(self.source.line(int(self.index.columns["offset"][row])))

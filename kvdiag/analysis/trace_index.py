@@ -117,7 +117,10 @@ class TraceIndex:
     """An immutable view of the first ``n`` rows of an index (arrays are read-only)."""
 
     def __init__(self, columns: dict[str, np.ndarray], *, complete: bool, seq_sorted: bool,
-                 bytes_indexed: int, size: int, counts: np.ndarray | None = None) -> None:
+                 bytes_indexed: int, size: int, counts: np.ndarray | None = None,
+                 step_high: np.ndarray | None = None) -> None:
+        if step_high is not None:  # kept as rows arrive by a caller that appends (--follow)
+            self.__dict__["step_high"] = step_high
         self.columns = columns
         self._counts = counts
         self.n = len(columns["offset"])
@@ -245,7 +248,9 @@ class IndexBuilder:
         self._block(block, offset)
         self.pos = offset + len(block)
 
-    def snapshot(self) -> TraceIndex:
+    def snapshot(self, step_high: np.ndarray | None = None) -> TraceIndex:
+        """The rows so far (``step_high``: their :attr:`TraceIndex.step_high`, when the caller
+        keeps it as rows arrive)."""
         cols = {}
         for name, arr in self._cols.items():
             view = arr[: self.n]
@@ -253,7 +258,7 @@ class IndexBuilder:
             cols[name] = view
         return TraceIndex(cols, complete=self.done, seq_sorted=self._seq_sorted,
                           bytes_indexed=self.pos, size=self.source.size,
-                          counts=self._counts.copy())
+                          counts=self._counts.copy(), step_high=step_high)
 
     # -- internals ------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ Each FILE is a kvtrace trace (kvdiag capture) or a llama-server log (plain or gz
 is told from the content. ``--export-svg OUT`` draws one screen without a terminal and saves
 it as an SVG screenshot (for bug reports) instead of starting the interactive viewer. A missing
 file, a directory, a FIFO or binary data is refused before the viewer starts (exit code 2).
+``--follow F`` shows one file live while it is written (:mod:`kvdiag.tui.live`); it may not
+exist yet, and it is refused with ``--export-svg`` or ``--binary`` (both need a finished file).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ SCREEN_NAMES = ("overview", "timeline", "fits", "pages", "backtrace", "telemetry
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="traces and/or logs")
+    parser.add_argument("--follow", action="store_true",
+                        help="follow the one FILE (a trace or a llama-server log) as it is "
+                             "written: every screen updates live, through rotation and "
+                             "truncation, and the file may not exist yet; s pauses")
     parser.add_argument("--export-svg", metavar="OUT",
                         help="save a screenshot of one screen to OUT (no interactive session); "
                              "'-' writes it to standard output")
@@ -90,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     symbols = Symbols(tuple(args.binary), args.debug_dir)
     from kvdiag.tui.document import detect_kind
 
-    for path in args.files:
+    if args.follow:
+        _check_follow(args)
+    for path in args.files if not args.follow else ():
         detect_kind(path)  # a file the viewer cannot show is refused before it starts
     if args.export_svg:
         from kvdiag.files.outputs import plan_output
@@ -110,4 +118,22 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.tui.app import run_tui
 
     return run_tui(list(args.files), symbols, debug=bool(getattr(args, "debug", False)),
-                   predictor=predictor(args.profile))
+                   follow=args.follow, predictor=predictor(args.profile))
+
+
+def _check_follow(args: argparse.Namespace) -> None:
+    """``--follow`` takes one file, written as plain text (it may not exist yet), and shows it
+    live in a terminal: a screenshot of a moving file (``--export-svg``) and re-symbolizing a
+    log still being written (``--binary``) are refused."""
+    if len(args.files) != 1:
+        raise UsageError(f"--follow follows one file ({len(args.files)} given)")
+    if args.export_svg:
+        raise UsageError("--follow shows a file live in a terminal; --export-svg draws a "
+                         "finished one (run it without --follow)")
+    if args.binary:
+        raise UsageError("--binary symbolizes a finished log (run it without --follow)")
+    if args.files[0] == "-":
+        raise UsageError("--follow follows a file by its name, not standard input")
+    from kvdiag.tui.live import check_followable
+
+    check_followable(args.files[0])

@@ -47,6 +47,15 @@ class Tail:
     def opened(self) -> bool:
         return self._fh is not None
 
+    def reopen(self) -> int | None:
+        """A new descriptor of the file being read (None before it exists), for a viewer that
+        reads lines back by offset (``os.pread``) while this one reads on: it keeps the file
+        of this generation after a rotation, and reads a truncated one short, never past its
+        end. The caller closes it."""
+        if self._fh is None:
+            return None
+        return os.dup(self._fh.fileno())
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()

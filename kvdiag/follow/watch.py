@@ -23,7 +23,8 @@ from kvdiag.analysis.judgement import Judge
 from kvdiag.analysis.judgement.findings import identity
 from kvdiag.errors import InputError
 from kvdiag.follow.livelog import LiveLog
-from kvdiag.follow.tail import Reset, Tail
+from kvdiag.follow.segtail import SegmentTail
+from kvdiag.follow.tail import Reset
 from kvdiag.model.findings import Finding
 from kvdiag.trace.reader import TraceReader
 from kvdiag.trace.version import looks_like_trace
@@ -60,7 +61,7 @@ class _Growing:
     reads empty at a :class:`Reset` (the reader then ends: a new file needs a new reader) or
     once ``done()`` says so."""
 
-    def __init__(self, tail: Tail, look: Callable[[], None], done: Callable[[], bool],
+    def __init__(self, tail: SegmentTail, look: Callable[[], None], done: Callable[[], bool],
                  interval: float, pending: bytes = b"") -> None:
         self.tail = tail
         self.look = look
@@ -127,7 +128,7 @@ class Follower:
         self.quiet = quiet
         self.stop = stop or (lambda: False)
         self.state = Followed()
-        self.tail = Tail(path)
+        self.tail = SegmentTail(path)
 
     def run(self) -> Followed:
         try:

@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from kvdiag.errors import KvdiagError
-from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc
+from kvdiag.tui.document import Document, ErrorDoc, LogDoc, PendingDoc, TraceDoc
 from kvdiag.tui.loading import NO_SYMBOLS, Symbols, load
 from kvdiag.tui.messages import DocumentUpdated
 from kvdiag.tui.navigation import SCREENS, TITLES, Target
@@ -61,6 +61,7 @@ class KvdiagApp(App[int]):
         Binding("o", "next_file(1)", "Other file", show=False),
         Binding("O", "next_file(-1)", "Previous file", show=False),
         Binding("backspace", "go_back", "Back", show=False),
+        Binding("s", "pause", "Pause/resume"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -69,11 +70,19 @@ class KvdiagApp(App[int]):
 
     def __init__(self, paths: list[str], *, start_screen: str = "overview",
                  symbols: Symbols = NO_SYMBOLS, debug: bool = False,
-                 predictor: Predictor | None = None) -> None:
+                 predictor: Predictor | None = None, follow: bool = False) -> None:
         super().__init__()
         self.predictor = predictor
         """The model beside the measurement on the Perf screen (``kvdiag tui`` passes
         ``kvdiag perf --predict``'s computation; None: not offered)."""
+        self.follow = follow
+        """The one file is followed as it is written (kvdiag tui --follow)."""
+        self.paused = False
+        """Following, but the screens keep what they show (key s); newer snapshots wait."""
+        self.follow_step = True
+        """Following: the shared step moves to the newest step as it arrives, until the user
+        puts it elsewhere (Pages, Telemetry); the last step, or ``end``, takes it up again."""
+        self._held: dict[int, Document] = {}
         self.show_tracebacks = debug
         self.crash: Exception | None = None
         """The first unhandled exception: the app exits on it (see :func:`run_tui`)."""
@@ -94,6 +103,8 @@ class KvdiagApp(App[int]):
 
     def on_mount(self) -> None:
         self.switch_mode(self.start_screen)
+        if self.follow:
+            self.set_interval(1.0, self._sync_screen)  # the marker's "quiet for ..." moves on
         for i, path in enumerate(self.paths):
             self._load(i, path)
 
@@ -106,6 +117,12 @@ class KvdiagApp(App[int]):
                 self.post_message(DocumentUpdated(i, doc))
 
         try:
+            if self.follow:
+                from kvdiag.tui.live import follow
+
+                follow(path, publish, lambda: worker.is_cancelled,
+                       lambda: self._painted.wait(FIRST_PAINT_WAIT_S))
+                return
             load(path, publish, lambda: worker.is_cancelled,
                  lambda: self._painted.wait(FIRST_PAINT_WAIT_S), self.symbols)
         except Exception as exc:  # a bug in a loader must not take the viewer down
@@ -115,7 +132,13 @@ class KvdiagApp(App[int]):
     def on_document_updated(self, message: DocumentUpdated) -> None:
         old = self.docs[message.index]
         doc = message.doc
+        if self.paused and isinstance(doc, TraceDoc | LogDoc) and doc.live is not None:
+            self._held[message.index] = doc  # shown on resume
+            return
         self.docs[message.index] = doc
+        if (self.follow_step and isinstance(doc, TraceDoc) and doc.live is not None
+                and message.index == self.current):
+            self.step = max(doc.index.last_step, 0)
         if isinstance(doc, ErrorDoc) and not isinstance(old, ErrorDoc):
             self.notify(doc.message, title="cannot show this file", severity="error",
                         timeout=8)
@@ -128,6 +151,31 @@ class KvdiagApp(App[int]):
             self._sync_screen()
         if not self._painted.is_set():
             self.call_after_refresh(self._painted.set)
+
+    # -- following ----------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "pause":
+            return self.follow  # no key in the footer unless following
+        return True
+
+    def action_pause(self) -> None:
+        """Stop showing newer snapshots of the followed file, or show the newest again."""
+        if not self.follow:
+            return
+        self.paused = not self.paused
+        if not self.paused:
+            held, self._held = self._held, {}
+            for index, doc in held.items():
+                self.on_document_updated(DocumentUpdated(index, doc))
+        self._sync_screen()
+
+    def user_step(self, step: int, last: int) -> None:
+        """The user put the shared step at ``step`` (the newest is ``last``): following the
+        newest step stops there, and goes on again when it is the newest."""
+        self.step = step
+        if self.follow:
+            self.follow_step = step >= last
 
     def _sync_screen(self) -> None:
         if isinstance(self.screen, KvScreen):
@@ -229,13 +277,14 @@ def crash_error(error: Exception) -> KvdiagError:
 
 
 def run_tui(paths: list[str], symbols: Symbols = NO_SYMBOLS, *, debug: bool = False,
-            predictor: Predictor | None = None) -> int:
-    """Run the viewer on ``paths`` (traces and/or logs) until the user quits.
+            predictor: Predictor | None = None, follow: bool = False) -> int:
+    """Run the viewer on ``paths`` (traces and/or logs; with ``follow`` one file, followed as
+    it is written) until the user quits.
 
     An exception that stopped it is a :class:`KvdiagError` (one line, exit 70); with ``debug``
     Textual prints its traceback instead and the exit code is still 70.
     """
-    app = KvdiagApp(paths, symbols=symbols, debug=debug, predictor=predictor)
+    app = KvdiagApp(paths, symbols=symbols, debug=debug, predictor=predictor, follow=follow)
     result = app.run()
     if app.crash is not None:
         if debug:

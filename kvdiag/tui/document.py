@@ -34,6 +34,22 @@ FileKind = Literal["trace", "log"]
 _TRACE_START = b'{"format":"kvtrace"'
 
 
+@dataclass(frozen=True)
+class Live:
+    """Where following a file that is still being written stands (``kvdiag tui --follow``,
+    :mod:`kvdiag.tui.live`)."""
+
+    ended: str = ""
+    """Why the run is over ("" while it is not): the trace's End event, or the writer gone —
+    an abort (a trace) or a crash (a log) after which the file stopped growing."""
+    files: int = 1
+    """Files read under the followed name so far (a rotation or truncation starts another)."""
+    note: str = ""
+    """What happened to the file last (replaced, truncated), if anything."""
+    grown_at: float = 0.0
+    """``time.monotonic()`` when the file last grew."""
+
+
 @dataclass(frozen=True, eq=False)
 class TraceDoc:
     path: str
@@ -52,6 +68,8 @@ class TraceDoc:
     """Its ``timing`` events as a run (the Perf screen), when it has any."""
     judge_error: str | None = None
     """Why the judgement stopped before the end of the file (an internal error)."""
+    live: Live | None = None
+    """Set while the file is followed as it grows: the document holds what arrived so far."""
 
     kind: Literal["trace"] = "trace"
 
@@ -90,6 +108,8 @@ class LogDoc:
     """What went wrong around the log itself (a binary that could not be used, ...)."""
     perf: PerfRun | None = None
     """Its requests' timing and the kv-stream lines around them (the Perf screen)."""
+    live: Live | None = None
+    """Set while the file is followed as it grows: the document holds what arrived so far."""
     kind: Literal["log"] = "log"
 
     @property

@@ -61,10 +61,14 @@ class JudgingPass:
     """Judges the blocks of one trace given in file order (:meth:`feed`), from the first line
     after the header."""
 
-    def __init__(self, path: str | Path, *, hand_over: bool = False) -> None:
-        # the reader validates the header (InputError) and then only decodes what it is given
-        with TraceReader.open(path) as reader:
-            self.reader = reader
+    def __init__(self, path: str | Path, *, hand_over: bool = False,
+                 reader: TraceReader | None = None) -> None:
+        # the reader validates the header (InputError) and then only decodes what it is given;
+        # a followed file's reader is made from the header line already read (``reader``)
+        if reader is None:
+            with TraceReader.open(path) as reader:
+                pass
+        self.reader = reader
         if reader.segments is not None:
             # a segment set's gaps and left-out files are said by the joined stream as it is
             # read (the blocks fed here come from the joined bytes): read it once for them

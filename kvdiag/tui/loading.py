@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from kvdiag.analysis.trace_index import (
     UPLOAD,
     WRITE,
     IndexBuilder,
+    TraceIndex,
     header_end,
     line_blocks,
 )
@@ -183,11 +184,7 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
     index = builder.snapshot()
     t_index = time.perf_counter() - t0
     c = index.columns
-    seen_layers = int(c["layer"].max()) + 1 if index.n else 0
-    streams = np.unique(c["stream"][np.isin(c["kind"], (READ, WRITE, UPLOAD))])
-    pages = int(index.columns["b"][c["kind"] == UPLOAD].max(initial=0))
-    geometry = geometry_from_header(doc.header, layers=seen_layers,
-                                    streams=[int(s) for s in streams if s >= 0], pages=pages)
+    geometry = geometry_from_header(doc.header, **seen_shape(index))
     judging.update(end=judging.local is not None)
     doc = replace(doc, index=index, geometry=geometry, stage="judging",
                   progress=_judged(judging.digest, source.size), digest=judging.digest,
@@ -219,6 +216,17 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
             perf = run_from_events(Path(doc.path).name, doc.path, reader)
     publish(replace(doc, digest=judging.digest, stage="ready", progress=1.0, timings=timings,
                     perf=perf))
+
+
+def seen_shape(index: TraceIndex, lo: int = 0) -> dict[str, Any]:
+    """What the index rows from ``lo`` on show of the page grid's shape, as
+    :func:`~kvdiag.analysis.replay.geometry_from_header` takes it: layers (the highest + 1),
+    the streams read, written or uploaded, and pages (the highest upload end)."""
+    c = {k: v[lo:] for k, v in index.columns.items()}
+    streams = np.unique(c["stream"][np.isin(c["kind"], (READ, WRITE, UPLOAD))])
+    return {"layers": int(c["layer"].max()) + 1 if len(c["layer"]) else 0,
+            "streams": [int(s) for s in streams if s >= 0],
+            "pages": int(c["b"][c["kind"] == UPLOAD].max(initial=0))}
 
 
 def _judged(digest: TraceDigest | None, size: int) -> float:

@@ -36,6 +36,35 @@ def status_text(doc: Document, index: int, total: int, width: int | None = None)
     return f"{middle_cut(doc.name, room)}{where}{rest}"
 
 
+QUIET_SAY_S = 5.0
+"""A followed file quiet this long: the marker says for how long (its writer may be gone
+without a word: only an End, an abort or a crash says so)."""
+
+
+def live_marker(doc: Document, paused: bool, now: float) -> tuple[str, str]:
+    """The marker of a followed file (``kvdiag tui --follow``) and its state — ``live``,
+    ``paused`` or ``ended`` (the stylesheet colours the status line by it)."""
+    live = doc.live if isinstance(doc, TraceDoc | LogDoc) else None
+    if paused:
+        return "⏸ PAUSED (s: resume)", "paused"
+    if live is not None and live.ended:
+        return f"■ ENDED: {live.ended}", "ended"
+    text = "● LIVE"
+    if live is None:
+        return text + (" · waiting" if isinstance(doc, PendingDoc) else ""), "live"
+    quiet = now - live.grown_at
+    if quiet >= QUIET_SAY_S:
+        text += f" · quiet {_duration(quiet)}"
+    if live.files > 1:
+        text += f" · file {live.files} under this name"
+    return text, "live"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s} s" if s < 120 else f"{s // 60} min" if s < 7200 else f"{s // 3600} h"
+
+
 def _status_facts(doc: Document) -> list[str]:
     if isinstance(doc, PendingDoc):
         return [doc.message]

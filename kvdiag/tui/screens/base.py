@@ -4,6 +4,7 @@ the app (``sync`` pulls the current document snapshot, ``go_to`` shows a jump ta
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, cast
 
 from textual import events
@@ -13,7 +14,9 @@ from textual.widgets import Footer, Static
 
 from kvdiag.tui.document import Document
 from kvdiag.tui.navigation import TITLES, Target
-from kvdiag.tui.summaries import status_text
+from kvdiag.tui.summaries import live_marker, status_text
+
+LIVE_STATES = ("live", "paused", "ended")
 
 if TYPE_CHECKING:
     from kvdiag.tui.app import KvdiagApp
@@ -40,12 +43,22 @@ class KvScreen(Screen[None]):
         yield from ()
 
     def _status(self) -> None:
-        """The status line, fitted to the screen's width (its padding takes two columns)."""
+        """The status line, fitted to the screen's width (its padding takes two columns); a
+        followed file's marker first (LIVE, PAUSED, ENDED), the line coloured by it."""
         app = self.kv
         title = f"{TITLES[self.MODE]}  ·  "
+        found = self.query("#status")
+        if not found:
+            return  # not composed yet (the follower's clock ticks from the start)
+        status = found.first(Static)
+        if app.follow:
+            marker, state = live_marker(app.doc, app.paused, time.monotonic())
+            title = f"{marker}  ·  {title}"
+            for s in LIVE_STATES:
+                status.set_class(s == state, f"-{s}")
         width = self.size.width - 2 - len(title) if self.size.width else None
-        self.query_one("#status", Static).update(
-            title + status_text(app.doc, app.current, len(app.docs), width), layout=False)
+        status.update(title + status_text(app.doc, app.current, len(app.docs), width),
+                      layout=False)
 
     def on_resize(self, event: events.Resize) -> None:
         if self.is_mounted:

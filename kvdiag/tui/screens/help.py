@@ -17,6 +17,7 @@ GLOBAL = """\
 | `o` / `O` | next / previous file given on the command line |
 | `backspace` | back to where the last jump came from |
 | `ctrl+p` | command palette (screens, files, back, help) |
+| `s` | with `--follow`: pause / resume the live screens (the marker says `● LIVE`, `⏸ PAUSED` or `■ ENDED`) |
 | `?` | this help · `q` quit |
 """
 
@@ -42,7 +43,7 @@ SCREEN_KEYS = {
 | key | Pages |
 |---|---|
 | `←` `→` | previous / next step · `shift+←/→` ten steps |
-| `space` | play / pause · `home` / `end` first / last step |
+| `space` | play / pause · `home` / `end` first / last step (`--follow`: `end` follows the newest step again; scrubbing away stops following) |
 | `n` / `N` | next / previous step with a stale or foreign read |
 | `↑` `↓` | cell cursor: layer up / down (or click a cell) |
 | `[` `]` | cell cursor: page left / right |

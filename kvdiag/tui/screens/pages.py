@@ -222,6 +222,9 @@ class PagesScreen(KvScreen):
                 grid.show(other_snap, None, other_marks.cells(grid.stream))
         self.query_one("#pages-scrubber", Scrubber).show(self.last_step + 1, step, self.marks())
         playing = " ▶ playing" if self.timer is not None else ""
+        if self.kv.follow and isinstance(doc, TraceDoc) and doc.live is not None:
+            playing += (" · following the newest step" if self.kv.follow_step else
+                        " · [yellow]not following (end: the newest step)[/]")
         flagged = snap.flagged()
         now = [f for f in flagged if f[3].step == step]
         bad = (f" · [red]{len(now)} stale/foreign page read(s) at this step[/]" if now else
@@ -261,7 +264,7 @@ class PagesScreen(KvScreen):
     # -- keys ---------------------------------------------------------------------------
 
     def set_step(self, step: int) -> None:
-        self.kv.step = max(0, min(step, self.last_step))
+        self.kv.user_step(max(0, min(step, self.last_step)), self.last_step)
         self.render_step()
 
     def action_step(self, delta: int) -> None:

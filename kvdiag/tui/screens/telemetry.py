@@ -207,13 +207,15 @@ class TelemetryScreen(KvScreen):
     def action_step(self, delta: int) -> None:
         doc = self.doc
         if isinstance(doc, TraceDoc):
-            self.kv.step = max(0, min(self.kv.step + delta, doc.index.last_step))
+            last = doc.index.last_step
+            self.kv.user_step(max(0, min(self.kv.step + delta, last)), last)
             self.redraw()
 
     def action_edge(self, end: int) -> None:
         doc = self.doc
         if isinstance(doc, TraceDoc):
-            self.kv.step = doc.index.last_step if end else 0
+            last = doc.index.last_step
+            self.kv.user_step(last if end else 0, last)
             self.redraw()
 
     def go_to(self, target: Target) -> None:

@@ -84,7 +84,13 @@ class TimelineScreen(KvScreen):
             self.query_one("#filter", Input).value = ""
         table.columns = LOG_COLUMNS if isinstance(doc, LogDoc) else TRACE_COLUMNS
         keep = self.current_row()
-        self._rebuild(doc, keep if old is not None else 0)
+        if doc.live is not None and (old is None or self._at_end()):
+            keep = doc.index.n - 1  # a followed file: the table tails it (up: stays put)
+        self._rebuild(doc, keep if old is not None or doc.live is not None else 0)
+
+    def _at_end(self) -> bool:
+        """The cursor is on the last row shown (or there are none yet)."""
+        return self.rows is None or self.table.cursor >= len(self.rows) - 1
 
     def _rebuild(self, doc: TraceDoc | LogDoc, keep_row: int | None) -> None:
         if isinstance(doc, TraceDoc):
