@@ -15,12 +15,12 @@ only through ``kvdiag import`` (docs/sql.md says so).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import msgspec
 
-from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement import Judge, batches
 from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
@@ -57,8 +57,8 @@ class _Conditions:
 
 def _pages_rows(judge: Judge, e: ev.Read, sink: Sink) -> None:
     """One row per run of pages with one verdict (module docstring)."""
-    v = judge.last
-    assert v is not None and v.seq == e.seq
+    v = judge.verdict(e)
+    assert v is not None and v.seq == e.seq  # e is a read of the chunk fed last
     layer, stream, seq, step = e.layer, e.stream, e.seq, e.step
     if not e.served:
         n = e.pool + e.ring + e.host
@@ -133,18 +133,15 @@ def findings_rows(findings: Iterable[Finding], sink: Sink) -> None:
                                   x.line, x.text))
 
 
-def _tap(reader: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
-         tables: frozenset[str]) -> Iterator[ev.AnyEvent | ev.Unknown]:
-    """The reader's events, handed to the Judge by ``feed_all``; each is turned into rows
-    when the Judge asks for the next one (it has taken this one by then)."""
-    conds = _Conditions(sink)
+def _rows(chunk: list[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
+          tables: frozenset[str], conds: _Conditions, aborts: int) -> int:
+    """The rows of ``chunk``, which the Judge was fed last (it answers about its reads);
+    returns the number of aborts seen so far."""
     events = any(t.startswith("events_") for t in tables)
     pages, fits = "pages" in tables, "fits" in tables
     timings, crashes = "timings" in tables, "crashes" in tables or "frames" in tables
     row_event = sink.event
-    aborts = 0
-    for e in reader:
-        yield e
+    for e in chunk:
         t = type(e)
         if events:
             row_event(e)
@@ -160,6 +157,7 @@ def _tap(reader: Iterable[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
         elif t is ev.Abort and crashes:
             _abort_rows(e, aborts, sink)  # type: ignore[arg-type]
             aborts += 1
+    return aborts
 
 
 def trace_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
@@ -167,7 +165,12 @@ def trace_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
     with TraceReader.open(path) as reader:
         name = "FILE" if path == "-" else path
         judge = Judge(reader.header, name=name)
-        judge.feed_all(_tap(reader, judge, sink, tables))
+        conds = _Conditions(sink)
+        aborts = 0
+        for block in reader.chunks():
+            for chunk in batches(block):
+                judge.feed_all(chunk)  # one list: the Judge answers about its reads
+                aborts = _rows(chunk, judge, sink, tables, conds, aborts)
         j = judge.snapshot()
         header = reader.header
         findings_rows(j.findings, sink)
