@@ -106,7 +106,11 @@ def test_a_signalled_capture_fails_check(tmp_path: Path, sig: signal.Signals, ex
     out = tmp_path / "stopped.kvtrace"
     proc = subprocess.Popen([*KVDIAG, "capture", "--scenario", "pool-pressure", "--steps", "12000",
                              "--executor", "numpy", "-q", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            # a shell's background job starts with SIGINT ignored, and a child
+                            # inherits that (Python then installs no KeyboardInterrupt): give
+                            # the capture the default a user's terminal gives it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         # the trace grows in OUT.<random>.part until its End line is written
@@ -116,7 +120,12 @@ def test_a_signalled_capture_fails_check(tmp_path: Path, sig: signal.Signals, ex
         time.sleep(0.05)
     assert not out.exists()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:  # never leave it running into the next test
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == exit_code, err
     # ended by the signal with End status error, the trace is kept under its name
     assert list(tmp_path.glob("*.part")) == []
