@@ -17,7 +17,6 @@ every judged page (``kvdiag trace pages``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,11 +166,11 @@ class Groups:
         self.versions = Group()
         """Writes whose annotated versions disagree with the judgement."""
 
-    def read_chunk(self, reads: Sequence[ev.Read], pieces: np.ndarray, layer: np.ndarray,
+    def read_chunk(self, seq: np.ndarray, pieces: np.ndarray, layer: np.ndarray,
                    stream: np.ndarray, step: np.ndarray) -> None:
         """Group the non-exact pieces of a chunk's reads (``pieces``: rows of
-        :data:`~kvdiag.analysis.judgement.batch.PIECE_COLUMNS`; ``layer``, ``stream``,
-        ``step``: per read of the chunk). Counting is done on the arrays; evidence is built
+        :data:`~kvdiag.analysis.judgement.batch.PIECE_COLUMNS`; ``seq``, ``layer``,
+        ``stream``, ``step``: per read of the chunk). Counting is done on the arrays; evidence is built
         only for the reads a group still shows."""
         if not pieces.size:
             return
@@ -206,12 +205,12 @@ class Groups:
                 g.count += ids.size
                 g.pages += int(pages[mine].sum())
                 for r in ids[:max(0, MAX_EVIDENCE - len(g.evidence))].tolist():
-                    e = reads[r]
+                    ly, sm = int(layer[r]), int(stream[r])
                     found = [tuple(row) for row in pieces[mine][read[mine] == r].tolist()]
                     g.evidence.append(Evidence(
-                        seq=e.seq, step=e.step, layer=layer_of(e.layer), stream=e.stream,
+                        seq=int(seq[r]), step=int(step[r]), layer=layer_of(ly), stream=sm,
                         page=found[0][1],
-                        text="; ".join(piece_text(e.layer, e.stream, p[1:]) for p in found)))
+                        text="; ".join(piece_text(ly, sm, p[1:]) for p in found)))
 
 
 def _where(by_source: list[int], word: str) -> str:

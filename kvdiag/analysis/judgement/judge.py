@@ -39,7 +39,6 @@ from kvdiag.analysis.judgement import crosscheck
 from kvdiag.analysis.judgement import findings as fnd
 from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
 from kvdiag.analysis.judgement.batch import (
-    CODE_OF,
     OTHER,
     REASONS,
     Chunk,
@@ -64,6 +63,7 @@ from kvdiag.analysis.judgement.classes import (
     WHY,
     WHY_KEY,
 )
+from kvdiag.analysis.judgement.columns import Cols, column, concat, extract
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
@@ -74,13 +74,29 @@ from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
 
 CHUNK = 2048
-"""Events judged together: array operations cost per call, and a chunk's events are read
-several times over, so it should stay in the processor's cache (measured: 2048 beats 512 and
-8192)."""
+"""Events of a list judged together (:meth:`Judge.feed_all`): array operations cost per call,
+and a chunk's events are read several times over, so it should stay in the processor's cache
+(measured: 2048 beats 512 and 8192)."""
+SUB = 256
+"""Events of a stream whose fields are taken out together (:mod:`.columns`), right after they
+are decoded."""
+STREAM_CHUNK = 8192
+"""Events of a stream judged together, from their columns (benchmarks/results/bench_check.txt)."""
+_SPECIAL = frozenset({ev.Records, ev.Unknown, ev.Snapshot})
+"""Kinds that change how the events after them are judged: a stream is judged up to them
+first."""
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_BEGIN, _END, _CLS = _g("begin"), _g("end"), _g("cls")
+_BEGIN_END, _CLS = _g("begin", "end"), _g("cls")
+
+
+class _Annotated(NamedTuple):
+    """What the cross-check reads of a read event (:func:`.crosscheck.disagrees`)."""
+
+    stream: int
+    served: tuple[ev.Served, ...]
+    ranges: tuple[ev.ReadRange, ...]
 
 
 class _NotExact(dict[str, bool]):
@@ -242,11 +258,44 @@ class Judge:
         self._judge([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
-        """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
-        operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
-        for chunk in batches(events):
-            self._judge(chunk)
+        """Feed every event of ``events``, judged with array operations
+        (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged :data:`CHUNK` events at a
+        time, and the reads of its last chunk can be asked about (:meth:`verdict`,
+        :meth:`pages`, ...). Any other iterable (a reader: ``kvdiag check``) is streamed: the
+        fields the judgement needs are taken out :data:`SUB` events at a time, while the
+        decoder has just made them, and judged :data:`STREAM_CHUNK` events at a time; its
+        reads are asked about by seq (:meth:`verdict` finds them)."""
+        if isinstance(events, list):
+            for chunk in batches(events):
+                self._judge(chunk)
+            return self
+        pending: list[Cols] = []
+        held = 0
+        it = iter(events)
+        while True:
+            block = list(itertools.islice(it, SUB))
+            if not block:
+                break
+            types = list(map(type, block))
+            if not _SPECIAL.isdisjoint(types):
+                # a declaration or a segment's snapshot changes how what follows is judged
+                self._flush(pending)
+                pending, held = [], 0
+                for chunk in batches(block):
+                    self._judge(chunk)
+                continue
+            pending.append(self._take(block, types, keep_reads=False))
+            held += len(block)
+            if held >= STREAM_CHUNK:
+                self._flush(pending)
+                pending, held = [], 0
+        self._flush(pending)
         return self
+
+    def _flush(self, pending: list[Cols]) -> None:
+        if pending:
+            cols = concat(pending)
+            self._judge_cols(cols, int(cols.rows0))
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
@@ -275,9 +324,17 @@ class Judge:
                     if i + 1 < len(chunk):
                         self._judge(chunk[i + 1:])
                     return
+        rows0 = self.rows
+        cols = self._take(chunk, types, keep_reads=True)
+        self._judge_cols(cols, rows0)
+
+    def _take(self, chunk: list[Any], types: list[type], keep_reads: bool) -> Cols:
+        """Everything of ``chunk`` but its pages (counts, steps, fits, the other kinds'
+        handlers), and the columns its pages are judged from (rows from :attr:`rows` on)."""
         self._types.update(types)
         n = len(chunk)
-        steps = ints(chunk, _STEP)
+        cols = extract(chunk, types, keep_reads)
+        steps = cols.step
         ran = steps
         if types.count(ev.End):  # the End's step is not a step the run ran
             ran = steps[[t is not ev.End for t in types]]
@@ -288,12 +345,10 @@ class Judge:
             if self._last_step is None or hi > self._last_step:
                 self._last_step = hi
         rows0 = self.rows
-        code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
-        result = judge_chunk(self.state, chunk, code, steps, rows0,
-                             flows=self.ledger is not None or self.flows, detail=self.detail)
+        cols.rows0 = rows0
         fits: list[int] = []
         handler = self._handlers.get
-        for i in np.flatnonzero(code == OTHER).tolist():
+        for i in np.flatnonzero(cols.code == OTHER).tolist():
             t = types[i]
             if t is ev.Fits:
                 fits.append(i)
@@ -304,11 +359,16 @@ class Judge:
                 h(chunk[i])
         if fits:
             self._fits(chunk, fits, rows0)
-        self._absorb(result)
         if self.keep_writes:
             self._keep_writes(chunk, types)
         self.rows = rows0 + n
         self.last_seq = chunk[-1].seq
+        return cols
+
+    def _judge_cols(self, cols: Cols, rows0: int) -> None:
+        result = judge_chunk(self.state, cols, rows0,
+                             flows=self.ledger is not None or self.flows, detail=self.detail)
+        self._absorb(result)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -454,22 +514,20 @@ class Judge:
         self._chunk, self._index = c, None
         self.classes += c.page_cls
         self.not_judged_why.update(c.not_judged)
-        for w, page, said, judged in c.versions_disagree:
+        for seq, step_, layer_, stream_, page, said, judged in c.versions_disagree:
             self.groups.versions.add(Evidence(
-                seq=w.seq, step=w.step, layer=fnd.layer_of(w.layer), stream=w.stream,
+                seq=seq, step=step_, layer=fnd.layer_of(layer_), stream=stream_,
                 page=page, text=f"annotated version {said}, judged {judged}"))
-        reads = c.reads
+        nr = c.r_seq.size
         self._unserved = {}
-        if not reads:
+        if not nr:
             return
-        nr = len(reads)
         self.pages_read += c.r_pages.sum(axis=0)
-        runs = np.bincount(c.detail["run_read"], minlength=nr)
         layer, stream, step = c.r_layer, c.r_stream, c.r_step
-        for k in np.flatnonzero(runs == 0).tolist():
-            self._unserved[k] = self._not_served(reads[k])
+        for k in np.flatnonzero(c.cols.r[:, 7] == 0).tolist():
+            self._unserved[k] = self._not_served(c, k)
         self.reads[0] += nr - len(self._unserved)
-        self.groups.read_chunk(reads, c.pieces, layer, stream, step)
+        self.groups.read_chunk(c.r_seq, c.pieces, layer, stream, step)
         nj = c.pieces[c.pieces[:, 5] == NOT_JUDGED] if c.pieces.size else c.pieces
         for why in (np.unique(nj[:, 13]).tolist() if nj.size else []):
             mine = nj[nj[:, 13] == why]
@@ -480,59 +538,68 @@ class Judge:
             ids = ids[np.argsort(first)]
             per = np.bincount(mine[:, 0], weights=mine[:, 2] - mine[:, 1], minlength=nr)
             for r in ids.tolist():
-                e = reads[r]
                 if g.full:
                     g.count_one(int(per[r]))
                 else:
-                    g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                                   stream=e.stream, text=f"{int(per[r])} page(s)"), int(per[r]))
-        annotated = np.fromiter(map(len, map(_RANGES, reads)), np.int64, nr)
-        if annotated.any():
-            self._check_ranges(c, annotated)
+                    seq, step_, layer_, stream_ = self._read_at(c, r)
+                    g.add(Evidence(seq=seq, step=step_, layer=fnd.layer_of(layer_),
+                                   stream=stream_, text=f"{int(per[r])} page(s)"), int(per[r]))
+        if c.cols.served is not None:
+            self._check_ranges(c)
         if self.ledger is not None:
             self._ledger(c, layer, stream, step)
 
-    def _not_served(self, e: ev.Read) -> int:
+    @staticmethod
+    def _read_at(c: Chunk, k: int) -> tuple[int, int, int, int]:
+        """(seq, step, layer, stream) of read ``k`` of a chunk."""
+        return (int(c.r_seq[k]), int(c.r_step[k]), int(c.r_layer[k]), int(c.r_stream[k]))
+
+    def _not_served(self, c: Chunk, k: int) -> int:
         """A read without served pages: none of its pages can be judged (the pages it says
         it read count as read)."""
         self.reads[1] += 1
-        n = e.pool + e.ring + e.host
-        self.pages_read += (e.pool, e.ring, e.host)
-        self.classes[POOL, NOT_JUDGED] += e.pool
-        self.classes[RING, NOT_JUDGED] += e.ring
-        self.classes[HOST, NOT_JUDGED] += e.host
+        pool, ring, host = (int(x) for x in c.cols.r[k, 4:7])
+        n = pool + ring + host
+        self.pages_read += (pool, ring, host)
+        self.classes[POOL, NOT_JUDGED] += pool
+        self.classes[RING, NOT_JUDGED] += ring
+        self.classes[HOST, NOT_JUDGED] += host
         self.not_judged_why[NO_SERVED] += n
         g = self.groups.no_served
         if g.full:
             g.count_one(n)
         else:
-            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                           stream=e.stream), n)
+            seq, step, layer, stream = self._read_at(c, k)
+            g.add(Evidence(seq=seq, step=step, layer=fnd.layer_of(layer), stream=stream), n)
         said = self.groups.annotated_classes
-        for r in e.ranges:
+        for r in c.cols.ranges[k]:
             said[r.cls] = said.get(r.cls, 0) + r.end - r.begin
         return n
 
-    def _check_ranges(self, c: Chunk, annotated: np.ndarray) -> None:
+    def _check_ranges(self, c: Chunk) -> None:
         """The model's annotated ranges against the verdicts (a cross-check): a read whose
         judged and annotated non-exact page counts are both 0 agrees without a closer look."""
-        nr = len(c.reads)
-        ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
+        cols = c.cols
+        assert cols.served is not None
+        nr = c.r_seq.size
+        annotated = np.fromiter(map(len, cols.ranges), np.int64, nr)
+        ranges = list(itertools.chain.from_iterable(cols.ranges))
         owner = np.repeat(np.arange(nr), annotated)
         n = len(ranges)
-        width = ints(ranges, _END) - ints(ranges, _BEGIN)
+        ends = column(lambda: itertools.chain.from_iterable(map(_BEGIN_END, ranges)), n, 2)
+        width = ends[:, 1] - ends[:, 0]
         bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
         for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
             if k in self._unserved:
                 continue
-            e = c.reads[k]
-            diff = crosscheck.disagrees(e, self._pieces(c, k))
+            seq, step, layer, stream = self._read_at(c, k)
+            read = _Annotated(stream, cols.served[k], cols.ranges[k])
+            diff = crosscheck.disagrees(read, self._pieces(c, k))  # type: ignore[arg-type]
             if diff is not None:
                 self.groups.annotation.add(Evidence(
-                    seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
-                    text=diff))
+                    seq=seq, step=step, layer=fnd.layer_of(layer), stream=stream, text=diff))
 
     def _ledger(self, c: Chunk, layer: np.ndarray, stream: np.ndarray,
                 step: np.ndarray) -> None:
@@ -561,17 +628,21 @@ class Judge:
         c = self._chunk
         if c is None:
             return None
+        reads = c.cols.reads
+        if reads is None:  # a streamed chunk: its reads by seq
+            found = np.flatnonzero(c.r_seq == e.seq)
+            return int(found[0]) if found.size else None
         if self._index is None:
-            self._index = {id(r): k for k, r in enumerate(c.reads)}
+            self._index = {id(r): k for k, r in enumerate(reads)}
         return self._index.get(id(e))
 
     @property
     def last(self) -> ReadVerdict | None:
         """The verdict of the last read of the last chunk fed (None: that chunk had none)."""
         c = self._chunk
-        if c is None or not c.reads:
+        if c is None or not c.r_seq.size:
             return None
-        return self._verdict(c, len(c.reads) - 1)
+        return self._verdict(c, c.r_seq.size - 1)
 
     def verdict(self, e: ev.Read) -> ReadVerdict | None:
         """The verdict of a read of the last chunk fed (None: not in it)."""
@@ -579,14 +650,13 @@ class Judge:
         return None if k is None else self._verdict(self._chunk, k)  # type: ignore[arg-type]
 
     def _verdict(self, c: Chunk, k: int) -> ReadVerdict:
-        e = c.reads[k]
+        seq, step, layer, stream = self._read_at(c, k)
         if k in self._unserved:
             n = self._unserved[k]
             piece = (0, n, POOL, -1, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1, NO_SERVED)
-            return ReadVerdict(e.seq, e.step, e.layer, e.stream, (0, 0, 0, n),
-                               (piece,) if n else ())
+            return ReadVerdict(seq, step, layer, stream, (0, 0, 0, n), (piece,) if n else ())
         counts = tuple(int(x) for x in c.r_counts[k])
-        return ReadVerdict(e.seq, e.step, e.layer, e.stream, counts,  # type: ignore[arg-type]
+        return ReadVerdict(seq, step, layer, stream, counts,  # type: ignore[arg-type]
                            tuple(self._pieces(c, k)))
 
     def missed_writes(self, verdict: ReadVerdict | None = None) -> list[int]:
@@ -594,14 +664,14 @@ class Judge:
         not get: for each stale or foreign page, the last write of that page before the read
         (flows start there). Needs ``flows`` (or a ledger) on when the read is fed."""
         c = self._chunk
-        if c is None or not c.reads:
+        if c is None or not c.r_seq.size:
             return []
-        k = len(c.reads) - 1
+        k = c.r_seq.size - 1
         if verdict is not None:
-            found = [i for i, r in enumerate(c.reads) if r.seq == verdict.seq]
-            if not found:
+            found = np.flatnonzero(c.r_seq == verdict.seq)
+            if not found.size:
                 return []
-            k = found[0]
+            k = int(found[0])
         return sorted(set(c.flows[c.flows[:, 1] == k, 0].tolist())) if c.flows.size else []
 
     def missed(self, e: ev.Read) -> list[tuple[int, str]]:
@@ -661,7 +731,14 @@ class Judge:
                                            self._version_at(c, e, page), None, why))
                 continue
             sel = np.flatnonzero(p_run == run)
-            for i in sel.tolist():
+            judged = dict(zip(cols["p_page"][sel].tolist(), sel.tolist(), strict=True))
+            for page in range(b, end):
+                i = judged.get(page, -1)
+                if i < 0:  # decided exact with its whole run (batch._quick_runs)
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page,
+                                           SOURCES[src], slot0 + page - b, "exact", 0,
+                                           self._version_at(c, e, page), None, ""))
+                    continue
                 hv = int(cols["h_vid"][i])
                 holder = None if hv < 0 else Copy(
                     int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
