@@ -151,20 +151,20 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
 
     # -- writes ------------------------------------------------------------------------------
     w = cols.w
-    wi = w[:, 0]
+    wi = cols.w_pos
     if w.shape[0]:
-        c0, c1 = w[:, 4], w[:, 5]
+        c0, c1 = cols.w_cells[:, 0], cols.w_cells[:, 1]
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
         ok = c1 > c0
         bad = ok & ((p0 < 0) | (p1 > MAX_PAGE))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
         w_ok = ok
-        w_vid_e = views.of(w[ok, 2], w[ok, 3])
+        w_vid_e = views.of(w[ok, 1], w[ok, 2])
         owner, w_page = expand(p0[ok], (p1 - p0)[ok])
         w_vid = w_vid_e[owner]
         w_pos = wi[ok][owner]
-        w_seq = w[ok, 1][owner]
+        w_seq = w[ok, 0][owner]
     else:
         w_vid = w_page = w_pos = w_seq = w_vid_e = np.empty(0, np.int64)
         w_ok = np.empty(0, bool)
@@ -173,45 +173,45 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
     # -- uploads -----------------------------------------------------------------------------
     u = cols.u
     if u.shape[0]:
-        ui = u[:, 0]
-        u0, u1 = u[:, 4], u[:, 5]
+        ui = cols.u_pos
+        u0, u1 = cols.u_pages[:, 0], cols.u_pages[:, 1]
         cnt = u1 - u0
-        key = u[:, 8]  # [target, reason] flattened, for the residency statistics
+        key = cols.u_key  # [target, reason] flattened, for the residency statistics
         tgt = key // _TARGET_OF_KEY
         st = state.upload_stats
         st[:, 0, :] += np.bincount(key, minlength=16).reshape(2, 8)
         st[:, 1, :] += np.bincount(key, weights=cnt, minlength=16).astype(np.int64).reshape(2, 8)
-        st[:, 2, :] += np.bincount(key, weights=u[:, 7],
+        st[:, 2, :] += np.bincount(key, weights=u[:, 4],
                                    minlength=16).astype(np.int64).reshape(2, 8)
-        slot0 = u[:, 6]
+        slot0 = u[:, 3]
         ok = cnt > 0
         bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
-        u_vid_e = views.of(u[ok, 2], u[ok, 3])
+        u_vid_e = views.of(u[ok, 1], u[ok, 2])
         owner, u_page = expand(u0[ok], cnt[ok])
         u_vid = u_vid_e[owner]
         u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
         u_pos = ui[ok][owner]
         u_tgt = tgt[ok][owner]
-        u_seq = u[ok, 1][owner]
+        u_seq = u[ok, 0][owner]
         u_step = steps[ui][ok][owner]
     else:
         u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
     first_up = [int(u_pos[u_tgt == t][0]) if np.any(u_tgt == t) else n for t in (0, 1)]
 
     # -- evicts, invalidates -----------------------------------------------------------------
-    e_pos, e_slot = cols.e[:, 0], cols.e[:, 1]
+    e_pos, e_slot = cols.e_pos, cols.e_slot
     inv_pos = cols.inv
 
     # -- reads ---------------------------------------------------------------------------------
     rc = cols.r
     nr = rc.shape[0]
-    ri = rc[:, 0]
-    r_layer, r_stream = rc[:, 2], rc[:, 3]
+    ri = cols.r_pos
+    r_layer, r_stream = rc[:, 1], rc[:, 2]
     r_vid = views.of(r_layer, r_stream)
-    run_read = np.repeat(np.arange(nr), rc[:, 7])
-    b, e, src, slot = cols.runs[:, 0], cols.runs[:, 1], cols.runs[:, 2], cols.runs[:, 3]
+    run_read = np.repeat(np.arange(nr), cols.r_runs)
+    b, e, slot, src = cols.runs[:, 0], cols.runs[:, 1], cols.runs[:, 2], cols.run_src
     run_pos = ri[run_read]
     length = e - b
     keep = length > 0
@@ -496,7 +496,7 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
     return Chunk(rows0, cols, ri, r_counts, pieces, page_cls, not_judged, found, info,
-                 versions_disagree, r_layer, r_stream, steps[ri], rc[:, 1], r_pages)
+                 versions_disagree, r_layer, r_stream, steps[ri], rc[:, 0], r_pages)
 
 
 def _check_versions(cols: Cols, w_ok: np.ndarray, w_vid_e: np.ndarray, pages: PageTable,
@@ -508,7 +508,7 @@ def _check_versions(cols: Cols, w_ok: np.ndarray, w_vid_e: np.ndarray, pages: Pa
     if not total:
         return []
     w = cols.w
-    wi = w[:, 0]
+    wi = cols.w_pos
     wix = np.repeat(np.arange(w.shape[0]), cols.w_vlen)
     page, annotated = cols.w_vers[:, 0], cols.w_vers[:, 1]
     okidx = np.cumsum(w_ok) - 1
@@ -526,7 +526,7 @@ def _check_versions(cols: Cols, w_ok: np.ndarray, w_vid_e: np.ndarray, pages: Pa
         i = int(wix[k])
         if i not in seen:
             seen.add(i)
-            out.append((int(w[i, 1]), int(cols.step[wi[i]]), int(w[i, 2]), int(w[i, 3]),
+            out.append((int(w[i, 0]), int(cols.step[wi[i]]), int(w[i, 1]), int(w[i, 2]),
                         int(page[k]), int(annotated[k]), int(judged[k])))
     return out
 

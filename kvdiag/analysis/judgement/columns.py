@@ -7,7 +7,7 @@ a judging chunk's decoded events alive until it is judged made the decoder and t
 work in memory that had left the cache (measured on bench_check's 1M-event trace: decoding
 alone took 1.8 s with the events of 256 at a time alive, 3.0 s with 2048 alive).
 
-Per kind, one row per event (``pos`` is the event's index in the columns):
+Per kind, one row per event (``pos`` is the event's position in the columns):
 
 - ``w`` (write): pos, seq, layer, stream, cells begin, cells end; ``w_vlen``/``w_vers`` the
   model's annotated ``versions`` (a cross-check only);
@@ -35,7 +35,9 @@ import numpy as np
 from kvdiag.analysis.judgement.classes import HOST, POOL, RING
 from kvdiag.model import events as ev
 
-WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER = range(6)
+WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK = range(10)
+"""Codes of the kinds (:data:`CODE_OF`): the page kinds, then the others — a few common ones
+apart, so that their events are found without a Python loop over the rest."""
 
 
 class _Codes(dict[type, int]):
@@ -45,9 +47,11 @@ class _Codes(dict[type, int]):
 
 CODE_OF = _Codes({ev.Write: WRITE, ev.Upload: UPLOAD, ev.Evict: EVICT,
                   ev.Invalidate: INVALIDATE, ev.Read: READ})
-for _t in (ev.Step, ev.Learn, ev.Fits, ev.Mark, ev.Abort, ev.Warn, ev.Output, ev.Repartition,
-           ev.Adapt, ev.Telemetry, ev.Kernel, ev.End, ev.Unknown, ev.Snapshot):
+for _t in (ev.Learn, ev.Abort, ev.Warn, ev.Repartition, ev.Adapt, ev.Telemetry, ev.Kernel,
+           ev.End, ev.Unknown, ev.Snapshot):
     CODE_OF[_t] = OTHER
+CODE_OF.update({ev.Fits: FITS, ev.Output: OUTPUT, ev.Step: STEP, ev.Mark: MARK})
+_KINDS = MARK + 1
 
 REASONS: tuple[str, ...] = ("miss", "dirty", "wide-query", "last-chunk", "ring")
 _TARGETS: tuple[str, ...] = ("resident", "ring")
@@ -94,10 +98,6 @@ def column(make: Callable[[], Iterable[int]], count: int, width: int = 1) -> np.
     return flat.reshape(count, width) if width > 1 else flat
 
 
-def _empty(width: int) -> np.ndarray:
-    return np.empty((0, width), np.int64)
-
-
 @dataclass
 class Cols:
     """The columns of a run of events (module docstring)."""
@@ -105,14 +105,31 @@ class Cols:
     n: int
     code: np.ndarray
     step: np.ndarray
+    w_pos: np.ndarray
     w: np.ndarray
+    """Per write: seq, layer, stream."""
+    w_cells: np.ndarray
     w_vlen: np.ndarray
     w_vers: np.ndarray
+    u_pos: np.ndarray
     u: np.ndarray
-    e: np.ndarray
+    """Per upload: seq, layer, stream, slot, bytes."""
+    u_pages: np.ndarray
+    u_key: np.ndarray
+    e_pos: np.ndarray
+    e_slot: np.ndarray
     inv: np.ndarray
+    r_pos: np.ndarray
     r: np.ndarray
+    """Per read: seq, layer, stream."""
+    r_runs: np.ndarray
+    """Per read: how many served runs it has."""
+    r_counts: np.ndarray | None
+    """Per read: its own pool, ring, host page counts — taken only where a read has no served
+    runs (None: every read has some; rows of reads that have are 0)."""
     runs: np.ndarray
+    """Per served run: begin, end, slot."""
+    run_src: np.ndarray
     ranges: list[Any]
     """Per read: its annotated ``ranges`` (the model's; ``()`` for most traces)."""
     served: list[Any] | None
@@ -122,118 +139,122 @@ class Cols:
     """The read events themselves, where a caller will ask about them by identity."""
     rows0: int = 0
     """The Judge's row of the first event."""
+    order: np.ndarray | None = None
+    """Indices of the events (of the run given to :func:`extract`) by kind code, stably."""
+    bounds: list[tuple[int, int]] | None = None
+    """Per kind code: where its events are in :attr:`order`."""
+
+    def of_kind(self, code: int) -> list[int]:
+        """Indices of the events of one kind code (of the run given to :func:`extract`)."""
+        assert self.order is not None and self.bounds is not None
+        lo, hi = self.bounds[code]
+        out: list[int] = self.order[lo:hi].tolist()
+        return out
 
 
-def extract(events: Sequence[Any], types: list[type], keep_reads: bool) -> Cols:
-    """The columns of ``events`` (``types``: the type of each)."""
+_ARRAYS = ("code", "step", "w_pos", "w", "w_cells", "w_vlen", "w_vers", "u_pos", "u",
+           "u_pages", "u_key", "e_pos", "e_slot", "inv", "r_pos", "r", "r_runs", "runs",
+           "run_src")
+
+
+def _none(width: int = 0) -> np.ndarray:
+    return np.empty((0, width) if width else 0, np.int64)
+
+
+def extract(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0) -> Cols:
+    """The columns of ``events`` (``types``: the type of each; ``base``: the position of the
+    first, where these columns will follow others)."""
     n = len(events)
     code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
     step = column(lambda: map(_STEP, events), n)
     order = np.argsort(code, kind="stable")
-    bounds = np.cumsum(np.bincount(code, minlength=OTHER + 1)).tolist()
-    at = dict(zip(range(OTHER + 1), zip([0, *bounds[:-1]], bounds, strict=True), strict=True))
+    ends = np.cumsum(np.bincount(code, minlength=_KINDS)).tolist()
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    at_list = order.tolist()
 
     def kind(k: int) -> tuple[np.ndarray, list[Any]]:
-        lo, hi = at[k]
-        pos = order[lo:hi]
+        lo, hi = bounds[k]
         if hi - lo == 0:
-            return pos.astype(np.int64), []
+            return _none(), []
+        pos = order[lo:hi] + base
         if hi - lo == 1:
-            return pos.astype(np.int64), [events[int(pos[0])]]
-        return pos.astype(np.int64), list(operator.itemgetter(*pos.tolist())(events))
+            return pos, [events[at_list[lo]]]
+        return pos, list(operator.itemgetter(*at_list[lo:hi])(events))
 
-    wi, ws = kind(WRITE)
+    w_pos, ws = kind(WRITE)
     nw = len(ws)
     if nw:
-        w = np.concatenate([wi[:, None], column(lambda: _chain(map(_W, ws)), nw, 3),
-                            column(lambda: _chain(map(_CELLS, ws)), nw, 2)], axis=1)
+        w = column(lambda: _chain(map(_W, ws)), nw, 3)
+        w_cells = column(lambda: _chain(map(_CELLS, ws)), nw, 2)
         vl = list(map(_VERSIONS, ws))
         if vl.count(()) == nw:  # no annotation (a native trace, most captures): one C pass
-            w_vlen, w_vers = np.zeros(nw, np.int64), _empty(2)
+            w_vlen, w_vers = np.zeros(nw, np.int64), _none(2)
         else:
             w_vlen = np.fromiter(map(len, vl), np.int64, nw)
             total = int(w_vlen.sum())
-            w_vers = column(lambda: _chain(_chain(vl)), total, 2) if total else _empty(2)
+            w_vers = column(lambda: _chain(_chain(vl)), total, 2) if total else _none(2)
     else:
-        w, w_vlen, w_vers = _empty(6), np.empty(0, np.int64), _empty(2)
-    ui, us = kind(UPLOAD)
+        w, w_cells, w_vlen, w_vers = _none(3), _none(2), _none(), _none(2)
+    u_pos, us = kind(UPLOAD)
     nu = len(us)
     if nu:
-        u = np.concatenate([ui[:, None], column(lambda: _chain(map(_U, us)), nu, 5),
-                            column(lambda: _chain(map(_PAGES, us)), nu, 2),
-                            np.fromiter(map(_UKEY.__getitem__, map(_UTR, us)), np.int64,
-                                        nu)[:, None]], axis=1)
-        # columns: pos, seq, layer, stream, slot, bytes, p0, p1, key -> documented order
-        u = u[:, [0, 1, 2, 3, 6, 7, 4, 5, 8]]
+        u = column(lambda: _chain(map(_U, us)), nu, 5)
+        u_pages = column(lambda: _chain(map(_PAGES, us)), nu, 2)
+        u_key = np.fromiter(map(_UKEY.__getitem__, map(_UTR, us)), np.int64, nu)
     else:
-        u = _empty(9)
-    ei, es = kind(EVICT)
-    e = (np.stack([ei, column(lambda: map(_E, es), len(es))], axis=1) if es else _empty(2))
+        u, u_pages, u_key = _none(5), _none(2), _none()
+    e_pos, es = kind(EVICT)
+    e_slot = column(lambda: map(_E, es), len(es)) if es else _none()
     inv, _ = kind(INVALIDATE)
-    ri, rs = kind(READ)
+    r_pos, rs = kind(READ)
     nr = len(rs)
+    r_counts = None
     if nr:
         served = list(map(_SERVED, rs))
-        lens = np.fromiter(map(len, served), np.int64, nr)
+        r_runs = np.fromiter(map(len, served), np.int64, nr)
         runs_l = list(_chain(served))
         nrun = len(runs_l)
-        # a read's own page counts matter only where it has no served runs (not judged)
-        counts = np.zeros((nr, 3), np.int64)
-        if not lens.all():
-            bare = np.flatnonzero(lens == 0)
-            counts[bare] = column(lambda: _chain(_COUNTS(rs[i]) for i in bare.tolist()),
-                                  bare.size, 3)
-        r = np.concatenate([ri[:, None], column(lambda: _chain(map(_R, rs)), nr, 3), counts,
-                            lens[:, None]], axis=1)
-        if nrun:
-            bes = column(lambda: _chain(map(_RUN, runs_l)), nrun, 3)
-            src = np.fromiter(map(_SOURCE.__getitem__, map(_SRC, runs_l)), np.int64, nrun)
-            runs = np.stack([bes[:, 0], bes[:, 1], src, bes[:, 2]], axis=1)
-        else:
-            runs = _empty(4)
+        r = column(lambda: _chain(map(_R, rs)), nr, 3)
+        if not r_runs.all():
+            # a read's own page counts matter only where it has no served runs (not judged)
+            r_counts = np.zeros((nr, 3), np.int64)
+            bare = np.flatnonzero(r_runs == 0)
+            r_counts[bare] = column(lambda: _chain(_COUNTS(rs[i]) for i in bare.tolist()),
+                                    bare.size, 3)
+        runs = column(lambda: _chain(map(_RUN, runs_l)), nrun, 3) if nrun else _none(3)
+        run_src = np.fromiter(map(_SOURCE.__getitem__, map(_SRC, runs_l)), np.int64, nrun)
         ranges = list(map(_RANGES, rs))
         annotated = ranges.count(()) < nr
     else:
-        r, runs, ranges, served, annotated = _empty(8), _empty(4), [], [], False
-    return Cols(n, code, step, w, w_vlen, w_vers, u, e, inv, r, runs, ranges,
-                served if annotated else None, list(rs) if keep_reads else None)
+        r, r_runs, runs, run_src = _none(3), _none(), _none(3), _none()
+        ranges, served, annotated = [], [], False
+    return Cols(n, code, step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key,
+                e_pos, e_slot, inv, r_pos, r, r_runs, r_counts, runs, run_src, ranges,
+                served if annotated else None, list(rs) if keep_reads else None, 0, order,
+                bounds)
 
 
 def concat(parts: list[Cols]) -> Cols:
-    """The columns of consecutive runs of events as one (positions follow on)."""
+    """The columns of consecutive runs of events as one (each extracted with the ``base`` of
+    its first event among them)."""
     if len(parts) == 1:
         return parts[0]
-    base = np.cumsum([0] + [p.n for p in parts[:-1]])
-
-    def rows(name: str, shift: bool) -> np.ndarray:
-        arrays = [getattr(p, name) for p in parts]
-        if shift:
-            arrays = [_shifted(a, int(b)) for a, b in zip(arrays, base, strict=True)]
-        return np.concatenate(arrays)
-
-    annotated = any(p.served is not None for p in parts)
+    arrays = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
     served: list[Any] | None = None
-    if annotated:
+    if any(p.served is not None for p in parts):
         served = []
         for p in parts:
             served += p.served if p.served is not None else [()] * p.r.shape[0]
+    counts: np.ndarray | None = None
+    if any(p.r_counts is not None for p in parts):
+        counts = np.concatenate([p.r_counts if p.r_counts is not None
+                                 else np.zeros((p.r.shape[0], 3), np.int64) for p in parts])
     keep = all(p.reads is not None for p in parts)
+    a = arrays
     return Cols(
-        int(sum(p.n for p in parts)), rows("code", False), rows("step", False),
-        rows("w", True), rows("w_vlen", False), rows("w_vers", False), rows("u", True),
-        rows("e", True), rows("inv", True), rows("r", True), rows("runs", False),
-        list(_chain(p.ranges for p in parts)), served,
+        int(sum(p.n for p in parts)), a["code"], a["step"], a["w_pos"], a["w"], a["w_cells"],
+        a["w_vlen"], a["w_vers"], a["u_pos"], a["u"], a["u_pages"], a["u_key"], a["e_pos"],
+        a["e_slot"], a["inv"], a["r_pos"], a["r"], a["r_runs"], counts, a["runs"],
+        a["run_src"], list(_chain(p.ranges for p in parts)), served,
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
         parts[0].rows0)
-
-
-def _shifted(a: np.ndarray, by: int) -> np.ndarray:
-    """Rows whose first column is a position, moved ``by`` events on."""
-    if not by or not a.size:
-        return a
-    out = a.copy()
-    if out.ndim == 1:
-        out += by
-    else:
-        out[:, 0] += by
-    return out

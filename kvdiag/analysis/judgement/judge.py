@@ -39,7 +39,6 @@ from kvdiag.analysis.judgement import crosscheck
 from kvdiag.analysis.judgement import findings as fnd
 from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
 from kvdiag.analysis.judgement.batch import (
-    OTHER,
     REASONS,
     Chunk,
     State,
@@ -63,7 +62,16 @@ from kvdiag.analysis.judgement.classes import (
     WHY,
     WHY_KEY,
 )
-from kvdiag.analysis.judgement.columns import Cols, column, concat, extract
+from kvdiag.analysis.judgement.columns import (
+    FITS,
+    OTHER,
+    OUTPUT,
+    STEP,
+    Cols,
+    column,
+    concat,
+    extract,
+)
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
@@ -88,7 +96,7 @@ first."""
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_BEGIN_END, _CLS = _g("begin", "end"), _g("cls")
+_BEGIN_END, _CLS, _DIVERGED = _g("begin", "end"), _g("cls"), _g("diverged")
 
 
 class _Annotated(NamedTuple):
@@ -240,8 +248,8 @@ class Judge:
         self._index: dict[int, int] | None = None
         self._flows_by_read: tuple[Chunk, np.ndarray, np.ndarray] | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Step: self.adapt.feed, ev.Abort: self._abort, ev.Warn: self._warn,
-            ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
+            ev.Abort: self._abort, ev.Warn: self._warn,
+            ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
             ev.Records: self._records,
         }
@@ -284,7 +292,7 @@ class Judge:
                 for chunk in batches(block):
                     self._judge(chunk)
                 continue
-            pending.append(self._take(block, types, keep_reads=False))
+            pending.append(self._take(block, types, keep_reads=False, base=held))
             held += len(block)
             if held >= STREAM_CHUNK:
                 self._flush(pending)
@@ -328,12 +336,14 @@ class Judge:
         cols = self._take(chunk, types, keep_reads=True)
         self._judge_cols(cols, rows0)
 
-    def _take(self, chunk: list[Any], types: list[type], keep_reads: bool) -> Cols:
+    def _take(self, chunk: list[Any], types: list[type], keep_reads: bool, base: int = 0
+              ) -> Cols:
         """Everything of ``chunk`` but its pages (counts, steps, fits, the other kinds'
-        handlers), and the columns its pages are judged from (rows from :attr:`rows` on)."""
+        handlers), and the columns its pages are judged from (rows from :attr:`rows` on;
+        ``base``: the position of its first event in the columns it will be judged with)."""
         self._types.update(types)
         n = len(chunk)
-        cols = extract(chunk, types, keep_reads)
+        cols = extract(chunk, types, keep_reads, base)
         steps = cols.step
         ran = steps
         if types.count(ev.End):  # the End's step is not a step the run ran
@@ -346,17 +356,19 @@ class Judge:
                 self._last_step = hi
         rows0 = self.rows
         cols.rows0 = rows0
-        fits: list[int] = []
         handler = self._handlers.get
-        for i in np.flatnonzero(cols.code == OTHER).tolist():
-            t = types[i]
-            if t is ev.Fits:
-                fits.append(i)
-                continue
-            h = handler(t)
+        for i in cols.of_kind(OTHER):
+            h = handler(types[i])
             if h is not None:
                 self.rows = rows0 + i
                 h(chunk[i])
+        feed_adapt = self.adapt.feed
+        for i in cols.of_kind(STEP):
+            feed_adapt(chunk[i])
+        outputs = cols.of_kind(OUTPUT)
+        if outputs:
+            self._outputs(chunk, outputs, rows0)
+        fits = cols.of_kind(FITS)
         if fits:
             self._fits(chunk, fits, rows0)
         if self.keep_writes:
@@ -439,11 +451,22 @@ class Judge:
         """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
         return self._writes.get((layer, stream, page))
 
-    def _output(self, e: ev.Output) -> None:
-        diverged = e.diverged
+    def _outputs(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
+        """The output events of ``chunk`` at ``idx`` (rows from ``rows0``)."""
+        outs = [chunk[i] for i in idx]
+        diverged = list(map(_DIVERGED, outs))
         if self.ledger is not None:
-            self.ledger.outputs.append((self.rows, e.seq, e.step, e.stream,
-                                        -1 if diverged is None else int(diverged)))
+            table = self.ledger.outputs
+            for i, e, d in zip(idx, outs, diverged, strict=True):
+                table.append((rows0 + i, e.seq, e.step, e.stream, -1 if d is None else int(d)))
+        nr = self.groups.no_reference
+        if nr.full and diverged.count(None) == len(outs):
+            nr.count += len(outs)  # a native trace's checksums: counted, nothing more
+            return
+        for e, d in zip(outs, diverged, strict=True):
+            self._output(e, d)
+
+    def _output(self, e: ev.Output, diverged: bool | None) -> None:
         if diverged is None:
             nr = self.groups.no_reference
             if nr.full:
@@ -524,7 +547,7 @@ class Judge:
             return
         self.pages_read += c.r_pages.sum(axis=0)
         layer, stream, step = c.r_layer, c.r_stream, c.r_step
-        for k in np.flatnonzero(c.cols.r[:, 7] == 0).tolist():
+        for k in np.flatnonzero(c.cols.r_runs == 0).tolist():
             self._unserved[k] = self._not_served(c, k)
         self.reads[0] += nr - len(self._unserved)
         self.groups.read_chunk(c.r_seq, c.pieces, layer, stream, step)
@@ -558,7 +581,9 @@ class Judge:
         """A read without served pages: none of its pages can be judged (the pages it says
         it read count as read)."""
         self.reads[1] += 1
-        pool, ring, host = (int(x) for x in c.cols.r[k, 4:7])
+        counts = c.cols.r_counts
+        assert counts is not None
+        pool, ring, host = (int(x) for x in counts[k])
         n = pool + ring + host
         self.pages_read += (pool, ring, host)
         self.classes[POOL, NOT_JUDGED] += pool
