@@ -51,6 +51,8 @@ for _t in (ev.Learn, ev.Abort, ev.Warn, ev.Repartition, ev.Adapt, ev.Telemetry, 
            ev.End, ev.Unknown, ev.Snapshot):
     CODE_OF[_t] = OTHER
 CODE_OF.update({ev.Fits: FITS, ev.Output: OUTPUT, ev.Step: STEP, ev.Mark: MARK})
+TYPE_OF: dict[int, type] = {c: t for t, c in CODE_OF.items() if c != OTHER}
+"""The one kind of each code but :data:`OTHER`."""
 _KINDS = MARK + 1
 
 REASONS: tuple[str, ...] = ("miss", "dirty", "wide-query", "last-chunk", "ring")
@@ -143,6 +145,17 @@ class Cols:
     """Indices of the events (of the run given to :func:`extract`) by kind code, stably."""
     bounds: list[tuple[int, int]] | None = None
     """Per kind code: where its events are in :attr:`order`."""
+
+    def count(self, code: int) -> int:
+        """Events of one kind code."""
+        assert self.bounds is not None
+        lo, hi = self.bounds[code]
+        return hi - lo
+
+    def first(self, code: int) -> int:
+        """Index of the first event of one kind code (it has one)."""
+        assert self.order is not None and self.bounds is not None
+        return int(self.order[self.bounds[code][0]])
 
     def of_kind(self, code: int) -> list[int]:
         """Indices of the events of one kind code (of the run given to :func:`extract`)."""

@@ -67,6 +67,7 @@ from kvdiag.analysis.judgement.columns import (
     OTHER,
     OUTPUT,
     STEP,
+    TYPE_OF,
     Cols,
     column,
     concat,
@@ -97,6 +98,7 @@ _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
 _BEGIN_END, _CLS, _DIVERGED = _g("begin", "end"), _g("cls"), _g("diverged")
+_FIRST = operator.itemgetter(0)
 
 
 class _Annotated(NamedTuple):
@@ -341,9 +343,10 @@ class Judge:
         """Everything of ``chunk`` but its pages (counts, steps, fits, the other kinds'
         handlers), and the columns its pages are judged from (rows from :attr:`rows` on;
         ``base``: the position of its first event in the columns it will be judged with)."""
-        self._types.update(types)
         n = len(chunk)
         cols = extract(chunk, types, keep_reads, base)
+        others = cols.of_kind(OTHER)
+        self._count(cols, types, others)
         steps = cols.step
         ran = steps
         if types.count(ev.End):  # the End's step is not a step the run ran
@@ -357,7 +360,7 @@ class Judge:
         rows0 = self.rows
         cols.rows0 = rows0
         handler = self._handlers.get
-        for i in cols.of_kind(OTHER):
+        for i in others:
             h = handler(types[i])
             if h is not None:
                 self.rows = rows0 + i
@@ -376,6 +379,24 @@ class Judge:
         self.rows = rows0 + n
         self.last_seq = chunk[-1].seq
         return cols
+
+    def _count(self, cols: Cols, types: list[type], others: list[int]) -> None:
+        """Events per kind, the kinds in the order they first appear (as
+        ``Counter.update(types)`` would count them, without a step per event)."""
+        seen: list[tuple[int, type, int]] = []
+        for code, t in TYPE_OF.items():
+            n = cols.count(code)
+            if n:
+                seen.append((cols.first(code), t, n))
+        if others:
+            firsts: dict[type, int] = {}
+            for i in others:
+                firsts.setdefault(types[i], i)
+            tally = Counter(map(types.__getitem__, others))
+            seen += [(i, t, tally[t]) for t, i in firsts.items()]
+        counted = self._types
+        for _, t, n in sorted(seen, key=_FIRST):
+            counted[t] += n
 
     def _judge_cols(self, cols: Cols, rows0: int) -> None:
         result = judge_chunk(self.state, cols, rows0,
@@ -492,6 +513,12 @@ class Judge:
     def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
         fs = [chunk[i] for i in idx]
         routes = list(map(_ROUTE, fs))
+        if (self.ledger is None and routes.count("streamed") == len(fs)
+                and all(map(_RESULT, fs))):
+            # every decision streamed as fits() said: nothing to group (most decode steps)
+            self.routes["streamed"] += len(fs)
+            self.completeness.attention += len(fs)
+            return
         before = self.routes["streamed"] + self.routes["fallback"]
         self.routes.update(routes)
         codes = outcome_codes(routes, list(map(_RESULT, fs)))
