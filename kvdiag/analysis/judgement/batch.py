@@ -399,7 +399,9 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
     badi = np.flatnonzero(cls != EXACT)
     if badi.size:
         k = badi
-        off = h_page[k] - p_page[k]
+        # a slot that held nothing has no page to line up: its h_page is whatever the slot
+        # last named (or -1), which would cut a run of empty slots by how the chunks fell
+        off = np.where(h_vid[k] >= 0, h_page[k] - p_page[k], 0)
         new = np.ones(k.size, bool)
         new[1:] = ((p_run[k][1:] != p_run[k][:-1]) | (p_page[k][1:] != p_page[k][:-1] + 1)
                    | (cls[k][1:] != cls[k][:-1]) | (lag[k][1:] != lag[k][:-1])
@@ -426,9 +428,12 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
             np.full(nj_runs.size, NOT_JUDGED, np.int64), np.zeros(nj_runs.size, np.int64),
             minus, minus, minus, minus, minus, minus, nj_why], axis=1)
         pieces = np.concatenate([page_pieces, run_pieces])
-        pieces = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))]
     else:
         pieces = page_pieces
+    if pieces.shape[0] > 1:
+        # in read and page order, whichever runs a read's served list gives first and however
+        # the chunks fell (a read's pieces are its evidence, in that order)
+        pieces = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))]
 
     # -- flows: the last write of every stale or foreign page ------------------------------------
     fl = np.flatnonzero((cls == STALE) | (cls == FOREIGN)) if flows else np.empty(0, np.int64)

@@ -298,8 +298,10 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
                      "ring_pages": pg.by_source[1], "reads": pg.count, "count": pg.count,
                      "first_step": pg.first_step, **pg.caps(pages_command)}))
     for stream, pg in sorted(groups.foreign.items()):
+        # in HELD's order, not the order the chunks first met them: one trace, one finding
+        kinds = sorted(pg.held.items(), key=lambda kv: HELD.index(kv[0]))
         held = ", ".join(f"{n} {what}" if what != "nothing" else f"{n} nothing"
-                         for what, n in sorted(pg.held.items(), key=lambda kv: -kv[1]))
+                         for what, n in sorted(kinds, key=lambda kv: -kv[1]))
         out.append(Finding(
             rule="foreign-page-read", severity=Severity.ERROR,
             title=(f"stream {stream} read {pg.pages} {_where(pg.by_source, 'foreign')} "
@@ -308,7 +310,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             evidence=tuple(pg.evidence), fix=FIX_ALIAS if not pg.by_source[1] else
             f"{FIX_ALIAS}; for ring pages: {FIX_RING}",
             details={"stream": stream, "pages": pg.pages, "resident_pages": pg.by_source[0],
-                     "ring_pages": pg.by_source[1], "held": dict(pg.held), "reads": pg.count,
+                     "ring_pages": pg.by_source[1], "held": dict(kinds), "reads": pg.count,
                      "count": pg.count, "first_step": pg.first_step,
                      **pg.caps(pages_command)}))
     for stream, g in sorted(groups.divergence.items()):
