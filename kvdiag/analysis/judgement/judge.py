@@ -1,7 +1,8 @@
 """The streaming Judge: feed raw events in file order, read the judgement at any point.
 
-One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.batch` judges a chunk's
-pages with array operations); memory is bounded by the trace's geometry (host pages, slots,
+One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.columns` takes the fields
+the pages need out of the events, :mod:`~kvdiag.analysis.judgement.batch` judges a chunk's pages
+from them with array operations); memory is bounded by the trace's geometry (host pages, slots,
 open findings' capped evidence), not its length — unless a ledger is asked for
 (:mod:`~kvdiag.analysis.judgement.ledger`), which keeps a compact row per read.
 
