@@ -1,9 +1,9 @@
 """A chunk of events judged with array operations: the page verdicts of every read in it.
 
 The rule is :mod:`~kvdiag.analysis.judgement.slots`'s; this module applies it to a chunk of
-(up to a few thousand) events at once, because judging event by event in Python costs more
-than decoding the trace (benchmarks/bench_check.py). Within a chunk every page-changing event
-has a position; for a page read at position t:
+(up to a few thousand) events at once, from their columns (:mod:`.columns`), because judging
+event by event in Python costs more than decoding the trace (benchmarks/bench_check.py).
+Within a chunk every page-changing event has a position; for a page read at position t:
 
 - its host version is the version carried into the chunk plus the chunk's writes of that page
   before t (a sorted key ``page * R + position`` and two binary searches);
