@@ -299,6 +299,8 @@ class Judge:
                 continue
             pending.append(self._take(block, types, keep_reads=False, base=held))
             held += len(block)
+            # freed before the next events are decoded, so the decoder reuses their memory
+            del block, types
             if held >= STREAM_CHUNK:
                 self._flush(pending)
                 pending, held = [], 0
