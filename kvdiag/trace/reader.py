@@ -156,6 +156,15 @@ class TraceReader:
             self._iterator = itertools.chain.from_iterable(self._chunks())
         return self._iterator
 
+    def blocks(self) -> Iterator[Sequence[TraceItem]]:
+        """The events as the decoder makes them, a block (a few hundred) at a time: instead
+        of iterating the reader, for a consumer that works on many events at once (the
+        judgement: :meth:`kvdiag.analysis.judgement.Judge.feed_all`)."""
+        if self._iterator is not None:
+            raise RuntimeError("the reader is being iterated already")
+        self._iterator = iter(())
+        return self._chunks()
+
     def close(self) -> None:
         if self._close_stream:
             self._stream.close()

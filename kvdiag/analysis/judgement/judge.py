@@ -252,6 +252,9 @@ class Judge:
         """Reads of the last chunk without served pages: index → pages."""
         self._index: dict[int, int] | None = None
         self._flows_by_read: tuple[Chunk, np.ndarray, np.ndarray] | None = None
+        self._pending: list[Cols] = []
+        """Columns of streamed events not judged yet (:meth:`feed_all`)."""
+        self._held = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -268,6 +271,7 @@ class Judge:
 
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
         """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
+        self._flush()
         self._judge([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
@@ -275,45 +279,53 @@ class Judge:
         (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged :data:`CHUNK` events at a
         time, and the reads of its last chunk can be asked about (:meth:`verdict`,
         :meth:`pages`, ...). Any other iterable (a reader: ``kvdiag check``) is streamed: the
-        fields the judgement needs are taken out :data:`SUB` events at a time, while the
-        decoder has just made them, and judged :data:`STREAM_CHUNK` events at a time; its
-        reads are asked about by seq (:meth:`verdict` finds them)."""
+        fields the judgement needs are taken out a block at a time (the blocks a
+        :class:`~kvdiag.trace.reader.TraceReader` decodes, as it decodes them: anything with a
+        ``blocks()`` method; else :data:`SUB` events), while the decoder has just made them,
+        and judged :data:`STREAM_CHUNK` events at a time — or sooner, when :meth:`arisen` or
+        :meth:`snapshot` is asked while the stream waits (``kvdiag check --follow``). The
+        reads of a stream are asked about by seq (:meth:`verdict` finds them)."""
+        self._flush()
         if isinstance(events, list):
             for chunk in batches(events):
                 self._judge(chunk)
             return self
-        pending: list[Cols] = []
-        held = 0
-        it = iter(events)
-        while True:
-            block = list(itertools.islice(it, SUB))
+        blocks = getattr(events, "blocks", None)
+        if callable(blocks):
+            source: Iterable[list[Any]] = map(list, blocks())
+        else:
+            it = iter(events)
+            source = iter(lambda: list(itertools.islice(it, SUB)), [])
+        for block in source:
             if not block:
-                break
+                continue
             types = list(map(type, block))
             if not _SPECIAL.isdisjoint(types):
                 # a declaration or a segment's snapshot changes how what follows is judged
-                self._flush(pending)
-                pending, held = [], 0
+                self._flush()
                 for chunk in batches(block):
                     self._judge(chunk)
                 continue
-            pending.append(self._take(block, types, keep_reads=False, base=held))
-            held += len(block)
+            self._pending.append(self._take(block, types, keep_reads=False,
+                                            base=self._held))
+            self._held += len(block)
             # freed before the next events are decoded, so the decoder reuses their memory
             del block, types
-            if held >= STREAM_CHUNK:
-                self._flush(pending)
-                pending, held = [], 0
-        self._flush(pending)
+            if self._held >= STREAM_CHUNK:
+                self._flush()
+        self._flush()
         return self
 
-    def _flush(self, pending: list[Cols]) -> None:
-        if pending:
-            cols = concat(pending)
+    def _flush(self) -> None:
+        """Judge the streamed events taken out but not judged yet."""
+        if self._pending:
+            cols = concat(self._pending)
+            self._pending, self._held = [], 0
             self._judge_cols(cols, int(cols.rows0))
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
+        self._flush()
         self.rows += n
 
     def _judge(self, chunk: list[Any]) -> None:
@@ -837,6 +849,7 @@ class Judge:
 
     def snapshot(self) -> Judgement:
         """The judgement of everything fed so far (an immutable value)."""
+        self._flush()
         counts = self.counts
         self.completeness.slot_pages = int(self.pages_read[0] + self.pages_read[1])
         completeness = self.completeness.result(counts)
@@ -853,6 +866,7 @@ class Judge:
         could withdraw are not among them — what the trace does not record (a later event or
         ``records`` declaration may show it), the run not completing (the End event may
         come) — :meth:`snapshot` has those once the trace has ended."""
+        self._flush()
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
