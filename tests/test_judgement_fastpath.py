@@ -177,3 +177,31 @@ def test_the_matrix_covers_every_class_and_the_run_level_paths(
         found |= set(zip(p["source"].tolist(), p["cls"].tolist(), strict=True))
     assert {(0, 1), (0, 2), (1, 1), (1, 2)} <= found  # stale and foreign, pool and ring
     assert decided["fresh"] > 100 and decided["quick"] - decided["fresh"] > 100
+
+
+class _Blocks:
+    """A reader that decodes a block, then waits for the file to grow (a followed trace):
+    while it waits, the follower asks the Judge what has arisen."""
+
+    def __init__(self, judge: Judge, blocks: list[list[Any]]) -> None:
+        self.judge, self.given, self.asked = judge, blocks, []
+
+    def blocks(self) -> Iterator[list[Any]]:
+        for block in self.given:
+            yield block
+            self.asked.append(sorted(f.rule for f in self.judge.arisen()))
+
+
+def test_a_streamed_block_is_judged_when_asked_while_the_stream_waits() -> None:
+    """GIVEN a stream whose first block (far fewer events than a chunk) holds a foreign read
+    WHEN the Judge is asked what has arisen while the stream waits for more
+    THEN the read is judged already (kvdiag check --follow hung: its trace ended only when
+    the Judge saw the End event, which waited for a chunk to fill)."""
+    events = _trace(1)
+    first = next(i for i, e in enumerate(events) if type(e) is ev.Read) + 1
+    judge = Judge()
+    stream = _Blocks(judge, [events[:first], events[first:-1], events[-1:]])
+    judge.feed_all(stream)  # type: ignore[arg-type]
+    whole = Judge().feed_all(list(events)).snapshot()
+    assert stream.asked[0] == ["foreign-page-read"]
+    assert judge.end is not None and judge.snapshot().findings == whole.findings
