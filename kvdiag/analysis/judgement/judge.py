@@ -255,6 +255,9 @@ class Judge:
         self._pending: list[Cols] = []
         """Columns of streamed events not judged yet (:meth:`feed_all`)."""
         self._held = 0
+        self._waiting: list[Any] = []
+        """Streamed events not taken out yet, and their types."""
+        self._waiting_types: list[type] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -292,7 +295,7 @@ class Judge:
             return self
         blocks = getattr(events, "blocks", None)
         if callable(blocks):
-            source: Iterable[list[Any]] = map(list, blocks())
+            source: Iterable[Any] = blocks()
         else:
             it = iter(events)
             source = iter(lambda: list(itertools.islice(it, SUB)), [])
@@ -306,18 +309,28 @@ class Judge:
                 for chunk in batches(block):
                     self._judge(chunk)
                 continue
-            self._pending.append(self._take(block, types, keep_reads=False,
-                                            base=self._held))
-            self._held += len(block)
+            # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
+            self._waiting += block
+            self._waiting_types += types
             # freed before the next events are decoded, so the decoder reuses their memory
             del block, types
-            if self._held >= STREAM_CHUNK:
-                self._flush()
+            if len(self._waiting) >= SUB:
+                self._take_waiting()
+                if self._held >= STREAM_CHUNK:
+                    self._flush()
         self._flush()
         return self
 
+    def _take_waiting(self) -> None:
+        if self._waiting:
+            block, types = self._waiting, self._waiting_types
+            self._waiting, self._waiting_types = [], []
+            self._pending.append(self._take(block, types, keep_reads=False, base=self._held))
+            self._held += len(block)
+
     def _flush(self) -> None:
-        """Judge the streamed events taken out but not judged yet."""
+        """Judge the streamed events not judged yet."""
+        self._take_waiting()
         if self._pending:
             cols = concat(self._pending)
             self._pending, self._held = [], 0
