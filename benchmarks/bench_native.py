@@ -106,12 +106,14 @@ def streamed_check(exe: Path, n: int) -> tuple[float, float, int, int]:
     """``kvtrace_bench gen n`` piped into ``kvdiag check -``: (wall s, CPU s, peak RSS KiB,
     exit code) of the check process."""
     extra = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + extra if extra else ""),
-           "KVTRACE_FILE": "/dev/fd/3"}
     read_end, write_end = os.pipe()
+    # the pipe's own descriptor, kept open in the child (a dup2 to 3 in preexec_fn was closed
+    # again by close_fds: the generator traced nothing)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + extra if extra else ""),
+           "KVTRACE_FILE": f"/dev/fd/{write_end}"}
     t = time.perf_counter()
     gen = subprocess.Popen([str(exe), "gen", str(n)], env=env, stdout=subprocess.DEVNULL,
-                           pass_fds=(write_end,), preexec_fn=lambda: os.dup2(write_end, 3))
+                           pass_fds=(write_end,))
     os.close(write_end)
     check = subprocess.Popen([sys.executable, "-m", "kvdiag", "check", "-", "--json"],
                              stdin=read_end, stdout=subprocess.DEVNULL)

@@ -193,7 +193,7 @@ class Follower:
                 return stream.reset  # cut while its header was being read
             raise
         judge = Judge(reader.header, name=self.path)
-        for block in reader.chunks():  # each read judged at once: the writer may pause
+        for block in reader.blocks():  # each read judged at once: the writer may pause
             judge.feed_all(block)
         look()
         if judge.end is not None:

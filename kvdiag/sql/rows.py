@@ -167,7 +167,7 @@ def trace_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
         judge = Judge(reader.header, name=name)
         conds = _Conditions(sink)
         aborts = 0
-        for block in reader.chunks():
+        for block in reader.blocks():
             for chunk in batches(block):
                 judge.feed_all(chunk)  # one list: the Judge answers about its reads
                 aborts = _rows(chunk, judge, sink, tables, conds, aborts)

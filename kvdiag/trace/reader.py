@@ -156,11 +156,13 @@ class TraceReader:
             self._iterator = itertools.chain.from_iterable(self._chunks())
         return self._iterator
 
-    def chunks(self) -> Iterator[Sequence[TraceItem]]:
-        """The events one list per read of the stream, as they are decoded (iterate either
-        this or the reader, not both): a stream that grows (``check --follow``) has each list
-        judged as soon as it is read, where iterating event by event would wait for a whole
-        batch."""
+    def blocks(self) -> Iterator[Sequence[TraceItem]]:
+        """The events as the decoder makes them, a block (a few hundred) at a time: instead
+        of iterating the reader, for a consumer that works on many events at once (the
+        judgement: :meth:`kvdiag.analysis.judgement.Judge.feed_all`)."""
+        if self._iterator is not None:
+            raise RuntimeError("the reader is being iterated already")
+        self._iterator = iter(())
         return self._chunks()
 
     def close(self) -> None:

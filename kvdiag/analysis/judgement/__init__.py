@@ -10,7 +10,9 @@ Modules, one idea each:
 - :mod:`.classes` — the classification rule (exact / stale / foreign / not judged) and codes;
 - :mod:`.slots` — what every pool and ring slot holds, host page versions, the ring rule
   (and the arrays that carry them between chunks);
-- :mod:`.batch` — a chunk of events judged with array operations (the speed of ``check``);
+- :mod:`.columns` — the fields the page judgement needs, taken out of decoded events as numpy
+  columns (a stream's a few hundred events at a time, while they are fresh);
+- :mod:`.batch` — a chunk's columns judged with array operations (the speed of ``check``);
 - :mod:`.history` — the slot rule by random access over an index (a viewer's any-step state);
 - :mod:`.crosscheck` — the model's own annotations compared with the judgement;
 - :mod:`.fits` — one fits decision: outcome (which decisions are bad) and every condition
@@ -28,7 +30,8 @@ Using it
 Headless, one pass (what ``kvdiag check`` does)::
 
     judge = Judge(reader.header, name=path)
-    judge.feed_all(reader)                  # events in file order, any iterable
+    judge.feed_all(reader)                  # events in file order, any iterable (streamed:
+                                            # fields taken out as they are decoded)
     j = judge.snapshot()                    # Judgement: an immutable value
     j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
 

@@ -1,9 +1,9 @@
 """A chunk of events judged with array operations: the page verdicts of every read in it.
 
 The rule is :mod:`~kvdiag.analysis.judgement.slots`'s; this module applies it to a chunk of
-(up to a few thousand) events at once, because judging event by event in Python costs more
-than decoding the trace (benchmarks/bench_check.py). Within a chunk every page-changing event
-has a position; for a page read at position t:
+(up to a few thousand) events at once, from their columns (:mod:`.columns`), because judging
+event by event in Python costs more than decoding the trace (benchmarks/bench_check.py).
+Within a chunk every page-changing event has a position; for a page read at position t:
 
 - its host version is the version carried into the chunk plus the chunk's writes of that page
   before t (a sorted key ``page * R + position`` and two binary searches);
@@ -20,11 +20,9 @@ copies, each view's last read) is brought forward with the same arrays.
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,78 +42,36 @@ from kvdiag.analysis.judgement.classes import (
     RING_HISTORY,
     STALE,
 )
+from kvdiag.analysis.judgement.columns import (
+    CODE_OF,
+    OTHER,
+    REASONS,
+    Cols,
+    column,
+)
 from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views
-from kvdiag.model import events as ev
 from kvdiag.model.pages import PAGE_TOKENS
 
-WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER = range(6)
+__all__ = ["CODE_OF", "OTHER", "REASONS", "Chunk", "State", "ints", "judge_chunk"]
 
-
-class _Codes(dict[type, int]):
-    def __missing__(self, key: type) -> int:
-        return OTHER
-
-
-CODE_OF = _Codes({ev.Write: WRITE, ev.Upload: UPLOAD, ev.Evict: EVICT,
-                  ev.Invalidate: INVALIDATE, ev.Read: READ})
-for _t in (ev.Step, ev.Learn, ev.Fits, ev.Mark, ev.Abort, ev.Warn, ev.Output, ev.Repartition,
-           ev.Adapt, ev.Telemetry, ev.Kernel, ev.End, ev.Unknown, ev.Snapshot):
-    CODE_OF[_t] = OTHER
-
-_SOURCE = {"pool": POOL, "ring": RING, "host": HOST}
-_TARGET = {"resident": 0, "ring": 1}
-REASONS: tuple[str, ...] = ("miss", "dirty", "wide-query", "last-chunk", "ring")
-
-
-class _Reasons(dict[str, int]):
-    def __missing__(self, key: str) -> int:
-        return 5
-
-
-_REASON = _Reasons({r: i for i, r in enumerate(REASONS)})
-
-_g = operator.attrgetter
-_LAYER, _STREAM, _SEQ, _STEP, _SLOT = _g("layer"), _g("stream"), _g("seq"), _g("step"), _g("slot")
-_CELLS, _PAGES, _SERVED, _BYTES = _g("cells"), _g("pages"), _g("served"), _g("bytes")
-_BEGIN, _END, _SRC, _TGT, _RSN = _g("begin"), _g("end"), _g("source"), _g("target"), _g("reason")
-_POOL, _RING, _HOSTN, _RANGES = _g("pool"), _g("ring"), _g("host"), _g("ranges")
-
-
-def pick(items: Sequence[Any], idx: np.ndarray) -> list[Any]:
-    """``[items[i] for i in idx]``, in C."""
-    if idx.size == 0:
-        return []
-    if idx.size == 1:
-        return [items[int(idx[0])]]
-    return list(operator.itemgetter(*idx.tolist())(items))
-
-
-BOUND = 1 << 62
-"""Integers are clipped to ±2^62 for arithmetic (a trace's integers are 64-bit, signed or
-not; values that large are beyond every believable page, slot or step anyway)."""
-
-
-def _clipped(values: Any) -> Any:
-    return (min(max(v, -BOUND), BOUND) for v in values)
+_TARGET_OF_KEY = 8
+"""An upload's key is target * 8 + reason (:mod:`.columns`)."""
 
 
 def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
-    """One integer field of each object, as an array."""
-    try:
-        return np.fromiter(map(getter, objs), np.int64, len(objs))
-    except OverflowError:  # a damaged or hostile trace's 64-bit unsigned value
-        return np.fromiter(_clipped(map(getter, objs)), np.int64, len(objs))
+    """One integer field of each object, as an array (clipped: :data:`.columns.BOUND`)."""
+    return column(lambda: map(getter, objs), len(objs))
 
 
-def pairs(objs: Sequence[Any], getter: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The two halves of a ``[a, b)`` field (cells, pages) of each object."""
-    try:
-        both = np.fromiter(itertools.chain.from_iterable(map(getter, objs)), np.int64,
-                           2 * len(objs)).reshape(-1, 2)
-    except OverflowError:
-        both = np.fromiter(_clipped(itertools.chain.from_iterable(map(getter, objs))),
-                           np.int64, 2 * len(objs)).reshape(-1, 2)
-    return both[:, 0], both[:, 1]
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` by sorting (numpy 2's hashing unique measured 4x slower on the
+    tens of thousands of page keys a chunk has)."""
+    out = np.sort(values)
+    keep = np.empty(out.size, bool)
+    keep[:1] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    result: np.ndarray = out[keep]
+    return result
 
 
 def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +112,8 @@ class Chunk:
     """The reads of one judged chunk: what the Judge groups, counts, records and hands out."""
 
     rows0: int
-    reads: list[Any]
+    cols: Cols
+    """The columns judged (their ``reads`` are kept only where a caller asks by identity)."""
     r_pos: np.ndarray
     r_counts: np.ndarray
     """Per read: pages exact, stale, foreign, not judged."""
@@ -170,9 +127,10 @@ class Chunk:
     when asked for)."""
     detail: dict[str, Any]
     """The page-level arrays :meth:`pages` reads (this chunk only)."""
-    versions_disagree: list[tuple[Any, int, int, int]]
-    """(write, page, annotated version, judged version) where ``write.versions`` (the model's
-    annotation) disagrees: the first page of each such write."""
+    versions_disagree: list[tuple[int, int, int, int, int, int, int]]
+    """(write seq, step, layer, stream, page, annotated version, judged version) where
+    ``write.versions`` (the model's annotation) disagrees: the first page of each such
+    write."""
     r_layer: np.ndarray
     r_stream: np.ndarray
     r_step: np.ndarray
@@ -193,87 +151,78 @@ def _known_at(carried: bool | None, first: int, pos: np.ndarray) -> np.ndarray:
     return pos > first
 
 
-def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.ndarray,
-                rows0: int, flows: bool, detail: bool) -> Chunk:
-    """Judge every read page of ``chunk`` (``code``: :data:`CODE_OF` of each event; ``steps``:
-    of each event; ``flows``: also find the writes stale and foreign pages
-    missed; ``detail``: the upload seq and step of every page's copy, exact ones too)."""
-    n = len(chunk)
+def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool) -> Chunk:
+    """Judge every read page of the events whose columns are ``cols`` (:mod:`.columns`; the
+    first of them is row ``rows0``); ``flows``: also find the writes stale and foreign pages
+    missed; ``detail``: the upload seq and step of every page's copy, exact ones too."""
+    n = cols.n
     R = n + 1
+    steps = cols.step
     views, pages = state.views, state.pages
 
     # -- writes ------------------------------------------------------------------------------
-    wi = np.flatnonzero(code == WRITE)
-    ws = pick(chunk, wi)
-    if ws:
-        c0, c1 = pairs(ws, _CELLS)
+    w = cols.w
+    wi = cols.w_pos
+    if w.shape[0]:
+        c0, c1 = cols.w_cells[:, 0], cols.w_cells[:, 1]
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
         ok = c1 > c0
         bad = ok & ((p0 < 0) | (p1 > MAX_PAGE))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
         w_ok = ok
-        w_vid_e = views.of(ints(ws, _LAYER)[ok], ints(ws, _STREAM)[ok])
+        w_vid_e = views.of(w[ok, 1], w[ok, 2])
         owner, w_page = expand(p0[ok], (p1 - p0)[ok])
         w_vid = w_vid_e[owner]
         w_pos = wi[ok][owner]
-        w_seq = ints(ws, _SEQ)[ok][owner]
+        w_seq = w[ok, 0][owner]
     else:
         w_vid = w_page = w_pos = w_seq = w_vid_e = np.empty(0, np.int64)
         w_ok = np.empty(0, bool)
     first_write = int(w_pos[0]) if w_pos.size else n
 
     # -- uploads -----------------------------------------------------------------------------
-    ui = np.flatnonzero(code == UPLOAD)
-    us = pick(chunk, ui)
-    if us:
-        u0, u1 = pairs(us, _PAGES)
+    u = cols.u
+    if u.shape[0]:
+        ui = cols.u_pos
+        u0, u1 = cols.u_pages[:, 0], cols.u_pages[:, 1]
         cnt = u1 - u0
-        tgt = np.fromiter(map(_TARGET.__getitem__, map(_TGT, us)), np.int64, len(us))
-        rsn = np.fromiter(map(_REASON.__getitem__, map(_RSN, us)), np.int64, len(us))
-        key = tgt * 8 + rsn  # [target, reason] flattened, for the residency statistics
+        key = cols.u_key  # [target, reason] flattened, for the residency statistics
+        tgt = key // _TARGET_OF_KEY
         st = state.upload_stats
         st[:, 0, :] += np.bincount(key, minlength=16).reshape(2, 8)
         st[:, 1, :] += np.bincount(key, weights=cnt, minlength=16).astype(np.int64).reshape(2, 8)
-        st[:, 2, :] += np.bincount(key, weights=ints(us, _BYTES),
+        st[:, 2, :] += np.bincount(key, weights=u[:, 4],
                                    minlength=16).astype(np.int64).reshape(2, 8)
-        slot0 = ints(us, _SLOT)
+        slot0 = u[:, 3]
         ok = cnt > 0
         bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
-        u_vid_e = views.of(ints(us, _LAYER)[ok], ints(us, _STREAM)[ok])
+        u_vid_e = views.of(u[ok, 1], u[ok, 2])
         owner, u_page = expand(u0[ok], cnt[ok])
         u_vid = u_vid_e[owner]
         u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
         u_pos = ui[ok][owner]
         u_tgt = tgt[ok][owner]
-        u_seq = ints(us, _SEQ)[ok][owner]
+        u_seq = u[ok, 0][owner]
         u_step = steps[ui][ok][owner]
     else:
         u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
     first_up = [int(u_pos[u_tgt == t][0]) if np.any(u_tgt == t) else n for t in (0, 1)]
 
     # -- evicts, invalidates -----------------------------------------------------------------
-    ei = np.flatnonzero(code == EVICT)
-    e_slot = ints(pick(chunk, ei), _SLOT)
-    e_pos = ei
-    inv_pos = np.flatnonzero(code == INVALIDATE)
+    e_pos, e_slot = cols.e_pos, cols.e_slot
+    inv_pos = cols.inv
 
     # -- reads ---------------------------------------------------------------------------------
-    ri = np.flatnonzero(code == READ)
-    rs = pick(chunk, ri)
-    nr = len(rs)
-    r_layer, r_stream = ints(rs, _LAYER), ints(rs, _STREAM)
+    rc = cols.r
+    nr = rc.shape[0]
+    ri = cols.r_pos
+    r_layer, r_stream = rc[:, 1], rc[:, 2]
     r_vid = views.of(r_layer, r_stream)
-    served = list(map(_SERVED, rs))
-    lens = np.fromiter(map(len, served), np.int64, nr)
-    runs = list(itertools.chain.from_iterable(served))
-    run_read = np.repeat(np.arange(nr), lens)
-    b = ints(runs, _BEGIN)
-    e = ints(runs, _END)
-    src = np.fromiter(map(_SOURCE.__getitem__, map(_SRC, runs)), np.int64, len(runs))
-    slot = ints(runs, _SLOT)
+    run_read = np.repeat(np.arange(nr), cols.r_runs)
+    b, e, slot, src = cols.runs[:, 0], cols.runs[:, 1], cols.runs[:, 2], cols.run_src
     run_pos = ri[run_read]
     length = e - b
     keep = length > 0
@@ -310,8 +259,9 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
         p_run = jr[owner]
     else:
         p_run, p_page, quick = _quick_runs(
-            state, jr, b, length, src, slot, run_pos, r_vid[run_read[jr]], u_tgt, u_slot,
-            e_slot, inv_pos, _known_at(state.writes, first_write, run_pos[jr]), w_flat)
+            state, jr, b, length, src, slot, run_pos, r_vid[run_read[jr]],
+            _Copies(u_tgt, u_slot, u_pos, u_vid, u_page), e_slot, e_pos, inv_pos,
+            _known_at(state.writes, first_write, run_pos[jr]), w_flat, wkey, R)
     p_read = run_read[p_run]
     p_pos = run_pos[p_run]
     p_vid = r_vid[p_read]
@@ -325,7 +275,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
         written[w_flat] = True
         moved = np.flatnonzero(written[p_flat])
         cur[moved] += before(p_flat[moved], p_pos[moved])
-    versions_disagree = _check_versions(ws, wi, w_ok, w_vid_e, pages, before)
+    versions_disagree = _check_versions(cols, w_ok, w_vid_e, pages, before)
     u_flat = pages.flat(u_vid, u_page)
     u_ver = pages.version[u_flat] + before(u_flat, u_pos)
 
@@ -449,7 +399,9 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     badi = np.flatnonzero(cls != EXACT)
     if badi.size:
         k = badi
-        off = h_page[k] - p_page[k]
+        # a slot that held nothing has no page to line up: its h_page is whatever the slot
+        # last named (or -1), which would cut a run of empty slots by how the chunks fell
+        off = np.where(h_vid[k] >= 0, h_page[k] - p_page[k], 0)
         new = np.ones(k.size, bool)
         new[1:] = ((p_run[k][1:] != p_run[k][:-1]) | (p_page[k][1:] != p_page[k][:-1] + 1)
                    | (cls[k][1:] != cls[k][:-1]) | (lag[k][1:] != lag[k][:-1])
@@ -476,9 +428,12 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
             np.full(nj_runs.size, NOT_JUDGED, np.int64), np.zeros(nj_runs.size, np.int64),
             minus, minus, minus, minus, minus, minus, nj_why], axis=1)
         pieces = np.concatenate([page_pieces, run_pieces])
-        pieces = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))]
     else:
         pieces = page_pieces
+    if pieces.shape[0] > 1:
+        # in read and page order, whichever runs a read's served list gives first and however
+        # the chunks fell (a read's pieces are its evidence, in that order)
+        pieces = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))]
 
     # -- flows: the last write of every stale or foreign page ------------------------------------
     fl = np.flatnonzero((cls == STALE) | (cls == FOREIGN)) if flows else np.empty(0, np.int64)
@@ -489,7 +444,7 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
         in_chunk = (j >= 0) & (wkey[jc] // R == f_flat) if wkey.size else np.zeros(fl.size, bool)
         wseq = np.where(in_chunk, w_seq[worder[jc]] if w_seq.size else 0, pages.wseq[f_flat])
         # one (write, read) pair once: a packed key sorts in one pass
-        key = np.unique((wseq << 22 | p_read[fl]) << 2 | (cls[fl] == FOREIGN))
+        key = sorted_unique((wseq << 22 | p_read[fl]) << 2 | (cls[fl] == FOREIGN))
         found = np.stack([key >> 24, (key >> 2) & ((1 << 22) - 1),
                           np.where(key & 1, FOREIGN, STALE)], axis=1)
         found = found[found[:, 0] > 0]
@@ -556,27 +511,22 @@ def judge_chunk(state: State, chunk: Sequence[Any], code: np.ndarray, steps: np.
     _advance_batches(state, u_vid[ring_up_all], rows0 + u_pos[ring_up_all], r_vid, rows0 + ri)
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
-    return Chunk(rows0, rs, ri, r_counts, pieces, page_cls, not_judged, found, info,
-                 versions_disagree, r_layer, r_stream, steps[ri], ints(rs, _SEQ), r_pages)
+    return Chunk(rows0, cols, ri, r_counts, pieces, page_cls, not_judged, found, info,
+                 versions_disagree, r_layer, r_stream, steps[ri], rc[:, 0], r_pages)
 
 
-_VERSIONS = operator.attrgetter("versions")
-
-
-def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np.ndarray,
-                    pages: PageTable, before: Any) -> list[tuple[Any, int, int, int]]:
-    """Compare each write's annotated ``versions`` with the judged version after it."""
-    if not ws:
-        return []
-    vlists = list(map(_VERSIONS, ws))
-    vl = np.fromiter(map(len, vlists), np.int64, len(ws))
-    total = int(vl.sum())
+def _check_versions(cols: Cols, w_ok: np.ndarray, w_vid_e: np.ndarray, pages: PageTable,
+                    before: Any) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Compare each write's annotated ``versions`` with the judged version after it: (seq,
+    step, layer, stream of the write, page, annotated version, judged version) for the first
+    disagreeing page of each write that disagrees."""
+    total = cols.w_vers.shape[0]
     if not total:
         return []
-    pairs = np.fromiter(_clipped(itertools.chain.from_iterable(
-        itertools.chain.from_iterable(vlists))), np.int64, 2 * total).reshape(-1, 2)
-    wix = np.repeat(np.arange(len(ws)), vl)
-    page, annotated = pairs[:, 0], pairs[:, 1]
+    w = cols.w
+    wi = cols.w_pos
+    wix = np.repeat(np.arange(w.shape[0]), cols.w_vlen)
+    page, annotated = cols.w_vers[:, 0], cols.w_vers[:, 1]
     okidx = np.cumsum(w_ok) - 1
     vid = np.where(w_ok[wix], w_vid_e[np.maximum(okidx[wix], 0)] if w_vid_e.size else -1, -1)
     cap = np.where(vid >= 0, pages.cap[np.maximum(vid, 0)] if pages.cap.size else 0, 0)
@@ -586,13 +536,14 @@ def _check_versions(ws: list[Any], wi: np.ndarray, w_ok: np.ndarray, w_vid_e: np
         flat = pages.flat(vid[inside], page[inside])
         judged[inside] = pages.version[flat] + before(flat, wi[wix[inside]] + 1)
     bad = np.flatnonzero(judged != annotated)
-    out: list[tuple[Any, int, int, int]] = []
+    out: list[tuple[int, int, int, int, int, int, int]] = []
     seen: set[int] = set()
     for k in bad.tolist():
-        w = int(wix[k])
-        if w not in seen:
-            seen.add(w)
-            out.append((ws[w], int(page[k]), int(annotated[k]), int(judged[k])))
+        i = int(wix[k])
+        if i not in seen:
+            seen.add(i)
+            out.append((int(w[i, 0]), int(cols.step[wi[i]]), int(w[i, 1]), int(w[i, 2]),
+                        int(page[k]), int(annotated[k]), int(judged[k])))
     return out
 
 
@@ -602,18 +553,31 @@ _BIG = 1 << 25
 below 2^20 and 2^22), so consecutive pages in consecutive slots share it."""
 
 
+class _Copies(NamedTuple):
+    """The chunk's upload entries, one per page copied (target 0 pool, 1 ring)."""
+
+    tgt: np.ndarray
+    slot: np.ndarray
+    pos: np.ndarray
+    vid: np.ndarray
+    page: np.ndarray
+
+
 def _quick_runs(state: State, jr: np.ndarray, b: np.ndarray, length: np.ndarray,
                 src: np.ndarray, slot: np.ndarray, run_pos: np.ndarray, vid: np.ndarray,
-                u_tgt: np.ndarray, u_slot: np.ndarray, e_slot: np.ndarray,
-                inv_pos: np.ndarray, writes_known: np.ndarray, w_flat: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                ups: _Copies, e_slot: np.ndarray, e_pos: np.ndarray,
+                inv_pos: np.ndarray, writes_known: np.ndarray, w_flat: np.ndarray,
+                wkey: np.ndarray, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The run-level check: (run of each page entry still to judge one by one, its page,
     pages of each judged run found exact by the check).
 
     A run passes when every slot of it that the chunk does not fill (or empty) holds, since
     the chunk began, the run's own pages in order (one content number throughout) at their
     current version. Its pages in slots the chunk fills, or whose host page the chunk writes,
-    are still judged one by one; a run that does not pass is judged page by page entirely."""
+    are judged one by one — unless the chunk's last copy into the slot before the read is of
+    the page itself and neither a write of the page nor an evict of the slot came between
+    (:func:`_fresh`); a run that does not pass is judged page by page entirely."""
+    u_tgt, u_slot = ups.tgt, ups.slot
     pages = state.pages
     passing = np.zeros(jr.size, bool)
     special_run: list[np.ndarray] = []
@@ -621,7 +585,7 @@ def _quick_runs(state: State, jr: np.ndarray, b: np.ndarray, length: np.ndarray,
     eligible = writes_known.copy()
     if inv_pos.size:
         eligible &= run_pos[jr] < inv_pos[0]
-    w_sorted = np.unique(w_flat)
+    w_sorted = sorted_unique(w_flat)
     for target, table, code_src in ((0, state.pool, POOL), (1, state.ring, RING)):
         mine = np.flatnonzero(eligible & (src[jr] == code_src))
         if not mine.size or not table.view.size:
@@ -688,8 +652,12 @@ def _quick_runs(state: State, jr: np.ndarray, b: np.ndarray, length: np.ndarray,
     if special_run:
         sr = np.concatenate(special_run)
         sp = np.concatenate(special_page)
-        key = np.unique(sr * (1 << 21) + sp)  # a page both filled and written: once
+        key = sorted_unique(sr * (1 << 21) + sp)  # a page both filled and written: once
         sr, sp = key >> 21, key & ((1 << 21) - 1)
+        if sr.size and ups.tgt.size:
+            stay = ~_fresh(state, jr[sr], sp, vid[sr], b, src, slot, run_pos, ups, e_slot,
+                           e_pos, wkey, R)
+            sr, sp = sr[stay], sp[stay]
         runs_out.append(sr)
         pages_out.append(sp)
         quick[passing] = length[jr[passing]]
@@ -698,6 +666,41 @@ def _quick_runs(state: State, jr: np.ndarray, b: np.ndarray, length: np.ndarray,
     page_all = np.concatenate(pages_out)
     order = np.lexsort((page_all, run_idx))
     return jr[run_idx[order]], page_all[order], quick
+
+
+def _fresh(state: State, runs: np.ndarray, page: np.ndarray, vid: np.ndarray, b: np.ndarray,
+           src: np.ndarray, slot: np.ndarray, run_pos: np.ndarray, ups: _Copies,
+           e_slot: np.ndarray, e_pos: np.ndarray, wkey: np.ndarray, R: int) -> np.ndarray:
+    """Of pages of passing runs (``runs``: index of each one's served run; no invalidate came
+    before their read in the chunk): which are exact because the chunk's last copy into their
+    slot before the read is of the page itself (rule 1 of the ring; a pool slot's newest copy)
+    with no write of the page (its version unchanged) and no evict of the slot between that
+    copy and the read. The page-by-page judgement gives them the same verdict; this decides
+    them without it (a ring's pages are copied in the chunk of their read)."""
+    t = run_pos[runs]
+    ring = (src[runs] == RING).astype(np.int64)
+    q = slot[runs] + (page - b[runs])
+    space = MAX_SLOT + 1
+    ukey_all = (ups.tgt * space + ups.slot) * R + ups.pos
+    order = np.argsort(ukey_all, kind="stable")
+    ukey = ukey_all[order]
+    want = (ring * space + q) * R
+    j = np.searchsorted(ukey, want + t) - 1
+    jc = np.maximum(j, 0)
+    src_i = order[jc]
+    fresh = (j >= 0) & (ukey[jc] // R == want // R)
+    fresh &= (ups.vid[src_i] == vid) & (ups.page[src_i] == page)
+    at = ups.pos[src_i]
+    inside = (e_slot >= 0) & (e_slot < MAX_SLOT)
+    if inside.any():
+        ekey = np.sort(e_slot[inside] * R + e_pos[inside])
+        emptied = np.searchsorted(ekey, q * R + t) - np.searchsorted(ekey, q * R + at)
+        fresh &= (ring == 1) | (emptied == 0)
+    if wkey.size:
+        flat = state.pages.flat(vid, page)
+        fresh &= np.searchsorted(wkey, flat * R + t) == np.searchsorted(wkey, flat * R + at)
+    out: np.ndarray = fresh
+    return out
 
 
 def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray,

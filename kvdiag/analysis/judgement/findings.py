@@ -17,7 +17,6 @@ every judged page (``kvdiag trace pages``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,11 +166,11 @@ class Groups:
         self.versions = Group()
         """Writes whose annotated versions disagree with the judgement."""
 
-    def read_chunk(self, reads: Sequence[ev.Read], pieces: np.ndarray, layer: np.ndarray,
+    def read_chunk(self, seq: np.ndarray, pieces: np.ndarray, layer: np.ndarray,
                    stream: np.ndarray, step: np.ndarray) -> None:
         """Group the non-exact pieces of a chunk's reads (``pieces``: rows of
-        :data:`~kvdiag.analysis.judgement.batch.PIECE_COLUMNS`; ``layer``, ``stream``,
-        ``step``: per read of the chunk). Counting is done on the arrays; evidence is built
+        :data:`~kvdiag.analysis.judgement.batch.PIECE_COLUMNS`; ``seq``, ``layer``,
+        ``stream``, ``step``: per read of the chunk). Counting is done on the arrays; evidence is built
         only for the reads a group still shows."""
         if not pieces.size:
             return
@@ -206,12 +205,12 @@ class Groups:
                 g.count += ids.size
                 g.pages += int(pages[mine].sum())
                 for r in ids[:max(0, MAX_EVIDENCE - len(g.evidence))].tolist():
-                    e = reads[r]
+                    ly, sm = int(layer[r]), int(stream[r])
                     found = [tuple(row) for row in pieces[mine][read[mine] == r].tolist()]
                     g.evidence.append(Evidence(
-                        seq=e.seq, step=e.step, layer=layer_of(e.layer), stream=e.stream,
+                        seq=int(seq[r]), step=int(step[r]), layer=layer_of(ly), stream=sm,
                         page=found[0][1],
-                        text="; ".join(piece_text(e.layer, e.stream, p[1:]) for p in found)))
+                        text="; ".join(piece_text(ly, sm, p[1:]) for p in found)))
 
 
 def _where(by_source: list[int], word: str) -> str:
@@ -299,8 +298,10 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
                      "ring_pages": pg.by_source[1], "reads": pg.count, "count": pg.count,
                      "first_step": pg.first_step, **pg.caps(pages_command)}))
     for stream, pg in sorted(groups.foreign.items()):
+        # in HELD's order, not the order the chunks first met them: one trace, one finding
+        kinds = sorted(pg.held.items(), key=lambda kv: HELD.index(kv[0]))
         held = ", ".join(f"{n} {what}" if what != "nothing" else f"{n} nothing"
-                         for what, n in sorted(pg.held.items(), key=lambda kv: -kv[1]))
+                         for what, n in sorted(kinds, key=lambda kv: -kv[1]))
         out.append(Finding(
             rule="foreign-page-read", severity=Severity.ERROR,
             title=(f"stream {stream} read {pg.pages} {_where(pg.by_source, 'foreign')} "
@@ -309,7 +310,7 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
             evidence=tuple(pg.evidence), fix=FIX_ALIAS if not pg.by_source[1] else
             f"{FIX_ALIAS}; for ring pages: {FIX_RING}",
             details={"stream": stream, "pages": pg.pages, "resident_pages": pg.by_source[0],
-                     "ring_pages": pg.by_source[1], "held": dict(pg.held), "reads": pg.count,
+                     "ring_pages": pg.by_source[1], "held": dict(kinds), "reads": pg.count,
                      "count": pg.count, "first_step": pg.first_step,
                      **pg.caps(pages_command)}))
     for stream, g in sorted(groups.divergence.items()):

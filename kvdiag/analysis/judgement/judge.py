@@ -1,7 +1,8 @@
 """The streaming Judge: feed raw events in file order, read the judgement at any point.
 
-One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.batch` judges a chunk's
-pages with array operations); memory is bounded by the trace's geometry (host pages, slots,
+One pass, a chunk of events at a time (:mod:`~kvdiag.analysis.judgement.columns` takes the fields
+the pages need out of the events, :mod:`~kvdiag.analysis.judgement.batch` judges a chunk's pages
+from them with array operations); memory is bounded by the trace's geometry (host pages, slots,
 open findings' capped evidence), not its length — unless a ledger is asked for
 (:mod:`~kvdiag.analysis.judgement.ledger`), which keeps a compact row per read.
 
@@ -39,8 +40,6 @@ from kvdiag.analysis.judgement import crosscheck
 from kvdiag.analysis.judgement import findings as fnd
 from kvdiag.analysis.judgement.adapt import AdaptAnalyzer
 from kvdiag.analysis.judgement.batch import (
-    CODE_OF,
-    OTHER,
     REASONS,
     Chunk,
     State,
@@ -64,6 +63,17 @@ from kvdiag.analysis.judgement.classes import (
     WHY,
     WHY_KEY,
 )
+from kvdiag.analysis.judgement.columns import (
+    FITS,
+    OTHER,
+    OUTPUT,
+    STEP,
+    TYPE_OF,
+    Cols,
+    column,
+    concat,
+    extract,
+)
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
@@ -74,13 +84,32 @@ from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.pages import PAGE_TOKENS
 
 CHUNK = 2048
-"""Events judged together: array operations cost per call, and a chunk's events are read
-several times over, so it should stay in the processor's cache (measured: 2048 beats 512 and
-8192)."""
+"""Events of a list judged together (:meth:`Judge.feed_all`): array operations cost per call,
+and a chunk's events are read several times over, so it should stay in the processor's cache
+(measured: 2048 beats 512 and 8192)."""
+SUB = 256
+"""Events of a stream whose fields are taken out together (:mod:`.columns`), right after they
+are decoded."""
+STREAM_CHUNK = 4096
+"""Events of a stream judged together, from their columns: 4096 and 8192 judged the benchmark
+traces equally fast, and 4096 keeps a streamed check's peak memory where 2048 had it (46.6
+against 45.5 MiB; 8192: 51.3 MiB; benchmarks/results/bench_check.txt)."""
+_SPECIAL = frozenset({ev.Records, ev.Unknown, ev.Snapshot})
+"""Kinds that change how the events after them are judged: a stream is judged up to them
+first."""
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_BEGIN, _END, _CLS = _g("begin"), _g("end"), _g("cls")
+_BEGIN_END, _CLS, _DIVERGED = _g("begin", "end"), _g("cls"), _g("diverged")
+_FIRST = operator.itemgetter(0)
+
+
+class _Annotated(NamedTuple):
+    """What the cross-check reads of a read event (:func:`.crosscheck.disagrees`)."""
+
+    stream: int
+    served: tuple[ev.Served, ...]
+    ranges: tuple[ev.ReadRange, ...]
 
 
 class _NotExact(dict[str, bool]):
@@ -223,9 +252,15 @@ class Judge:
         """Reads of the last chunk without served pages: index → pages."""
         self._index: dict[int, int] | None = None
         self._flows_by_read: tuple[Chunk, np.ndarray, np.ndarray] | None = None
+        self._pending: list[Cols] = []
+        """Columns of streamed events not judged yet (:meth:`feed_all`)."""
+        self._held = 0
+        self._waiting: list[Any] = []
+        """Streamed events not taken out yet, and their types."""
+        self._waiting_types: list[type] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Step: self.adapt.feed, ev.Abort: self._abort, ev.Warn: self._warn,
-            ev.Output: self._output, ev.End: self._end, ev.Repartition: self.adapt.feed,
+            ev.Abort: self._abort, ev.Warn: self._warn,
+            ev.End: self._end, ev.Repartition: self.adapt.feed,
             ev.Adapt: self.adapt.feed, ev.Unknown: self._unknown_event,
             ev.Records: self._records,
         }
@@ -239,17 +274,71 @@ class Judge:
 
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
         """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
+        self._flush()
         self._judge([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
-        """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
-        operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
-        for chunk in batches(events):
-            self._judge(chunk)
+        """Feed every event of ``events``, judged with array operations
+        (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged :data:`CHUNK` events at a
+        time, and the reads of its last chunk can be asked about (:meth:`verdict`,
+        :meth:`pages`, ...). Any other iterable (a reader: ``kvdiag check``) is streamed: the
+        fields the judgement needs are taken out a block at a time (the blocks a
+        :class:`~kvdiag.trace.reader.TraceReader` decodes, as it decodes them: anything with a
+        ``blocks()`` method; else :data:`SUB` events), while the decoder has just made them,
+        and judged :data:`STREAM_CHUNK` events at a time — or sooner, when :meth:`arisen` or
+        :meth:`snapshot` is asked while the stream waits (``kvdiag check --follow``). The
+        reads of a stream are asked about by seq (:meth:`verdict` finds them)."""
+        self._flush()
+        if isinstance(events, list):
+            for chunk in batches(events):
+                self._judge(chunk)
+            return self
+        blocks = getattr(events, "blocks", None)
+        if callable(blocks):
+            source: Iterable[Any] = blocks()
+        else:
+            it = iter(events)
+            source = iter(lambda: list(itertools.islice(it, SUB)), [])
+        for block in source:
+            if not block:
+                continue
+            types = list(map(type, block))
+            if not _SPECIAL.isdisjoint(types):
+                # a declaration or a segment's snapshot changes how what follows is judged
+                self._flush()
+                for chunk in batches(block):
+                    self._judge(chunk)
+                continue
+            # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
+            self._waiting += block
+            self._waiting_types += types
+            # freed before the next events are decoded, so the decoder reuses their memory
+            del block, types
+            if len(self._waiting) >= SUB:
+                self._take_waiting()
+                if self._held >= STREAM_CHUNK:
+                    self._flush()
+        self._flush()
         return self
+
+    def _take_waiting(self) -> None:
+        if self._waiting:
+            block, types = self._waiting, self._waiting_types
+            self._waiting, self._waiting_types = [], []
+            self._pending.append(self._take(block, types, keep_reads=False, base=self._held))
+            self._held += len(block)
+
+    def _flush(self) -> None:
+        """Judge the streamed events not judged yet."""
+        self._take_waiting()
+        if self._pending:
+            cols = concat(self._pending)
+            self._pending, self._held = [], 0
+            self._judge_cols(cols, int(cols.rows0))
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
+        self._flush()
         self.rows += n
 
     def _judge(self, chunk: list[Any]) -> None:
@@ -275,9 +364,20 @@ class Judge:
                     if i + 1 < len(chunk):
                         self._judge(chunk[i + 1:])
                     return
-        self._types.update(types)
+        rows0 = self.rows
+        cols = self._take(chunk, types, keep_reads=True)
+        self._judge_cols(cols, rows0)
+
+    def _take(self, chunk: list[Any], types: list[type], keep_reads: bool, base: int = 0
+              ) -> Cols:
+        """Everything of ``chunk`` but its pages (counts, steps, fits, the other kinds'
+        handlers), and the columns its pages are judged from (rows from :attr:`rows` on;
+        ``base``: the position of its first event in the columns it will be judged with)."""
         n = len(chunk)
-        steps = ints(chunk, _STEP)
+        cols = extract(chunk, types, keep_reads, base)
+        others = cols.of_kind(OTHER)
+        self._count(cols, types, others)
+        steps = cols.step
         ran = steps
         if types.count(ev.End):  # the End's step is not a step the run ran
             ran = steps[[t is not ev.End for t in types]]
@@ -288,27 +388,50 @@ class Judge:
             if self._last_step is None or hi > self._last_step:
                 self._last_step = hi
         rows0 = self.rows
-        code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
-        result = judge_chunk(self.state, chunk, code, steps, rows0,
-                             flows=self.ledger is not None or self.flows, detail=self.detail)
-        fits: list[int] = []
+        cols.rows0 = rows0
         handler = self._handlers.get
-        for i in np.flatnonzero(code == OTHER).tolist():
-            t = types[i]
-            if t is ev.Fits:
-                fits.append(i)
-                continue
-            h = handler(t)
+        for i in others:
+            h = handler(types[i])
             if h is not None:
                 self.rows = rows0 + i
                 h(chunk[i])
+        feed_adapt = self.adapt.feed
+        for i in cols.of_kind(STEP):
+            feed_adapt(chunk[i])
+        outputs = cols.of_kind(OUTPUT)
+        if outputs:
+            self._outputs(chunk, outputs, rows0)
+        fits = cols.of_kind(FITS)
         if fits:
             self._fits(chunk, fits, rows0)
-        self._absorb(result)
         if self.keep_writes:
             self._keep_writes(chunk, types)
         self.rows = rows0 + n
         self.last_seq = chunk[-1].seq
+        return cols
+
+    def _count(self, cols: Cols, types: list[type], others: list[int]) -> None:
+        """Events per kind, the kinds in the order they first appear (as
+        ``Counter.update(types)`` would count them, without a step per event)."""
+        seen: list[tuple[int, type, int]] = []
+        for code, t in TYPE_OF.items():
+            n = cols.count(code)
+            if n:
+                seen.append((cols.first(code), t, n))
+        if others:
+            firsts: dict[type, int] = {}
+            for i in others:
+                firsts.setdefault(types[i], i)
+            tally = Counter(map(types.__getitem__, others))
+            seen += [(i, t, tally[t]) for t, i in firsts.items()]
+        counted = self._types
+        for _, t, n in sorted(seen, key=_FIRST):
+            counted[t] += n
+
+    def _judge_cols(self, cols: Cols, rows0: int) -> None:
+        result = judge_chunk(self.state, cols, rows0,
+                             flows=self.ledger is not None or self.flows, detail=self.detail)
+        self._absorb(result)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -379,11 +502,22 @@ class Judge:
         """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
         return self._writes.get((layer, stream, page))
 
-    def _output(self, e: ev.Output) -> None:
-        diverged = e.diverged
+    def _outputs(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
+        """The output events of ``chunk`` at ``idx`` (rows from ``rows0``)."""
+        outs = [chunk[i] for i in idx]
+        diverged = list(map(_DIVERGED, outs))
         if self.ledger is not None:
-            self.ledger.outputs.append((self.rows, e.seq, e.step, e.stream,
-                                        -1 if diverged is None else int(diverged)))
+            table = self.ledger.outputs
+            for i, e, d in zip(idx, outs, diverged, strict=True):
+                table.append((rows0 + i, e.seq, e.step, e.stream, -1 if d is None else int(d)))
+        nr = self.groups.no_reference
+        if nr.full and diverged.count(None) == len(outs):
+            nr.count += len(outs)  # a native trace's checksums: counted, nothing more
+            return
+        for e, d in zip(outs, diverged, strict=True):
+            self._output(e, d)
+
+    def _output(self, e: ev.Output, diverged: bool | None) -> None:
         if diverged is None:
             nr = self.groups.no_reference
             if nr.full:
@@ -409,6 +543,12 @@ class Judge:
     def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
         fs = [chunk[i] for i in idx]
         routes = list(map(_ROUTE, fs))
+        if (self.ledger is None and routes.count("streamed") == len(fs)
+                and all(map(_RESULT, fs))):
+            # every decision streamed as fits() said: nothing to group (most decode steps)
+            self.routes["streamed"] += len(fs)
+            self.completeness.attention += len(fs)
+            return
         before = self.routes["streamed"] + self.routes["fallback"]
         self.routes.update(routes)
         codes = outcome_codes(routes, list(map(_RESULT, fs)))
@@ -454,22 +594,20 @@ class Judge:
         self._chunk, self._index = c, None
         self.classes += c.page_cls
         self.not_judged_why.update(c.not_judged)
-        for w, page, said, judged in c.versions_disagree:
+        for seq, step_, layer_, stream_, page, said, judged in c.versions_disagree:
             self.groups.versions.add(Evidence(
-                seq=w.seq, step=w.step, layer=fnd.layer_of(w.layer), stream=w.stream,
+                seq=seq, step=step_, layer=fnd.layer_of(layer_), stream=stream_,
                 page=page, text=f"annotated version {said}, judged {judged}"))
-        reads = c.reads
+        nr = c.r_seq.size
         self._unserved = {}
-        if not reads:
+        if not nr:
             return
-        nr = len(reads)
         self.pages_read += c.r_pages.sum(axis=0)
-        runs = np.bincount(c.detail["run_read"], minlength=nr)
         layer, stream, step = c.r_layer, c.r_stream, c.r_step
-        for k in np.flatnonzero(runs == 0).tolist():
-            self._unserved[k] = self._not_served(reads[k])
+        for k in np.flatnonzero(c.cols.r_runs == 0).tolist():
+            self._unserved[k] = self._not_served(c, k)
         self.reads[0] += nr - len(self._unserved)
-        self.groups.read_chunk(reads, c.pieces, layer, stream, step)
+        self.groups.read_chunk(c.r_seq, c.pieces, layer, stream, step)
         nj = c.pieces[c.pieces[:, 5] == NOT_JUDGED] if c.pieces.size else c.pieces
         for why in (np.unique(nj[:, 13]).tolist() if nj.size else []):
             mine = nj[nj[:, 13] == why]
@@ -480,59 +618,70 @@ class Judge:
             ids = ids[np.argsort(first)]
             per = np.bincount(mine[:, 0], weights=mine[:, 2] - mine[:, 1], minlength=nr)
             for r in ids.tolist():
-                e = reads[r]
                 if g.full:
                     g.count_one(int(per[r]))
                 else:
-                    g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                                   stream=e.stream, text=f"{int(per[r])} page(s)"), int(per[r]))
-        annotated = np.fromiter(map(len, map(_RANGES, reads)), np.int64, nr)
-        if annotated.any():
-            self._check_ranges(c, annotated)
+                    seq, step_, layer_, stream_ = self._read_at(c, r)
+                    g.add(Evidence(seq=seq, step=step_, layer=fnd.layer_of(layer_),
+                                   stream=stream_, text=f"{int(per[r])} page(s)"), int(per[r]))
+        if c.cols.served is not None:
+            self._check_ranges(c)
         if self.ledger is not None:
             self._ledger(c, layer, stream, step)
 
-    def _not_served(self, e: ev.Read) -> int:
+    @staticmethod
+    def _read_at(c: Chunk, k: int) -> tuple[int, int, int, int]:
+        """(seq, step, layer, stream) of read ``k`` of a chunk."""
+        return (int(c.r_seq[k]), int(c.r_step[k]), int(c.r_layer[k]), int(c.r_stream[k]))
+
+    def _not_served(self, c: Chunk, k: int) -> int:
         """A read without served pages: none of its pages can be judged (the pages it says
         it read count as read)."""
         self.reads[1] += 1
-        n = e.pool + e.ring + e.host
-        self.pages_read += (e.pool, e.ring, e.host)
-        self.classes[POOL, NOT_JUDGED] += e.pool
-        self.classes[RING, NOT_JUDGED] += e.ring
-        self.classes[HOST, NOT_JUDGED] += e.host
+        counts = c.cols.r_counts
+        assert counts is not None
+        pool, ring, host = (int(x) for x in counts[k])
+        n = pool + ring + host
+        self.pages_read += (pool, ring, host)
+        self.classes[POOL, NOT_JUDGED] += pool
+        self.classes[RING, NOT_JUDGED] += ring
+        self.classes[HOST, NOT_JUDGED] += host
         self.not_judged_why[NO_SERVED] += n
         g = self.groups.no_served
         if g.full:
             g.count_one(n)
         else:
-            g.add(Evidence(seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer),
-                           stream=e.stream), n)
+            seq, step, layer, stream = self._read_at(c, k)
+            g.add(Evidence(seq=seq, step=step, layer=fnd.layer_of(layer), stream=stream), n)
         said = self.groups.annotated_classes
-        for r in e.ranges:
+        for r in c.cols.ranges[k]:
             said[r.cls] = said.get(r.cls, 0) + r.end - r.begin
         return n
 
-    def _check_ranges(self, c: Chunk, annotated: np.ndarray) -> None:
+    def _check_ranges(self, c: Chunk) -> None:
         """The model's annotated ranges against the verdicts (a cross-check): a read whose
         judged and annotated non-exact page counts are both 0 agrees without a closer look."""
-        nr = len(c.reads)
-        ranges = list(itertools.chain.from_iterable(map(_RANGES, c.reads)))
+        cols = c.cols
+        assert cols.served is not None
+        nr = c.r_seq.size
+        annotated = np.fromiter(map(len, cols.ranges), np.int64, nr)
+        ranges = list(itertools.chain.from_iterable(cols.ranges))
         owner = np.repeat(np.arange(nr), annotated)
         n = len(ranges)
-        width = ints(ranges, _END) - ints(ranges, _BEGIN)
+        ends = column(lambda: itertools.chain.from_iterable(map(_BEGIN_END, ranges)), n, 2)
+        width = ends[:, 1] - ends[:, 0]
         bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
         for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
             if k in self._unserved:
                 continue
-            e = c.reads[k]
-            diff = crosscheck.disagrees(e, self._pieces(c, k))
+            seq, step, layer, stream = self._read_at(c, k)
+            read = _Annotated(stream, cols.served[k], cols.ranges[k])
+            diff = crosscheck.disagrees(read, self._pieces(c, k))  # type: ignore[arg-type]
             if diff is not None:
                 self.groups.annotation.add(Evidence(
-                    seq=e.seq, step=e.step, layer=fnd.layer_of(e.layer), stream=e.stream,
-                    text=diff))
+                    seq=seq, step=step, layer=fnd.layer_of(layer), stream=stream, text=diff))
 
     def _ledger(self, c: Chunk, layer: np.ndarray, stream: np.ndarray,
                 step: np.ndarray) -> None:
@@ -561,17 +710,21 @@ class Judge:
         c = self._chunk
         if c is None:
             return None
+        reads = c.cols.reads
+        if reads is None:  # a streamed chunk: its reads by seq
+            found = np.flatnonzero(c.r_seq == e.seq)
+            return int(found[0]) if found.size else None
         if self._index is None:
-            self._index = {id(r): k for k, r in enumerate(c.reads)}
+            self._index = {id(r): k for k, r in enumerate(reads)}
         return self._index.get(id(e))
 
     @property
     def last(self) -> ReadVerdict | None:
         """The verdict of the last read of the last chunk fed (None: that chunk had none)."""
         c = self._chunk
-        if c is None or not c.reads:
+        if c is None or not c.r_seq.size:
             return None
-        return self._verdict(c, len(c.reads) - 1)
+        return self._verdict(c, c.r_seq.size - 1)
 
     def verdict(self, e: ev.Read) -> ReadVerdict | None:
         """The verdict of a read of the last chunk fed (None: not in it)."""
@@ -579,14 +732,13 @@ class Judge:
         return None if k is None else self._verdict(self._chunk, k)  # type: ignore[arg-type]
 
     def _verdict(self, c: Chunk, k: int) -> ReadVerdict:
-        e = c.reads[k]
+        seq, step, layer, stream = self._read_at(c, k)
         if k in self._unserved:
             n = self._unserved[k]
             piece = (0, n, POOL, -1, NOT_JUDGED, 0, -1, -1, -1, -1, -1, -1, NO_SERVED)
-            return ReadVerdict(e.seq, e.step, e.layer, e.stream, (0, 0, 0, n),
-                               (piece,) if n else ())
+            return ReadVerdict(seq, step, layer, stream, (0, 0, 0, n), (piece,) if n else ())
         counts = tuple(int(x) for x in c.r_counts[k])
-        return ReadVerdict(e.seq, e.step, e.layer, e.stream, counts,  # type: ignore[arg-type]
+        return ReadVerdict(seq, step, layer, stream, counts,  # type: ignore[arg-type]
                            tuple(self._pieces(c, k)))
 
     def missed_writes(self, verdict: ReadVerdict | None = None) -> list[int]:
@@ -594,14 +746,14 @@ class Judge:
         not get: for each stale or foreign page, the last write of that page before the read
         (flows start there). Needs ``flows`` (or a ledger) on when the read is fed."""
         c = self._chunk
-        if c is None or not c.reads:
+        if c is None or not c.r_seq.size:
             return []
-        k = len(c.reads) - 1
+        k = c.r_seq.size - 1
         if verdict is not None:
-            found = [i for i, r in enumerate(c.reads) if r.seq == verdict.seq]
-            if not found:
+            found = np.flatnonzero(c.r_seq == verdict.seq)
+            if not found.size:
                 return []
-            k = found[0]
+            k = int(found[0])
         return sorted(set(c.flows[c.flows[:, 1] == k, 0].tolist())) if c.flows.size else []
 
     def missed(self, e: ev.Read) -> list[tuple[int, str]]:
@@ -661,7 +813,14 @@ class Judge:
                                            self._version_at(c, e, page), None, why))
                 continue
             sel = np.flatnonzero(p_run == run)
-            for i in sel.tolist():
+            judged = dict(zip(cols["p_page"][sel].tolist(), sel.tolist(), strict=True))
+            for page in range(b, end):
+                i = judged.get(page, -1)
+                if i < 0:  # decided exact with its whole run (batch._quick_runs)
+                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page,
+                                           SOURCES[src], slot0 + page - b, "exact", 0,
+                                           self._version_at(c, e, page), None, ""))
+                    continue
                 hv = int(cols["h_vid"][i])
                 holder = None if hv < 0 else Copy(
                     int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
@@ -703,6 +862,7 @@ class Judge:
 
     def snapshot(self) -> Judgement:
         """The judgement of everything fed so far (an immutable value)."""
+        self._flush()
         counts = self.counts
         self.completeness.slot_pages = int(self.pages_read[0] + self.pages_read[1])
         completeness = self.completeness.result(counts)
@@ -719,6 +879,7 @@ class Judge:
         could withdraw are not among them — what the trace does not record (a later event or
         ``records`` declaration may show it), the run not completing (the End event may
         come) — :meth:`snapshot` has those once the trace has ended."""
+        self._flush()
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
