@@ -52,6 +52,8 @@ class TraceDoc:
     """Its ``timing`` events as a run (the Perf screen), when it has any."""
     judge_error: str | None = None
     """Why the judgement stopped before the end of the file (an internal error)."""
+    notes: tuple[str, ...] = ()
+    """What went wrong around the trace itself (a judgement cache that could not be used)."""
 
     kind: Literal["trace"] = "trace"
 
