@@ -72,9 +72,9 @@ def _group(keys: list[np.ndarray], rows: np.ndarray, *values: np.ndarray
     wide = int(np.prod(np.array(bases, dtype=np.float64))) >= 1 << 31
     packed = np.zeros(rows.size, np.int64 if wide else np.int32)
     for k, base, lo in zip(keys, bases, mins, strict=True):
-        packed *= base
-        packed += k
-        packed -= lo
+        np.multiply(packed, base, out=packed)
+        np.add(packed, k, out=packed, casting="unsafe")  # k fits: its range is in ``base``
+        np.subtract(packed, lo, out=packed)
     order = np.argsort(packed, kind="stable")
     packed.sort(kind="stable")  # the keys in order, without a third copy
     cut = np.flatnonzero(packed[1:] != packed[:-1]) + 1
@@ -107,9 +107,10 @@ def _expand(rows: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.
     kind = np.int32 if total < 1 << 31 else np.int64
     rep = np.repeat(rows, count)
     within = np.arange(total, dtype=kind)
-    within -= np.repeat((np.cumsum(count, dtype=kind) - count).astype(kind), count)
+    np.subtract(within, np.repeat(np.cumsum(count, dtype=kind) - count, count), out=within,
+                casting="unsafe")
     at = np.repeat(first.astype(kind), count)
-    at += within
+    np.add(at, within, out=at)
     return rep, at, within
 
 
