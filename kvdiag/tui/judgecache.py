@@ -22,7 +22,9 @@ The cache is keyed by the trace's resolved path, size, modification time and a h
 first and last 64 KiB, and by the judging code (a hash of :mod:`kvdiag.analysis.judgement`'s
 sources and the ledger's columns): a file whose key differs is never used, and a damaged one is
 ignored with a note, never trusted (its footer is decoded with msgspec into fixed types, its
-arrays get the code's own dtypes, and every block must lie inside the file). Where is the cache:
+arrays get the code's own dtypes, and every block must lie inside the file). A cache file is
+never written in place — a new one is renamed over it — so a viewer that mapped it keeps the
+bytes it mapped. Where is the cache:
 ``$KVDIAG_CACHE_DIR/judgements`` or the user's cache folder (the symbolizer's,
 :func:`kvdiag.postmortem.cache.default_dir`); at most :data:`MAX_FILES` traces are kept, the
 least recently judged removed first. A trace that is not one plain file (a segment set, a

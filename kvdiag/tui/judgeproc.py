@@ -77,10 +77,24 @@ def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -
         judging.finish()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         last_delta = dataclasses.replace(judging.delta(done=True), costs={
-            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024})
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": _peak_rss_mib(usage)})
         _send(out, ledger.finish(last_delta))
     except Exception as exc:  # reported to the viewer, which says so and carries on
         _send(out, Failed(f"{type(exc).__name__}: {exc}"))
+
+
+def _peak_rss_mib(usage: resource.struct_rusage) -> float:
+    """This process's peak resident memory. Linux's ``ru_maxrss`` of a process started by
+    fork (or vfork) and exec counts the parent's peak before the exec, so the process's own
+    high-water mark (``VmHWM``) is read where there is one."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return usage.ru_maxrss / 1024
 
 
 class JudgeProcess:
