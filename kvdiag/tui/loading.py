@@ -221,7 +221,9 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
     t_index = time.perf_counter() - t0
     c = index.columns
     seen_layers = int(c["layer"].max()) + 1 if index.n else 0
-    streams = np.unique(c["stream"][np.isin(c["kind"], (READ, WRITE, UPLOAD))])
+    kind = c["kind"]
+    # three compares, not isin: isin widens millions of codes to int64 first (40 MiB on 5M)
+    streams = np.unique(c["stream"][(kind == READ) | (kind == WRITE) | (kind == UPLOAD)])
     pages = int(index.columns["b"][c["kind"] == UPLOAD].max(initial=0))
     geometry = geometry_from_header(doc.header, layers=seen_layers,
                                     streams=[int(s) for s in streams if s >= 0], pages=pages)
