@@ -211,3 +211,47 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     prune(tmp_path, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "3.kvjudge", "4.kvjudge", "5.kvjudge", "b.kvjudge.y.part"]
+
+
+def test_blocks_written_as_they_gather_give_the_thread_s_ledger(
+        trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN the judging pass fed a few lines at a time, its deltas written through a
+    LedgerWriter that writes a block every 3 rows (rows not written yet travel as open rows)
+    and mapped back WHEN folded into digests THEN every prefix's tables hold the rows the
+    pass judged, and the last equals the judgement of a pass fed the same blocks in this
+    process (no file between)."""
+    from kvdiag.analysis.linesource import LineSource
+    from kvdiag.analysis.trace_index import header_end, line_blocks
+    from kvdiag.tui.digest import BlockRef, DigestBuilder
+    from kvdiag.tui.judgecache import LedgerMap, LedgerWriter
+    from kvdiag.tui.judging import JudgingPass
+
+    monkeypatch.setattr(judgecache, "BLOCK_ROWS", 3)
+    source = LineSource.open(trace)
+    judging = JudgingPass(trace, hand_over=True)
+    reference = JudgingPass(trace)
+    builder = DigestBuilder()
+    written = 0
+    with open(tmp_path / "ledger", "w+b") as fh:
+        writer, ledger = LedgerWriter(fh.fileno(), key_of(trace)), LedgerMap(fh.fileno())
+        for offset, block in line_blocks(source, header_end(source), 300):
+            judging.feed(block, offset)
+            reference.feed(block, offset)
+            sent = writer.put(judging.delta())
+            written += sum(isinstance(b, BlockRef) for t in sent.tables for b in t.sealed)
+            digest = builder.add(ledger.resolve(sent))
+            assert len(digest.ledger.reads) == digest.ledger.reads.n
+            assert len(digest.ledger.reads.array) == sum(
+                1 for r in digest.ledger.reads.array if r["row"] < digest.rows)
+        judging.finish()
+        last = builder.add(ledger.resolve(writer.finish(judging.delta(done=True))))
+        ledger.close()
+    assert written >= 3  # blocks did reach the file before the end
+    reference.finish()
+    here = DigestBuilder().add(reference.delta(done=True))
+    for name in TABLES:
+        assert getattr(last.ledger, name).array.tolist() == \
+            getattr(here.ledger, name).array.tolist(), name
+    for m in (*MARKS, "abort"):
+        assert last.marks[m].tolist() == here.marks[m].tolist(), m
+    assert last.marks["foreign"].size and last.findings == here.findings

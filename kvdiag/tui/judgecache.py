@@ -77,6 +77,8 @@ MAX_FILES = 32
 STALE_PART_S = 24 * 3600.0
 """A ``.part`` file this old was left by a viewer killed outright: removed."""
 SUFFIX = ".kvjudge"
+BLOCK_ROWS = 1 << 15
+"""Ledger rows written as one block (about 1.4 MiB of reads)."""
 
 
 class CacheKey(msgspec.Struct, frozen=True):
@@ -196,6 +198,7 @@ class LedgerWriter:
         self._key = key
         self._pos = 0
         self._blocks: list[list[tuple[int, int]]] = [[] for _ in DTYPES]
+        self._pending: list[list[np.ndarray]] = [[] for _ in DTYPES]
         self._marks: dict[str, np.ndarray] = {m: np.zeros(0, np.int64) for m in MARKS}
         self._telemetry: list[TelemetrySeries] = []
         self._partition: list[TelemetrySeries] = []
@@ -220,13 +223,28 @@ class LedgerWriter:
         self._blocks[table].append((at, len(data)))
         return BlockRef(at, len(data))
 
+    def _table(self, i: int, t: TableDelta) -> TableDelta:
+        """Table ``i``'s rows of a delta: what it seals is written once :data:`BLOCK_ROWS` rows
+        have gathered, and travels with the open rows until then. (The Judge seals a block
+        per chunk of events, a few hundred rows; a viewer's lookups touch the first row of
+        every block, and the pages around it — thousands of small blocks meant most of the
+        file's pages in its resident memory, bench_tui.)"""
+        pending = self._pending[i]
+        pending += [b for b in t.sealed if not isinstance(b, BlockRef) and len(b)]
+        refs: tuple[BlockRef, ...] = ()
+        if sum(len(b) for b in pending) >= BLOCK_ROWS:
+            refs = (self._block(i, _joined(pending)),)
+            pending.clear()
+        if not pending:
+            return TableDelta(refs, t.open, t.n)
+        rest = [*pending, *(() if t.open is None else (t.open,))]
+        return TableDelta(refs, _joined(rest), t.n)
+
     def put(self, delta: Delta) -> Delta:
-        """Write the blocks ``delta`` seals; the same delta with :class:`BlockRef` in place of
-        its sealed arrays (the open rows still travel as arrays: they change)."""
-        tables = tuple(
-            TableDelta(tuple(self._block(i, b) for b in t.sealed
-                             if not isinstance(b, BlockRef) and len(b)), t.open, t.n)
-            for i, t in enumerate(delta.tables))
+        """Write the blocks ``delta`` seals (once enough have gathered); the same delta with
+        :class:`BlockRef` in place of the sealed arrays written, and the rows not written yet
+        as its open rows (arrays: they change)."""
+        tables = tuple(self._table(i, t) for i, t in enumerate(delta.tables))
         self._out.flush()  # the viewer maps what the refs point at
         for m in MARKS:
             self._marks[m] = np.union1d(self._marks[m], delta.marks_sealed.get(m, ()))
@@ -245,7 +263,7 @@ class LedgerWriter:
     def finish(self, delta: Delta) -> Delta:
         """:meth:`put` the last delta, then its open rows as final blocks and the footer."""
         sent = self.put(delta)
-        for i, t in enumerate(delta.tables):
+        for i, t in enumerate(sent.tables):
             if t.open is not None and len(t.open):
                 self._block(i, t.open)
         for m in MARKS:
@@ -266,6 +284,10 @@ class LedgerWriter:
             self._write(TRAILER.pack(at, len(data), MAGIC))
         self._out.flush()
         return sent
+
+
+def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _with_tables(delta: Delta, tables: tuple[TableDelta, ...]) -> Delta:
@@ -318,6 +340,10 @@ class LedgerMap:
         if hi <= start:
             return [np.empty(0, DTYPES[t]) for t, _ in refs]
         region = mmap.mmap(self._fd, hi - start, offset=start, access=mmap.ACCESS_READ)
+        with contextlib.suppress(AttributeError, OSError):
+            # a viewer asks about a few rows at a time: map the page it reads, not the
+            # pages around it (they would count in its resident memory)
+            region.madvise(mmap.MADV_RANDOM)
         out = []
         for t, r in refs:
             arr = np.frombuffer(region, DTYPES[t], r.rows, r.offset - start)
