@@ -52,7 +52,6 @@ from kvdiag import __version__
 from kvdiag.analysis.judgement import Judgement
 from kvdiag.files.outputs import OutputError, open_output, plan_output
 from kvdiag.model import events as ev
-from kvdiag.postmortem.cache import default_dir
 from kvdiag.trace.problems import Problem
 from kvdiag.tui.digest import (
     DTYPES,
@@ -160,6 +159,9 @@ def key_of(path: str | os.PathLike[str]) -> CacheKey | None:
 
 
 def cache_folder() -> Path:
+    # imported here: the viewer's first frame does not wait for the symbolizer's modules
+    from kvdiag.postmortem.cache import default_dir
+
     return Path(default_dir()) / "judgements" / f"v{CACHE_VERSION}"
 
 
