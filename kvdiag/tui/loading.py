@@ -56,6 +56,10 @@ from kvdiag.tui.judgeproc import Failed, JudgeProcess
 from kvdiag.tui.judging import JudgingPass
 
 PUBLISH_EVERY_S = 0.2
+JUDGING_PUBLISH_S = 1.0
+"""Once the index is complete, the judged prefix is published this often: each snapshot makes
+the screens draw again, CPU the judging process on another core could use (bench_tui: a tenth
+of a core while the Judge finished alone)."""
 YIELD_CHUNK = 1 << 20
 PROCESS_MIN_BYTES = 64 << 20
 """Traces this big are judged in a child process (starting one costs a few tenths of a
@@ -237,11 +241,15 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
     doc = replace(doc, pages=pages_query,
                   timings={**doc.timings, "pages_s": time.perf_counter() - t0})
     publish(doc)
+    last = time.perf_counter()
     while not judging.done:
         if cancelled():
             return
         judging.update(wait=PUBLISH_EVERY_S)
-        if judging.digest is not doc.digest:
+        now = time.perf_counter()
+        if judging.digest is not doc.digest and (judging.done or
+                                                 now - last >= JUDGING_PUBLISH_S):
+            last = now
             doc = replace(doc, digest=judging.digest,
                           progress=_judged(judging.digest, source.size))
             publish(doc)
