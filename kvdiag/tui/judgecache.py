@@ -41,7 +41,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -293,8 +293,6 @@ def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _with_tables(delta: Delta, tables: tuple[TableDelta, ...]) -> Delta:
-    from dataclasses import replace
-
     return replace(delta, tables=tables)
 
 
@@ -376,7 +374,7 @@ class Cached:
     note: str | None = None
     file: Path | None = None
     written: float = 0.0
-    _maps: list[LedgerMap] = field(default_factory=list)
+    """When the cached judgement was made (time.time())."""
 
 
 def read_cached(key: CacheKey) -> Cached:
