@@ -1,6 +1,6 @@
 """Headless benchmark of ``kvdiag tui`` on a synthetic trace of 5,000,000 events.
 
-Run: ``.venv/bin/python benchmarks/bench_tui.py [--events N] [--presses N]``.
+Run: ``.venv/bin/python benchmarks/bench_tui.py [--events N] [--presses N] [--no-baselines]``.
 
 A child process writes the trace (TraceWriter, one decode step of a 32-layer, 2-stream model per
 ~230 events: per layer a write per stream, every 8th step a rewrite of the holder stream's last
@@ -8,21 +8,27 @@ resident page (stale until the next re-upload), a fits decision, every 8th step 
 re-upload of each layer (with evictions every 64th), per stream a ring upload of the pages past
 the window and a read with its ``served`` runs — the shared (layer, page) keys make the other
 stream's pool pages foreign — and the model's matching ``ranges`` annotation; outputs;
-telemetry every 10th step). This process then runs the viewer headlessly (``App.run_test``,
-160x48) and measures:
+telemetry every 10th step). A viewer then runs headlessly (``App.run_test``, 160x48) in a
+process of its own, with an empty judgement cache (``KVDIAG_CACHE_DIR`` in the run's temporary
+folder: a first open), and measures:
 
 - first paint: from before ``import kvdiag.tui.app`` until the Overview shows the trace header
   (target < 1 s; issue 15 measured 0.73 s before the judgement), and that indexing was still
   running then;
-- first judged prefix / fully indexed / pages ready / judged (findings ready, target <= 10 s):
-  when the loader published each stage (the Judge runs behind the indexer, in a child process
-  for a trace this big);
-- memory: peak RSS of this process (the viewer) plus the judging process's own peak (it
-  reports it), target <= 600 MiB together;
+- first judged prefix / fully indexed / pages ready / judged (findings ready, the whole trace's
+  findings shown; target <= 10 s): when the loader published each stage (the Judge runs behind
+  the indexer, in a child process for a trace this big), with the viewer's CPU time by then
+  and the judging process's own CPU time;
+- memory: peak RSS of the viewer process plus the judging process's own peak (``VmHWM``, which
+  it reports), target <= 600 MiB together;
 - Pages scrub: one ``right``/``left`` key press until the screen has processed it and repainted
   (targets: median < 50 ms, p95 < 150 ms);
 - Timeline filter: setting the filter input to a new expression until the table repainted
   (same targets).
+
+Then a second viewer opens the same file, its judgement now cached (issue 15 §5: computed once
+per trace, cached for the TUI): first paint, findings ready, indexed and its peak RSS, reported
+apart from the first open (the targets are judged on the first open).
 
 Baselines measured in the same run: indexing vs. a full typed read with ``TraceReader``;
 findings ready vs. ``kvdiag check`` on the same file (the same Judge, one pass, nothing else);
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import platform
 import resource
@@ -241,12 +248,14 @@ async def measure(path: Path, presses: int) -> dict[str, Any]:
         marks = {"first_judged_s": lambda d: getattr(d, "digest", None) is not None,
                  "indexed_s": lambda d: d.geometry is not None,
                  "pages_ready_s": lambda d: d.pages is not None,
-                 "judged_s": lambda d: d.stage == "ready"}
+                 "judged_s": lambda d: d.digest is not None and d.digest.done,
+                 "ready_s": lambda d: d.stage == "ready"}
         pending = dict(marks)
         while pending:
             for key, done in list(pending.items()):
                 if done(app.docs[0]):
                     out[key] = time.perf_counter() - t0
+                    out[key.replace("_s", "_cpu_s")] = time.process_time()
                     del pending[key]
             await asyncio.sleep(0.005)
         doc = app.docs[0]
@@ -258,7 +267,12 @@ async def measure(path: Path, presses: int) -> dict[str, Any]:
         out["steps"] = doc.index.last_step + 1
         out["file_mb"] = path.stat().st_size / 1e6
         out["rss_loaded_mib"] = rss_mib()
+        out["cached"] = "cached" in doc.timings
         await pilot.pause()
+        if presses == 0:
+            out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            app.exit(None)
+            return out
 
         def key(name: str) -> None:
             app._driver.send_message(events.Key(name, None))  # type: ignore[union-attr]
@@ -271,13 +285,16 @@ async def measure(path: Path, presses: int) -> dict[str, Any]:
         screen.set_step(out["steps"] // 2)
         await pilot.pause()
         scrub: list[float] = []
+        scrub_cpu: list[float] = []
         for name in ["right"] * (presses // 2) + ["left"] * (presses - presses // 2):
             target = app.step + (1 if name == "right" else -1)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             key(name)
             await settle(pilot, lambda t=target: screen.shown_step == t)  # type: ignore[misc]
             scrub.append(time.perf_counter() - t)
+            scrub_cpu.append(time.process_time() - c)
         out["scrub_ms"] = scrub
+        out["scrub_cpu_ms"] = scrub_cpu
         t = time.perf_counter()
         key("end")
         await settle(pilot, lambda: screen.shown_step == out["steps"] - 1)
@@ -290,16 +307,19 @@ async def measure(path: Path, presses: int) -> dict[str, Any]:
         assert isinstance(tl, TimelineScreen)
         filt = tl.query_one("#filter")
         flt: list[float] = []
+        flt_cpu: list[float] = []
         shown: dict[str, int] = {}
         for _ in range(max(1, presses // (2 * len(FILTERS)))):
             for text in FILTERS:
                 before = tl.rows
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 filt.value = text  # type: ignore[attr-defined]
                 await settle(pilot, lambda b=before: tl.rows is not b)  # type: ignore[misc]
                 flt.append(time.perf_counter() - t)
+                flt_cpu.append(time.process_time() - c)
                 shown[text] = len(tl.rows) if tl.rows is not None else -1
         out["filter_ms"] = flt
+        out["filter_cpu_ms"] = flt_cpu
         out["filter_rows"] = shown
         out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         app.exit(None)
@@ -352,10 +372,17 @@ def main() -> int:
     ap.add_argument("--unannotated", action="store_true",
                     help="reads without the model's ranges annotation, as a fork writes them "
                          "(the judgement then has no annotation to cross-check)")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="skip kvdiag check, the typed read and the replay (minutes on 5M)")
     ap.add_argument("--write-only", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--measure", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write_only:
         print(write_trace(Path(args.write_only), args.events, not args.unannotated))
+        return 0
+    if args.measure:
+        # one viewer in a process of its own: its peak RSS is its own
+        print(json.dumps(asyncio.run(measure(Path(args.measure), args.presses))))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.kvtrace"
@@ -364,8 +391,20 @@ def main() -> int:
                         str(path), *(["--unannotated"] if args.unannotated else [])],
                        check=True, stdout=subprocess.DEVNULL)
         t_write = time.perf_counter() - t
-        res = asyncio.run(measure(path, args.presses))
-        base = baselines(path, res["steps"] // 2)
+        # an empty cache folder: the first open judges; the second finds the judgement cached
+        env = {**os.environ, "KVDIAG_CACHE_DIR": str(Path(tmp) / "cache")}
+
+        def viewer(presses: int) -> dict[str, Any]:
+            done = subprocess.run([sys.executable, __file__, "--measure", str(path),
+                                   "--presses", str(presses)], check=True, env=env,
+                                  stdout=subprocess.PIPE, text=True)
+            got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+            return got
+
+        res = viewer(args.presses)
+        cache_mb = sum(f.stat().st_size for f in (Path(tmp) / "cache").rglob("*.kvjudge")) / 1e6
+        again = viewer(0)
+        base = (None if args.no_baselines else baselines(path, res["steps"] // 2))
     scrub = [x * 1000 for x in res["scrub_ms"]]
     flt = [x * 1000 for x in res["filter_ms"]]
     costs = res["judge_costs"]
@@ -374,7 +413,7 @@ def main() -> int:
     ok = {
         "first paint < 1 s (issue 15 measured 0.73 s before this change)":
             res["first_paint_s"] < 1.0,
-        "findings ready <= 10 s": res["judged_s"] <= 10.0,
+        "findings ready <= 10 s (first open)": res["judged_s"] <= 10.0,
         "peak RSS <= 600 MiB (viewer + judging process)": viewer_peak + judge_peak <= 600,
         "scrub median < 50 ms": statistics.median(scrub) < 50,
         "scrub p95 < 150 ms": pct(scrub, 0.95) < 150,
@@ -388,36 +427,54 @@ def main() -> int:
     print(f"trace     {res['events']:,} events, {res['steps']:,} steps, {res['file_mb']:.0f} MB "
           f"(written in {t_write:.1f} s by a child process)"
           + ("; reads without the model's annotation" if args.unannotated else ""))
+    print("first open (an empty judgement cache):")
     print(f"import    {res['import_s']:.2f} s  (kvdiag.tui.app and textual)")
     print(f"paint     {res['first_paint_s']:.2f} s  first paint of the Overview with the trace "
           f"header (indexing still running: {res['indexing_at_first_paint']})")
     print(f"prefix    {res['first_judged_s']:.2f} s  first judged prefix published")
-    print(f"indexed   {res['indexed_s']:.2f} s  ({res['events'] / res['indexed_s']:,.0f} events/s)"
-          f"; baseline TraceReader full typed read {base['read_s']:.2f} s -> "
-          f"{base['read_s'] / res['indexed_s']:.2f}x")
+    read = "" if base is None else (
+        f"; baseline TraceReader full typed read {base['read_s']:.2f} s -> "
+        f"{base['read_s'] / res['indexed_s']:.2f}x")
+    print(f"indexed   {res['indexed_s']:.2f} s  ({res['events'] / res['indexed_s']:,.0f} "
+          f"events/s, viewer CPU {res['indexed_cpu_s']:.1f} s){read}")
     print(f"pages     {res['pages_ready_s']:.2f} s  page-replay groups built")
+    check = "" if base is None else (
+        f"; baseline kvdiag check on the same file {base['check_s']:.2f} s "
+        f"({base['check_cpu_s']:.1f} s CPU) -> {res['judged_s'] / base['check_s']:.2f}x")
+    judge_cpu = costs.get("cpu_s", float("nan"))
     print(f"judged    {res['judged_s']:.2f} s  findings ready: the Judge behind the indexer, in a "
-          f"child process ({costs.get('cpu_s', float('nan')):.1f} s CPU there); baseline "
-          f"kvdiag check on the same file {base['check_s']:.2f} s ({base['check_cpu_s']:.1f} s "
-          f"CPU) -> {res['judged_s'] / base['check_s']:.2f}x")
+          f"child process ({judge_cpu:.1f} s CPU there: wall / Judge CPU "
+          f"{res['judged_s'] / judge_cpu:.2f}; the viewer's CPU by then "
+          f"{res['judged_cpu_s']:.1f} s){check}")
     print(f"          findings {', '.join(res['findings'])}; pages "
           + ", ".join(f"{k} {v:,}" for k, v in res["read_classes"].items()))
     mem = res["rss_loaded_mib"]
     print(f"memory    peak RSS {viewer_peak:.0f} MiB viewer + {judge_peak:.0f} MiB judging "
           f"process = {viewer_peak + judge_peak:.0f} MiB; after loading the viewer's RSS "
           f"{mem['VmRSS']:.0f} MiB = {mem['RssAnon']:.0f} MiB own + {mem['RssFile']:.0f} MiB "
-          f"mapped file pages (the {res['file_mb']:.0f} MB trace is mapped, not read into "
-          "memory)")
+          f"mapped file pages (the {res['file_mb']:.0f} MB trace and the {cache_mb:.0f} MB "
+          "ledger file are mapped, not read into memory)")
+    replay = "" if base is None else (
+        f"; baseline replay to the middle step {base['replay_to_middle_s']:.2f} s "
+        f"(extrapolated from its first {base['replayed']:,} of {base['to_middle']:,} events) -> "
+        f"{base['replay_to_middle_s'] * 1000 / statistics.median(scrub):,.0f}x")
+    scrub_cpu = [x * 1000 for x in res["scrub_cpu_ms"]]
+    flt_cpu = [x * 1000 for x in res["filter_cpu_ms"]]
     print(f"scrub     median {statistics.median(scrub):.1f} ms, p95 {pct(scrub, 0.95):.1f} ms, "
-          f"max {max(scrub):.1f} ms over {len(scrub)} presses; end key "
-          f"{res['scrub_end_ms'][0] * 1000:.1f} ms; baseline replay to the middle step "
-          f"{base['replay_to_middle_s']:.2f} s (extrapolated from its first "
-          f"{base['replayed']:,} of {base['to_middle']:,} events) -> "
-          f"{base['replay_to_middle_s'] * 1000 / statistics.median(scrub):,.0f}x")
+          f"max {max(scrub):.1f} ms over {len(scrub)} presses (the viewer's CPU: median "
+          f"{statistics.median(scrub_cpu):.1f} ms, p95 {pct(scrub_cpu, 0.95):.1f} ms); end key "
+          f"{res['scrub_end_ms'][0] * 1000:.1f} ms{replay}")
     print(f"filter    median {statistics.median(flt):.1f} ms, p95 {pct(flt, 0.95):.1f} ms, "
-          f"max {max(flt):.1f} ms over {len(flt)} changes")
+          f"max {max(flt):.1f} ms over {len(flt)} changes (the viewer's CPU: median "
+          f"{statistics.median(flt_cpu):.1f} ms, p95 {pct(flt_cpu, 0.95):.1f} ms)")
     print("          rows shown: " + ", ".join(f"{k or '(none)'}={v:,}"
                                              for k, v in res["filter_rows"].items()))
+    same = again["findings"] == res["findings"] and again["read_classes"] == res["read_classes"]
+    print(f"reopen    (a second viewer, the judgement cached: {cache_mb:.0f} MB; used: "
+          f"{again['cached']}, same findings and page classes: {same}) paint "
+          f"{again['first_paint_s']:.2f} s, findings ready {again['judged_s']:.2f} s, "
+          f"indexed {again['indexed_s']:.2f} s, pages {again['pages_ready_s']:.2f} s; peak RSS "
+          f"{again['rss_peak_mib']:.0f} MiB (no judging process)")
     for name, good in ok.items():
         print(f"target    {name}: {'PASS' if good else 'MISS'}")
     return 0 if all(ok.values()) else 1

@@ -3,7 +3,8 @@ kvrt, the C runtime with its own truth (built once, tests/native_runtime.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,17 @@ import pytest
 from kvdiag.cli import main
 
 Capture = Callable[..., tuple[Path, int]]
+_CACHES = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test its own, empty kvdiag cache folder (the viewer caches judgements, the
+    symbolizer DWARF indexes): never the user's, and no test sees another's."""
+    folder = tmp_path_factory.getbasetemp() / "kvdiag-cache" / str(next(_CACHES))
+    monkeypatch.setenv("KVDIAG_CACHE_DIR", str(folder))
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -126,12 +126,22 @@ def _joined(parts: Sequence[TelemetrySeries], fields: tuple[str, ...]) -> Teleme
                            fields)
 
 
+@dataclass(frozen=True)
+class BlockRef:
+    """Where a sealed ledger block lies in the judging process's ledger file
+    (:mod:`kvdiag.tui.judgecache`): ``rows`` rows from byte ``offset``."""
+
+    offset: int
+    rows: int
+
+
 @dataclass(frozen=True, eq=False)
 class TableDelta:
-    """Ledger rows of one table added since the previous delta: the blocks sealed since (final),
-    a copy of the rows still open, and the table's row count."""
+    """Ledger rows of one table added since the previous delta: the blocks sealed since (final;
+    from a judging process, :class:`BlockRef` values until the viewer maps them), a copy of the
+    rows still open, and the table's row count."""
 
-    sealed: tuple[np.ndarray, ...]
+    sealed: tuple[np.ndarray | BlockRef, ...]
     open: np.ndarray | None
     n: int
 
@@ -156,6 +166,14 @@ class Delta:
     costs: dict[str, float] = field(default_factory=dict)
     """What the pass cost so far where it ran in a process of its own (``cpu_s``,
     ``peak_rss_mib``): a viewer's own figures do not include it."""
+    marks_sealed: dict[str, np.ndarray] = field(default_factory=dict)
+    """Scrubber marks (:data:`MARKS`) of the sealed rows this delta adds (:func:`marks_of`):
+    made where the rows are, so that a viewer never reads a whole table for them."""
+    marks_open: dict[str, np.ndarray] = field(default_factory=dict)
+    """The marks of the rows still open (asked again until they are sealed)."""
+    aborts_more: int = 0
+    """Abort events beyond ``aborts`` (counted, not carried: a judgement read back)."""
+    problems_more: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,18 +246,21 @@ class DigestBuilder:
     def add(self, delta: Delta) -> TraceDigest:
         tables = []
         for i, t in enumerate(delta.tables):
-            self._sealed[i] += t.sealed
+            for b in t.sealed:
+                if isinstance(b, BlockRef):
+                    raise ValueError("a ledger block not mapped yet")
+                self._sealed[i].append(b)
             blocks = [*self._sealed[i], *(() if t.open is None else (t.open,))]
             tables.append(TableSnapshot(DTYPES[i], blocks, t.n, len(self._sealed[i])))
-        # Marks from the rows this delta adds: sealed ones are final, open ones are asked
-        # again until they are sealed. The rule of what makes a mark is the ledger's.
-        sealed = _marks([t.sealed for t in delta.tables])
-        self._marks = {m: np.union1d(self._marks[m], sealed[m]) for m in MARKS}
-        still_open = _marks([() if t.open is None else (t.open,) for t in delta.tables])
-        marks = {m: np.union1d(self._marks[m], still_open[m]) for m in MARKS}
-        self._aborts_total += len(delta.aborts)
+        # Marks of the rows this delta adds: sealed ones are final, open ones are asked
+        # again until they are sealed.
+        empty = np.zeros(0, np.int64)
+        self._marks = {m: np.union1d(self._marks[m], delta.marks_sealed.get(m, empty))
+                       for m in MARKS}
+        marks = {m: np.union1d(self._marks[m], delta.marks_open.get(m, empty)) for m in MARKS}
+        self._aborts_total += len(delta.aborts) + delta.aborts_more
         self._aborts += clip_deep(delta.aborts[:max(0, MAX_KEPT - len(self._aborts))])
-        self._problems_total += len(delta.problems)
+        self._problems_total += len(delta.problems) + delta.problems_more
         self._problems += clip_deep(delta.problems[:max(0, MAX_KEPT - len(self._problems))])
         if delta.telemetry.n:
             self._telemetry.append(delta.telemetry)
@@ -257,8 +278,9 @@ class DigestBuilder:
         return self.latest
 
 
-def _marks(blocks: Sequence[Sequence[np.ndarray]]) -> dict[str, np.ndarray]:
-    """:meth:`LedgerSnapshot.steps_with` of some rows of each table."""
+def marks_of(blocks: Sequence[Sequence[np.ndarray]]) -> dict[str, np.ndarray]:
+    """:meth:`LedgerSnapshot.steps_with` of some rows of each table (the rule of what makes a
+    mark is the ledger's)."""
     part = LedgerSnapshot(*(TableSnapshot(d, b, sum(len(x) for x in b))
                             for d, b in zip(DTYPES, blocks, strict=True)))
     return {m: part.steps_with(m) for m in MARKS}

@@ -70,6 +70,8 @@ class TraceDoc:
     """Why the judgement stopped before the end of the file (an internal error)."""
     live: Live | None = None
     """Set while the file is followed as it grows: the document holds what arrived so far."""
+    notes: tuple[str, ...] = ()
+    """What went wrong around the trace itself (a judgement cache that could not be used)."""
 
     kind: Literal["trace"] = "trace"
 

@@ -2,14 +2,17 @@
 
 The indexer and the Judge each cost a few microseconds per event and both hold the GIL, so in
 one process they share one core; in a child process the Judge runs on another core while the
-viewer indexes and draws. The child (``python -m kvdiag.tui.judgeproc PATH EVERY``) reads the
-same blocks of the file (:func:`~kvdiag.analysis.trace_index.line_blocks`), runs a
-:class:`~kvdiag.tui.judging.JudgingPass` and writes a :class:`~kvdiag.tui.digest.Delta` to its
-standard output about every ``EVERY`` seconds, and one with ``done`` at the end, as
-length-prefixed pickles; the viewer folds them into digests as it does for a pass run in its
-own thread. A plain subprocess rather than :mod:`multiprocessing`: spawning through it re-runs
-the parent's main script in the child, which breaks any program that embeds the viewer without
-a ``__main__`` guard (and forking a process with threads copies locks other threads hold).
+viewer indexes and draws. The child (``python -m kvdiag.tui.judgeproc PATH EVERY FD KEY``)
+reads the same blocks of the file (:func:`~kvdiag.analysis.trace_index.line_blocks`), runs a
+:class:`~kvdiag.tui.judging.JudgingPass`, writes the ledger blocks it seals to the ledger file
+the viewer opened for it (descriptor ``FD``, :mod:`kvdiag.tui.judgecache`; ``KEY`` is the cache
+key the footer records, ``-`` for none) and sends a :class:`~kvdiag.tui.digest.Delta` naming
+where they lie to its standard output about every ``EVERY`` seconds, and one with ``done`` at
+the end, as length-prefixed pickles; the viewer maps the blocks and folds the deltas into
+digests as it does for a pass run in its own thread. A plain subprocess rather than
+:mod:`multiprocessing`: spawning through it re-runs the parent's main script in the child,
+which breaks any program that embeds the viewer without a ``__main__`` guard (and forking a
+process with threads copies locks other threads hold).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import pickle
 import resource
 import selectors
+import signal
 import struct
 import subprocess
 import sys
@@ -28,9 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import msgspec
+
 from kvdiag.analysis.trace_index import CHUNK, header_end, line_blocks
 from kvdiag.tui.digest import Delta
 from kvdiag.tui.document import trace_source
+from kvdiag.tui.judgecache import CacheKey, LedgerMap, LedgerWriter
 from kvdiag.tui.judging import JudgingPass
 
 _LENGTH = struct.Struct("<Q")
@@ -50,43 +57,63 @@ def _send(out: BinaryIO, item: Delta | Failed) -> None:
     out.flush()
 
 
-def run(path: str, out: BinaryIO, every: float) -> None:
-    """The child's work: judge ``path``, writing deltas to ``out``."""
+def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -> None:
+    """The child's work: judge ``path``, writing the ledger to ``fd`` and deltas to ``out``."""
     # The child holds nothing but the Judge: its objects live long and form no cycles, so
     # the cyclic GC would only re-scan them (a fifth of the pass, measured); a young
     # collection per delta keeps anything unexpected bounded.
     gc.disable()
     try:
         judging = JudgingPass(path, hand_over=True)
+        ledger = LedgerWriter(fd, key)
         source = trace_source(path)  # a plain file, a segment set or a .zst
         last = time.monotonic()
         for offset, block in line_blocks(source, header_end(source), CHUNK):
             judging.feed(block, offset)
             if time.monotonic() - last >= every:
-                _send(out, judging.delta())
+                _send(out, ledger.put(judging.delta()))
                 gc.collect(0)
                 last = time.monotonic()
         judging.finish()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         last_delta = dataclasses.replace(judging.delta(done=True), costs={
-            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024})
-        _send(out, last_delta)
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": _peak_rss_mib(usage)})
+        _send(out, ledger.finish(last_delta))
     except Exception as exc:  # reported to the viewer, which says so and carries on
         _send(out, Failed(f"{type(exc).__name__}: {exc}"))
 
 
-class JudgeProcess:
-    """A child process judging ``path``; :meth:`receive` collects what it has sent."""
+def _peak_rss_mib(usage: resource.struct_rusage) -> float:
+    """This process's peak resident memory. Linux's ``ru_maxrss`` of a process started by
+    fork (or vfork) and exec counts the parent's peak before the exec, so the process's own
+    high-water mark (``VmHWM``) is read where there is one."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return usage.ru_maxrss / 1024
 
-    def __init__(self, path: str, every: float) -> None:
+
+class JudgeProcess:
+    """A child process judging ``path`` into the ledger file ``fd`` (the cache ``key`` written
+    in its footer); :meth:`receive` collects what it has sent, its blocks mapped."""
+
+    def __init__(self, path: str, every: float, fd: int, key: CacheKey | None = None) -> None:
         env = dict(os.environ)
         # the child imports this copy of kvdiag, installed or not
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self._ledger = LedgerMap(fd)
+        self.completed = False
+        """The child sent its last delta: the ledger file is whole."""
+        coded = "-" if key is None else msgspec.json.encode(key).decode()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "kvdiag.tui.judgeproc", path, str(every)],
+            [sys.executable, "-m", "kvdiag.tui.judgeproc", path, str(every), str(fd), coded],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env)
+            env=env, pass_fds=(fd,))
         assert self._proc.stdout is not None
         self._out = self._proc.stdout
         os.set_blocking(self._out.fileno(), False)
@@ -130,8 +157,12 @@ class JudgeProcess:
             if len(buf) < _LENGTH.size + n:
                 break
             # the child is this module, started by this process: its pickles are trusted
-            items.append(pickle.loads(bytes(buf[_LENGTH.size:_LENGTH.size + n])))
+            item = pickle.loads(bytes(buf[_LENGTH.size:_LENGTH.size + n]))
             del buf[:_LENGTH.size + n]
+            if isinstance(item, Delta):
+                item = self._ledger.resolve(item)
+                self.completed = item.done
+            items.append(item)
         return items
 
     def close(self) -> None:
@@ -144,12 +175,16 @@ class JudgeProcess:
             self._proc.wait()
         self._selector.close()
         self._out.close()
+        self._ledger.close()
 
 
 def main(argv: list[str]) -> int:
+    # the viewer ends the pass with SIGTERM when it closes: end quietly
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     out = os.fdopen(os.dup(1), "wb")
     sys.stdout = sys.stderr  # nothing but frames on the pipe
-    run(argv[0], out, float(argv[1]))
+    key = None if argv[3] == "-" else msgspec.json.decode(argv[3], type=CacheKey)
+    run(argv[0], out, float(argv[1]), int(argv[2]), key)
     out.close()
     return 0
 

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvdiag.analysis.judgement import Judge
 from kvdiag.model import events as ev
 from kvdiag.trace.reader import TraceReader
@@ -26,6 +28,7 @@ from kvdiag.tui.digest import (
     TABLES,
     Delta,
     TableDelta,
+    marks_of,
     partition_series,
     telemetry_series,
 )
@@ -121,18 +124,20 @@ class JudgingPass:
         judgement = self.judge.snapshot()
         led = self.judge.ledger
         assert led is not None and judgement.ledger is not None
-        tables = []
+        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray | None, int]] = []
         if self.hand_over:
             for table in led.tables():
                 sealed, open_rows, n = table.take()
-                tables.append(TableDelta(tuple(sealed), open_rows, n))
+                parts.append((tuple(sealed), open_rows, n))
         else:
             for i, name in enumerate(TABLES):
                 t = getattr(judgement.ledger, name)
-                tables.append(TableDelta(t.blocks[self._sent[i]:t.sealed],
-                                         t.blocks[t.sealed] if len(t.blocks) > t.sealed
-                                         else None, t.n))
+                parts.append((t.blocks[self._sent[i]:t.sealed],
+                              t.blocks[t.sealed] if len(t.blocks) > t.sealed else None, t.n))
                 self._sent[i] = t.sealed
+        tables = [TableDelta(*p) for p in parts]
+        marks_sealed = marks_of([p[0] for p in parts])
+        marks_open = marks_of([() if p[1] is None else (p[1],) for p in parts])
         side = self._side
         self._side = {k: [] for k in _SIDE.values()}
         problems = self.reader.problems[self._problems:]
@@ -142,4 +147,5 @@ class JudgingPass:
             judgement=dataclasses.replace(judgement, ledger=None), tables=tuple(tables),
             telemetry=telemetry_series(side["telemetry"]),
             partition=partition_series(side["partition"]), aborts=tuple(side["abort"]),
-            problems=tuple(problems), truncated=self.reader.truncated, done=done)
+            problems=tuple(problems), truncated=self.reader.truncated, done=done,
+            marks_sealed=marks_sealed, marks_open=marks_open)

@@ -167,6 +167,7 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
         parts.append(Text(f"the judgement stopped: {doc.judge_error} — what is shown is the "
                           f"judgement of the first {d.rows if d else 0:,} events only",
                           style="bold red"))
+    parts += [Text(note, style="yellow") for note in doc.notes]
     if d is not None and d.done:
         parts.append(verdict(list(d.findings)))
     else:

@@ -95,7 +95,7 @@ class TimelineScreen(KvScreen):
     def _rebuild(self, doc: TraceDoc | LogDoc, keep_row: int | None) -> None:
         if isinstance(doc, TraceDoc):
             self.selection = apply_filter(self.flt, doc.index.columns, KINDS,
-                                          doc.index.slot_span if not self.flt.empty else None)
+                                          doc.index.slot_span_of)
             rows: TraceRows | LogRows = TraceRows(doc, self.selection, self.needle or None)
         else:
             self.selection = apply_filter(self.flt, doc.index.columns, LOG_KINDS)
