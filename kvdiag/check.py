@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from kvdiag.analysis.judgement import Judge, Judgement
+from kvdiag.analysis.judgement import Judgement, trace_judge
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
@@ -42,7 +42,7 @@ def analyse_file(path: str | Path) -> CheckResult:
         with TraceReader.open(path) as reader:
             # the name goes into the command that lists every judged page
             name = "FILE" if str(path) == "-" else str(path)
-            judgement = Judge(reader.header, name=name).feed_all(reader).snapshot()
+            judgement = trace_judge(reader, name=name).feed_all(reader).snapshot()
             problems = list(reader.problems)
             header = reader.header
             segments = reader.segments

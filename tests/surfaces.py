@@ -159,7 +159,7 @@ def pair_diff_disagreements(pairs: Iterable[tuple[Entry, Entry]]) -> tuple[list[
         ja, jb = judged(e.path), judged(other.path)
         if doc["equivalent"]:
             if ja.judgement.residency["read_classes"] != jb.judgement.residency["read_classes"]:
-                bad.append(f"{e.name} vs per-stream: diff says equivalent, the judgement "
+                bad.append(f"{e.name} vs {other.name}: diff says equivalent, the judgement "
                            f"{ja.judgement.residency['read_classes']} vs "
                            f"{jb.judgement.residency['read_classes']}")
             continue
@@ -169,18 +169,18 @@ def pair_diff_disagreements(pairs: Iterable[tuple[Entry, Entry]]) -> tuple[list[
             divergent += 1
             page = d["a"]["page"]
             if d["b"]["page"] != page or f"page {page} was read" not in d["text"]:
-                bad.append(f"{e.name} vs per-stream: diff names pages {d['a']['page']}/"
+                bad.append(f"{e.name} vs {other.name}: diff names pages {d['a']['page']}/"
                            f"{d['b']['page']} and says {d['text']!r}")
             said = {}
             for side, jj in (("a", ja), ("b", jb)):
                 want = jj.pages.get((d[side]["seq"], page), ("absent", 0))[0]
                 said[side] = want
                 if d[side]["class"] != want:
-                    bad.append(f"{e.name} vs per-stream: diff says side {side} read #"
+                    bad.append(f"{e.name} vs {other.name}: diff says side {side} read #"
                                f"{d[side]['seq']} page {page} {d[side]['class']}, its "
                                f"judgement {want}")
             if said["a"] == said["b"] == "exact":
-                bad.append(f"{e.name} vs per-stream: diff's divergent read page {page} is "
+                bad.append(f"{e.name} vs {other.name}: diff's divergent read page {page} is "
                            "exact on both sides")
     return bad, divergent
 

@@ -186,6 +186,21 @@ def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
     agree(bad)
 
 
+def test_diff_of_kvrt_runs_of_one_schedule_diverges_where_the_judgement_says(
+        corpus: Corpus) -> None:
+    """kvrt's ring reuse (per-stream, every layer's ring pages prefetched) against the same
+    schedule with shared keys and ring copies from a C++ shared object: diff judges each trace
+    in its own file order, as check does (it once judged a layer's events apart from the next
+    layer's ring copies that overwrote its slots)."""
+    by = corpus.by_name()
+    if corpus.kvrt_missing:
+        pytest.skip(f"kvrt cannot be built here: {corpus.kvrt_missing}")
+    bad, divergent = pair_diff_disagreements([(by["kvrt/ring-reuse"], by["kvrt/dso"]),
+                                              (by["kvrt/dso"], by["kvrt/ring-reuse"])])
+    assert divergent == 2
+    agree(bad)
+
+
 def test_import_says_what_the_judgement_of_its_trace_says(corpus: Corpus) -> None:
     agree(import_disagreements(entries(corpus, "import")))
 

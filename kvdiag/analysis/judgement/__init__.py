@@ -25,9 +25,10 @@ Modules, one idea each:
 Using it
 --------
 
-Headless, one pass (what ``kvdiag check`` does)::
+Headless, one pass (what ``kvdiag check`` does; every command that judges a file builds its
+Judge with :func:`trace_judge`, from the file's header)::
 
-    judge = Judge(reader.header, name=path)
+    judge = trace_judge(reader, name=path)  # = Judge(reader.header, name=path)
     judge.feed_all(reader)                  # events in file order, any iterable
     j = judge.snapshot()                    # Judgement: an immutable value
     j.findings, j.summary(), j.steps.count, j.completeness.missing, j.residency
@@ -79,7 +80,9 @@ from kvdiag.analysis.judgement.judge import (
     PageVerdict,
     ReadVerdict,
     Steps,
+    Trace,
     batches,
+    trace_judge,
 )
 from kvdiag.analysis.judgement.ledger import LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy
@@ -99,6 +102,8 @@ __all__ = [
     "PageVerdict",
     "ReadVerdict",
     "Steps",
+    "Trace",
     "batches",
     "outcome",
+    "trace_judge",
 ]

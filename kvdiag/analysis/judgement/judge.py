@@ -31,7 +31,7 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -241,10 +241,11 @@ class Judge:
         """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
         self._judge([event])
 
-    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
-        """Feed every event of ``events``, judged :data:`CHUNK` at a time with array
-        operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
-        for chunk in batches(events):
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
+                 ) -> Judge:
+        """Feed every event of ``events``, judged ``size`` (:data:`CHUNK`) at a time with
+        array operations (:mod:`~kvdiag.analysis.judgement.batch`)."""
+        for chunk in batches(events, size):
             self._judge(chunk)
         return self
 
@@ -863,3 +864,24 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             chunk.append(e)
         if chunk:
             yield chunk
+
+
+class Trace(Protocol):
+    """A trace as the commands read it (:class:`kvdiag.trace.reader.TraceReader`): its header
+    and its events in file order."""
+
+    @property
+    def header(self) -> ev.Header: ...
+
+    def __iter__(self) -> Iterator[ev.AnyEvent | ev.Unknown]: ...
+
+
+def trace_judge(trace: Trace, *, name: str | None = None, ledger: bool = False,
+                keep_writes: bool = False, flows: bool = False, detail: bool = False) -> Judge:
+    """The Judge of one trace file, as ``kvdiag check`` judges it and every command that
+    judges a file must (``diff`` judged without the header once, and disagreed with check on
+    what the writer declares it records and on ``native_quants``): built from the trace's own
+    header; feed it the trace's events in file order (:meth:`Judge.feed_all`, or chunk by
+    chunk from :func:`batches`). The keywords are :class:`Judge`'s."""
+    return Judge(trace.header, name=name, ledger=ledger, keep_writes=keep_writes, flows=flows,
+                 detail=detail)
