@@ -36,6 +36,7 @@ from corpus import (
 from native_runtime import RuntimeUnavailable, build
 from surfaces import (
     check_disagreements,
+    end_disagreements,
     export_command_disagreements,
     import_disagreements,
     info_disagreements,
@@ -174,6 +175,15 @@ def test_export_draws_the_judgement(corpus: Corpus, group: str) -> None:
 @pytest.mark.parametrize("group", GROUPS)
 def test_a_trace_diffed_with_itself_is_equivalent(corpus: Corpus, group: str) -> None:
     agree(self_diff_disagreements(entries(corpus, group)))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_surface_says_how_the_run_ended(corpus: Corpus, group: str) -> None:
+    """Issue 15, "Done when": the abort and the kill are reported identically — status and
+    every abort (KVTRACE_ABORT of kvrt, ggml aborts of imported logs) by check, trace info,
+    trace export, diff and the TUI."""
+    out_dir = corpus.root / "export-end" / group
+    agree(end_disagreements(entries(corpus, group), out_dir))
 
 
 def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(

@@ -421,3 +421,20 @@ def test_unsigned_64_bit_values_are_not_believed_and_do_not_crash() -> None:
     assert snap.residency["read_classes"]["not_judged"] == 1
     assert snap.residency["not_judged"] == {"out-of-range": 1}
     assert snap.steps.last == 1 << 62
+
+
+def test_an_abort_without_fits_decisions_does_not_make_reads_expected() -> None:
+    """The inference expects reads when attention ran, or when nothing says it did not: no fits
+    decision and no abort. CompletenessTracker.aborts was never counted, so a crash that killed
+    the run before any FA node (its abort all a trace shows) was said to miss its reads."""
+    crash = [ev.Step(1, 0, 0, phase="prefill", streams=(0,), tokens=512, n_kv=512),
+             W(2, 0, 0, 0, 0, 512),
+             ev.Abort(3, 0, 0, message="llama-kv-cache.cpp:812: GGML_ASSERT(n_tokens % "
+                      "n_stream == 0) failed", file="llama-kv-cache.cpp", line=812,
+                      condition="n_tokens % n_stream == 0")]
+    died = Judge().feed_all(crash).snapshot()
+    # its write shows a ubatch ran, so a fits decision was due; a read was not
+    assert [k.kind for k in died.completeness.missing] == ["fits"]
+    assert [f.rule for f in died.findings] == ["abort", "not-recorded", "trace-incomplete"]
+    ran = Judge().feed_all(crash[:2]).snapshot()  # the same run, no abort: reads expected
+    assert [k.kind for k in ran.completeness.missing] == ["fits", "read"]

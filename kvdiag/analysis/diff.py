@@ -32,6 +32,7 @@ that stopped early (an abort) is a prefix of the other.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from kvdiag.analysis.judgement import (
     SOURCES,
     WHY,
     Copy,
+    Judgement,
     PageVerdict,
     ReadVerdict,
     Trace,
@@ -87,6 +89,10 @@ class DiffResult:
     """What was compared (writes of the same rows, FA routes, reads page by page, outputs),
     and what could not be for want of recorded facts (a read without ``served`` in either
     trace, an output without a reference)."""
+
+    ends: tuple[dict[str, Any], dict[str, Any]] = field(default_factory=lambda: ({}, {}))
+    """How each trace ended, as its judgement says: ``status`` (completed, aborted, error,
+    incomplete) and its ``aborts`` (seq, step, message of each ``abort`` finding)."""
 
     @property
     def nothing_compared(self) -> bool:
@@ -139,6 +145,8 @@ class _Side:
         """Judge a block of step groups, as one chunk where no ``records`` or ``snapshot``
         event splits it (the Judge then answers for every read of the block)."""
         block = [e for g in groups for e in g]
+        if not block:
+            return
         judge = self.judge
         self._pre_mark = judge.mark
         self._pre_writes = {}
@@ -276,9 +284,20 @@ class Differ:
             n_b += gb is not None
             if ga is None or gb is None:
                 self._block(pending)
-                # one trace stopped: the rest of the other is not compared, only counted
-                rest = ib if ga is None else ia
-                extra = sum(1 for _ in rest)
+                # one trace stopped: the rest of the other is judged (how it ends is part of
+                # the result) and counted, not compared
+                side, rest = (self.b, ib) if ga is None else (self.a, ia)
+                last = [g for g in (ga, gb) if g is not None]
+                extra = 0
+                block: list[list[Any]] = []
+                for g in itertools.chain(last, rest):
+                    extra += 1
+                    block.append(g)
+                    if sum(map(len, block)) >= CHUNK:
+                        side.feed(block)
+                        block = []
+                side.feed(block)
+                extra -= len(last)
                 n_a, n_b = (n_a, n_b + extra) if ga is None else (n_a + extra, n_b)
                 break
             if pending and (size[0] + len(ga) > CHUNK or size[1] + len(gb) > CHUNK):
@@ -291,6 +310,7 @@ class Differ:
             size[0] += len(ga)
             size[1] += len(gb)
         self.result.lengths = (n_a, n_b)
+        self.result.ends = (_end(self.a.judge.snapshot()), _end(self.b.judge.snapshot()))
         return self.result
 
     def _block(self, pairs: list[tuple[list[Any], list[Any]]]) -> None:
@@ -305,8 +325,6 @@ class Differ:
                     raise ScheduleMismatch(
                         f"the traces run different schedules ({self.result.schedule}); "
                         "use --force to compare them anyway")
-        if not pairs or self.result.effect is not None:
-            return
         self.a.feed([ga for ga, _ in pairs])
         self.b.feed([gb for _, gb in pairs])
         for ga, gb in pairs:
@@ -460,6 +478,13 @@ class Differ:
                                        {"seq": b.seq, "checksum": b.checksum,
                                         "max_abs_delta": b.max_abs_delta}), cause=False)
                 return
+
+
+def _end(j: Judgement) -> dict[str, Any]:
+    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them."""
+    aborts = [{"seq": f.evidence[0].seq, "step": f.evidence[0].step, "message": f.title}
+              for f in j.findings if f.rule == "abort"]
+    return {"status": j.status, "aborts": aborts}
 
 
 def _first_difference(ra: ev.Read, va: ReadVerdict | None, rb: ev.Read,

@@ -333,6 +333,7 @@ class Judge:
 
     def _abort(self, e: ev.Abort) -> None:
         self.groups.aborts.append(e)
+        self.completeness.aborts += 1
         if e.condition.startswith(FITS_ASSERT):
             self.completeness.decided += 1
 
