@@ -112,8 +112,8 @@ def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) ->
     assert set(removed) == {"step", "fits", "write", "upload", "read", "output"}
     if not corpus.kvrt_missing:
         assert {e.name for e in g["kvrt"]} == {
-            f"kvrt/{n}" for n in ("ring-reuse", "slot1-first", "threads", "dso", "abort", "kill",
-                                  "fixed", "unevaluated")}
+            f"kvrt/{n}" for n in ("ring-reuse", "ring-overrun", "ring-cycle", "slot1-first",
+                                  "threads", "dso", "abort", "kill", "fixed", "unevaluated")}
         assert {e.removed for e in g["kvrt-stripped"]} == set(removed)
     assert {e.removed for e in g["import-stripped"]} >= {"fits"}
     assert {e.name for e in g["edge"]} >= {"model/single-slot-shared-membership-header-and-end"}

@@ -53,6 +53,7 @@ from kvdiag.analysis.judgement.classes import (
     FOREIGN,
     HOST,
     MAX_PAGE,
+    NO_DISPATCH,
     NO_SERVED,
     NO_UPLOAD,
     NO_WRITE,
@@ -410,6 +411,8 @@ class Judge:
 
     def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
         fs = [chunk[i] for i in idx]
+        # the FA node of each layer was dispatched here: rule 3 of the ring (batch._rule3)
+        self.state.dispatch.update(zip(map(_LAYER, fs), (rows0 + i for i in idx), strict=True))
         routes = list(map(_ROUTE, fs))
         before = self.routes["streamed"] + self.routes["fallback"]
         self.routes.update(routes)
@@ -663,15 +666,26 @@ class Judge:
                                            self._version_at(c, e, page), None, why))
                 continue
             sel = np.flatnonzero(p_run == run)
+            judged: list[PageVerdict] = []
             for i in sel.tolist():
                 hv = int(cols["h_vid"][i])
                 holder = None if hv < 0 else Copy(
                     int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
                     int(cols["h_ver"][i]), int(cols["h_step"][i]), int(cols["h_seq"][i]))
-                out.append(PageVerdict(
+                judged.append(PageVerdict(
                     e.seq, e.step, e.layer, e.stream, int(cols["p_page"][i]), SOURCES[src],
                     int(cols["p_slot"][i]), CLASSES[int(cols["cls"][i])], int(cols["lag"][i]),
                     int(cols["cur"][i]), holder, WHY[int(cols["why"][i])]))
+            if len(judged) < end - b:
+                # the run-level check found the other pages exact without expanding them
+                # (batch._quick_runs, without ``detail``): listed too, their copy not named
+                seen = {v.page for v in judged}
+                judged += [PageVerdict(e.seq, e.step, e.layer, e.stream, page, SOURCES[src],
+                                       slot0 + page - b, "exact", 0,
+                                       self._version_at(c, e, page), None, "")
+                           for page in range(b, end) if page not in seen]
+                judged.sort(key=lambda v: v.page)
+            out += judged
         return out
 
     def _version_at(self, c: Chunk, e: ev.Read, page: int) -> int:
@@ -738,7 +752,7 @@ class Judge:
         out += self.adapt.findings()
         counts = self.counts
         no_events = sum(n for k, n in counts.items() if k != "end") == 0
-        kind_pages = {"upload": NO_UPLOAD, "write": NO_WRITE}
+        kind_pages = {"upload": NO_UPLOAD, "write": NO_WRITE, "fits": NO_DISPATCH}
         missing = [(k.kind, k.hides, self.not_judged_why.get(kind_pages.get(k.kind, -1), 0))
                    for k in completeness.missing]
         covered = {kind_pages[k.kind] for k in completeness.missing if k.kind in kind_pages}
