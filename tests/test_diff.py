@@ -222,3 +222,42 @@ def test_diff_judges_each_trace_with_its_header_as_check_does(
         0, "exact", "foreign")
     assert first["text"] == ("stream 0 layer 0 page 0 was read exact from pool slot 0 in A, "
                              "foreign from pool slot 0 (never loaded) in B")
+
+
+def test_the_cause_chain_names_the_last_write_of_the_read_page_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN two traces where stream 1's page 0 was written at step 0, and at step 1 stream 0
+    writes its own page 0 of the same layer just before stream 1 reads page 0 — from the slot
+    holding it in A, from the slot holding stream 0's page in B
+    WHEN diffed
+    THEN the chain's rows are stream 1's write at step 0 (the page read), not stream 0's write
+    just before the read."""
+    from trace_samples import header
+
+    from kvdiag.trace.writer import TraceWriter
+
+    declared = msgspec.structs.replace(header(), records=(
+        "step", "write", "upload", "read", "read.served"))
+    paths = []
+    for name, slot in (("a", 0), ("b", 1)):
+        path = tmp_path / f"{name}.kvtrace"
+        with TraceWriter.create(path, declared) as w:
+            w.emit(ev.Step, 0, phase="prefill", streams=(1,), tokens=10, n_kv=256)
+            w.emit(ev.Write, 0, layer=0, stream=1, cells=(0, 10), rows=(2048, 2058), dirty=())
+            w.emit(ev.Upload, 0, layer=0, stream=1, pages=(0, 1), slot=0, target="resident",
+                   bytes=1, reason="miss")
+            w.emit(ev.Step, 1, phase="prefill", streams=(0, 1), tokens=10, n_kv=256)
+            w.emit(ev.Write, 1, layer=0, stream=0, cells=(0, 10), rows=(0, 10), dirty=())
+            w.emit(ev.Upload, 1, layer=0, stream=0, pages=(0, 1), slot=1, target="resident",
+                   bytes=1, reason="miss")
+            w.emit(ev.Read, 1, layer=0, stream=1, pool=1, ring=0, host=0,
+                   served=(ev.Served(0, 1, "pool", slot),))
+            w.close("completed", steps=2)
+        paths.append(path)
+    code, doc = diff_json(capsys, *map(str, paths))
+    assert code == 1
+    first = doc["first"]
+    assert (first["kind"], first["step"], first["stream"], first["a"]["class"],
+            first["b"]["class"]) == ("provenance", 1, 1, "exact", "foreign")
+    assert doc["chain"][0] == ("rows: stream 1 rows 2048-2057 (cells 0-9) last wrote page 0 at "
+                               "step 0; they marked no key in A, no key in B")

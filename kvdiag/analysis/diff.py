@@ -184,7 +184,7 @@ class _Side:
         i = self._at[id(read)]
         for j in range(i - 1, -1, -1):
             w = self.block[j]
-            if type(w) is ev.Write and (w.layer, w.stream, page) in _written(w):
+            if type(w) is ev.Write and (layer, stream, page) in _written(w):
                 return w, self.mark_before(w)
         key = (layer, stream, page)
         return self._pre_writes[key] if key in self._pre_writes else self.judge.last_write(*key)
@@ -216,8 +216,8 @@ def _classes(read: ev.Read, v: ReadVerdict | None) -> tuple[dict[int, tuple[str,
 
 def _from_pieces(read: ev.Read, v: ReadVerdict | None, page: int) -> PageVerdict | None:
     """A page's verdict rebuilt from its read's pieces, where the Judge can no longer list the
-    read's pages (a ``records`` event split the block): the host version of an exact page
-    and the upload of its copy are then unknown (-1)."""
+    read's pages (a ``records`` or ``snapshot`` event split the block): the host version of
+    an exact page and the upload of its copy are then unknown (-1)."""
     for piece in (v.pieces if v is not None else ()):
         b, end = piece[0], piece[1]
         if b <= page < end:
