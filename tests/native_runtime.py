@@ -41,6 +41,13 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # a ring slot reused by another layer within one step: check judges by the last ring copy
     # of the page (stale/exact), the slot holds the other layer's bytes (foreign)
     "ring-reuse": ("--layout", "per-stream", "--dispatch", "fits", "--ring-prefetch"),
+    # reads of 6 ring pages through the 4 ring slots: prefetched before the FA node is
+    # dispatched, a view's last pages replace its first ones (foreign, the view's own bytes) ...
+    "ring-overrun": ("--layout", "per-stream", "--dispatch", "fits", "--ring-prefetch",
+                     "--forever", "--rounds", "4", "--prompt", "900"),
+    # ... copied by the running attention, each slot reused once its page is consumed (exact)
+    "ring-cycle": ("--layout", "per-stream", "--dispatch", "fits", "--forever", "--rounds", "4",
+                   "--prompt", "900"),
     # upstream (layer, page) bookkeeping, slot 1's request first: stale and foreign pages
     "slot1-first": ("--layout", "shared", "--dispatch", "fits", "--prompt", "900"),
     # the same aliasing with each stream's request on its own thread

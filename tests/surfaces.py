@@ -159,7 +159,7 @@ def pair_diff_disagreements(pairs: Iterable[tuple[Entry, Entry]]) -> tuple[list[
         ja, jb = judged(e.path), judged(other.path)
         if doc["equivalent"]:
             if ja.judgement.residency["read_classes"] != jb.judgement.residency["read_classes"]:
-                bad.append(f"{e.name} vs per-stream: diff says equivalent, the judgement "
+                bad.append(f"{e.name} vs {other.name}: diff says equivalent, the judgement "
                            f"{ja.judgement.residency['read_classes']} vs "
                            f"{jb.judgement.residency['read_classes']}")
             continue
@@ -169,18 +169,18 @@ def pair_diff_disagreements(pairs: Iterable[tuple[Entry, Entry]]) -> tuple[list[
             divergent += 1
             page = d["a"]["page"]
             if d["b"]["page"] != page or f"page {page} was read" not in d["text"]:
-                bad.append(f"{e.name} vs per-stream: diff names pages {d['a']['page']}/"
+                bad.append(f"{e.name} vs {other.name}: diff names pages {d['a']['page']}/"
                            f"{d['b']['page']} and says {d['text']!r}")
             said = {}
             for side, jj in (("a", ja), ("b", jb)):
                 want = jj.pages.get((d[side]["seq"], page), ("absent", 0))[0]
                 said[side] = want
                 if d[side]["class"] != want:
-                    bad.append(f"{e.name} vs per-stream: diff says side {side} read #"
+                    bad.append(f"{e.name} vs {other.name}: diff says side {side} read #"
                                f"{d[side]['seq']} page {page} {d[side]['class']}, its "
                                f"judgement {want}")
             if said["a"] == said["b"] == "exact":
-                bad.append(f"{e.name} vs per-stream: diff's divergent read page {page} is "
+                bad.append(f"{e.name} vs {other.name}: diff's divergent read page {page} is "
                            "exact on both sides")
     return bad, divergent
 
@@ -378,4 +378,49 @@ def tui_disagreements(entries: Iterable[Entry]) -> list[str]:
             if got != want:
                 bad.append(f"{e.name}: Pages at step {step}: only in the judgement "
                            f"{sorted(want - got)[:6]}, only in the TUI {sorted(got - want)[:6]}")
+    return bad
+
+
+def end_disagreements(entries: Iterable[Entry], out_dir: Path) -> list[str]:
+    """How each run ended — its status and every abort (seq, step, message), the judgement's
+    ``abort`` findings — as ``check --json``, ``trace info --json``, ``trace export`` (the
+    abort instants and the closing judgement), ``diff`` (each side's end) and the TUI (status
+    line, Backtrace screen) say it."""
+    from kvdiag.tui.shown import shown
+
+    bad: list[str] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for e in entries:
+        j = judged(e.path).judgement
+        aborts = [(f.evidence[0].seq, f.evidence[0].step, f.title) for f in j.findings
+                  if f.rule == "abort"]
+        want = (j.status, aborts)
+        said: dict[str, tuple[str, list[tuple[int, int, str]]]] = {}
+        _, out = cli("check", "--json", str(e.path))
+        doc = json.loads(out)
+        said["check"] = (doc["summary"]["status"], [
+            (f["evidence"][0]["seq"], f["evidence"][0]["step"], f["title"])
+            for f in doc["findings"] if f["rule"] == "abort"])
+        _, out = cli("trace", "info", "--json", str(e.path))
+        info = json.loads(out)
+        said["trace info"] = (info["judgement"]["status"],
+                              aborts if info["counts"].get("abort", 0) == len(aborts) else [])
+        exported = out_dir / f"{e.path.stem}.json"
+        cli("trace", "export", str(e.path), "-o", str(exported), "--force")
+        chrome = json.loads(exported.read_bytes())
+        closing = [x for x in chrome if x.get("cat") == "judgement"]
+        said["trace export"] = (closing[0]["args"]["status"] if closing else "", [
+            (x["args"]["seq"], x["args"]["step"], x["args"]["message"]) for x in chrome
+            if x.get("cat") == "abort"])
+        _, out = cli("diff", str(e.path), str(e.path), "--json")
+        ends = json.loads(out)["ends"] if out.startswith("{") else {}
+        for side in ("a", "b"):
+            end = ends.get(side, {"status": "", "aborts": []})
+            said[f"diff ({side})"] = (end["status"], [
+                (a["seq"], a["step"], a["message"]) for a in end["aborts"]])
+        view = shown(str(e.path), steps=[])
+        said["TUI"] = (view.status, list(view.aborts))
+        for surface, got in said.items():
+            if got != want:
+                bad.append(f"{e.name}: the end: judgement {want}, {surface} {got}")
     return bad

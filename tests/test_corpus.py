@@ -36,6 +36,7 @@ from corpus import (
 from native_runtime import RuntimeUnavailable, build
 from surfaces import (
     check_disagreements,
+    end_disagreements,
     export_command_disagreements,
     import_disagreements,
     info_disagreements,
@@ -111,8 +112,8 @@ def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) ->
     assert set(removed) == {"step", "fits", "write", "upload", "read", "output"}
     if not corpus.kvrt_missing:
         assert {e.name for e in g["kvrt"]} == {
-            f"kvrt/{n}" for n in ("ring-reuse", "slot1-first", "threads", "dso", "abort", "kill",
-                                  "fixed", "unevaluated")}
+            f"kvrt/{n}" for n in ("ring-reuse", "ring-overrun", "ring-cycle", "slot1-first",
+                                  "threads", "dso", "abort", "kill", "fixed", "unevaluated")}
         assert {e.removed for e in g["kvrt-stripped"]} == set(removed)
     assert {e.removed for e in g["import-stripped"]} >= {"fits"}
     assert {e.name for e in g["edge"]} >= {"model/single-slot-shared-membership-header-and-end"}
@@ -176,6 +177,21 @@ def test_a_trace_diffed_with_itself_is_equivalent(corpus: Corpus, group: str) ->
     agree(self_diff_disagreements(entries(corpus, group)))
 
 
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_surface_says_how_the_run_ended(corpus: Corpus, group: str) -> None:
+    """Issue 15, "Done when": the abort and the kill are reported identically — status and
+    every abort (KVTRACE_ABORT of kvrt, ggml aborts of imported logs) by check, trace info,
+    trace export, diff and the TUI."""
+    out_dir = corpus.root / "export-end" / group
+    found = entries(corpus, group)
+    ended = Counter(judged(e.path).judgement.status for e in found)
+    if group in ("kvrt", "import"):  # KVTRACE_ABORT; ggml aborts in server logs
+        assert ended["aborted"] >= 1, ended
+    if group == "edge":
+        assert ended["incomplete"] >= 1, ended  # the killed run, whole
+    agree(end_disagreements(found, out_dir))
+
+
 def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
         corpus: Corpus) -> None:
     by = corpus.by_name()
@@ -183,6 +199,21 @@ def test_diff_of_shared_and_per_stream_diverges_where_the_judgement_says(
              if e.schedule is not None and "-shared-" in e.name]
     bad, divergent = pair_diff_disagreements(pairs)
     assert len(pairs) == len(CASES) // 2 and divergent >= 2  # slot1-first, both dispatches
+    agree(bad)
+
+
+def test_diff_of_kvrt_runs_of_one_schedule_diverges_where_the_judgement_says(
+        corpus: Corpus) -> None:
+    """kvrt's ring reuse (per-stream, every layer's ring pages prefetched) against the same
+    schedule with shared keys and ring copies from a C++ shared object: diff judges each trace
+    in its own file order, as check does (it once judged a layer's events apart from the next
+    layer's ring copies that overwrote its slots)."""
+    by = corpus.by_name()
+    if corpus.kvrt_missing:
+        pytest.skip(f"kvrt cannot be built here: {corpus.kvrt_missing}")
+    bad, divergent = pair_diff_disagreements([(by["kvrt/ring-reuse"], by["kvrt/dso"]),
+                                              (by["kvrt/dso"], by["kvrt/ring-reuse"])])
+    assert divergent == 2
     agree(bad)
 
 

@@ -173,3 +173,91 @@ def test_reads_without_served_pages_are_counted_not_compared(
     assert "not compared: 60 read(s) without served pages" in capsys.readouterr().out
     code, doc = diff_json(capsys, str(sample), str(sample))
     assert code == 0 and doc["compared"]["reads"] == 60
+
+
+def _declared_run(path: Path, ring_slot: int) -> Path:
+    """A fork's run that declares what it records (kvtrace.h's header ``records``): pages 0-1
+    of layer 0 uploaded into pool slot ``ring_slot`` and read from slot 0, before any write
+    (a prefill's pages reloaded from the host store after a restart)."""
+    from trace_samples import header
+
+    from kvdiag.trace.writer import TraceWriter
+
+    declared = msgspec.structs.replace(header(), records=(
+        "step", "fits", "write", "upload", "read", "read.served", "output"))
+    with TraceWriter.create(path, declared) as w:
+        w.emit(ev.Step, 0, phase="decode", streams=(0,), tokens=1, n_kv=512)
+        w.emit(ev.Upload, 0, layer=0, stream=0, pages=(0, 2), slot=ring_slot,
+               target="resident", bytes=2, reason="miss")
+        w.emit(ev.Read, 0, layer=0, stream=0, pool=2, ring=0, host=0,
+               served=(ev.Served(0, 2, "pool", 0),))
+        w.close("completed", steps=1)
+    return path
+
+
+def _pages(capsys: pytest.CaptureFixture[str], path: Path) -> dict[int, str]:
+    capsys.readouterr()
+    main(["trace", "pages", str(path), "--json"])
+    return {p["page"]: p["class"] for p in map(json.loads, capsys.readouterr().out.splitlines())}
+
+
+def test_diff_judges_each_trace_with_its_header_as_check_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN two declaring traces of one schedule whose only read comes before any write: the
+    declaration says writes are recorded, so check judges A's pages exact (its slot holds
+    them, no write since) and B's foreign (its slot was never filled)
+    WHEN diffed
+    THEN diff says the same (diff once built its Judge without the header: A's pages were
+    then "not judged", left out, and the traces called equivalent)."""
+    a = _declared_run(tmp_path / "a.kvtrace", 0)
+    b = _declared_run(tmp_path / "b.kvtrace", 4)
+    assert _pages(capsys, a) == {0: "exact", 1: "exact"}
+    assert _pages(capsys, b) == {0: "foreign", 1: "foreign"}
+    code, doc = diff_json(capsys, str(a), str(b))
+    assert code == 1 and doc["verdict"] == "divergent"
+    first = doc["first"]
+    assert (first["kind"], first["step"], first["layer"], first["stream"]) == (
+        "provenance", 0, 0, 0)
+    assert (first["a"]["page"], first["a"]["class"], first["b"]["class"]) == (
+        0, "exact", "foreign")
+    assert first["text"] == ("stream 0 layer 0 page 0 was read exact from pool slot 0 in A, "
+                             "foreign from pool slot 0 (never loaded) in B")
+
+
+def test_the_cause_chain_names_the_last_write_of_the_read_page_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN two traces where stream 1's page 0 was written at step 0, and at step 1 stream 0
+    writes its own page 0 of the same layer just before stream 1 reads page 0 — from the slot
+    holding it in A, from the slot holding stream 0's page in B
+    WHEN diffed
+    THEN the chain's rows are stream 1's write at step 0 (the page read), not stream 0's write
+    just before the read."""
+    from trace_samples import header
+
+    from kvdiag.trace.writer import TraceWriter
+
+    declared = msgspec.structs.replace(header(), records=(
+        "step", "write", "upload", "read", "read.served"))
+    paths = []
+    for name, slot in (("a", 0), ("b", 1)):
+        path = tmp_path / f"{name}.kvtrace"
+        with TraceWriter.create(path, declared) as w:
+            w.emit(ev.Step, 0, phase="prefill", streams=(1,), tokens=10, n_kv=256)
+            w.emit(ev.Write, 0, layer=0, stream=1, cells=(0, 10), rows=(2048, 2058), dirty=())
+            w.emit(ev.Upload, 0, layer=0, stream=1, pages=(0, 1), slot=0, target="resident",
+                   bytes=1, reason="miss")
+            w.emit(ev.Step, 1, phase="prefill", streams=(0, 1), tokens=10, n_kv=256)
+            w.emit(ev.Write, 1, layer=0, stream=0, cells=(0, 10), rows=(0, 10), dirty=())
+            w.emit(ev.Upload, 1, layer=0, stream=0, pages=(0, 1), slot=1, target="resident",
+                   bytes=1, reason="miss")
+            w.emit(ev.Read, 1, layer=0, stream=1, pool=1, ring=0, host=0,
+                   served=(ev.Served(0, 1, "pool", slot),))
+            w.close("completed", steps=2)
+        paths.append(path)
+    code, doc = diff_json(capsys, *map(str, paths))
+    assert code == 1
+    first = doc["first"]
+    assert (first["kind"], first["step"], first["stream"], first["a"]["class"],
+            first["b"]["class"]) == ("provenance", 1, 1, "exact", "foreign")
+    assert doc["chain"][0] == ("rows: stream 1 rows 2048-2057 (cells 0-9) last wrote page 0 at "
+                               "step 0; they marked no key in A, no key in B")

@@ -24,6 +24,7 @@ from kvdiag.kvstream.config import RuntimeConfig
 from kvdiag.kvstream.runner import Runner
 from kvdiag.kvstream.scenarios import SCENARIOS, Scenario
 from kvdiag.model import events as ev
+from kvdiag.model.geometry import Tensor
 from tests.judged_captures import CASES, RING_CASES, capture
 from tests.test_kvstream_properties import SMALL, ListSink, schedules
 
@@ -176,6 +177,13 @@ def R(seq: int, step: int, layer: int, stream: int, *served: tuple[int, int, str
                    host=n["host"], served=runs)
 
 
+def F(seq: int, step: int, layer: int) -> ev.Fits:
+    """The FA node of ``layer`` dispatched to the streamed kernel (its read follows)."""
+    blank = Tensor("", "", (0, 0, 0, 0), (0, 0, 0, 0))
+    return ev.Fits(seq, 0, step, node="__fattn__", layer=layer, q=blank, k=blank, v=blank,
+                   dst=blank, stage_bytes=1, result=True, route="streamed")
+
+
 def classes(j: Judge, read: ev.Read) -> list[tuple[int, str, str]]:
     """(page, class, holder) after feeding ``read``."""
     j.detail = True  # pages() lists every page
@@ -204,29 +212,68 @@ def test_a_ring_slot_reused_by_another_layer_within_one_step_is_foreign() -> Non
 
 
 def test_a_ring_that_cycles_within_one_read_judges_each_page_by_its_copy() -> None:
-    """Four ring pages through two ring slots: each slot is copied twice before the read; the
-    read consumed the copies in order (the consumed event gates reuse): all exact. A write to
-    page 4 after its copy makes exactly that page stale."""
+    """Four ring pages through two ring slots, copied after the layer's FA node was
+    dispatched: each slot is copied twice before the read; the read consumed the copies in
+    order (the consumed event gates reuse): all exact. A write to page 4 after its copy makes
+    exactly that page stale."""
     j = Judge()
-    for e in (W(1, 0, 0, 0, 0, 6 * 256), U(2, 0, 0, 0, 2, 4, 0, "ring"),
-              U(3, 0, 0, 0, 4, 6, 0, "ring")):
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), F(2, 0, 0), U(3, 0, 0, 0, 2, 4, 0, "ring"),
+              U(4, 0, 0, 0, 4, 6, 0, "ring")):
         j.feed(e)
-    read = R(4, 0, 0, 0, (2, 4, "ring", 0), (4, 6, "ring", 0))
+    read = R(5, 0, 0, 0, (2, 4, "ring", 0), (4, 6, "ring", 0))
     assert [c[:2] for c in classes(j, read)] == [(2, "exact"), (3, "exact"), (4, "exact"),
                                                  (5, "exact")]
-    j.feed(W(5, 0, 0, 0, 4 * 256, 4 * 256 + 1))
-    again = msgspec.structs.replace(read, seq=6)
+    j.feed(W(6, 0, 0, 0, 4 * 256, 4 * 256 + 1))
+    again = msgspec.structs.replace(read, seq=7)
     got = classes(j, again)
     assert [c[:2] for c in got] == [(2, "exact"), (3, "exact"), (4, "stale"), (5, "exact")]
 
 
+def test_a_prefetch_that_overruns_the_ring_before_the_dispatch_is_foreign() -> None:
+    """The same four pages through two slots, copied before the FA node was dispatched (a
+    prefetch at the start of the ubatch): no copy can have waited for a kernel not launched
+    yet, so pages 2-3 were replaced by pages 4-5 before the read began — foreign, holding
+    them (kvrt's --ring-prefetch with more ring pages than slots: its bytes say so)."""
+    j = Judge()
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), U(2, 0, 0, 0, 2, 4, 0, "ring"),
+              U(3, 0, 0, 0, 4, 6, 0, "ring"), F(4, 0, 0)):
+        j.feed(e)
+    read = R(5, 0, 0, 0, (2, 4, "ring", 0), (4, 6, "ring", 0))
+    assert classes(j, read) == [(2, "foreign", "L0s0p4v1"), (3, "foreign", "L0s0p5v1"),
+                                (4, "exact", "L0s0p4v1"), (5, "exact", "L0s0p5v1")]
+    # one copy after the dispatch: it cycled within the read, the one before did not
+    j = Judge()
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), U(2, 0, 0, 0, 2, 4, 0, "ring"), F(3, 0, 0),
+              U(4, 0, 0, 0, 4, 6, 0, "ring")):
+        j.feed(e)
+    assert [c[:2] for c in classes(j, msgspec.structs.replace(read, seq=6))] == [
+        (2, "exact"), (3, "exact"), (4, "exact"), (5, "exact")]
+
+
+def test_without_a_dispatch_a_ring_cycling_within_a_read_is_not_judged() -> None:
+    """No fits event of the layer: nothing says whether the copy that replaced a page came
+    after the read began, so the replaced pages are not judged (and the fits kind is said to
+    be missing, with those pages), never guessed exact or foreign."""
+    j = Judge()
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), U(2, 0, 0, 0, 2, 4, 0, "ring"),
+              U(3, 0, 0, 0, 4, 6, 0, "ring")):
+        j.feed(e)
+    got = classes(j, R(4, 0, 0, 0, (2, 4, "ring", 0), (4, 6, "ring", 0)))
+    assert [c[:2] for c in got] == [(2, "not judged"), (3, "not judged"), (4, "exact"),
+                                    (5, "exact")]
+    snap = j.snapshot()
+    assert snap.residency["not_judged"] == {"fits": 2}
+    (fits,) = [f for f in snap.findings if f.details.get("what") == "fits"]
+    assert fits.details["pages"] == 2 and "2 page(s) not judged" in fits.title
+
+
 def test_a_ring_cycle_overwritten_by_another_view_in_between_is_foreign() -> None:
     j = Judge()
-    for e in (W(1, 0, 0, 0, 0, 6 * 256), W(2, 0, 0, 1, 0, 6 * 256),
-              U(3, 0, 0, 0, 2, 3, 0, "ring"), U(4, 0, 0, 1, 0, 1, 0, "ring"),
-              U(5, 0, 0, 0, 3, 4, 0, "ring")):
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), W(2, 0, 0, 1, 0, 6 * 256), F(3, 0, 0),
+              U(4, 0, 0, 0, 2, 3, 0, "ring"), U(5, 0, 0, 1, 0, 1, 0, "ring"),
+              U(6, 0, 0, 0, 3, 4, 0, "ring")):
         j.feed(e)
-    got = classes(j, R(6, 0, 0, 0, (2, 3, "ring", 0), (3, 4, "ring", 0)))
+    got = classes(j, R(7, 0, 0, 0, (2, 3, "ring", 0), (3, 4, "ring", 0)))
     assert got == [(2, "foreign", "L0s1p0v1"), (3, "exact", "L0s0p3v1")]
 
 
@@ -234,12 +281,12 @@ def test_a_read_split_into_two_events_is_one_ring_batch() -> None:
     """kvtrace.h writes a read of more than KVTRACE_READ_RUNS runs as several events: the
     second part still consumes the copies made before the first."""
     j = Judge()
-    for e in (W(1, 0, 0, 0, 0, 6 * 256), U(2, 0, 0, 0, 2, 3, 0, "ring"),
-              U(3, 0, 0, 0, 3, 4, 0, "ring"), U(4, 0, 0, 0, 4, 5, 0, "ring")):
+    for e in (W(1, 0, 0, 0, 0, 6 * 256), F(2, 0, 0), U(3, 0, 0, 0, 2, 3, 0, "ring"),
+              U(4, 0, 0, 0, 3, 4, 0, "ring"), U(5, 0, 0, 0, 4, 5, 0, "ring")):
         j.feed(e)
-    assert classes(j, R(5, 0, 0, 0, (2, 3, "ring", 0)))[0][1] == "exact"
-    assert classes(j, R(6, 0, 0, 0, (3, 4, "ring", 0)))[0][1] == "exact"
-    assert classes(j, R(7, 0, 0, 0, (4, 5, "ring", 0)))[0][1] == "exact"
+    assert classes(j, R(6, 0, 0, 0, (2, 3, "ring", 0)))[0][1] == "exact"
+    assert classes(j, R(7, 0, 0, 0, (3, 4, "ring", 0)))[0][1] == "exact"
+    assert classes(j, R(8, 0, 0, 0, (4, 5, "ring", 0)))[0][1] == "exact"
 
 
 def test_a_ring_copy_from_an_earlier_step_is_judged_by_what_the_slot_still_holds() -> None:
@@ -421,3 +468,34 @@ def test_unsigned_64_bit_values_are_not_believed_and_do_not_crash() -> None:
     assert snap.residency["read_classes"]["not_judged"] == 1
     assert snap.residency["not_judged"] == {"out-of-range": 1}
     assert snap.steps.last == 1 << 62
+
+
+def test_an_abort_without_fits_decisions_does_not_make_reads_expected() -> None:
+    """The inference expects reads when attention ran, or when nothing says it did not: no fits
+    decision and no abort. CompletenessTracker.aborts was never counted, so a crash that killed
+    the run before any FA node (its abort all a trace shows) was said to miss its reads."""
+    crash = [ev.Step(1, 0, 0, phase="prefill", streams=(0,), tokens=512, n_kv=512),
+             W(2, 0, 0, 0, 0, 512),
+             ev.Abort(3, 0, 0, message="llama-kv-cache.cpp:812: GGML_ASSERT(n_tokens % "
+                      "n_stream == 0) failed", file="llama-kv-cache.cpp", line=812,
+                      condition="n_tokens % n_stream == 0")]
+    died = Judge().feed_all(crash).snapshot()
+    # its write shows a ubatch ran, so a fits decision was due; a read was not
+    assert [k.kind for k in died.completeness.missing] == ["fits"]
+    assert [f.rule for f in died.findings] == ["abort", "not-recorded", "trace-incomplete"]
+    ran = Judge().feed_all(crash[:2]).snapshot()  # the same run, no abort: reads expected
+    assert [k.kind for k in ran.completeness.missing] == ["fits", "read"]
+
+
+def test_pages_lists_every_page_of_a_read_the_run_level_check_found_exact() -> None:
+    """A read whose pool slots its chunk leaves alone is found exact run by run, its pages
+    not expanded (without ``detail``): ``pages`` still lists each of them (it once listed
+    none, and a kvrt comparison saw pages the judgement had not judged)."""
+    j = Judge()
+    j.feed_all([W(1, 0, 0, 0, 0, 4 * 256), U(2, 0, 0, 0, 0, 4, 8)])
+    read = R(3, 1, 0, 0, (0, 4, "pool", 8))
+    j.feed(read)
+    verdict = j.verdict(read)
+    assert verdict is not None and verdict.counts == (4, 0, 0, 0)
+    assert [(p.page, p.slot, p.cls, p.version) for p in j.pages(read)] == [
+        (0, 8, "exact", 1), (1, 9, "exact", 1), (2, 10, "exact", 1), (3, 11, "exact", 1)]

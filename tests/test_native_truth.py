@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,26 @@ def test_ring_reuse_reads_other_layers_bytes(kvrt: Built, tmp_path: Path) -> Non
     # the copy instead of the slot calls it stale
     assert any(t.cls == "stale" for t in ring)
     assert all(t.cls == "exact" for t in result.truth if t.source == "pool")
+
+
+def test_a_read_with_more_ring_pages_than_slots(kvrt: Built, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Six ring pages through four ring slots. Prefetched before the FA node is dispatched
+    (ring-overrun), a view's pages 6-7 replace its pages 2-3: the read finds the view's own
+    later pages (foreign) — found rotating a --forever run, where check called them exact.
+    Copied while the attention runs (ring-cycle), each slot is reused once its page is
+    consumed: every page exact, in check as in the bytes."""
+    overrun = run("ring-overrun", tmp_path / "overrun", kvrt)
+    own = [t for t in overrun.truth if t.cls == "foreign" and t.holder is not None
+           and t.holder[:2] == (t.stream, t.layer)]
+    assert own and all(t.source == "ring" and t.holder is not None and t.holder[2] == t.page + 4
+                       for t in own)
+    assert _classes(_check(overrun.trace, capsys)) == overrun.counts()
+    cycle = run("ring-cycle", tmp_path / "cycle", kvrt)
+    per_read = Counter(t.seq for t in cycle.truth if t.source == "ring")
+    assert max(per_read.values()) == 6  # more ring pages than the 4 ring slots
+    assert cycle.counts() == {"exact": len(cycle.truth), "stale": 0, "foreign": 0}
+    assert _classes(_check(cycle.trace, capsys)) == cycle.counts()
 
 
 def test_slot1_first_reads_the_other_streams_bytes(kvrt: Built, tmp_path: Path) -> None:

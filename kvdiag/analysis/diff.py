@@ -9,9 +9,10 @@ stream), the first of these that differs is the divergence:
   bookkeeping keys. The shared layout's ``(layer, page)`` key is read as the writing stream's
   page, so stream 0 keys agree across layouts and stream 1's do not when the page differs;
 - ``route``: the FA node of a layer took a different route (streamed, fallback, abort);
-- ``provenance``: a read page got a different verdict (exact / stale / foreign), as each
-  trace's judgement (:mod:`kvdiag.analysis.judgement`) has it, never the annotation; pages
-  not judged in either trace are not compared;
+- ``provenance``: a read page got a different verdict (exact / stale / foreign; for pages
+  that are not exact, also whose bytes the slot held), as each trace's judgement
+  (:mod:`kvdiag.analysis.judgement`) has it, never the annotation; pages not judged in either
+  trace are not compared, and an exact page agrees with an exact page whatever its source;
 - ``output``: a stream's output diverged from its reference in one trace and not the other
   (or, for traces of the same backend, its checksum differs).
 
@@ -19,19 +20,39 @@ A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first
 ``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
 marked in each trace, the upload the resident copy came from, the read.
 
-Memory is bounded by one step's events and the two judgements' per-page state. The schedules
+Each trace is judged exactly as ``kvdiag check`` judges it: a Judge built from its own header
+(:func:`~kvdiag.analysis.judgement.trace_judge`: what the writer declares it records, its
+``native_quants``), fed every event in file order — a ring copy of a later layer that
+overwrote a slot before an earlier layer's read is seen as check sees it — a block of whole
+steps (up to a chunk of events) at a time. Memory is bounded by one block of each trace and the
+two judgements' per-page state. The schedules
 (step events: phase, streams, tokens) are compared for every step both traces have; a trace
 that stopped early (an abort) is a prefix of the other.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdiag.analysis.judgement import Judge, PageVerdict
+from kvdiag.analysis.judgement import (
+    CHUNK,
+    CLASSES,
+    SOURCES,
+    WHY,
+    Copy,
+    Judgement,
+    PageVerdict,
+    ReadVerdict,
+    Trace,
+    batches,
+    trace_judge,
+)
+from kvdiag.analysis.judgement.classes import MAX_PAGE, STALE
 from kvdiag.model import events as ev
+from kvdiag.model.pages import PAGE_TOKENS
 
 Key = tuple[int, int | None, int]
 
@@ -69,6 +90,10 @@ class DiffResult:
     and what could not be for want of recorded facts (a read without ``served`` in either
     trace, an output without a reference)."""
 
+    ends: tuple[dict[str, Any], dict[str, Any]] = field(default_factory=lambda: ({}, {}))
+    """How each trace ended, as its judgement says: ``status`` (completed, aborted, error,
+    incomplete) and its ``aborts`` (seq, step, message of each ``abort`` finding)."""
+
     @property
     def nothing_compared(self) -> bool:
         """No write, route, read or output of one trace had a counterpart in the other: the
@@ -96,40 +121,133 @@ def _fmt_keys(keys: Iterable[Key]) -> str:
 
 
 class _Side:
-    """One trace's judgement, keeping what a cause chain needs: the last write of every page
-    and the mark of its ubatch."""
+    """One trace's judgement, built and fed as ``kvdiag check`` builds and feeds it
+    (:func:`~kvdiag.analysis.judgement.trace_judge`: the trace's header, its events in file
+    order, a block of whole steps at a time), keeping what a cause chain needs: the last write
+    of every page and the mark of its ubatch, as they stood before the block."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, trace: Trace) -> None:
         self.name = name
-        self.judge = Judge(keep_writes=True, detail=True)
+        self.judge = trace_judge(trace, keep_writes=True, detail=True)
+        self.groups = _steps(trace)
         self.abort: ev.Abort | None = None
+        self.block: list[Any] = []
+        self._at: dict[int, int] = {}
+        """id(event) → its index in the block."""
+        self.verdicts: dict[int, ReadVerdict | None] = {}
+        """id(read) → its verdict, for every read of the block."""
+        self._answerable: set[int] = set()
+        """id(read) of the reads of the last chunk fed: the Judge lists their pages."""
+        self._pre_writes: dict[tuple[int, int, int], tuple[ev.Write, ev.Mark | None] | None] = {}
+        self._pre_mark: ev.Mark | None = None
 
-    @property
-    def mark(self) -> ev.Mark | None:
-        return self.judge.mark
-
-    def apply(self, events: list[Any]) -> None:
-        """One layer's events of a step, judged together: the verdicts of its reads stay
-        available until the next call."""
-        if events:
-            self.judge.feed_all(events)
-        for e in events:
-            if isinstance(e, ev.Abort):
+    def feed(self, groups: list[list[Any]]) -> None:
+        """Judge a block of step groups, as one chunk where no ``records`` or ``snapshot``
+        event splits it (the Judge then answers for every read of the block)."""
+        block = [e for g in groups for e in g]
+        if not block:
+            return
+        judge = self.judge
+        self._pre_mark = judge.mark
+        self._pre_writes = {}
+        for e in block:
+            if type(e) is ev.Write:
+                for key in _written(e):
+                    if key not in self._pre_writes:
+                        self._pre_writes[key] = judge.last_write(*key)
+        self.block, self._at, self.verdicts = block, {id(e): i for i, e in enumerate(block)}, {}
+        for chunk in batches(block, max(CHUNK, len(block))):
+            judge.feed_all(chunk, len(chunk))
+            reads = [e for e in chunk if type(e) is ev.Read]
+            self.verdicts.update((id(e), judge.verdict(e)) for e in reads)
+            self._answerable = set(map(id, reads))
+        for e in block:
+            if type(e) is ev.Abort:
                 self.abort = e
+
+    def page(self, read: ev.Read, page: int) -> PageVerdict | None:
+        """The judgement of one page of a read of the block."""
+        if id(read) in self._answerable:
+            return next((v for v in self.judge.pages(read) if v.page == page), None)
+        return _from_pieces(read, self.verdicts.get(id(read)), page)
+
+    def mark_before(self, e: Any) -> ev.Mark | None:
+        """The mark of the ubatch an event of the block belongs to (the last one before it)."""
+        for x in reversed(self.block[:self._at[id(e)]]):
+            if type(x) is ev.Mark:
+                return x
+        return self._pre_mark
+
+    def write_before(self, read: ev.Read, layer: int, stream: int, page: int
+                     ) -> tuple[ev.Write, ev.Mark | None] | None:
+        """The last write of a host page before a read of the block, and its ubatch's mark."""
+        i = self._at[id(read)]
+        for j in range(i - 1, -1, -1):
+            w = self.block[j]
+            if type(w) is ev.Write and (layer, stream, page) in _written(w):
+                return w, self.mark_before(w)
+        key = (layer, stream, page)
+        return self._pre_writes[key] if key in self._pre_writes else self.judge.last_write(*key)
+
+
+def _written(w: ev.Write) -> set[tuple[int, int, int]]:
+    """(layer, stream, page) of the host pages a write's cells touch (as the Judge keeps
+    them: :meth:`Judge.last_write`)."""
+    c0, c1 = w.cells
+    if not c1 > c0 >= 0:
+        return set()
+    return {(w.layer, w.stream, p)
+            for p in range(c0 // PAGE_TOKENS, min((c1 - 1) // PAGE_TOKENS + 1, MAX_PAGE))}
+
+
+def _classes(read: ev.Read, v: ReadVerdict | None) -> tuple[dict[int, tuple[str, Any]],
+                                                            list[tuple[int, int]]]:
+    """A read's pages that are not exact — page → (class, whose bytes: (layer, stream, page)
+    or None) — from its verdict's pieces, and its served runs (every other page of them is
+    exact)."""
+    runs = [(r.begin, r.end) for r in read.served if 0 <= r.begin < r.end <= MAX_PAGE]
+    out: dict[int, tuple[str, Any]] = {}
+    for piece in (v.pieces if v is not None else ()):
+        b, end, cls, hl, hs, hp = piece[0], piece[1], piece[4], piece[6], piece[7], piece[8]
+        for page in range(b, end):
+            out[page] = (CLASSES[cls], None if hl < 0 and hs < 0 else (hl, hs, hp + page - b))
+    return out, runs
+
+
+def _from_pieces(read: ev.Read, v: ReadVerdict | None, page: int) -> PageVerdict | None:
+    """A page's verdict rebuilt from its read's pieces, where the Judge can no longer list the
+    read's pages (a ``records`` or ``snapshot`` event split the block): the host version of
+    an exact page and the upload of its copy are then unknown (-1)."""
+    for piece in (v.pieces if v is not None else ()):
+        b, end = piece[0], piece[1]
+        if b <= page < end:
+            src, slot, cls, lag = piece[2], piece[3], piece[4], piece[5]
+            hl, hs, hp, hv, hstep, hseq = piece[6:12]
+            holder = None if hl < 0 and hs < 0 else Copy(hl, hs, hp + page - b, hv, hstep, hseq)
+            return PageVerdict(read.seq, read.step, read.layer, read.stream, page, SOURCES[src],
+                               -1 if slot < 0 else slot + page - b, CLASSES[cls], lag,
+                               hv + lag if cls == STALE else -1, holder, WHY[piece[12]])
+    for r in read.served:
+        if r.begin <= page < r.end:
+            host = r.source == "host"
+            return PageVerdict(read.seq, read.step, read.layer, read.stream, page, r.source,
+                               -1 if host else r.slot + page - r.begin, "exact", 0, -1, None, "")
+    return None
 
 
 def _steps(events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[list[Any]]:
-    """Events grouped by step, in file order (a group starts at each ``step`` event; events
-    before a step's ``step`` event with that step number belong to it)."""
+    """Every event, grouped by step in file order (a group starts at each ``step`` event;
+    events before a step's ``step`` event with that step number belong to it). Kinds that
+    belong to no step of the schedule (``end``, ``telemetry``, ``kernel``, unknown ones such as
+    an older reader's ``records``) join the group they fall in: the Judge is fed them all."""
     group: list[Any] = []
     current: int | None = None
     for e in events:
-        if isinstance(e, (ev.End, ev.Telemetry, ev.Kernel, ev.Unknown)):
-            continue
-        if current is not None and e.step != current:
-            yield group
-            group = []
-        current = e.step
+        if not isinstance(e, (ev.End, ev.Telemetry, ev.Kernel, ev.Unknown)):
+            if current is not None and e.step != current and group:
+                yield group
+                group = []
+            current = e.step
         group.append(e)
     if group:
         yield group
@@ -150,49 +268,82 @@ def _norm(key: Key, stream: int) -> tuple[int, int, int]:
 class Differ:
     def __init__(self, force: bool = False) -> None:
         self.force = force
-        self.a = _Side("A")
-        self.b = _Side("B")
         self.result = DiffResult()
 
-    def run(self, a_events: Iterable[Any], b_events: Iterable[Any]) -> DiffResult:
-        ia, ib = _steps(a_events), _steps(b_events)
+    def run(self, a_trace: Trace, b_trace: Trace) -> DiffResult:
+        """Compare two traces (each a :class:`~kvdiag.analysis.judgement.Trace`: its header
+        and its events), judged as ``kvdiag check`` judges them."""
+        self.a, self.b = _Side("A", a_trace), _Side("B", b_trace)
+        ia, ib = self.a.groups, self.b.groups
         n_a = n_b = 0
+        pending: list[tuple[list[Any], list[Any]]] = []
+        size = [0, 0]
         while True:
             ga, gb = next(ia, None), next(ib, None)
             n_a += ga is not None
             n_b += gb is not None
             if ga is None or gb is None:
-                # one trace stopped: the rest of the other is not compared, only counted
-                rest = ib if ga is None else ia
-                extra = sum(1 for _ in rest)
+                self._block(pending)
+                # one trace stopped: the rest of the other is judged (how it ends is part of
+                # the result) and counted, not compared
+                side, rest = (self.b, ib) if ga is None else (self.a, ia)
+                last = [g for g in (ga, gb) if g is not None]
+                extra = 0
+                block: list[list[Any]] = []
+                for g in itertools.chain(last, rest):
+                    extra += 1
+                    block.append(g)
+                    if sum(map(len, block)) >= CHUNK:
+                        side.feed(block)
+                        block = []
+                side.feed(block)
+                extra -= len(last)
                 n_a, n_b = (n_a, n_b + extra) if ga is None else (n_a + extra, n_b)
                 break
+            if pending and (size[0] + len(ga) > CHUNK or size[1] + len(gb) > CHUNK):
+                # the Judge judges a chunk of events at once: whole steps of both traces,
+                # aligned, up to a chunk (fed a layer at a time it took 78 s of CPU where
+                # check takes 1.5 s)
+                self._block(pending)
+                pending, size = [], [0, 0]
+            pending.append((ga, gb))
+            size[0] += len(ga)
+            size[1] += len(gb)
+        self.result.lengths = (n_a, n_b)
+        self.result.ends = (_end(self.a.judge.snapshot()), _end(self.b.judge.snapshot()))
+        return self.result
+
+    def _block(self, pairs: list[tuple[list[Any], list[Any]]]) -> None:
+        """Aligned steps of both traces: the schedules checked, both judged, compared step by
+        step (nothing is judged or compared once the first effect is found)."""
+        for ga, gb in pairs:
             sa, sb = _schedule(ga), _schedule(gb)
             if sa != sb and self.result.schedule is None:
                 self.result.schedule = (
-                    f"step {ga[0].step}: A runs {_fmt_sched(sa)}, B runs {_fmt_sched(sb)}")
+                    f"step {_step_of(ga)}: A runs {_fmt_sched(sa)}, B runs {_fmt_sched(sb)}")
                 if not self.force:
                     raise ScheduleMismatch(
                         f"the traces run different schedules ({self.result.schedule}); "
                         "use --force to compare them anyway")
-            if self.result.effect is None:
-                self._step(ga, gb)
-                self.result.steps_compared += 1
-        self.result.lengths = (n_a, n_b)
-        return self.result
+        self.a.feed([ga for ga, _ in pairs])
+        self.b.feed([gb for _, gb in pairs])
+        for ga, gb in pairs:
+            if self.result.effect is not None:
+                return
+            self._step(ga, gb)
+            self.result.steps_compared += 1
 
     # -- one step ------------------------------------------------------------------------
 
     def _step(self, ga: list[Any], gb: list[Any]) -> None:
-        """Apply both steps' events layer by layer, comparing as the runtime orders them."""
-        step = ga[0].step
+        """Compare both steps layer by layer, in the runtime's order (each trace was judged
+        in its own file order)."""
+        step = _step_of(ga)
         la, lb = _by_layer(ga), _by_layer(gb)
         for layer in sorted(set(la) | set(lb), key=lambda x: (x is not None, x)):
-            ea, eb = la.get(layer, []), lb.get(layer, [])
-            self.a.apply(ea)
-            self.b.apply(eb)
             if layer is None:
                 continue
+            ea, eb = la.get(layer, []), lb.get(layer, [])
             self._writes(step, layer, ea, eb)
             self._route(step, layer, ea, eb)
             self._reads(step, layer, ea, eb)
@@ -219,8 +370,8 @@ class Differ:
             nb = sorted(_norm(k, b.stream) for k in b.dirty)
             if na != nb:
                 text = (f"stream {a.stream} rows {a.rows[0]}-{a.rows[1] - 1} marked "
-                        f"{_fmt_keys(a.dirty)} in A{_outside(self.a.mark)}, "
-                        f"{_fmt_keys(b.dirty)} in B{_outside(self.b.mark)}")
+                        f"{_fmt_keys(a.dirty)} in A{_outside(self.a.mark_before(a))}, "
+                        f"{_fmt_keys(b.dirty)} in B{_outside(self.b.mark_before(b))}")
                 self._found(Divergence("key", step, layer, a.stream, text,
                                        {"seq": a.seq, "dirty": [list(k) for k in a.dirty]},
                                        {"seq": b.seq, "dirty": [list(k) for k in b.dirty]}),
@@ -259,25 +410,27 @@ class Differ:
                 self.result.compared["reads_not_recorded"] += 1
                 continue  # provenance not recorded: nothing derived to compare
             self.result.compared["reads"] += 1
-            va = {v.page: v for v in self.a.judge.pages(ra[stream]) if v.cls != "not judged"}
-            vb = {v.page: v for v in self.b.judge.pages(rb[stream]) if v.cls != "not judged"}
-            for page in sorted(set(va) & set(vb)):
-                pa, pb = va[page], vb[page]
-                if pa.cls != pb.cls or _holder(pa) != _holder(pb):
-                    d = Divergence("provenance", step, layer, stream,
-                                   f"stream {stream} layer {layer} page {page} was read "
-                                   f"{_verdict(pa)} in A, {_verdict(pb)} in B",
-                                   _verdict_json(pa, ra[stream]), _verdict_json(pb, rb[stream]))
-                    self._found(d, cause=False)
-                    self.result.chain = self._chain(step, layer, stream, page, pa, pb)
-                    return
+            page = _first_difference(ra[stream], self.a.verdicts.get(id(ra[stream])),
+                                     rb[stream], self.b.verdicts.get(id(rb[stream])))
+            if page is None:
+                continue
+            pa, pb = self.a.page(ra[stream], page), self.b.page(rb[stream], page)
+            assert pa is not None and pb is not None
+            d = Divergence("provenance", step, layer, stream,
+                           f"stream {stream} layer {layer} page {page} was read "
+                           f"{_verdict(pa)} in A, {_verdict(pb)} in B",
+                           _verdict_json(pa, ra[stream]), _verdict_json(pb, rb[stream]))
+            self._found(d, cause=False)
+            self.result.chain = self._chain(step, layer, stream, page, pa, pb,
+                                            ra[stream], rb[stream])
+            return
 
-    def _chain(self, step: int, layer: int, stream: int, page: int,
-               pa: PageVerdict, pb: PageVerdict) -> list[str]:
+    def _chain(self, step: int, layer: int, stream: int, page: int, pa: PageVerdict,
+               pb: PageVerdict, read_a: ev.Read, read_b: ev.Read) -> list[str]:
         """rows → key → upload → read, for the page whose verdicts differ."""
         out: list[str] = []
-        wa, ma = self.a.judge.last_write(layer, stream, page) or (None, None)
-        wb, mb = self.b.judge.last_write(layer, stream, page) or (None, None)
+        wa, ma = self.a.write_before(read_a, layer, stream, page) or (None, None)
+        wb, mb = self.b.write_before(read_b, layer, stream, page) or (None, None)
         if wa is not None:
             line = (f"rows: stream {stream} rows {wa.rows[0]}-{wa.rows[1] - 1} (cells "
                     f"{wa.cells[0]}-{wa.cells[1] - 1}) last wrote page {page} at step {wa.step}")
@@ -325,6 +478,43 @@ class Differ:
                                        {"seq": b.seq, "checksum": b.checksum,
                                         "max_abs_delta": b.max_abs_delta}), cause=False)
                 return
+
+
+def _end(j: Judgement) -> dict[str, Any]:
+    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them."""
+    aborts = [{"seq": f.evidence[0].seq, "step": f.evidence[0].step, "message": f.title}
+              for f in j.findings if f.rule == "abort"]
+    return {"status": j.status, "aborts": aborts}
+
+
+def _first_difference(ra: ev.Read, va: ReadVerdict | None, rb: ev.Read,
+                      vb: ReadVerdict | None) -> int | None:
+    """The first page both reads served whose class differs (or, not exact on both, whose
+    bytes the slot held), pages not judged in either left out; None: they agree. Exact pages
+    agree whatever the source."""
+    if (va is None or not va.pieces) and (vb is None or not vb.pieces):
+        return None  # every page exact on both sides (most reads)
+    bad_a, runs_a = _classes(ra, va)
+    bad_b, runs_b = _classes(rb, vb)
+    for page in sorted(set(bad_a) | set(bad_b)):
+        sa = bad_a.get(page) or (("exact", None) if _inside(page, runs_a) else None)
+        sb = bad_b.get(page) or (("exact", None) if _inside(page, runs_b) else None)
+        if sa is None or sb is None or "not judged" in (sa[0], sb[0]):
+            continue
+        if sa != sb:
+            return page
+    return None
+
+
+def _inside(page: int, runs: list[tuple[int, int]]) -> bool:
+    return any(b <= page < e for b, e in runs)
+
+
+def _step_of(group: list[Any]) -> int:
+    step: int = next((e.step for e in group
+                 if not isinstance(e, (ev.End, ev.Telemetry, ev.Kernel, ev.Unknown))),
+                group[0].step)
+    return step
 
 
 def _outside(m: ev.Mark | None) -> str:

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         "equivalent": None if result.nothing_compared else result.equivalent,
         "steps_compared": result.steps_compared,
         "steps": {"a": result.lengths[0], "b": result.lengths[1]},
+        "ends": {"a": result.ends[0], "b": result.ends[1]},
         "schedule_differs": result.schedule,
         "first": result.first.as_json() if result.first else None,
         "effect": result.effect.as_json() if result.effect and result.effect is not result.first
@@ -66,8 +67,13 @@ def _where(d: dict[str, Any]) -> str:
 
 
 def _text(doc: dict[str, Any]) -> str:
-    lines = [f"A {doc['a']} ({doc['steps']['a']} step(s))",
-             f"B {doc['b']} ({doc['steps']['b']} step(s))"]
+    lines = []
+    for side in ("a", "b"):
+        end = doc["ends"][side]
+        lines.append(f"{side.upper()} {doc[side]} ({doc['steps'][side]} step(s), "
+                     f"{end['status']})")
+        lines += [f"{side.upper()}: abort at step {a['step']} (#{a['seq']}): {a['message']}"
+                  for a in end["aborts"]]
     for side, found in doc["problems"].items():
         lines += [f"{side}: trace problem at {p}" for p in found]
     if doc["schedule_differs"]:

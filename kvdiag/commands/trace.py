@@ -143,24 +143,23 @@ def _export(path: str, output: str, fmt: str, *, force: bool = False) -> int:
 def _pages(path: str, *, as_json: bool) -> int:
     import sys
 
-    from kvdiag.analysis.judgement import Judge
+    from kvdiag.analysis.judgement import trace_judge
     from kvdiag.report.pages import write_pages
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(path) as reader:
-        write_pages(reader, Judge(reader.header, detail=True), sys.stdout.buffer, as_json)
+        write_pages(reader, trace_judge(reader, detail=True), sys.stdout.buffer, as_json)
     sys.stdout.flush()
     return EXIT_OK
 
 
 def _info(path: str, *, as_json: bool) -> int:
-    from kvdiag.analysis.judgement import Judge
-    from kvdiag.analysis.judgement.judge import CHUNK
+    from kvdiag.analysis.judgement import CHUNK, trace_judge
     from kvdiag.trace.reader import TraceReader
     from kvdiag.trace.summary import summarize
 
     with TraceReader.open(path) as reader:
-        judge = Judge(reader.header, name=path)
+        judge = trace_judge(reader, name=path)
         pending: list[Any] = []
 
         def observe(event: Any) -> None:

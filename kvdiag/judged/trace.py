@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvdiag.analysis.judgement import Judge, Judgement
+from kvdiag.analysis.judgement import Judgement, trace_judge
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding
 from kvdiag.trace.problems import Problem
@@ -39,7 +39,7 @@ def analyse_file(path: str | Path) -> CheckResult:
         with TraceReader.open(path) as reader:
             # the name goes into the command that lists every judged page
             name = "FILE" if str(path) == "-" else str(path)
-            judgement = Judge(reader.header, name=name).feed_all(reader).snapshot()
+            judgement = trace_judge(reader, name=name).feed_all(reader).snapshot()
             problems = list(reader.problems)
             header = reader.header
             segments = reader.segments

@@ -44,6 +44,10 @@ class Shown:
     ``foreign``."""
     pages: dict[int, list[Cell]] = field(default_factory=dict)
     """Per step (those asked for): the Pages cells drawn with a glyph, at that step."""
+    status: str = ""
+    """How the run ended (status line, Overview)."""
+    aborts: tuple[tuple[int, int, str], ...] = ()
+    """(seq, step, message) of each abort the Backtrace screen lists."""
 
 
 def load_document(path: str) -> TraceDoc:
@@ -79,7 +83,8 @@ def shown(path: str, steps: list[int] | None = None) -> Shown:
         findings=tuple(f.rule for f in digest.findings), counts=dict(j.counts),
         steps=j.steps.count, not_recorded=tuple(k.kind for k in j.completeness.missing),
         reads=counts, marks=marks, scrubber=scrubber,
-        pages={s: pages_marked(doc, s) for s in steps})
+        pages={s: pages_marked(doc, s) for s in steps}, status=j.status,
+        aborts=tuple((a.seq, a.step, a.message) for a in digest.aborts))
 
 
 def pages_marked(doc: TraceDoc, step: int) -> list[Cell]:

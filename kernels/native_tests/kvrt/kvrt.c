@@ -17,8 +17,9 @@
  *     through KVTRACE_ABORT -- or on fits(), else the ordinary attention reads the host store
  *     zero-copy and warns (--dispatch).
  *
- * Its own truth: for every page a read serves, the runtime compares the bytes in the slot it
- * read with the host page's bytes now. Equal: exact. Otherwise the identity tag inside the
+ * Its own truth: for every page a read serves, the runtime compares the bytes it read -- the
+ * slot's, or for a ring page whose slot the read itself reused, the bytes it consumed before
+ * that (§1.6 gate, below) -- with the host page's bytes now. Equal: exact. Otherwise the identity tag inside the
  * slot's bytes says whose page it is: the same page at an older version is stale (writes old =
  * host version - slot version), anything else is foreign (holder = the tag; none for a slot
  * never filled). One JSON line per page in --truth FILE, after the read event is in the trace
@@ -36,7 +37,9 @@
  *                                (the two-stream views fits() rejects), then slot 0 alone
  *   --ring-prefetch              the ring is filled for every layer at the start of the ubatch,
  *                                before the writes: with 4 ring slots for 12 pages, a later
- *                                layer's copy replaces an earlier layer's before it is read
+ *                                layer's copy replaces an earlier layer's before it is read;
+ *                                a view with more ring pages than slots replaces its own
+ *                                first pages too (nothing is consumed before the dispatch)
  *   --threads                    one thread per stream, each running its own request; the
  *                                runtime lock is held for a whole ubatch
  *   --dso PATH                   ring copies (and layer-identity learns) through the C++ shared
@@ -94,6 +97,14 @@ static page_t host[LAYERS][STREAMS][PAGES];
 static page_t slots[POOL_SLOTS];
 static unsigned char loaded[LAYERS][STREAMS][PAGES], dirty[LAYERS][STREAMS][PAGES];
 static int ring_of[LAYERS][STREAMS][PAGES]; /* --ring-prefetch: the slot the runtime believes */
+/* The streamed attention's ring (§1.6): a page waits in its slot until the attention has
+ * consumed it (the `consumed` event gates the slot's reuse), so a read that needs more ring
+ * pages than there are slots reads each page before its slot is copied into again. The
+ * attention reads as the copies come; kvrt judges the page it consumed, whose bytes are kept
+ * here when the slot is reused. A prefetch before the FA node is dispatched has no kernel to
+ * wait for: its copies replace what they replace. */
+static page_t consumed[LAYERS][STREAMS][PAGES];
+static unsigned char waiting[LAYERS][STREAMS][PAGES], was_consumed[LAYERS][STREAMS][PAGES];
 static int ring_cursor, pos[STREAMS], step_no = -1, generation;
 static long write_no;
 static FILE *truth;
@@ -199,13 +210,29 @@ static void ring_copy(int layer, int s, int page0, int n, int slot) {
                    "ring", -1);
 }
 
-/* copies pages [p0, p1) of one view into ring slots from the cursor, in runs that do not wrap */
-static void ring_pages(int layer, int s, int p0, int p1) {
+/* the gate: the view's pages still waiting in [slot, slot + n) are consumed before the copy */
+static void consume(int layer, int s, int slot, int n) {
+    for (int p = 0; p < PAGES; p++)
+        if (waiting[layer][s][p] && ring_of[layer][s][p] >= slot && ring_of[layer][s][p] < slot + n) {
+            consumed[layer][s][p] = slots[ring_of[layer][s][p]];
+            waiting[layer][s][p] = 0;
+            was_consumed[layer][s][p] = 1;
+        }
+}
+
+/* copies pages [p0, p1) of one view into ring slots from the cursor, in runs that do not wrap;
+ * `gated`: the view's attention is running (copies wait for its consumption) */
+static void ring_pages(int layer, int s, int p0, int p1, int gated) {
     while (p0 < p1) {
         int n = p1 - p0;
         if (n > RING_SLOTS - ring_cursor) n = RING_SLOTS - ring_cursor;
+        if (gated) consume(layer, s, ring_cursor, n);
         ring_copy(layer, s, p0, n, ring_cursor);
-        for (int i = 0; i < n; i++) ring_of[layer][s][p0 + i] = ring_cursor + i;
+        for (int i = 0; i < n; i++) {
+            ring_of[layer][s][p0 + i] = ring_cursor + i;
+            waiting[layer][s][p0 + i] = 1;
+            was_consumed[layer][s][p0 + i] = 0;
+        }
         ring_cursor = (ring_cursor + n) % RING_SLOTS;
         p0 += n;
     }
@@ -223,7 +250,10 @@ static const char *const source_names[3] = {"pool", "ring", "host"};
 static size_t judge(long long seq, int layer, int s, const served_t *sv, char *out, size_t room,
                     double *sum) {
     const page_t *want = &host[layer][s][sv->page];
-    const page_t *got = sv->source == KVTRACE_HOST ? want : &slots[sv->slot];
+    const page_t *got = sv->source == KVTRACE_HOST ? want
+                        : sv->source == KVTRACE_RING && was_consumed[layer][s][sv->page]
+                            ? &consumed[layer][s][sv->page]
+                            : &slots[sv->slot];
     const char *cls;
     int lag = 0, i, n;
     char holder[96];
@@ -269,6 +299,8 @@ static double read_view(int layer, int s, const served_t *sv, int n) {
                       &page_sum);
         out += page_sum;
     }
+    memset(waiting[layer][s], 0, sizeof waiting[layer][s]); /* all read: the slots are free */
+    memset(was_consumed[layer][s], 0, sizeof was_consumed[layer][s]);
     if (truth && used) {
         fwrite(buf, 1, used, truth);
         fflush(truth);
@@ -307,7 +339,7 @@ static double attend(int layer, int s, int tokens) {
         sv[p].source = KVTRACE_POOL;
         sv[p].slot = slot;
     }
-    if (!opt.prefetch && w < n_pages) ring_pages(layer, s, w, n_pages);
+    if (!opt.prefetch && w < n_pages) ring_pages(layer, s, w, n_pages, 1);
     for (p = w; p < n_pages; p++) {
         sv[p].page = p;
         sv[p].source = KVTRACE_RING;
@@ -419,7 +451,7 @@ static void ubatch(const int *streams, int n, int tokens) {
         for (l = 0; l < LAYERS; l++)
             for (i = 0; i < n; i++) {
                 int s = streams[i], n_pages = (pos[s] + tokens + PAGE_TOKENS - 1) / PAGE_TOKENS;
-                if (window() < n_pages) ring_pages(l, s, window(), n_pages);
+                if (window() < n_pages) ring_pages(l, s, window(), n_pages, 0);
             }
     }
     for (l = 0; l < LAYERS; l++) {

@@ -27,9 +27,10 @@ Modules, one idea each:
 Using it
 --------
 
-Headless, one pass (what ``kvdiag check`` does)::
+Headless, one pass (what ``kvdiag check`` does; every command that judges a file builds its
+Judge with :func:`trace_judge`, from the file's header)::
 
-    judge = Judge(reader.header, name=path)
+    judge = trace_judge(reader, name=path)  # = Judge(reader.header, name=path)
     judge.feed_all(reader)                  # events in file order, any iterable (streamed:
                                             # fields taken out as they are decoded)
     j = judge.snapshot()                    # Judgement: an immutable value
@@ -82,7 +83,9 @@ from kvdiag.analysis.judgement.judge import (
     PageVerdict,
     ReadVerdict,
     Steps,
+    Trace,
     batches,
+    trace_judge,
 )
 from kvdiag.analysis.judgement.ledger import LedgerSnapshot
 from kvdiag.analysis.judgement.slots import Copy
@@ -102,6 +105,8 @@ __all__ = [
     "PageVerdict",
     "ReadVerdict",
     "Steps",
+    "Trace",
     "batches",
     "outcome",
+    "trace_judge",
 ]

@@ -33,6 +33,7 @@ from kvdiag.analysis.judgement.classes import (
     HOST,
     MAX_PAGE,
     MAX_SLOT,
+    NO_DISPATCH,
     NO_UPLOAD,
     NO_WRITE,
     NOT_JUDGED,
@@ -105,6 +106,9 @@ class State:
     are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
     upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 3, 8), np.int64))
     """[target, (uploads, pages, bytes), reason] (reason index 5: another reason)."""
+    dispatch: dict[int, int] = field(default_factory=dict)
+    """Per layer: row of its latest ``fits`` event (the FA node's dispatch) in the chunks
+    before this one — rule 3 (the Judge keeps it)."""
 
 
 @dataclass
@@ -366,10 +370,15 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
         h_step[need[mine]] = table.step[cs[mine]]
         h_row[need[mine]] = table.row[cs[mine]]
     rule3 = np.flatnonzero((p_src == RING) & (h_vid == p_vid) & ~same)
+    dispatched = list(zip((rows0 + cols.f_pos).tolist(), cols.f_layer.tolist(), strict=True))
     if rule3.size:
-        _rule3(state, rule3, rows0, p_vid, p_page, p_slot, p_pos, cur, wk, r_vid, ri,
+        _rule3(state, rule3, rows0, dispatched, p_vid, p_page, p_slot, p_pos, cur, wk, r_vid, ri,
                u_tgt, u_pos, u_slot, u_vid, u_page, u_ver, u_seq, u_step, inv_pos,
                cls, lag, why, h_vid, h_page, h_ver, h_seq, h_step, h_row)
+    # the latest dispatch of each layer, for the chunks after this one (the fits events are
+    # in file order): set here, once the chunk is judged, so a later dispatch in the chunk is
+    # never taken for an earlier read's
+    state.dispatch.update((layer, row) for row, layer in dispatched)
 
     # -- counts --------------------------------------------------------------------------------
     page_cls = np.bincount(p_src * 4 + cls, minlength=12).reshape(3, 4)
@@ -747,9 +756,11 @@ def _advance_batches(state: State, c_vid: np.ndarray, c_row: np.ndarray, r_vid: 
     state.read_since = np.where(has_copy, read_after, since | any_read)
 
 
-def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray) -> int:
+def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray
+                 ) -> tuple[int, bool]:
     """The row where a view's current ring batch starts, given its copies and reads in this
-    chunk before the moment asked about (both ascending)."""
+    chunk before the moment asked about (both ascending), and whether a read of the view came
+    since (the batch was another read's: the one asked about made no copy of its own)."""
     start = int(state.batch_start[view]) if view < state.batch_start.size else -1
     since = bool(state.read_since[view]) if view < state.read_since.size else False
     events = sorted([(int(r), 0) for r in c_row] + [(int(r), 1) for r in r_row])
@@ -758,7 +769,7 @@ def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray) 
             since = True
         elif start < 0 or since:
             start, since = row, False
-    return start
+    return start, since
 
 
 def _last_of(keys: np.ndarray) -> np.ndarray:
@@ -769,7 +780,8 @@ def _last_of(keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page: np.ndarray,
+def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int, int]],
+           p_vid: np.ndarray, p_page: np.ndarray,
            p_slot: np.ndarray, p_pos: np.ndarray, cur: np.ndarray, wk: np.ndarray,
            r_vid: np.ndarray, ri: np.ndarray, u_tgt: np.ndarray, u_pos: np.ndarray,
            u_slot: np.ndarray, u_vid: np.ndarray, u_page: np.ndarray, u_ver: np.ndarray,
@@ -777,7 +789,12 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page:
            lag: np.ndarray,
            why: np.ndarray, h_vid: np.ndarray, h_page: np.ndarray, h_ver: np.ndarray,
            h_seq: np.ndarray, h_step: np.ndarray, h_row: np.ndarray) -> None:
-    """Rule 3 of the ring, page by page, over the recent ring copies and this chunk's."""
+    """Rule 3 of the ring, page by page, over the recent ring copies and this chunk's.
+    ``dispatched``: (row, layer) of the chunk's fits events. A copy of the view's other page
+    is the ring cycling within the read only when made after the FA node of the view's layer
+    was dispatched: the ``consumed`` gate a reuse waits on is the kernel's, and a copy issued
+    before its launch cannot wait on it (a prefetch that overran the ring replaced the page
+    before the read)."""
     tu = np.flatnonzero(u_tgt == 1)
     chunk_log = np.stack([rows0 + u_pos[tu], u_slot[tu], u_vid[tu], u_page[tu], u_ver[tu],
                           u_seq[tu], u_step[tu]], axis=1) if tu.size else np.empty((0, 7),
@@ -787,10 +804,13 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page:
     oldest = int(log[0, 0]) if log.size else -1
     for i in idx.tolist():
         view, page, slot, t = int(p_vid[i]), int(p_page[i]), int(p_slot[i]), rows0 + int(p_pos[i])
+        layer = int(state.views.layer[view])
+        dispatch = max((r for r, f_layer in dispatched if f_layer == layer and r < t),
+                       default=state.dispatch.get(layer, -1))
         # V's batch: its ring copies since a read of V was followed by a copy
         mine_c = chunk_log[(chunk_log[:, 2] == view) & (chunk_log[:, 0] < t), 0]
         mine_r = rows0 + ri[(r_vid == view) & (ri < p_pos[i])]
-        start = _batch_start(state, view, np.unique(mine_c), mine_r)
+        start, earlier = _batch_start(state, view, np.unique(mine_c), mine_r)
         if start < 0:
             start = t
         cleared = inv_rows[inv_rows < t]
@@ -810,6 +830,14 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, p_vid: np.ndarray, p_page:
                     same_cls = EXACT if version == int(cur[i]) else STALE
                     verdict = (same_cls, int(cur[i]) - version if same_cls == STALE else 0, 0,
                                *c[2:7].tolist())
+                break
+            if earlier:  # an earlier read's cycling: this one finds the slot as it is
+                continue
+            if dispatch < 0:  # nothing says when the read began: the cycling is not judged
+                verdict = (NOT_JUDGED, 0, NO_DISPATCH, -1, -1, -1, -1, -1)
+                break
+            if int(c[0]) < dispatch:  # replaced before the read began: the read found it
+                verdict = (FOREIGN, 0, 0, *c[2:7].tolist())
                 break
         if verdict is None and state.ring_log.dropped and start <= oldest:
             verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)

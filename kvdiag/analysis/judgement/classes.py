@@ -42,6 +42,7 @@ NO_WRITE: Final = 3
 OUT_OF_RANGE: Final = 4
 RING_HISTORY: Final = 5
 BEFORE_SNAPSHOT: Final = 6
+NO_DISPATCH: Final = 7
 WHY: dict[int, str] = {
     0: "",
     NO_SERVED: "read.served not recorded: where each page came from is unknown",
@@ -51,10 +52,12 @@ WHY: dict[int, str] = {
     RING_HISTORY: "the ring slot's copies go back further than kvdiag keeps",
     BEFORE_SNAPSHOT: "the ring copy the read consumed was made before this segment's snapshot "
                      "(an earlier segment)",
+    NO_DISPATCH: "no fits decision of this layer recorded before the read: whether the ring "
+                 "copy that replaced the page in its slot waited for the read is unknown",
 }
 WHY_KEY: dict[int, str] = {NO_SERVED: "read.served", NO_UPLOAD: "upload", NO_WRITE: "write",
                            OUT_OF_RANGE: "out-of-range", RING_HISTORY: "ring-history",
-                           BEFORE_SNAPSHOT: "before-snapshot"}
+                           BEFORE_SNAPSHOT: "before-snapshot", NO_DISPATCH: "fits"}
 """Short keys of the reasons, for JSON summaries."""
 
 MAX_PAGE: Final = 1 << 20

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,7 @@ _CELLS, _PAGES, _SERVED, _RANGES, _VERSIONS = (
 _U = _g("seq", "layer", "stream", "slot", "bytes")
 _UTR = _g("target", "reason")
 _E = _g("slot")
+_LAYER = _g("layer")
 _R = _g("seq", "layer", "stream")
 _COUNTS = _g("pool", "ring", "host")
 _RUN = _g("begin", "end", "slot")
@@ -145,6 +146,10 @@ class Cols:
     """Indices of the events (of the run given to :func:`extract`) by kind code, stably."""
     bounds: list[tuple[int, int]] | None = None
     """Per kind code: where its events are in :attr:`order`."""
+    f_pos: np.ndarray = field(default_factory=lambda: _none())
+    """Positions of the fits events (the FA nodes' dispatches: the ring's rule 3)."""
+    f_layer: np.ndarray = field(default_factory=lambda: _none())
+    """Per fits event: its layer."""
 
     def count(self, code: int) -> int:
         """Events of one kind code."""
@@ -239,10 +244,14 @@ def extract(events: Sequence[Any], types: list[type], keep_reads: bool, base: in
     else:
         r, r_runs, runs, run_src = _none(3), _none(), _none(3), _none()
         ranges, served, annotated = [], [], False
+    lo, hi = bounds[FITS]
+    f_idx = order[lo:hi]
+    f_layer = np.fromiter(map(_LAYER, map(events.__getitem__, f_idx.tolist())), np.int64,
+                          hi - lo)
     return Cols(n, code, step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key,
                 e_pos, e_slot, inv, r_pos, r, r_runs, r_counts, runs, run_src, ranges,
                 served if annotated else None, list(rs) if keep_reads else None, 0, order,
-                bounds)
+                bounds, f_idx.astype(np.int64) + base, f_layer)
 
 
 def concat(parts: list[Cols]) -> Cols:
@@ -268,4 +277,5 @@ def concat(parts: list[Cols]) -> Cols:
         a["e_slot"], a["inv"], a["r_pos"], a["r"], a["r_runs"], counts, a["runs"],
         a["run_src"], list(_chain(p.ranges for p in parts)), served,
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
-        parts[0].rows0)
+        parts[0].rows0, f_pos=np.concatenate([p.f_pos for p in parts]),
+        f_layer=np.concatenate([p.f_layer for p in parts]))

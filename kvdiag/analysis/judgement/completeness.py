@@ -78,6 +78,9 @@ class CompletenessTracker:
         self.attention = 0
         """fits decisions routed to the streamed kernel or the fallback: a read followed."""
         self.aborts = 0
+        """``abort`` events: a run without fits decisions that aborted may have died before
+        any attention ran, so the inference does not expect reads of it (an imported log of
+        a crash: its abort is all it shows)."""
         self.slot_pages = 0
         """Pages read from a pool or ring slot."""
         self.decided = 0

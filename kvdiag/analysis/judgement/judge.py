@@ -32,7 +32,7 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from kvdiag.analysis.judgement.classes import (
     FOREIGN,
     HOST,
     MAX_PAGE,
+    NO_DISPATCH,
     NO_SERVED,
     NO_UPLOAD,
     NO_WRITE,
@@ -277,10 +278,11 @@ class Judge:
         self._flush()
         self._judge([event])
 
-    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Judge:
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
+                 ) -> Judge:
         """Feed every event of ``events``, judged with array operations
-        (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged :data:`CHUNK` events at a
-        time, and the reads of its last chunk can be asked about (:meth:`verdict`,
+        (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged ``size`` (:data:`CHUNK`)
+        events at a time, and the reads of its last chunk can be asked about (:meth:`verdict`,
         :meth:`pages`, ...). Any other iterable (a reader: ``kvdiag check``) is streamed: the
         fields the judgement needs are taken out a block at a time (the blocks a
         :class:`~kvdiag.trace.reader.TraceReader` decodes, as it decodes them: anything with a
@@ -290,7 +292,7 @@ class Judge:
         reads of a stream are asked about by seq (:meth:`verdict` finds them)."""
         self._flush()
         if isinstance(events, list):
-            for chunk in batches(events):
+            for chunk in batches(events, size):
                 self._judge(chunk)
             return self
         blocks = getattr(events, "blocks", None)
@@ -455,6 +457,7 @@ class Judge:
 
     def _abort(self, e: ev.Abort) -> None:
         self.groups.aborts.append(e)
+        self.completeness.aborts += 1
         if e.condition.startswith(FITS_ASSERT):
             self.completeness.decided += 1
 
@@ -813,22 +816,26 @@ class Judge:
                                            self._version_at(c, e, page), None, why))
                 continue
             sel = np.flatnonzero(p_run == run)
-            judged = dict(zip(cols["p_page"][sel].tolist(), sel.tolist(), strict=True))
-            for page in range(b, end):
-                i = judged.get(page, -1)
-                if i < 0:  # decided exact with its whole run (batch._quick_runs)
-                    out.append(PageVerdict(e.seq, e.step, e.layer, e.stream, page,
-                                           SOURCES[src], slot0 + page - b, "exact", 0,
-                                           self._version_at(c, e, page), None, ""))
-                    continue
+            judged: list[PageVerdict] = []
+            for i in sel.tolist():
                 hv = int(cols["h_vid"][i])
                 holder = None if hv < 0 else Copy(
                     int(views.layer[hv]), int(views.stream[hv]), int(cols["h_page"][i]),
                     int(cols["h_ver"][i]), int(cols["h_step"][i]), int(cols["h_seq"][i]))
-                out.append(PageVerdict(
+                judged.append(PageVerdict(
                     e.seq, e.step, e.layer, e.stream, int(cols["p_page"][i]), SOURCES[src],
                     int(cols["p_slot"][i]), CLASSES[int(cols["cls"][i])], int(cols["lag"][i]),
                     int(cols["cur"][i]), holder, WHY[int(cols["why"][i])]))
+            if len(judged) < end - b:
+                # the run-level check found the other pages exact without expanding them
+                # (batch._quick_runs, without ``detail``): listed too, their copy not named
+                seen = {v.page for v in judged}
+                judged += [PageVerdict(e.seq, e.step, e.layer, e.stream, page, SOURCES[src],
+                                       slot0 + page - b, "exact", 0,
+                                       self._version_at(c, e, page), None, "")
+                           for page in range(b, end) if page not in seen]
+                judged.sort(key=lambda v: v.page)
+            out += judged
         return out
 
     def _version_at(self, c: Chunk, e: ev.Read, page: int) -> int:
@@ -897,7 +904,7 @@ class Judge:
         out += self.adapt.findings()
         counts = self.counts
         no_events = sum(n for k, n in counts.items() if k != "end") == 0
-        kind_pages = {"upload": NO_UPLOAD, "write": NO_WRITE}
+        kind_pages = {"upload": NO_UPLOAD, "write": NO_WRITE, "fits": NO_DISPATCH}
         missing = [(k.kind, k.hides, self.not_judged_why.get(kind_pages.get(k.kind, -1), 0))
                    for k in completeness.missing]
         covered = {kind_pages[k.kind] for k in completeness.missing if k.kind in kind_pages}
@@ -1024,3 +1031,24 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             chunk.append(e)
         if chunk:
             yield chunk
+
+
+class Trace(Protocol):
+    """A trace as the commands read it (:class:`kvdiag.trace.reader.TraceReader`): its header
+    and its events in file order."""
+
+    @property
+    def header(self) -> ev.Header: ...
+
+    def __iter__(self) -> Iterator[ev.AnyEvent | ev.Unknown]: ...
+
+
+def trace_judge(trace: Trace, *, name: str | None = None, ledger: bool = False,
+                keep_writes: bool = False, flows: bool = False, detail: bool = False) -> Judge:
+    """The Judge of one trace file, as ``kvdiag check`` judges it and every command that
+    judges a file must (``diff`` judged without the header once, and disagreed with check on
+    what the writer declares it records and on ``native_quants``): built from the trace's own
+    header; feed it the trace's events in file order (:meth:`Judge.feed_all`, or chunk by
+    chunk from :func:`batches`). The keywords are :class:`Judge`'s."""
+    return Judge(trace.header, name=name, ledger=ledger, keep_writes=keep_writes, flows=flows,
+                 detail=detail)

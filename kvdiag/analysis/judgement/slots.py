@@ -22,11 +22,15 @@ before the read. The rule, for page p of view V (layer, stream) served from ring
 1. if the newest copy in s is of (V, p), the read consumed it;
 2. else, if the newest copy in s is another view's, the slot holds that view's bytes: foreign;
 3. else the newest copy is one of V's other pages. Walking back over s's copies: copies of V's
-   other pages made for this read (V's *batch*: its ring copies since its previous read) are
-   the ring cycling within the read and are passed over; the first copy of (V, p) in the
-   batch is what the read consumed; a copy of another view met first means that view
-   overwrote the slot before the read: foreign, holding those bytes; reaching the batch's
-   start without either: foreign, holding the newest copy.
+   other pages made for this read (V's *batch*: its ring copies since its previous read)
+   after the FA node of V's layer was dispatched (its ``fits`` event) are the ring cycling
+   within the read and are passed over; the first copy of (V, p) in the batch is what the
+   read consumed; a copy of another view met first means that view overwrote the slot before
+   the read: foreign, holding those bytes; a copy of V's other page made before the dispatch
+   replaced p before any kernel could consume it (a prefetch that overran the ring; the
+   ``consumed`` gate is the kernel's): foreign, holding it — and with no dispatch of V's
+   layer recorded, not judged; reaching the batch's start without either: foreign, holding
+   the newest copy.
 
 So a slot overwritten by another layer before the read gives that layer's bytes, and a ring
 that cycles within one read still judges each page by the copy it consumed. A read split into
