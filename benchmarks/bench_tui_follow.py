@@ -143,7 +143,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--rate", type=float, default=3000.0)
     ap.add_argument("--rounds", type=int, default=2, help="rounds per screen")
     ap.add_argument("--lead", type=float, default=3.0,
