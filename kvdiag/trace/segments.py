@@ -135,7 +135,38 @@ def _zstd_reader(raw: BinaryIO, path: Path) -> BinaryIO:
     return cast(BinaryIO, _Zstd(raw, str(path)))
 
 
-class _Zstd:
+class _Buffered:
+    """A read-only binary stream over a buffer that ``_more()`` refills (False: nothing more);
+    ``read`` and ``readline`` as a file's."""
+
+    _buf: bytes
+    _pos: int
+
+    def _more(self) -> bool:
+        raise NotImplementedError
+
+    def read(self, n: int = -1) -> bytes:
+        while (n < 0 or len(self._buf) - self._pos < n) and self._more():
+            pass
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
+
+    def readline(self, limit: int = -1) -> bytes:
+        while True:
+            nl = self._buf.find(b"\n", self._pos)
+            if nl >= 0 or 0 <= limit <= len(self._buf) - self._pos or not self._more():
+                break
+        end = len(self._buf) if nl < 0 else nl + 1
+        if limit >= 0:
+            end = min(end, self._pos + limit)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
+
+
+class _Zstd(_Buffered):
     """A zstd-compressed file decompressed as it is read, frame after frame, up to where its
     data breaks (a corrupt frame, or one cut short: the writer of the .zst was stopped); there
     it ends, and ``broken`` says why (the reader reports the trace as truncated)."""
@@ -180,26 +211,6 @@ class _Zstd:
                 return True
         return False
 
-    def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self._buf) - self._pos < n) and self._more():
-            pass
-        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
-        out = self._buf[self._pos:end]
-        self._pos = end
-        return out
-
-    def readline(self, limit: int = -1) -> bytes:
-        while True:
-            nl = self._buf.find(b"\n", self._pos)
-            if nl >= 0 or 0 <= limit <= len(self._buf) - self._pos or not self._more():
-                break
-        end = len(self._buf) if nl < 0 else nl + 1
-        if limit >= 0:
-            end = min(end, self._pos + limit)
-        out = self._buf[self._pos:end]
-        self._pos = end
-        return out
-
     def close(self) -> None:
         self.raw.close()
 
@@ -226,7 +237,7 @@ def _segment_extra(header: dict[str, Any]) -> dict[str, Any]:
     return seg if isinstance(seg, dict) else {}
 
 
-class JoinedStream:
+class JoinedStream(_Buffered):
     """One binary stream over the parts of a set: the first part whole, each later part from
     its second line (its own header) on. A part whose last line has no newline gets one, so a
     line cut by a kill stays one damaged line. ``problems`` (gaps) and :meth:`locate` (which
@@ -325,7 +336,7 @@ class JoinedStream:
             seq = raw.get("seq") if isinstance(raw, dict) else None
             self._last_seq = seq if type(seq) is int else None
 
-    def _fill(self) -> bool:
+    def _more(self) -> bool:
         """Read more into the buffer; False at the end of the last part."""
         while True:
             if self._cur is None and not self._open_next():
@@ -336,27 +347,6 @@ class JoinedStream:
                 self._append(data)
                 return True
             self._finish_part()
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buf) - self._pos < n:
-            if not self._fill():
-                break
-        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
-        out = self._buf[self._pos:end]
-        self._pos = end
-        return out
-
-    def readline(self, limit: int = -1) -> bytes:
-        while True:
-            nl = self._buf.find(b"\n", self._pos)
-            if nl >= 0 or (0 <= limit <= len(self._buf) - self._pos) or not self._fill():
-                break
-        end = len(self._buf) if nl < 0 else nl + 1
-        if limit >= 0:
-            end = min(end, self._pos + limit)
-        out = self._buf[self._pos:end]
-        self._pos = end
-        return out
 
     def close(self) -> None:
         if self._cur is not None:
