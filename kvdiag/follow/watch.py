@@ -193,8 +193,7 @@ class Follower:
                 return stream.reset  # cut while its header was being read
             raise
         judge = Judge(reader.header, name=self.path)
-        for block in reader.blocks():  # each read judged at once: the writer may pause
-            judge.feed_all(block)
+        judge.feed_all(reader)  # streamed; arisen() (look) judges what waits when the file does
         look()
         if judge.end is not None:
             state.ended = True
