@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement import Judge, trace_judge
 from kvdiag.analysis.judgement.findings import identity
 from kvdiag.errors import InputError
 from kvdiag.follow.livelog import LiveLog
@@ -192,7 +192,7 @@ class Follower:
             if stream.reset is not None:
                 return stream.reset  # cut while its header was being read
             raise
-        judge = Judge(reader.header, name=self.path)
+        judge = trace_judge(reader, name=self.path)
         judge.feed_all(reader)  # streamed; arisen() (look) judges what waits when the file does
         look()
         if judge.end is not None:

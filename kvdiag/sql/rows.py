@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from kvdiag.analysis.judgement import Judge, batches
+from kvdiag.analysis.judgement import Judge, batches, trace_judge
 from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Finding
@@ -164,7 +164,7 @@ def trace_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
     """Every row a trace gives, in one pass (``tables``: the ones wanted)."""
     with TraceReader.open(path) as reader:
         name = "FILE" if path == "-" else path
-        judge = Judge(reader.header, name=name)
+        judge = trace_judge(reader, name=name)
         conds = _Conditions(sink)
         aborts = 0
         for block in reader.blocks():

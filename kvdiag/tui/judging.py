@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement import trace_judge
 from kvdiag.model import events as ev
 from kvdiag.trace.reader import TraceReader
 from kvdiag.tui.digest import (
@@ -80,7 +80,7 @@ class JudgingPass:
                     pass
             reader.problems.extend(p for p in whole.problems if p.kind in ("gap", "segment"))
             reader.allow_skipped(whole.skipped_seqs)
-        self.judge = Judge(reader.header, ledger=True, name=str(path))
+        self.judge = trace_judge(reader, ledger=True, name=str(path))
         self.hand_over = hand_over
         """Deltas carry the ledger's sealed blocks away (a pass in another process): the
         viewer keeps them, this pass forgets them."""
