@@ -3,6 +3,7 @@ with it at every step of real captures (no textual)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,69 @@ def test_reshaped_window_of_odd_adapt_lines() -> None:
     assert reshaped_window(geo, ev.Adapt(seq=1, t_ns=0, step=3, active=0, resident=3, ring=4,
                                          layout=2), None).per_layer == (3, 3, 3, 3)  # type: ignore[union-attr]
     assert reshaped_window(geo, None, None) is None
+
+
+def _split_reads_trace(path: Path) -> Path:
+    """A native-shaped trace whose runtime writes each view's read as two events per step —
+    its resident part, then its ring part (a fork may; kvtrace.h itself splits a read past
+    KVTRACE_READ_RUNS runs) — with the shared key letting stream 1 read stream 0's pool
+    copy of page 0, and a second step whose ring part is read before the pool part."""
+    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
+              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
+              "device": {"name": "unknown"},
+              "scenario": {"name": "split-reads", "source": "native",
+                           "config": {"np": 2, "layout": "shared", "dispatch": "fits"}},
+              "plan": {"page_bytes": 4096, "pool_pages": 5, "resident_pages_per_layer": 3,
+                       "ring_slots": 2, "streamed_layers": 1, "layers": 1, "n_stream": 2,
+                       "pages_per_stream": 3},
+              "extra": {}, "records": ["step", "write", "upload", "read", "warn", "end"]}
+    events: list[dict[str, object]] = []
+
+    def emit(kind: str, step: int, **fields: object) -> None:
+        events.append({"kind": kind, "seq": len(events) + 1, "t_ns": 1000 * (len(events) + 1),
+                       "step": step, **fields})
+
+    def read(step: int, stream: int, served: list[list[object]]) -> None:
+        counts = {src: sum(int(r[1]) - int(r[0]) for r in served if r[2] == src)  # type: ignore[call-overload]
+                  for src in ("pool", "ring", "host")}
+        emit("read", step, layer=0, stream=stream, **counts, served=served)
+
+    for step in (0, 1):
+        emit("step", step, phase="decode", streams=[0, 1], tokens=1, n_kv=768)
+        for stream in (0, 1):
+            emit("write", step, layer=0, stream=stream, cells=[step, step + 1],
+                 rows=[stream * 768 + step, stream * 768 + step + 1], dirty=[[0, None, 0]])
+        emit("upload", step, layer=0, stream=0, pages=[0, 2], slot=2, target="resident",
+             bytes=8192, reason="dirty")
+        for stream in (0, 1):
+            emit("upload", step, layer=0, stream=stream, pages=[2, 3], slot=stream,
+                 target="ring", bytes=4096, reason="ring")
+            pool = [[0, 2, "pool", 2]]
+            ring = [[2, 3, "ring", stream]]
+            for part in ((pool, ring) if step == 0 else (ring, pool)):
+                read(step, stream, part)
+    emit("end", 1, status="completed", steps=2, events=len(events))
+    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    return path
+
+
+def test_a_view_read_in_several_events_shows_every_page(tmp_path: Path) -> None:
+    """GIVEN a runtime that writes one step's read of a view as several read events
+    THEN the Pages state at that step has every page those events read, with the judgement's
+    class, and flags exactly the pages the judgement finds foreign (query and replay alike)."""
+    path = _split_reads_trace(tmp_path / "split.kvtrace")
+    query, ref, _ = query_for(path)
+    with TraceReader.open(path) as reader:
+        judgement = Judge(reader.header).feed_all(list(reader)).snapshot()
+    # stream 1's pages 0 and 1 come from pool slots 2-3, which hold stream 0's copies
+    assert judgement.residency["read_classes"]["foreign"] == 4
+    for step in (0, 1):
+        snap = query.snapshot(step)
+        assert snap.cells() == ref[step].cells()  # type: ignore[attr-defined]
+        for stream in (0, 1):
+            reads = snap.reads(stream, 0)
+            assert [r.source if r else None for r in reads] == ["pool", "pool", "ring"]
+            assert all(r is not None and r.step == step for r in reads)
+        assert [(s, p, r.cls) for s, _, p, r in snap.flagged()] == [
+            (1, 0, "foreign"), (1, 1, "foreign")]
+        assert snap.flagged() == ref[step].flagged()  # type: ignore[attr-defined]

@@ -274,23 +274,40 @@ class PagesQuery:
     def _read_of(self, limit: int, layer: int, stream: int, ledger: LedgerSnapshot | None,
                  judged: int) -> tuple[Run, ...] | None:
         """The latest read of (layer, stream) below row ``limit``, with the judgement's verdicts
-        from ``ledger`` (its reads up to row ``judged``; later ones are still being judged)."""
+        from ``ledger`` (its reads up to row ``judged``; later ones are still being judged).
+
+        The latest read is every read event of that step: a writer may split one view's read
+        into several events (kvtrace.h writes one per ``KVTRACE_READ_RUNS`` runs; a fork may
+        write the pool and the ring part apart, or one per page), so the runs of the step's
+        earlier events come first and a later event's pages override theirs
+        (:meth:`PagesReplay.apply` likewise)."""
         group = self._reads.get((layer, stream))
         if group is None:
             return None
         i = _last(group[0], limit)
+        found: list[tuple[Run, ...]] = []
+        step: int | None = None
         while i >= 0:
             row = int(group[0][i])
+            i -= 1
+            if step is not None and int(self.index.columns["step"][row]) != step:
+                break
             event = self.event(row)
-            if isinstance(event, ev.Read):
-                if ledger is None or row >= judged:
-                    return judging_runs(event.step, event.served)
+            if not isinstance(event, ev.Read):
+                continue  # a line the judgement did not take as a read (damaged)
+            if ledger is None or row >= judged:
+                runs = judging_runs(event.step, event.served)
+            else:
                 j = ledger.read_at(row)
-                if j is not None:
-                    pieces = [p[1:] for p in ledger.pieces_of(j).tolist()]
-                    return judged_runs(event.step, layer, stream, event.served, pieces)
-            i -= 1  # a line the judgement did not take as a read (damaged): the one before
-        return None
+                if j is None:
+                    continue
+                pieces = [p[1:] for p in ledger.pieces_of(j).tolist()]
+                runs = judged_runs(event.step, layer, stream, event.served, pieces)
+            found.append(runs)
+            step = event.step
+        if not found:
+            return None
+        return tuple(run for runs in reversed(found) for run in runs)
 
     def _version_at(self, layer: int, stream: int, page: int, limit: int) -> int:
         """The host page's version before row ``limit``: the writes that touched it (the

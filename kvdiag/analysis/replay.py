@@ -189,7 +189,7 @@ def reshaped_window(geometry: PagesGeometry, adapt: ev.Adapt | None,
 
 
 ReadOf = Callable[[int, int], "tuple[Run, ...] | None"]
-"""(layer, stream) → the latest read's pages and verdicts (None: not read yet)."""
+"""(layer, stream) → the pages and verdicts of its latest step's read events (None: not read yet)."""
 FLAGGED = frozenset({"stale", "foreign"})
 
 
@@ -388,8 +388,14 @@ class PagesReplay:
             case ev.Read():
                 verdict = self.judge.last
                 assert verdict is not None
-                self.reads[(event.layer, event.stream)] = judged_runs(
-                    event.step, event.layer, event.stream, event.served, verdict.pieces)
+                runs = judged_runs(event.step, event.layer, event.stream, event.served,
+                                   verdict.pieces)
+                # one step's read of a view may be several events (PagesQuery._read_of):
+                # the step's earlier runs stay, the later event's pages drawn over them
+                key = (event.layer, event.stream)
+                before = self.reads.get(key, ())
+                same_step = bool(before) and before[0][2].step == event.step
+                self.reads[key] = (*before, *runs) if same_step else runs
             case ev.Adapt():
                 self.last_adapt = event
             case ev.Repartition():
