@@ -266,3 +266,22 @@ def test_model_capture_pages_and_n_follow_the_judgement(captured: Capture) -> No
         assert glyphs.count("!") + glyphs.count("~") == len(want)
 
     drive([path], script)
+
+
+def test_fits_screen_without_fits_events_says_not_recorded(captured: Capture,
+                                                            tmp_path: Path) -> None:
+    """GIVEN the capture whose fits decisions the judgement finds mismatched (two slots,
+    membership dispatch) with every fits event taken out THEN the Fits screen says fits is not
+    recorded and what that hides, as check does — not "mismatch 0, fallback 0"."""
+    path, _ = captured("two-slot-concurrent", "shared", "membership")
+    trace = _without(path, "fits", tmp_path / "no-fits.kvtrace", undeclare=False)
+    assert "fits" in shown(str(trace), steps=[0]).not_recorded
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "3")
+        screen = " ".join(text(app).split())
+        assert ("0 fits() decision(s), 0 false · routes: - · fits not recorded: dispatch "
+                "decisions: fits-dispatch-mismatch and fallback are not judged") in screen
+        assert "mismatch 0" not in screen
+
+    drive([trace], script)

@@ -94,7 +94,13 @@ class FitsScreen(KvScreen):
         parts = ", ".join(f"{r} {int(n)}" for r, n in zip(ROUTES, routes, strict=False) if n)
         text = (f"{rows.size:,} fits() decision(s), {false:,} false · routes: {parts or '-'}")
         digest = doc.digest
-        if digest is not None:
+        missing = None if digest is None else next(
+            (k for k in digest.judgement.completeness.missing if k.kind == "fits"), None)
+        if missing is not None:
+            # no fits events is not "no bad decision": the judgement's completeness says so
+            text += f" · fits not recorded: {missing.hides}" + (
+                "" if digest is None or digest.done else " (judging…)")
+        elif digest is not None:
             # the judgement's outcomes: which decisions are bad is its rule, not the route's
             outcome = digest.ledger.fits.array["outcome"]
             bad = {name: int(np.count_nonzero(outcome == OUTCOME_CODE[name]))
