@@ -266,6 +266,15 @@ static inline void kvtrace_put_(kvtrace_buf_ *b, const char *s, size_t n) {
 
 #define KVTRACE_LIT_(b, s) kvtrace_put_((b), (s), sizeof(s) - 1)
 
+/* strnlen's result, by hand: GCC 12 at -O1 in the gnu dialects warns
+ * (-Wstringop-overread, an error under -Werror) on strnlen(s, max) when it can see a literal
+ * shorter than max flowing into s, although strnlen stops at the NUL. */
+static inline size_t kvtrace_strnlen_(const char *s, size_t max) {
+    size_t n = 0;
+    while (n < max && s[n]) n++;
+    return n;
+}
+
 /* Decimal digits of v at out (up to 20), two at a time from the right; returns the count.
  * Numbers are most of every event, so this is the formatter's hot loop. */
 static inline size_t kvtrace_u64_text_(char *out, uint64_t v) {
@@ -1470,7 +1479,7 @@ static inline void kvtrace_bad_arg_(const char *macro, const char *arg, const ch
     kvtrace_put_(&b, arg, strlen(arg));
     KVTRACE_LIT_(&b, " '");
     value = value ? value : "(null)";
-    kvtrace_put_(&b, value, strnlen(value, 64));
+    kvtrace_put_(&b, value, kvtrace_strnlen_(value, 64));
     KVTRACE_LIT_(&b, "'; event not written");
     *b.p = 0;
     kvtrace_12_warn("kvtrace-bad-arg", msg);
@@ -2192,8 +2201,8 @@ KVTRACE_FN_ void kvtrace_12_abort_at(const char *file, int64_t line_no, const ch
     if (!kvtrace_12_start()) return;
     file = file ? file : "";
     text = text ? text : "";
-    f = strnlen(file, 512);
-    t = strnlen(text, KVTRACE_STRING_MAX);
+    f = kvtrace_strnlen_(file, 512);
+    t = kvtrace_strnlen_(text, KVTRACE_STRING_MAX);
     memcpy(whole, file, f);
     whole[f] = ':';
     f++;
@@ -2202,7 +2211,7 @@ KVTRACE_FN_ void kvtrace_12_abort_at(const char *file, int64_t line_no, const ch
     whole[f++] = ' ';
     memcpy(whole + f, text, t);
     whole[f + t] = 0;
-    kvtrace_abort_event_(whole, file, strnlen(file, 512), line_no, whole + f);
+    kvtrace_abort_event_(whole, file, kvtrace_strnlen_(file, 512), line_no, whole + f);
 }
 
 #if KVTRACE_HAVE_GGML

@@ -79,6 +79,17 @@ def test_builds_as_strict_c99_in_every_mode(tmp_path: Path) -> None:
                 "-o", str(tmp_path / "x.o")])
 
 
+@needs_cc
+def test_builds_warning_free_in_gnu_dialects_at_every_optimisation(tmp_path: Path) -> None:
+    """A fork's build is often -std=gnu11 at -O1/-Os/-O3 with -Werror: GCC 12 at -O1 used to
+    warn (-Wstringop-overread) on the header's strnlen of the "(null)" literal."""
+    warnings = [f for f in STRICT_C if f.startswith("-W")]
+    for std, opt in (("gnu99", "-O1"), ("gnu11", "-O1"), ("gnu11", "-Os"), ("gnu17", "-O3"),
+                     ("gnu11", "-Og")):
+        _build([CC, f"-std={std}", opt, *warnings, "-I", str(KERNELS), "-c", str(SELFTEST),
+                "-o", str(tmp_path / "x.o")])
+
+
 @needs_cxx
 def test_builds_as_strict_cxx17(tmp_path: Path) -> None:
     _build([CXX, *STRICT_CXX, "-x", "c++", "-I", str(KERNELS), "-c", str(SELFTEST),
