@@ -127,3 +127,39 @@ def test_the_log_prints_fits_false_for_every_decision_the_judgement_finds_bad(
     main(["check", "--json", str(back)])
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["residency"]["routes"] == {"fallback": 2}
+
+
+def test_the_log_of_a_native_trace_prints_no_figure_its_header_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GIVEN a native trace whose plan knows the stage bytes and pages but not the context,
+    the host buffer or the K/V types (kvtrace_plan_defaults leaves them unknown) THEN its log
+    has no n_ctx, buffer-size or size line and no ``None`` — postmortem used to read back
+    n_ctx 0, 0 cells, a 0 MiB buffer and type_k "None" — and the pool line says the stage."""
+    trace = tmp_path / "native.kvtrace"
+    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
+              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
+              "device": {"name": "unknown"},
+              "scenario": {"name": "fork", "source": "native",
+                           "config": {"np": 2, "layout": "per-stream", "dispatch": "fits"}},
+              "plan": {"page_bytes": 4096, "pool_pages": 10, "resident_pages_per_layer": 4,
+                       "ring_slots": 2, "streamed_layers": 2, "n_stream": 2,
+                       "stage_bytes": 3 << 19},
+              "extra": {}, "records": ["step", "warn", "end"]}
+    events = [{"kind": "step", "seq": 1, "t_ns": 5, "step": 0, "phase": "decode",
+               "streams": [0, 1], "tokens": 1, "n_kv": 512},
+              {"kind": "end", "seq": 2, "t_ns": 9, "step": 0, "status": "completed",
+               "steps": 1, "events": 1}]
+    trace.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    log = tmp_path / "native.log"
+    assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(log)]) == 0
+    text = log.read_text()
+    assert "None" not in text and "n_ctx" not in text and "cells" not in text
+    assert "KV buffer size" not in text
+    assert "experimental block KV streaming enabled, pool = 1.5 MiB" in text
+    capsys.readouterr()
+    assert main(["postmortem", str(log), "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["kv_stream_pool_mib"] == 1.5 and config["n_seq_max"] == 2
+    assert not {"n_ctx", "kv_cells", "type_k", "type_v", "kv_buffers"} & {
+        k for k, v in config.items() if v not in (None, {}, [])}

@@ -47,14 +47,26 @@ def _module_of(function: str) -> str:
     return "llama-server"
 
 
+def _known(*values: object) -> int | None:
+    """The first of ``values`` that is a non-negative integer (a header's number), else None."""
+    for v in values:
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            return v
+    return None
+
+
 def boot_lines(cfg: dict[str, Any], plan: dict[str, Any], model: str = "model") -> list[str]:
     """The boot lines of a streamed llama-server for a configuration and its sizing plan
-    (``RuntimeConfig.as_dict()`` and ``Plan.as_json()``), each starting with its level letter."""
-    np_ = int(cfg.get("np", 1))
+    (``RuntimeConfig.as_dict()`` and ``Plan.as_json()``), each starting with its level letter.
+
+    A line whose figures the header does not hold is left out (a native or imported trace may
+    not know its context, pool or types): a made-up 0 or ``None`` would be read back by
+    ``postmortem`` as what the server printed."""
+    np_ = _known(cfg.get("np")) or 1
     unified = bool(cfg.get("kv_unified", False))
-    n_stream = int(plan.get("n_stream", 1 if unified else np_))
-    n_ctx = int(plan.get("n_ctx", cfg.get("ctx", 0)))
-    kv_size = int(plan.get("kv_size", n_ctx))
+    n_stream = _known(plan.get("n_stream")) or (1 if unified else np_)
+    n_ctx = _known(plan.get("n_ctx"), cfg.get("ctx"))
+    kv_size = _known(plan.get("kv_size"), n_ctx)
     lines = [
         "I main: loading model",
         f"I srv    load_model: loading model '{model}.gguf'",
@@ -64,17 +76,30 @@ def boot_lines(cfg: dict[str, Any], plan: dict[str, Any], model: str = "model") 
                        ("n_batch", 2048), ("n_ubatch", cfg.get("n_ubatch", 512)),
                        ("causal_attn", 1), ("flash_attn", "enabled"),
                        ("kv_unified", "true" if unified else "false")):
-        lines.append(f"I llama_context: {key:<13} = {value}")
-    host = int(plan.get("host_kv_bytes", 0))
-    k_part = int(plan.get("host_k_bytes", 0))
-    layers = int(plan.get("streamed_layers", cfg.get("layers", 0)))
+        if value is not None:
+            lines.append(f"I llama_context: {key:<13} = {value}")
+    host = _known(plan.get("host_kv_bytes"))
+    k_part = _known(plan.get("host_k_bytes"))
+    layers = _known(plan.get("streamed_layers"), cfg.get("layers"))
+    stage_mib = cfg.get("stage_mib")
+    if not isinstance(stage_mib, int | float) or isinstance(stage_mib, bool):
+        stage = _known(plan.get("stage_bytes"))
+        stage_mib = None if stage is None else f"{stage / MIB:g}"
+    if stage_mib is not None:
+        lines.append(f"I llama_context: experimental block KV streaming enabled, pool = "
+                     f"{stage_mib} MiB")
+    if host is not None:
+        lines.append(f"I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = "
+                     f"{host / MIB:8.2f} MiB")
+        if kv_size is not None and layers is not None:
+            types = cfg.get("type_k"), cfg.get("type_v")
+            split = (f", K ({types[0]}): {k_part / MIB:7.2f} MiB, V ({types[1]}): "
+                     f"{(host - k_part) / MIB:7.2f} MiB"
+                     if k_part is not None and all(isinstance(t, str) and t for t in types)
+                     else "")
+            lines.append(f"I llama_kv_cache: size = {host / MIB:7.2f} MiB ({kv_size:6d} cells, "
+                         f"{layers:3d} layers, {np_}/{n_stream} seqs){split}")
     lines += [
-        f"I llama_context: experimental block KV streaming enabled, pool = "
-        f"{cfg.get('stage_mib', 0)} MiB",
-        f"I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size = {host / MIB:8.2f} MiB",
-        f"I llama_kv_cache: size = {host / MIB:7.2f} MiB ({kv_size:6d} cells, {layers:3d} "
-        f"layers, {np_}/{n_stream} seqs), K ({cfg.get('type_k')}): {k_part / MIB:7.2f} MiB, "
-        f"V ({cfg.get('type_v')}): {(host - k_part) / MIB:7.2f} MiB",
         "I srv  llama_server: model loaded",
         "I srv  update_slots: all slots are idle",
     ]
