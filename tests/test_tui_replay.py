@@ -272,3 +272,44 @@ def test_a_view_read_in_several_events_shows_every_page(tmp_path: Path) -> None:
         assert [(s, p, r.cls) for s, _, p, r in snap.flagged()] == [
             (1, 0, "foreign"), (1, 1, "foreign")]
         assert snap.flagged() == ref[step].flagged()  # type: ignore[attr-defined]
+
+
+def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None:
+    """GIVEN a runtime without pages_per_stream in its plan whose view covers two pages but
+    that uploads only page 0, reading page 1 from a ring slot nothing was copied into (the
+    judgement: foreign, the slot held nothing) and, the next step, from the host (a fallback)
+    THEN the Pages grid has page 1 and marks it as the judgement does (it was one column
+    wide: the pages came from the highest upload only)."""
+    from kvdiag.tui.shown import shown
+
+    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
+              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
+              "device": {"name": "unknown"},
+              "scenario": {"name": "no-ring-upload", "source": "native",
+                           "config": {"np": 1, "layout": "shared", "dispatch": "fits"}},
+              "plan": {"page_bytes": 4096, "pool_pages": 3, "resident_pages_per_layer": 1,
+                       "ring_slots": 2, "streamed_layers": 1, "n_stream": 1},
+              "extra": {}, "records": ["step", "write", "upload", "read", "warn", "end"]}
+    lines = [
+        {"kind": "step", "step": 0, "phase": "prefill", "streams": [0], "tokens": 300,
+         "n_kv": 512},
+        {"kind": "write", "step": 0, "layer": 0, "stream": 0, "cells": [0, 300],
+         "rows": [0, 300], "dirty": [[0, None, 0], [0, None, 1]]},
+        {"kind": "upload", "step": 0, "layer": 0, "stream": 0, "pages": [0, 1], "slot": 2,
+         "target": "resident", "bytes": 4096, "reason": "miss"},
+        {"kind": "read", "step": 0, "layer": 0, "stream": 0, "pool": 1, "ring": 1, "host": 0,
+         "served": [[0, 1, "pool", 2], [1, 2, "ring", 0]]},
+        {"kind": "step", "step": 1, "phase": "decode", "streams": [0], "tokens": 1,
+         "n_kv": 512},
+        {"kind": "read", "step": 1, "layer": 0, "stream": 0, "pool": 0, "ring": 0, "host": 2,
+         "served": [[0, 2, "host", -1]]},
+    ]
+    events = [{**e, "seq": i + 1, "t_ns": 10 * (i + 1)} for i, e in enumerate(lines)]
+    events.append({"kind": "end", "seq": len(events) + 1, "t_ns": 100, "step": 1,
+                   "status": "completed", "steps": 2, "events": len(events)})
+    path = tmp_path / "no-ring-upload.kvtrace"
+    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    view = shown(str(path), steps=[0, 1])
+    assert view.reads[4] == (1, 0, 1, 0)  # the judgement: page 0 exact, page 1 foreign
+    assert view.pages[0] == [(0, 0, 1, "!")]
+    assert view.pages[1] == []  # read from the host at step 1: nothing flagged

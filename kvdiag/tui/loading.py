@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
+from kvdiag.analysis.judgement.classes import MAX_PAGE
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import build_log_index
 from kvdiag.analysis.pages_query import PagesQuery
@@ -40,6 +41,7 @@ from kvdiag.analysis.trace_index import (
     line_blocks,
 )
 from kvdiag.errors import InputError
+from kvdiag.model.pages import PAGE_TOKENS
 from kvdiag.trace.reader import TraceReader
 from kvdiag.tui.clip import clip, clip_deep
 from kvdiag.tui.digest import DigestBuilder, TraceDigest
@@ -266,14 +268,18 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
 def seen_shape(index: TraceIndex, lo: int = 0) -> dict[str, Any]:
     """What the index rows from ``lo`` on show of the page grid's shape, as
     :func:`~kvdiag.analysis.replay.geometry_from_header` takes it: layers (the highest + 1),
-    the streams read, written or uploaded, and pages (the highest upload end)."""
+    the streams read, written or uploaded, and pages (the highest upload end, or the page
+    after the highest cell written: pages read from the host or a ring slot without an upload
+    of theirs — a fallback's zero-copy read — have no upload to say they exist)."""
     c = {k: v[lo:] for k, v in index.columns.items()}
     kind = c["kind"]
     # three compares, not isin: isin widens millions of codes to int64 first (40 MiB on 5M)
     streams = np.unique(c["stream"][(kind == READ) | (kind == WRITE) | (kind == UPLOAD)])
+    written = int(c["b"][kind == WRITE].max(initial=0))  # cells are stream-local, half-open
     return {"layers": int(c["layer"].max()) + 1 if len(c["layer"]) else 0,
             "streams": [int(s) for s in streams if s >= 0],
-            "pages": int(c["b"][kind == UPLOAD].max(initial=0))}
+            "pages": min(max(int(c["b"][kind == UPLOAD].max(initial=0)),
+                             -(-written // PAGE_TOKENS)), MAX_PAGE)}
 
 
 def _judged(digest: TraceDigest | None, size: int) -> float:
