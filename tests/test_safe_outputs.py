@@ -37,6 +37,7 @@ WRITERS: dict[str, list[str]] = {
     "sweep-plot": ["sweep", "--stage-mib", "4", "--steps", "2", "--prompt-tokens", "8", "-q",
                    "-j", "1", "--plot", "OUT"],
     "devices-save": ["devices", "--profile", "--save", "OUT"],
+    "perf-plot": ["perf", str(LOG), "--plot", "OUT"],
 }
 
 
@@ -179,6 +180,33 @@ def test_dash_is_standard_output_for_capture_import_and_export(tmp_path: Path) -
         with TraceReader.open(trace) as reader:
             events = list(reader)
         assert reader.complete and not reader.problems and len(events) > 3
+
+
+def test_perf_plot_replaces_only_with_force_and_never_through_a_fifo(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """perf --plot wrote with matplotlib's own savefig: over an existing file without
+    --force, through a link, and into a FIFO (where it blocked for a reader)."""
+    pytest.importorskip("matplotlib")
+    from tests.seed_arm117 import seed_logs
+
+    stream = tmp_path / "stream.log"
+    stream.write_text(seed_logs()[0])
+    old = tmp_path / "old.svg"
+    old.write_text("previous\n")
+    link = tmp_path / "link.svg"
+    link.symlink_to(old)
+    fifo = tmp_path / "pipe.svg"
+    os.mkfifo(fifo)
+    for path in (old, link):
+        assert main(["perf", str(stream), "--plot", str(path)]) == 2
+        assert f"{path} exists (use --force to replace it)" in one_line(capsys)
+        assert old.read_text() == "previous\n"
+    assert main(["perf", str(stream), "--plot", str(fifo), "--force"]) == 2
+    assert "a FIFO" in one_line(capsys) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert main(["perf", str(stream), "--plot", str(link), "--force"]) == 0
+    assert f"plot saved to {link}" in capsys.readouterr().out
+    assert link.is_symlink() and old.read_text().startswith("<?xml")
+    assert list(tmp_path.glob("*.part")) == []
 
 
 def test_sweep_plot_refuses_standard_output(capsys: pytest.CaptureFixture[str]) -> None:

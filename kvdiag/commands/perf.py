@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="OUT.svg|OUT.png",
                         help="save decode tok/s against depth for each run (and the model's "
                              "curve with --predict), with the partition on the same axis")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --plot file if it exists")
     parser.add_argument("--predict", action="store_true",
                         help="the runtime model's rate for the run's own requests beside the "
                              "measured one (calibrated on --baseline)")
@@ -49,7 +51,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
-    from pathlib import Path
 
     from rich.console import Console
 
@@ -66,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bin-tokens {width}: want a positive multiple of 256 (a page)")
     if args.profile and not args.predict:
         raise UsageError("--profile is for --predict")
+    plot = None
+    if args.plot:
+        # where the plot goes is checked before any log is read, as every output is
+        from kvdiag.files.outputs import plan_output
+        from kvdiag.report.sweep import plot_format
+
+        plot = plan_output(args.plot, force=args.force, flag="--plot", stdout=False)
+        plot_format(plot)
     loaded = require_runs(args.runs)
     base_loaded = require_runs([args.baseline])[0] if args.baseline else None
     runs = [x.run for x in loaded]
@@ -85,12 +94,12 @@ def run(args: argparse.Namespace) -> int:
                        for x in loaded if x.run.requests]
     empty = [r.name for r in [*runs, *([base] if base else [])] if not r.requests]
     predicted_runs = [x.run for x in loaded if x.run.requests] if predictions else []
-    if args.plot:
+    if plot is not None:
         from kvdiag.report.perf_plot import save_plot
 
         curves = [(f"{r.name}: model ({p.profile.name})", *p.curve())
                   for r, p in zip(predicted_runs, predictions, strict=True)]
-        save_plot([*runs, *([base] if base else [])], Path(args.plot), width,
+        save_plot([*runs, *([base] if base else [])], plot, width,
                   baseline=base.name if base else None, predicted=curves)
     if args.json:
         base_rows = rows(base) if base is not None else []

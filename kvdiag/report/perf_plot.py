@@ -5,29 +5,27 @@ active pages, ring slots) and the deadline miss ratio; repartitions and fallback
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvdiag.analysis.perf import depth_bins, rows
-from kvdiag.errors import UsageError
+from kvdiag.files.outputs import Output, open_output
 from kvdiag.model.pages import PAGE_TOKENS
 from kvdiag.model.perf import PerfRun
+from kvdiag.report.sweep import plot_format
 
 
-def save_plot(runs: Sequence[PerfRun], path: Path, width: int,
+def save_plot(runs: Sequence[PerfRun], out: Output, width: int,
               baseline: str | None = None,
               predicted: Sequence[tuple[str, list[float], list[float], list[float]]] = ()
               ) -> None:
-    """Write the figure (``.svg`` or ``.png``); ``predicted`` adds the model's curves: (label,
-    depths, tok/s, resident pages per layer)."""
-    if path.suffix.lower() not in (".svg", ".png"):
-        raise UsageError(f"--plot {path}: write .svg or .png")
-    try:
-        import matplotlib
+    """Write the figure (``.svg`` or ``.png``) as every output is written
+    (:mod:`kvdiag.files.outputs`: a regular file replaced whole, never a link's target, a FIFO
+    or a device); ``predicted`` adds the model's curves: (label, depths, tok/s, resident
+    pages per layer)."""
+    fmt = plot_format(out)
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'kvdiag[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     for run in runs:
@@ -77,5 +75,8 @@ def save_plot(runs: Sequence[PerfRun], path: Path, width: int,
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        with open_output(out) as sink:
+            fig.savefig(sink.file, format=fmt)
+    finally:
+        plt.close(fig)
