@@ -174,3 +174,48 @@ def test_postmortem_junit_and_markdown_name_the_crash() -> None:
     assert md.returncode == 1
     assert "`kvstream-fits-dispatch-abort`" in md.stdout
     assert md.stdout.rstrip().endswith("crash(es) found**")
+
+
+def test_sarif_and_junit_report_a_damaged_input(tmp_path: Path,
+                                                sarif_schema: dict[str, object]) -> None:
+    """GIVEN a clean run whose fourth line is damaged (a read event lost) THEN SARIF and JUnit
+    say so — a tool execution notification at that line, the suite's system-err — as the text,
+    markdown and JSON reports do; they looked like a clean pass (exit 0 stays: check's rule)."""
+    path = tmp_path / "damaged.kvtrace"
+    path.write_bytes(
+        header_line("1.1")
+        + event_line("step", 1, 0, phase="decode", streams=[0], tokens=1, n_kv=256)
+        + b'{"kind":"read","seq":2,"step":0,"layer":0,"stream":0,"pool":1,\x00\n'
+        + event_line("output", 3, 0, stream=0, checksum="00000001", ref_checksum="00000001",
+                     max_abs_delta=0.0, tolerance=1e-3)
+        + end_line(4, 3))
+    proc = run_cli("check", "--format", "sarif", str(path))
+    doc = json.loads(proc.stdout)
+    validate_sarif(doc, sarif_schema)
+    notes = doc["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert proc.returncode == 0 and len(notes) == 1
+    assert notes[0]["level"] == "warning" and "not JSON" in notes[0]["message"]["text"]
+    assert notes[0]["locations"][0]["physicalLocation"]["region"] == {"startLine": 3}
+    proc = run_cli("check", "--format", "junit", str(path))
+    suite = ET.fromstring(proc.stdout).find("testsuite")
+    assert suite is not None and suite.attrib["failures"] == "0"
+    err = suite.find("system-err")
+    assert err is not None and err.text is not None
+    assert err.text.startswith(f"input problem: {path}:3: not JSON")
+
+
+def test_postmortem_sarif_and_junit_report_a_gzip_log_cut_short(
+        tmp_path: Path, sarif_schema: dict[str, object]) -> None:
+    import gzip
+
+    log = tmp_path / "server.log.gz"
+    log.write_bytes(gzip.compress((LOGS / "kvstream_np2_gdb.log").read_bytes())[:-64])
+    proc = run_cli("postmortem", "--format", "sarif", str(log))
+    doc = json.loads(proc.stdout)
+    validate_sarif(doc, sarif_schema)
+    texts = [n["message"]["text"] for n in
+             doc["runs"][0]["invocations"][0]["toolExecutionNotifications"]]
+    assert any("gzip data ends early" in t for t in texts)
+    suite = ET.fromstring(run_cli("postmortem", "--format", "junit", str(log)).stdout)
+    err = suite.find("testsuite/system-err")
+    assert err is not None and "gzip data ends early" in (err.text or "")

@@ -16,7 +16,12 @@ from rich.text import Text
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table, findings_to_json
-from kvdiag.report.formats import findings_junit, findings_markdown, findings_sarif
+from kvdiag.report.formats import (
+    InputProblem,
+    findings_junit,
+    findings_markdown,
+    findings_sarif,
+)
 from kvdiag.report.text import cap, cap_value
 
 
@@ -213,6 +218,11 @@ def check_report(
 __all__ = ["Severity", "check_report", "verdict"]
 
 
+def _problems(path: str, summary: dict[str, Any]) -> list[InputProblem]:
+    """The trace's problems (corrupt or cut lines, gaps) as the CI formats carry them."""
+    return [(path, p.get("line"), str(p.get("message", ""))) for p in summary.get("problems", [])]
+
+
 def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding],
                 summary: dict[str, Any], threshold: Severity, exit_code: int) -> None:
     """Print the check result of ``path`` in ``fmt`` (one of report.formats.FORMATS)."""
@@ -231,11 +241,12 @@ def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding]
         sys.stdout.write("\n")
     elif fmt == "sarif":
         doc = findings_sarif(findings, path, command=f"kvdiag check {path}",
-                             exit_code=exit_code)
+                             exit_code=exit_code, problems=_problems(path, summary))
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif fmt == "junit":
-        sys.stdout.write(findings_junit(findings, path, suite="check", threshold=threshold))
+        sys.stdout.write(findings_junit(findings, path, suite="check", threshold=threshold,
+                                        problems=_problems(path, summary)))
         sys.stdout.write("\n")
     elif fmt == "markdown":
         sc = header.scenario

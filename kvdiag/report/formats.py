@@ -55,9 +55,16 @@ def _sarif_location(artifact: str, ev: Evidence) -> dict[str, Any]:
     return location
 
 
+InputProblem = tuple[str, int | None, str]
+"""(file, line or None, message) of a damage in the input that was read past: a trace's
+corrupt or cut line, a log's replaced bytes or gzip break."""
+
+
 def findings_sarif(findings: Sequence[Finding], artifact: str, *, command: str,
-                   exit_code: int) -> dict[str, Any]:
-    """One SARIF log with one run: a rule per rule id, a result per finding."""
+                   exit_code: int, problems: Sequence[InputProblem] = ()) -> dict[str, Any]:
+    """One SARIF log with one run: a rule per rule id, a result per finding; each problem of
+    the input a ``toolExecutionNotification`` of the invocation (SARIF §3.20.21: what went
+    wrong while the tool ran, not a result), so a damaged input is not a clean report."""
     rules: dict[str, int] = {}
     rule_objs: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -88,20 +95,39 @@ def findings_sarif(findings: Sequence[Finding], artifact: str, *, command: str,
                                 "informationUri": INFORMATION_URI, "rules": rule_objs}},
             "artifacts": [{"location": {"uri": artifact}}],
             "invocations": [{"commandLine": command, "executionSuccessful": True,
-                             "exitCode": exit_code}],
+                             "exitCode": exit_code,
+                             **({"toolExecutionNotifications": [
+                                 _sarif_notification(p) for p in problems]}
+                                if problems else {})}],
             "results": results,
         }],
     }
+
+
+def _sarif_notification(problem: InputProblem) -> dict[str, Any]:
+    source, line, message = problem
+    physical: dict[str, Any] = {"artifactLocation": {"uri": source}}
+    if line is not None and line >= 1:
+        physical["region"] = {"startLine": line}
+    return {"level": "warning", "message": {"text": cap(message)},
+            "locations": [{"physicalLocation": physical}]}
+
+
+def problem_text(problem: InputProblem) -> str:
+    """``file:line: message`` (``file: message`` without a line)."""
+    source, line, message = problem
+    return f"{source}{'' if line is None else f':{line}'}: {cap(message)}"
 
 
 # -- JUnit XML -----------------------------------------------------------------------------
 
 
 def findings_junit(findings: Sequence[Finding], artifact: str, *, suite: str,
-                   threshold: Severity) -> str:
+                   threshold: Severity, problems: Sequence[InputProblem] = ()) -> str:
     """One testsuite; one testcase per finding (a ``failure`` when at or above the threshold,
     a pass with the finding in ``system-out`` below it); a run without findings is one
-    passing testcase, so the report is never empty."""
+    passing testcase, so the report is never empty. The input's problems go to the suite's
+    ``system-err``, one line each (they do not change the exit code, so they fail nothing)."""
     cases: list[ET.Element] = []
     failures = 0
     for f in _ordered(findings):
@@ -127,6 +153,9 @@ def findings_junit(findings: Sequence[Finding], artifact: str, *, suite: str,
         "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hostname": socket.gethostname()})
     ts.extend(cases)
+    if problems:
+        ET.SubElement(ts, "system-err").text = "\n".join(
+            "input problem: " + problem_text(p) for p in problems)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode")
 

@@ -16,15 +16,16 @@ def write_postmortem(fmt: str, logs: Sequence[str], scan: LogScan,
                      findings: Sequence[Finding], exit_code: int,
                      threshold: Severity = Severity.ERROR) -> None:
     artifact = ", ".join("<stdin>" if p == "-" else p for p in logs)
+    problems = [(p.source, p.line, p.message) for p in scan.problems]
     if fmt == "sarif":
         doc = findings_sarif(findings, artifact, command=f"kvdiag postmortem {' '.join(logs)}",
-                             exit_code=exit_code)
+                             exit_code=exit_code, problems=problems)
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif fmt == "junit":
         # failures are the results at or above --fail-on, as the exit code counts them
         sys.stdout.write(findings_junit(findings, artifact, suite="postmortem",
-                                        threshold=threshold))
+                                        threshold=threshold, problems=problems))
         sys.stdout.write("\n")
     elif fmt == "markdown":
         facts = [("logs", artifact), ("lines", f"{scan.lines:,}"),
