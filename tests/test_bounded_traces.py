@@ -245,6 +245,32 @@ def test_zstd_segments_are_read_by_every_reader(tmp_path: Path,
     assert doc.digest.summary["residency"]["read_classes"] == counts  # type: ignore[attr-defined]
 
 
+def test_sql_reads_a_set_by_its_name_folder_and_glob(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN kvrt's ring-reuse run rotated into segments, one of them deleted (a gap) and one
+    compressed WHEN ``kvdiag sql`` is given the KVTRACE_FILE path, the folder, a glob and the
+    compressed segment alone THEN it reads what check reads (it said "no such file", and took
+    a .kvtrace.zst for a log)."""
+    pytest.importorskip("duckdb")
+    files, _ = rotated_run(tmp_path, "ring-reuse")
+    assert len(files) >= 4
+    files[2].unlink()
+    zst = compress(files[1])
+    rc = main(["check", str(tmp_path / "s.kvtrace"), "--json"])
+    want = json.loads(capsys.readouterr().out)["summary"]["residency"]["read_classes"]
+    assert rc == 1 and want["foreign"] > 0
+    query = ("SELECT (SELECT sum(pages) FROM pages WHERE class = 'exact') AS exact, "
+             "(SELECT sum(pages) FROM pages WHERE class = 'foreign') AS foreign_, "
+             "(SELECT string_agg(kind, ',') FROM problems) AS problems")
+    for named in (tmp_path / "s.kvtrace", tmp_path, f"{tmp_path}/s.*.kvtrace*"):
+        assert main(["sql", "--format", "json", query, str(named)]) == 0, named
+        row = json.loads(capsys.readouterr().out)
+        assert (row["exact"], row["foreign_"]) == (want["exact"], want["foreign"]), named
+        assert row["problems"] == "gap"
+    assert main(["sql", "--format", "json", "SELECT count(*) AS n FROM pages", str(zst)]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] > 0
+
+
 def test_a_cut_zstd_segment_is_read_up_to_its_break(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN a segment of 260 KB whose .zst was cut at 60 % (a compressor stopped) WHEN it is

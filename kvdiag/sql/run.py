@@ -13,6 +13,7 @@ from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.sql.rows import log_rows, trace_rows
 from kvdiag.sql.schema import TABLES
 from kvdiag.sql.store import Database, require_parquet_dir, tables_named
+from kvdiag.trace.segments import ZSTD_MAGIC, find_set
 from kvdiag.trace.version import looks_like_trace
 
 ALL_TABLES = frozenset(t.name for t in TABLES)
@@ -25,10 +26,15 @@ class Result:
 
 
 def input_kind(path: str) -> str:
-    """``parquet`` (a folder ``--parquet`` wrote), ``trace`` or ``log``."""
+    """``parquet`` (a folder ``--parquet`` wrote), ``trace`` or ``log``. A segment set named
+    by its ``KVTRACE_FILE`` path, its folder or a glob is a trace, as every reader takes it
+    (:func:`kvdiag.trace.segments.open_trace`), and so is one zstd-compressed segment."""
     if path == STDIN_NAME:
         raise UsageError("kvdiag sql reads files, not standard input (each input may be read "
                          "twice)")
+    is_file = not os.path.isdir(path) and (os.path.exists(path) or os.path.islink(path))
+    if not is_file and find_set(path) is not None:
+        return "trace"
     if os.path.isdir(path):
         require_parquet_dir(path)
         return "parquet"
@@ -39,7 +45,7 @@ def input_kind(path: str) -> str:
             raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not head:
         raise InputError(f"{path}: empty file")
-    return "trace" if looks_like_trace(head) else "log"
+    return "trace" if looks_like_trace(head) or head[:4] == ZSTD_MAGIC else "log"
 
 
 def load(db: Database, inputs: Sequence[str], tables: frozenset[str],
