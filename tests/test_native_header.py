@@ -625,6 +625,16 @@ def test_native_example_compiles_and_runs_as_printed(capsys: pytest.CaptureFixtu
         classes = doc["summary"]["residency"]["read_classes"]
         assert [classes["exact"], classes["stale"], classes["foreign"]] == own
         results[name] = (proc.returncode, code, own, {f["rule"] for f in doc["findings"]})
+        if name == "upstream":
+            # what it printed (the log postmortem reads) is the assert the trace records
+            aborts = [f["title"] for f in doc["findings"] if f["rule"] == "abort"]
+            assert len(aborts) == 1 and aborts[0] in proc.stderr
+            log = out / "stderr.log"
+            log.write_text(proc.stderr)
+            main(["postmortem", "--json", str(log)])
+            crash = json.loads(capsys.readouterr().out)["crashes"][0]
+            assert crash["assert"]["condition"] == "ggml_cuda_kv_stream_fattn_fits(dst)"
+            assert aborts[0].startswith(f"{crash['assert']['file']}:{crash['assert']['line']}: ")
     # upstream: the aliasing reads, then the membership dispatch aborts on the two-stream ubatch
     assert results["upstream"] == (-signal.SIGABRT, 1, [42, 6, 12], {
         "fits-dispatch-mismatch", "abort", "stale-page-read", "foreign-page-read",

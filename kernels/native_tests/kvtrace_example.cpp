@@ -182,10 +182,13 @@ struct Runtime {
         KVTRACE_FITS_RAW("__fattn__", layer, &q, &k, &v, nullptr, &d, fits, route, failed,
                          fits ? 0 : 3);
         if (!fits && !fixed) {  // upstream: routed on membership, then GGML_ASSERT(fits)
-            KVTRACE_ABORT(__FILE__, __LINE__,
-                          "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed");
+            // the trace's abort and the line on stderr (what postmortem reads) say the same
+            static const char assert_text[] =
+                "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed";
+            const int line = __LINE__;
+            KVTRACE_ABORT(__FILE__, line, assert_text);
             report();
-            std::fprintf(stderr, "%s:%d: GGML_ASSERT(fits) failed\n", __FILE__, __LINE__);
+            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, line, assert_text);
             std::abort();
         }
         if (!fits) {
