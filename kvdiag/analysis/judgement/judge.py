@@ -278,8 +278,8 @@ class Judge:
         self._flush()
         self._judge([event])
 
-    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
-                 ) -> Judge:
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK, *,
+                 hold: bool = False) -> Judge:
         """Feed every event of ``events``, judged with array operations
         (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged ``size`` (:data:`CHUNK`)
         events at a time, and the reads of its last chunk can be asked about (:meth:`verdict`,
@@ -289,7 +289,11 @@ class Judge:
         ``blocks()`` method; else :data:`SUB` events), while the decoder has just made them,
         and judged :data:`STREAM_CHUNK` events at a time — or sooner, when :meth:`arisen` or
         :meth:`snapshot` is asked while the stream waits (``kvdiag check --follow``). The
-        reads of a stream are asked about by seq (:meth:`verdict` finds them)."""
+        reads of a stream are asked about by seq (:meth:`verdict` finds them). ``hold``: a
+        stream's last events are counted and handled but their pages wait to be judged with
+        the next call's (or when :meth:`snapshot`, :meth:`arisen` or :meth:`skip` is asked),
+        so that a caller feeding many small streams (the TUI, a block of lines at a time)
+        still judges :data:`STREAM_CHUNK` events at a time."""
         self._flush()
         if isinstance(events, list):
             for chunk in batches(events, size):
@@ -320,7 +324,10 @@ class Judge:
                 self._take_waiting()
                 if self._held >= STREAM_CHUNK:
                     self._flush()
-        self._flush()
+        if hold:
+            self._take_waiting()
+        else:
+            self._flush()
         return self
 
     def _take_waiting(self) -> None:
