@@ -683,9 +683,11 @@ class Judge:
         bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
-        for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
-            if k in self._unserved:
-                continue
+        candidates = np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))
+                                    & (cols.r_runs > 0))  # the unserved are not compared
+        shown = crosscheck.agreeing(ranges, owner, c.r_stream, cols.runs, cols.run_src,
+                                    cols.r_runs, c.pieces, candidates)
+        for k in candidates[~shown].tolist():
             seq, step, layer, stream = self._read_at(c, k)
             read = _Annotated(stream, cols.served[k], cols.ranges[k])
             diff = crosscheck.disagrees(read, self._pieces(c, k))  # type: ignore[arg-type]
