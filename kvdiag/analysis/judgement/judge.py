@@ -294,8 +294,8 @@ class Judge:
         the next call's (or when :meth:`snapshot`, :meth:`arisen` or :meth:`skip` is asked),
         so that a caller feeding many small streams (the TUI, a block of lines at a time)
         still judges :data:`STREAM_CHUNK` events at a time."""
-        self._flush()
         if isinstance(events, list):
+            self._flush()
             for chunk in batches(events, size):
                 self._judge(chunk)
             return self
@@ -709,7 +709,8 @@ class Judge:
             p = c.pieces
             led.pieces.extend([base + p[:, 0], *(p[:, i] for i in range(1, 14))])
         if c.flows.size:
-            f = c.flows
+            # by read, then write: the table's order is then the file's, whatever the chunks
+            f = c.flows[np.lexsort((c.flows[:, 0], c.flows[:, 1]))]
             led.flows.extend([f[:, 0], c.r_seq[f[:, 1]], base + f[:, 1], f[:, 2]])
 
     def _pieces(self, c: Chunk, k: int) -> list[Piece]:
