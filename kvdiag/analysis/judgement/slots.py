@@ -103,11 +103,13 @@ class Views:
         if layer.size == 0:
             return np.empty(0, np.int64)
         # a hostile layer or stream beyond 32 bits: one view for all of them (keys fit int64)
-        layer = np.clip(layer, -(1 << 31), (1 << 31) - 1)
-        stream = np.clip(stream, -(1 << 31), (1 << 31) - 1)
         dense = self._dense
         lo, hi = int(layer.min()), int(layer.max())
         so, sh = int(stream.min()), int(stream.max())
+        if lo < -(1 << 31) or hi >= 1 << 31:
+            layer = np.clip(layer, -(1 << 31), (1 << 31) - 1)
+        if so < -(1 << 31) or sh >= 1 << 31:
+            stream = np.clip(stream, -(1 << 31), (1 << 31) - 1)
         if lo >= -1 and hi < DENSE_LAYERS - 1 and so >= 0 and sh < DENSE_STREAMS:
             got: np.ndarray = dense[layer + 1, stream]
             if (got >= 0).all():
