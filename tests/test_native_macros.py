@@ -108,12 +108,28 @@ def test_kvtrace_abort_records_a_runtime_assert_before_the_process_dies(
     abort, end = events
     assert isinstance(abort, ev.Abort) and isinstance(end, ev.End)
     assert (abort.file, abort.line) == ("/src/runtime/kv_cache.c", 214)
-    # ggml_abort's shape, so post-mortem and check read it like a ggml abort
+    # ggml_abort's shape, so post-mortem and check read it like a ggml abort (the next test)
     assert abort.message == "/src/runtime/kv_cache.c:214: KV_ASSERT(page < window) failed"
     assert abort.condition == "page < window"  # any NAME(<condition>) failed
     assert (end.status, end.events) == ("aborted", 1)
     assert path.read_bytes().endswith(b"}\n")
     assert main(["check", "--json", str(path)]) == 1
+
+
+def test_postmortem_of_the_exported_log_names_the_runtimes_assert(
+        selftest: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The abort a runtime without ggml records, exported as the log it would print: the
+    post-mortem names the same assert (file, line, condition) as check, and exits 1 as check
+    does (it once found no crash: only ggml's own source files were read as aborts)."""
+    run(selftest, tmp_path, "abort-at")
+    path = one_trace(tmp_path)
+    log = tmp_path / "server.log"
+    assert main(["trace", "export", str(path), "--format", "llama-log", "-o", str(log)]) == 0
+    capsys.readouterr()
+    assert main(["postmortem", "--json", str(log)]) == 1
+    crashes = json.loads(capsys.readouterr().out)["crashes"]
+    assert [(c["kind"], c["assert"]) for c in crashes] == [
+        ("assert", {"file": "/src/runtime/kv_cache.c", "line": 214, "condition": "page < window"})]
 
 
 def test_kvtrace_abort_with_free_text_has_no_condition(selftest: Path, tmp_path: Path) -> None:

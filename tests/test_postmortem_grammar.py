@@ -34,6 +34,20 @@ def test_abort_forms() -> None:
     assert grammar.parse_abort(W, "src/a.c:12: warning: unused") == []
 
 
+def test_a_forks_own_assert_macro_from_any_source_file() -> None:
+    """A runtime built without ggml aborts with its own macro in ggml_abort's shape (what
+    KVTRACE_ABORT records): read as an abort with its condition, from any source file; a
+    message that only looks like it (lower case, no parentheses, a diagnostic) is not."""
+    (a,) = grammar.parse_abort(W, "src/kv_pool.cc:214: KV_ASSERT(slot < pool->n_slots) failed")
+    assert (a.form, a.file, a.line, a.condition) == ("message", "src/kv_pool.cc", 214,
+                                                     "slot < pool->n_slots")
+    (b,) = grammar.parse_abort(W, r"C:\rt\stream.cpp:9: RT_CHECK_MSG(n > 0) failed")
+    assert (b.file, b.line, b.condition) == (r"C:\rt\stream.cpp", 9, "n > 0")
+    assert grammar.parse_abort(W, "src/kv_pool.cc:214: request failed") == []
+    assert grammar.parse_abort(W, "src/kv_pool.cc:214: check(x) failed") == []
+    assert grammar.parse_abort(W, "src/kv_pool.cc:214: error: KV_ASSERT(x) failed") == []
+
+
 def test_gpu_errors_and_details() -> None:
     e = grammar.parse_gpu_error(W, "ROCm error: out of memory")
     assert isinstance(e, GpuError) and (e.backend, e.message) == ("ROCm", "out of memory")

@@ -62,6 +62,12 @@ _ABORT_WORDS = re.compile(
 )
 
 
+# A runtime's own assert macro in ggml_abort's shape, from any source file: what a fork built
+# without ggml prints (``<file>:<line>: KV_ASSERT(<condition>) failed``; kernels/kvtrace.h's
+# KVTRACE_ABORT records the same text, docs/native-bridge.md).
+_OWN_ASSERT = re.compile(r"^[A-Z][A-Z0-9_]*\((.*)\) failed$")
+
+
 def _is_ggml_source(path: str) -> bool:
     """A path in ggml's or llama.cpp's source tree: a folder or file named for ggml, gguf or
     llama (``…/ggml/src/ggml-cuda/fattn.cu``, ``llama-model.cpp``, ``gguf.cpp``)."""
@@ -401,10 +407,12 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
             m = glued
     if m is not None:
         msg = m.group(3).strip()
-        if not _DIAGNOSTIC.match(msg) and (_is_ggml_source(m.group(1))
+        own = _OWN_ASSERT.match(msg)
+        if not _DIAGNOSTIC.match(msg) and (_is_ggml_source(m.group(1)) or own is not None
                                           or _ABORT_WORDS.search(msg)):
             out.append(Abort(where=where, form="message", file=m.group(1), line=int(m.group(2)),
-                             message=msg[:500]))
+                             message=msg[:500],
+                             condition=None if own is None else own.group(1)[:500]))
     return out
 
 
