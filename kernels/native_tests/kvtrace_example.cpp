@@ -237,6 +237,9 @@ int main(int argc, char **argv) {
     plan.resident_pages_per_layer = RESIDENT_PER_LAYER;
     plan.ring_slots = RING;
     KVTRACE_BOOT(&plan);
+    // the buffer type clears the pool it allocated (ggml_backend_buffer_clear): no slot holds
+    // a page yet. Record every wholesale clear: without it a cleared slot looks loaded.
+    KVTRACE_INVALIDATE("buffer-clear", 0);
 
     // slot 1 serves a request first, then slot 0; then slot 1 again; then both at once
     rt.ubatch({1}, 600);

@@ -22,10 +22,19 @@ from typing import Any, Literal
 import msgspec
 
 JUDGED_KINDS: tuple[str, ...] = ("step", "fits", "write", "upload", "read", "output")
-"""Kinds the judgement needs; ``mark``, ``learn``, ``evict``, ``invalidate`` and the rest may be
-absent because nothing happened, so their absence is never reported."""
+"""Kinds the judgement needs; ``mark``, ``learn``, ``evict`` and the rest may be absent because
+nothing happened, so their absence is never reported (``invalidate``: :data:`DECLARED_ONLY`)."""
+
+DECLARED_ONLY: tuple[str, ...] = ("invalidate",)
+"""Kinds whose absence is said only under a declaration that leaves them out, and only when
+the trace reads pages from slots: a run may never clear its cache, so an undeclared trace
+without them is not taken to miss them."""
 
 HIDES: dict[str, str] = {
+    "invalidate": "wholesale clears of the resident cache (buffer clear, reconfigure, "
+                  "repartition, resize): if the runtime clears it, a cleared slot still looks "
+                  "loaded, and a read served from it without a new upload is judged from its "
+                  "last copy",
     "step": "ubatch boundaries: steps are only the writer's numbering of its events",
     "fits": "dispatch decisions: fits-dispatch-mismatch and fallback are not judged",
     "write": "page versions: a slot holding the right page cannot be told current from old "
@@ -107,6 +116,11 @@ class CompletenessTracker:
             else:
                 recorded = n > 0 or not self._expected(kind, counts, any_event)
             kinds.append(KindStatus(kind, n, recorded, "" if recorded else HIDES[kind]))
+        if self.declared is not None and self.slot_pages > 0:
+            for kind in DECLARED_ONLY:
+                n = counts.get(kind, 0)
+                recorded = n > 0 or kind in self._kinds
+                kinds.append(KindStatus(kind, n, recorded, "" if recorded else HIDES[kind]))
         return Completeness("inferred" if self.declared is None else "declared",
                             tuple(self.declared or ()), tuple(kinds))
 
