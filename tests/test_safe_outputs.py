@@ -314,3 +314,20 @@ def test_plan_output_refuses_what_is_not_a_file_whatever_force_says(tmp_path: Pa
         sink.file.write(b"half")
         raise KeyError("the command failed")
     assert list(folder.iterdir()) == []
+
+
+def test_perf_plot_of_a_log_without_requests_is_drawn_without_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash log with no print_timing block: the plot is still written (empty axes), and
+    matplotlib is never asked for a legend of nothing — its UserWarning reached the user's
+    stderr (and, warnings being errors under the tests, read as an internal error)."""
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "crash.log"
+    log.write_text("llama_server: loading model\n"
+                   "/s/ggml/src/ggml-cuda/ggml-cuda.cu:1898: "
+                   "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed\n")
+    out = tmp_path / "empty.svg"
+    assert main(["perf", str(log), "--plot", str(out)]) == 1
+    said = capsys.readouterr()
+    assert "no completed request" in said.out + said.err
+    assert out.read_text().startswith("<?xml")

@@ -67,13 +67,15 @@ def save_plot(runs: Sequence[PerfRun], out: Output, width: int,
     top.set_ylabel("decode tok/s")
     top.set_title("decode rate against context depth (dots: requests, lines: depth bins)")
     top.grid(alpha=0.3)
-    top.legend(fontsize=8)
+    if top.get_legend_handles_labels()[0]:  # a run without requests draws nothing to name
+        top.legend(fontsize=8)
     bottom.set_xlabel("context depth (tokens)")
     bottom.set_ylabel("pages")
     bottom.set_title("kv-stream partition recorded (kv_stream_adapt); marks: repartitions, "
                      "fallbacks", fontsize=9)
     bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=7, loc="upper left")
+    if bottom.get_legend_handles_labels()[0]:  # nor without a partition or a depth
+        bottom.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     try:
         with open_output(out) as sink:

@@ -62,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvrt.h"
 
@@ -302,8 +303,15 @@ static double read_view(int layer, int s, const served_t *sv, int n) {
     memset(waiting[layer][s], 0, sizeof waiting[layer][s]); /* all read: the slots are free */
     memset(was_consumed[layer][s], 0, sizeof was_consumed[layer][s]);
     if (truth && used) {
-        fwrite(buf, 1, used, truth);
+        /* one write(2) for the whole read: stdio cuts a read's lines longer than its buffer
+         * into several, and a SIGKILL between them left a read with half its pages' truth */
+        size_t done = 0;
         fflush(truth);
+        while (done < used) {
+            ssize_t wrote = write(fileno(truth), buf + done, used - done);
+            if (wrote <= 0) break;
+            done += (size_t)wrote;
+        }
     }
     return out;
 }
