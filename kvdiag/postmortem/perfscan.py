@@ -20,8 +20,10 @@ slot when it is logged (the runtime is shared by the slots). A new boot ends wha
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
+from collections.abc import Iterable
 
 import msgspec
 
@@ -37,12 +39,14 @@ from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, Stre
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.lines import clean
+from kvdiag.postmortem.perflate import LateForm
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.timinglines import (
     BLOCK,
     CACHED,
     GRAPHS,
     KV,
+    LATE_LINES,
     NEW_PROMPT,
     OLD_HEADER,
     RARE_ANCHORS,
@@ -51,6 +55,7 @@ from kvdiag.postmortem.timinglines import (
     TIMING,
     Figures,
     figure_sets,
+    late_in,
     number,
 )
 
@@ -151,6 +156,9 @@ class PerfScanner:
         self._helper: ScanHelper | None = None
         self._at = 0
         """File offset of the first byte of the next buffer (the carry's start)."""
+        self._walk_end = 0
+        self.late = LateForm(self)
+        """The late-2023 form's lines (:mod:`kvdiag.postmortem.perflate`)."""
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -213,6 +221,12 @@ class PerfScanner:
                           self._lines + 1)
             self._carry = b""
         self._end_boot("end")
+        if self.late.unpaired:
+            self._problem(
+                f"{self.late.unpaired} late-2023 print_timings block(s) could not be paired "
+                "with their slot's release line (a release run of another length, several "
+                "blocks one of which decoded nothing, or no release before a boot or the end): "
+                "read without slot or depth", None)
         boots = (*self.boot.boots_final(), *self.extra_boots)
         return PerfRun(
             name=os.path.basename(self.name) or self.name, source=self.source, kind="log",
@@ -242,20 +256,40 @@ class PerfScanner:
 
     def _region(self, buf: bytes, cut: int, at: int) -> None:
         rare = self._rare_hits(buf, cut, at)
-        lines, counted, ri = self._walk(buf, 0, cut, rare, 0, self._lines, 0)
+        late = self.late
+        if late.seen:
+            lines, counted, ri = self._walk_late(buf, 0, cut, rare, 0, self._lines, 0)
+        else:
+            # the late-2023 form only where the later forms' slot lines are not (a log appended
+            # across an upgrade changes form once): before the first and after the last
+            first = SLOT_LINES.search(buf, 0, cut)
+            if late_in(buf, 0, cut if first is None else first.start()):
+                late.seen = True
+                lines, counted, ri = self._walk_late(buf, 0, cut, rare, 0, self._lines, 0)
+            else:
+                lines, counted, ri, tail = self._lines, 0, 0, 0
+                if first is not None:
+                    lines, counted, ri = self._walk(
+                        buf, SLOT_LINES.finditer(buf, first.start(), cut), rare, 0, lines, 0)
+                    tail = self._walk_end
+                if first is not None and late_in(buf, tail, cut):
+                    late.seen = True
+                    lines, counted, ri = self._walk_late(buf, tail, cut, rare, ri, lines,
+                                                         counted)
         if ri < len(rare):
             lines, counted, ri = self._rare_before(buf, rare, ri, cut, lines, counted)
         self._lines = lines + buf.count(b"\n", counted, cut)
 
-    def _walk(self, buf: bytes, start: int, end: int, rare: list[int], ri: int, lines: int,
-              counted: int) -> tuple[int, int, int]:
-        """Read the slot lines of ``buf[start:end]`` one by one and the rare-anchor lines
+    def _walk(self, buf: bytes, matches: Iterable[re.Match[bytes]], rare: list[int], ri: int,
+              lines: int, counted: int) -> tuple[int, int, int]:
+        """Read the slot lines ``matches`` of ``buf`` one by one and the rare-anchor lines
         before each, in order; returns the line count up to ``counted``, ``counted`` and the
-        next rare index."""
+        next rare index (and leaves the end of the last match in ``_walk_end``)."""
         n_rare = len(rare)
         count = buf.count
         pending = self._pending
-        for m in SLOT_LINES.finditer(buf, start, end):
+        m = None
+        for m in matches:
             pos = m.start()
             if ri < n_rare and rare[ri] < pos:
                 lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
@@ -314,6 +348,27 @@ class PerfScanner:
             if stop is not None:
                 del pending[slot]
                 self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
+        if m is not None:
+            self._walk_end = m.end()
+        return lines, counted, ri
+
+    def _walk_late(self, buf: bytes, start: int, end: int, rare: list[int], ri: int,
+                   lines: int, counted: int) -> tuple[int, int, int]:
+        """:meth:`_walk` over ``buf[start:end]`` where the late-2023 form's lines are: those
+        and the later forms' slot lines, in order."""
+        late = self.late
+        for m in heapq.merge(LATE_LINES.finditer(buf, start, end),
+                             SLOT_LINES.finditer(buf, start, end), key=_start):
+            if m.re is not LATE_LINES:
+                lines, counted, ri = self._walk(buf, (m,), rare, ri, lines, counted)
+                continue
+            pos = m.start()
+            if ri < len(rare) and rare[ri] < pos:
+                lines, counted, ri = self._rare_before(buf, rare, ri, pos, lines, counted)
+            lines += buf.count(b"\n", counted, pos)
+            counted = pos
+            self._lines = lines
+            late.line(m, lines + 1)
         return lines, counted, ri
 
     def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
@@ -380,9 +435,9 @@ class PerfScanner:
             self._served = True
         return p
 
-    def _close(self, slot: int, p: _Pending, depth_end: int | None,
+    def _close(self, slot: int | None, p: _Pending, depth_end: int | None,
                truncated: bool | None, ended: str = "end") -> None:
-        if p.orphan:
+        if p.orphan and slot is not None:
             self.orphans.append(Orphan(
                 slot=slot, task=p.task, cached=p.cached, prompt=p.prompt, decode=p.decode,
                 line=p.line, graphs=p.graphs, ended=ended, depth_end=depth_end,
@@ -406,6 +461,7 @@ class PerfScanner:
             p.graphs, p.started, tuple(p.notes)))
 
     def _end_boot(self, ended: str = "boot") -> None:
+        self.late.flush()
         for slot, p in sorted(self._pending.items()):
             self._close(slot, p, None, None, ended)
         self._pending.clear()
@@ -495,6 +551,10 @@ class PerfScanner:
     def _problem(self, message: str, line: int | None) -> None:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(Problem(source=self.source, message=message, line=line))
+
+
+def _start(m: re.Match[bytes]) -> int:
+    return m.start()
 
 
 def _kv_int(raw: bytes) -> int | None:

@@ -47,13 +47,44 @@ The prompt's length (``prompt tokenized``, ``n_prompt_tokens``) was printed only
 ``--verbose``, so that form gives no depth at the start: the report derives it from the end and
 the decoded tokens, and says so.
 
-Not read: the form before PR #5700 (late 2023, ``server_slot``/``llama_client_slot``'s
-``print_timings`` through ``LOG_TEE``): ``print_timings: prompt eval time = …``,
-``print_timings:        eval time = … runs …``, ``print_timings:       total time = … ms``, then
-later ``slot <n> released (<m> tokens in cache)``. Its timing lines name no slot, task or depth
-(the release line that follows them names the slot, not which block was its own when several
-slots finish at once), so they give no request this reader could place on the depth axis, and
-finding them would cost a further search over every log.
+The late-2023 form, before PR #5700 (``examples/server/server.cpp``'s ``llama_client_slot``
+and ``llama_server_context::update_slots``; read in the copy that SJTU-IPADS/PowerInfer forked
+in December 2023, commit 74c5c5895b9a, whose lines other forks of that time print alike — the
+upstream repository was too large to fetch here). Everything goes through ``LOG_TEE``, so the
+lines carry no slot prefix:
+
+- ``slot <s> is processing [task id: <t>]`` (``launch_slot_with_data``)
+- ``slot <s> : in cache: <n_past> tokens | to process: <n> tokens`` (``update_slots``, only
+  with ``cache_prompt``), then always ``slot <s> : kv cache rm - [<system + n_past>, end)``
+- ``slot <s>: context shift - n_keep = …`` (``update_slots``): the slot's context was cut
+- ``print_timings()``: ``"\n"``, then ``print_timings: prompt eval time = <ms> ms / <n> tokens
+  (…)``, ``print_timings:        eval time = <ms> ms / <n> runs   (…)``, ``print_timings:
+  total time = <ms> ms`` — no slot, task or depth
+- ``slot <s> released (<n> tokens in cache)``: ``cache_tokens``, the prompt's tokens and the
+  generated ones (the system prompt's are not counted)
+
+``update_slots`` calls ``slot.release()`` then ``slot.print_timings()`` for a finished slot;
+the release line is printed at the start of the next ``update_slots`` pass, in the loop over all
+slots (slot order), for every slot released since. So each pass prints, in order: the
+``is processing`` lines of the tasks it takes, the release lines (one run), the cache lines of
+the prompts it loads, then the timing blocks of the slots that finished — and the blocks of one
+pass are released by the run of the next. The reader pairs a run with the blocks printed since
+the run before: when they are as many and the server printed both in slot order, in order.
+Where that is not certain it does not pair: a run of a different length (a release without a
+block: a cancelled task, an embedding, a new system prompt; or a block whose release is not in
+the log), or several blocks one of which decoded nothing (a request ending on its first token
+whose prompt spans two ``n_batch`` chunks is printed after slots of a lower id). Those blocks
+become requests without slot or depth, counted in a problem line; a block still waiting at a
+new boot or at the end of the log likewise. The known case it cannot see: an empty prompt is
+released and printed in the pass's first loop, with the figures of the slot's previous request
+(``print_timings`` does not reset them). The depth at the end is the release's tokens in cache;
+the depth at the start is the ``in cache`` line's two figures added, or, where the ``kv cache
+rm`` line came without one (no ``cache_prompt``, so nothing was kept), the block's prompt
+tokens; ``cached`` is the ``kv cache rm`` position. ``truncated`` is true after a ``context
+shift`` line of the request and unknown otherwise (a prompt cut to fit was logged only with
+``--verbose``). The form is searched (:func:`late_in`) only in the part of each block
+before the first and after the last slot line of the later forms, and in all of every block
+once a line of it was read: a log of a later form pays a few short searches a block for it.
 """
 
 from __future__ import annotations
@@ -115,6 +146,36 @@ NEW_PROMPT, CACHED, TIMING, GRAPHS, STOP, BLOCK, KV = (
     GROUPS[n] for n in ("new_prompt", "cached", "timing", "graphs", "stop", "block", "kv"))
 """The first group of each alternative, 1-based as ``re`` numbers them (an empty named group at
 the start of each alternative instead made the whole scan about 10 % slower: measured)."""
+
+LATE_ANCHOR: Final = b"print_timings: "
+"""The late-2023 form's timing lines (the later forms' ``print_timing`` has no ``s`` and no
+colon right after it: ``slot print_timing:``, ``[           print_timings]``); the other
+lines of the form start ``slot <n>`` (:func:`late_in`)."""
+
+LATE_LINES: Final = re.compile(
+    rb"print_timings: +(?P<late_timing>prompt eval|eval) " + _FIGURES
+    + rb"|slot (?P<late_slot>\d+)(?: (?:released \((?P<released>\d+) tokens in cache\)"
+    rb"|is processing \[task id: (?P<processing>-?\d+)\]"
+    rb"|: in cache: (?P<in_cache>\d+) tokens \| to process: (\d+) tokens"
+    rb"|: kv cache rm - \[(?P<kv_rm>\d+), end\))"
+    rb"|(?P<shift>: context shift) - n_keep)"
+)
+"""One match per line of the late-2023 form (the module's docstring)."""
+
+
+def late_in(buf: bytes, start: int, end: int) -> bool:
+    """Whether ``buf[start:end]`` holds a line of the late-2023 form: a block line
+    (:data:`LATE_ANCHOR`) or a ``slot <n>`` line; two plain searches, and a match at each
+    ``slot `` found (few outside the later forms' slot lines, which the caller leaves out)."""
+    if buf.find(LATE_ANCHOR, start, end) >= 0:
+        return True
+    i = buf.find(b"slot ", start, end)
+    while i >= 0:
+        m = LATE_LINES.match(buf, i, end)
+        if m is not None:
+            return True
+        i = buf.find(b"slot ", i + 5, end)
+    return False
 
 OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 """The end of the older block's header line: an empty message."""
