@@ -102,13 +102,13 @@ _FIGURES = (rb"time = +([\d.]+) ms / +(\d+) (?:tokens|runs) *\( *" + _NUM
 def _next(body: bytes) -> bytes:
     """The line right after, of the same slot and task (backreferences to groups 1 and 2):
     read in the same match, so that no line in between is skipped."""
-    return rb"\r?\n[^\n]*?id +\1 \| task +\2 \| *" + body
+    return rb"\r?\n[^\n]*id +\1 \| task +\2 \| *" + body
 
 
 _STOP = rb"stop processing: n_(?:tokens|past) = (\d+)(?:, truncated = (\d))?"
 _CACHE = rb"(?:(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm|kv cache rm) \[(\d+),"
-_OLD_BLOCK = (rb"\r?\n[^\n]*?prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*?eval " + _FIGURES
-              + rb"[^\n]*\n[^\n]*?total time = +[\d.]+ ms[^\n]*")
+_OLD_BLOCK = (rb"\r?\n[^\n]*prompt eval " + _FIGURES + rb"[^\n]*\n[^\n]*eval " + _FIGURES
+              + rb"[^\n]*\n[^\n]*total time = +[\d.]+ ms[^\n]*")
 
 def _named(pattern: bytes, group: bytes, name: bytes) -> bytes:
     """``pattern`` with its first ``group`` named ``name``."""
@@ -117,8 +117,9 @@ def _named(pattern: bytes, group: bytes, name: bytes) -> bytes:
 
 
 SLOT_LINES: Final = re.compile(
-    rb"id(?: +(\d+) \| task +(-?\d+) \| *(?:"
-    rb"new prompt, n_ctx_slot = (?P<new_prompt>\d+)[^\n]*?(?:task\.n_tokens|n_prompt_tokens)"
+    rb"id(?: +(\d+) \| task +(-?\d+) \| *+(?:"
+    rb"new prompt, n_ctx_slot = (?P<new_prompt>\d+)(?:, n_keep = -?\d+, |[^\n]*?)"
+    rb"(?:task\.n_tokens|n_prompt_tokens)"
     rb" = (\d+)(?:" + _next(_CACHE) + rb")?"
     rb"|(?:cached )?n_(?:tokens|past) = \d+, memory_seq_rm \[(?P<cached>\d+),"
     rb"|kv cache rm \[(\d+),"
