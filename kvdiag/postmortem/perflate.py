@@ -28,10 +28,10 @@ line of its ``eval time`` figures."""
 
 
 class LateForm:
-    """The blocks and releases of the late-2023 form waiting to be paired, for one scanner."""
+    """The blocks and releases of the late-2023 form waiting to be paired, for one scanner
+    (passed to each call: no reference back to it, so no cycle)."""
 
-    def __init__(self, scanner: PerfScanner) -> None:
-        self._scanner = scanner
+    def __init__(self) -> None:
         self.seen = False
         """A line of the form was read: every later block is searched for it."""
         self.blocks: list[Block] = []
@@ -44,13 +44,12 @@ class LateForm:
         self.unpaired = 0
         """Blocks read without their slot (the module's docstring)."""
 
-    def line(self, m: re.Match[bytes], line: int) -> None:
+    def line(self, s: PerfScanner, m: re.Match[bytes], line: int) -> None:
         g = m.groups()
         if g[_RELEASED] is not None:
             self.releases.append((int(g[_SLOT] or 0), int(g[_RELEASED])))
             return
-        self.run_end()
-        s = self._scanner
+        self.run_end(s)
         if g[_TIMING] is not None:
             figures = figure_sets(g, _TIMING + 1, 1)[0]
             if g[_TIMING] == b"eval":
@@ -81,18 +80,17 @@ class LateForm:
         else:
             self.shifted.add(slot)
 
-    def run_end(self) -> None:
+    def run_end(self, s: PerfScanner) -> None:
         """Pair the run of release lines just read with the blocks printed before it."""
         releases = self.releases
         if not releases:
             return
         self.releases = []
         blocks, self.blocks = self.blocks, []
-        s = self._scanner
         if blocks and len(blocks) == len(releases) and (
                 len(blocks) == 1 or all(b[1][1] for b in blocks)):
             for (slot, tokens), block in zip(releases, blocks, strict=True):
-                self._done(slot, tokens, block)
+                self._done(s, slot, tokens, block)
             return
         opened = 0
         for slot, _tokens in releases:
@@ -100,15 +98,14 @@ class LateForm:
             if s._pending.pop(slot, None) is not None:
                 opened += 1
         s.unfinished += max(0, opened - len(blocks))
-        self._unpaired(blocks)
+        self._unpaired(s, blocks)
 
-    def flush(self) -> None:
+    def flush(self, s: PerfScanner) -> None:
         """A new boot or the log's end: what waits is not paired."""
-        self.run_end()
-        s = self._scanner
+        self.run_end(s)
         self.prompt = None
         blocks, self.blocks = self.blocks, []
-        self._unpaired(blocks)
+        self._unpaired(s, blocks)
         # the requests those blocks ended are in flight still (their release is not in the
         # log): not counted again as unfinished
         waiting = [slot for slot, p in sorted(s._pending.items()) if p.decode is None]
@@ -116,10 +113,9 @@ class LateForm:
             del s._pending[slot]
         self.shifted.clear()
 
-    def _done(self, slot: int, tokens: int, block: Block) -> None:
+    def _done(self, s: PerfScanner, slot: int, tokens: int, block: Block) -> None:
         from kvdiag.postmortem.perfscan import _Pending
 
-        s = self._scanner
         found = s._pending.pop(slot, None)
         p = found if found is not None else _Pending(None)
         p.prompt, p.decode, p.line = block
@@ -131,11 +127,11 @@ class LateForm:
         self.shifted.discard(slot)
         s._close(slot, p, tokens, truncated, "stop")
 
-    def _unpaired(self, blocks: list[Block]) -> None:
+    def _unpaired(self, s: PerfScanner, blocks: list[Block]) -> None:
         from kvdiag.postmortem.perfscan import _Pending
 
         for prompt, decode, line in blocks:
             p = _Pending(None)
             p.prompt, p.decode, p.line = prompt, decode, line
-            self._scanner._close(None, p, None, None, "stop")
+            s._close(None, p, None, None, "stop")
         self.unpaired += len(blocks)

@@ -73,8 +73,10 @@ _NOTE_OF_STREAM: dict[str, NoteKind] = {
 }
 
 
-class _Pending(msgspec.Struct):
-    """A request in flight on one slot (a msgspec Struct: made once per request, in C)."""
+class _Pending(msgspec.Struct, gc=False):
+    """A request in flight on one slot (a msgspec Struct: made once per request, in C; not
+    tracked by the cyclic garbage collector, as :class:`~kvdiag.model.perf.RequestTiming`:
+    numbers, figures and a list of ints, in no cycle)."""
 
     task: int | None
     started: int | None = None
@@ -157,7 +159,7 @@ class PerfScanner:
         self._at = 0
         """File offset of the first byte of the next buffer (the carry's start)."""
         self._walk_end = 0
-        self.late = LateForm(self)
+        self.late = LateForm()
         """The late-2023 form's lines (:mod:`kvdiag.postmortem.perflate`)."""
 
     # -- reading ---------------------------------------------------------------------------
@@ -368,7 +370,7 @@ class PerfScanner:
             lines += buf.count(b"\n", counted, pos)
             counted = pos
             self._lines = lines
-            late.line(m, lines + 1)
+            late.line(self, m, lines + 1)
         return lines, counted, ri
 
     def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
@@ -461,7 +463,7 @@ class PerfScanner:
             p.graphs, p.started, tuple(p.notes)))
 
     def _end_boot(self, ended: str = "boot") -> None:
-        self.late.flush()
+        self.late.flush(self)
         for slot, p in sorted(self._pending.items()):
             self._close(slot, p, None, None, ended)
         self._pending.clear()
