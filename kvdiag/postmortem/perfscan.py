@@ -57,6 +57,7 @@ from kvdiag.postmortem.timinglines import (
     figure_sets,
     late_in,
     number,
+    two_sets,
 )
 
 BLOCK_BYTES = 8 << 20
@@ -290,6 +291,8 @@ class PerfScanner:
         n_rare = len(rare)
         count = buf.count
         pending = self._pending
+        requests = self.requests
+        source = self.source
         m = None
         for m in matches:
             pos = m.start()
@@ -326,9 +329,25 @@ class PerfScanner:
             if last >= BLOCK:
                 lines += count(b"\n", counted, pos)
                 counted = pos
+                stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
+                if stop is not None and not p.orphan:
+                    # the usual whole request, made here: what _close makes of it, without
+                    # the steps between (a log holds millions)
+                    try:
+                        p_ms, p_n, _p_mspt, p_tps, d_ms, d_n, d_mspt, d_tps = two_sets(
+                            b"[" + b",".join(g[BLOCK - 1:BLOCK + 7]) + b"]")  # type: ignore[arg-type]
+                    except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+                        p_n = d_n = 0
+                    if p_n and d_n:
+                        del pending[slot]
+                        requests.append(RequestTiming(
+                            source, lines + 1, self._boot_index, slot, p.task, p_n, p_ms, p_tps,
+                            d_n, d_ms, d_tps, d_mspt, p.depth_start, int(stop), p.cached,
+                            p.n_ctx_slot, None if trunc is None else trunc == b"1", p.graphs,
+                            p.started, tuple(p.notes)))
+                        continue
                 p.prompt, p.decode = figure_sets(g, BLOCK - 1, 2)
                 p.line = lines + 1
-                stop, trunc = g[BLOCK + 7], g[BLOCK + 8]
             elif last >= STOP:
                 stop, trunc = g[STOP - 1], g[STOP]
             elif last == GRAPHS:

@@ -216,6 +216,8 @@ def figures(g: tuple[bytes | None, ...], i: int) -> Figures:
 
 _SET = msgspec.json.Decoder(tuple[float, int, float, float])
 _TWO_SETS = msgspec.json.Decoder(tuple[float, int, float, float, float, int, float, float])
+two_sets: Final = _TWO_SETS.decode
+"""Two sets of figures at once (prompt, decode): what :func:`figure_sets` decodes for ``k=2``."""
 
 
 def figure_sets(g: tuple[bytes | None, ...], i: int, k: int) -> list[Figures]:
