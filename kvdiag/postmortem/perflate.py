@@ -10,12 +10,24 @@ are made and closed by :class:`~kvdiag.postmortem.perfscan.PerfScanner`.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from kvdiag.postmortem.perfpending import Pending
 from kvdiag.postmortem.timinglines import LATE_LINES, Figures, figure_sets
 
-if TYPE_CHECKING:
-    from kvdiag.postmortem.perfscan import PerfScanner
+
+class PerfScanner(Protocol):
+    """What this module uses of :class:`kvdiag.postmortem.perfscan.PerfScanner` (which imports
+    this module, so it is named here by its shape)."""
+
+    unfinished: int
+    _pending: dict[int, Pending]
+    _opened: set[int]
+
+    def _request(self, slot: int, task: int) -> Pending: ...
+
+    def _close(self, slot: int | None, p: Pending, depth_end: int | None,
+               truncated: bool | None, ended: str = "end") -> None: ...
 
 _G = LATE_LINES.groupindex
 _TIMING, _SLOT, _RELEASED, _PROCESSING, _IN_CACHE, _KV_RM = (
@@ -114,10 +126,8 @@ class LateForm:
         self.shifted.clear()
 
     def _done(self, s: PerfScanner, slot: int, tokens: int, block: Block) -> None:
-        from kvdiag.postmortem.perfscan import _Pending
-
         found = s._pending.pop(slot, None)
-        p = found if found is not None else _Pending(None)
+        p = found if found is not None else Pending(None)
         p.prompt, p.decode, p.line = block
         if p.depth_start is None and p.cached is not None and block[0] is not None:
             # the kv cache rm line without an ``in cache`` line: no cache_prompt, so the
@@ -128,10 +138,8 @@ class LateForm:
         s._close(slot, p, tokens, truncated, "stop")
 
     def _unpaired(self, s: PerfScanner, blocks: list[Block]) -> None:
-        from kvdiag.postmortem.perfscan import _Pending
-
         for prompt, decode, line in blocks:
-            p = _Pending(None)
+            p = Pending(None)
             p.prompt, p.decode, p.line = prompt, decode, line
             s._close(None, p, None, None, "stop")
         self.unpaired += len(blocks)

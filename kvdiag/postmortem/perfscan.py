@@ -40,6 +40,7 @@ from kvdiag.postmortem import grammar
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.lines import clean
 from kvdiag.postmortem.perflate import LateForm
+from kvdiag.postmortem.perfpending import Pending as _Pending
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.timinglines import (
     BLOCK,
@@ -53,7 +54,6 @@ from kvdiag.postmortem.timinglines import (
     SLOT_LINES,
     STOP,
     TIMING,
-    Figures,
     figure_sets,
     late_in,
     number,
@@ -75,25 +75,6 @@ _NOTE_OF_STREAM: dict[str, NoteKind] = {
     "feedback_error": "feedback", "layout_error": "layout", "warning": "warning",
     "alloc_failure": "warning",
 }
-
-
-class _Pending(msgspec.Struct, gc=False):
-    """A request in flight on one slot (a msgspec Struct: made once per request, in C; not
-    tracked by the cyclic garbage collector, as :class:`~kvdiag.model.perf.RequestTiming`:
-    numbers, figures and a list of ints, in no cycle)."""
-
-    task: int | None
-    started: int | None = None
-    depth_start: int | None = None
-    n_ctx_slot: int | None = None
-    cached: int | None = None
-    prompt: Figures | None = None
-    decode: Figures | None = None
-    line: int = 0
-    graphs: int | None = None
-    notes: list[int] = msgspec.field(default_factory=list)
-    orphan: bool = False
-    """Began before the part of the log this scanner reads (:mod:`perfsplit`)."""
 
 
 class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -338,7 +319,7 @@ class PerfScanner:
                     # the steps between (a log holds millions)
                     try:
                         p_ms, p_n, _p_mspt, p_tps, d_ms, d_n, d_mspt, d_tps = two_sets(
-                            b"[" + b",".join(g[BLOCK - 1:BLOCK + 7]) + b"]")  # type: ignore[arg-type]
+                            b"[" + b",".join(g[BLOCK - 1:BLOCK + 7]) + b"]")
                     except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
                         p_n = d_n = 0
                     if p_n and d_n:

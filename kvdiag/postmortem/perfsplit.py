@@ -26,7 +26,8 @@ import msgspec
 from kvdiag.model.logrecords import BootConfig, ConfigItem, LogLine, Problem
 from kvdiag.model.perf import AdaptPage, AdaptPages, PerfRun, RequestTiming, StreamNote
 from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
-from kvdiag.postmortem.perfscan import BLOCK_BYTES, MAX_NOTES, Orphan, PerfScanner, _Pending
+from kvdiag.postmortem.perfpending import Pending as _Pending
+from kvdiag.postmortem.perfscan import BLOCK_BYTES, MAX_NOTES, Orphan, PerfScanner
 from kvdiag.postmortem.timinglines import LATE_ANCHOR, OLD_HEADER
 
 
