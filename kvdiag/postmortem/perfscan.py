@@ -339,7 +339,7 @@ class PerfScanner:
             elif last >= TIMING:
                 lines += count(b"\n", counted, pos)
                 counted = pos
-                if g[TIMING - 1] == b"eval":
+                if g[TIMING - 1] == b"val":  # "eval": its group begins after the [pe]
                     p.decode = figure_sets(g, TIMING, 1)[0]
                     p.line = lines + 1
                 else:
