@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from kvdiag.analysis.judgement.adapt import MISS_THRESHOLD, THRASH_REPARTITIONS
 from kvdiag.analysis.perf import DepthBin, RequestRow
 from kvdiag.model.pages import PAGE_TOKENS
-from kvdiag.model.perf import PerfRun, StreamNote
+from kvdiag.model.perf import PerfRun, RequestTiming, StreamNote
 
 NOT_EXPLAINED = "not explained by what the log records"
+_STARTED = attrgetter("started")
 GRAPHS_OFF = 0.1
 """Graphs reused per decoded token at or below which graphs count as not reused."""
 GRAPHS_ON = 0.5
@@ -108,18 +110,21 @@ def state_at(run: PerfRun, table: Sequence[RequestRow], b: DepthBin,
     ends = [r.depth_end for r in members if r.depth_end is not None]
     active = ((-(-min(starts) // PAGE_TOKENS), -(-max(ends or starts) // PAGE_TOKENS))
               if starts else None)
-    boots = {r.request.boot for r in members}
+    requests = [r.request for r in members]
+    boots = {r.boot for r in requests}
     lo_page, hi_page = b.lo // PAGE_TOKENS + 1, b.hi // PAGE_TOKENS
     pages = [p for p in run.adapt if p.boot in boots and lo_page <= p.page <= hi_page]
+    # a bin can hold millions of requests, few of them with notes: one pass picks those
+    noted = [r for r in requests if r.notes]
     seen: set[int] = set()
-    for r in members:
-        seen.update(r.request.notes)
+    for r in noted:
+        seen.update(r.notes)
     for i in (unattached(run) if loose is None else loose):
         n = run.notes[i]
         if n.boot in boots and n.depth is not None and b.lo <= n.depth < b.hi:
             seen.add(i)
     notes = tuple(run.notes[i] for i in sorted(seen))
-    first = min((r.order for r in members), default=None)
+    first = _first(requests, boots)
     carried = None
     if first is not None:
         for n in run.notes:
@@ -143,8 +148,21 @@ def state_at(run: PerfRun, table: Sequence[RequestRow], b: DepthBin,
         graphs_tokens=sum(r.request.decode_tokens or 0 for r in graphs),
         source=run.source, unit="line" if run.kind == "log" else "event",
         requests=len(members),
-        repartitions_max=max((sum(run.notes[i].kind == "repartition" for i in r.request.notes)
-                              for r in members), default=0))
+        repartitions_max=max((sum(run.notes[i].kind == "repartition" for i in r.notes)
+                              for r in noted), default=0))
+
+
+def _first(requests: list[RequestTiming], boots: set[int]) -> tuple[int, int] | None:
+    """The earliest :attr:`RequestRow.order` of ``requests`` (whose boots are ``boots``):
+    computed without a tuple per request (a bin can hold millions)."""
+    if not requests:
+        return None
+    boot = min(boots)
+    of_boot = requests if len(boots) == 1 else [r for r in requests if r.boot == boot]
+    started = list(map(_STARTED, of_boot))
+    if None not in started:
+        return boot, min(started)
+    return boot, min(r.line if r.started is None else r.started for r in of_boot)
 
 
 def _at(state: PartitionState, n: StreamNote) -> str:

@@ -8,7 +8,10 @@ joined: a request the second half saw without its start (an :class:`~kvdiag.post
 is completed with the first half's request in flight on that slot; the second half's lines,
 notes and boots follow the first's. The cut never falls inside an older-shape ``print_timing``
 block (its figures follow its header on lines of their own). If the second process fails, this
-one reads the second half itself: the result is the same, only slower.
+one reads the second half itself: the result is the same, only slower. A log of the late-2023
+form is read in one process: its timing blocks are paired with release lines that follow them
+(:mod:`kvdiag.postmortem.perflate`), which a cut between them would separate; a second half
+that holds the form is read again by this process, after its first half.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import msgspec
 from kvdiag.model.logrecords import BootConfig, ConfigItem, LogLine, Problem
 from kvdiag.model.perf import AdaptPage, AdaptPages, PerfRun, RequestTiming, StreamNote
 from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
-from kvdiag.postmortem.perfscan import BLOCK_BYTES, MAX_NOTES, Orphan, PerfScanner, _Pending
-from kvdiag.postmortem.timinglines import OLD_HEADER
+from kvdiag.postmortem.perfpending import Pending as _Pending
+from kvdiag.postmortem.perfscan import BLOCK_BYTES, MAX_NOTES, Orphan, PerfScanner
+from kvdiag.postmortem.timinglines import LATE_ANCHOR, OLD_HEADER
 
 
 class Half(msgspec.Struct):
@@ -42,6 +46,8 @@ class Half(msgspec.Struct):
     config: list[ConfigItem]
     first_active_line: int | None
     boot_notes: int | None
+    late: bool = False
+    """It holds the late-2023 form: not joined, but read again after the first half."""
 
 
 def split_point(path: str, size: int) -> int:
@@ -51,6 +57,8 @@ def split_point(path: str, size: int) -> int:
         fh.seek(max(0, size // 2 - 4096))
         data = fh.read(1 << 20)
     base = max(0, size // 2 - 4096)
+    if LATE_ANCHOR in data:
+        return 0
     first = data.find(b"\n", 4096) + 1
     if first <= 0:
         return 0
@@ -94,7 +102,7 @@ def _second_half(path: str, start: int, end: int, source: str) -> Half:
     return Half(list(run.requests), list(run.notes), run.notes_dropped, list(run.adapt),
                 list(run.boots), scanner.orphans, run.unfinished, run.lines,
                 list(run.problems), scanner.carried_config, scanner.first_active_line,
-                scanner.boot_notes)
+                scanner.boot_notes, scanner.late.seen)
 
 
 def _start(path: str, start: int, end: int, source: str) -> subprocess.Popen[bytes] | None:
@@ -144,6 +152,9 @@ def scan_split(path: str, size: int, source: str | None = None,
             proc.wait()
         raise
     half = _collect(proc) or _second_half(path, cut, size, source)
+    if half.late or first.late.seen:
+        read_range(first, path, cut, size)
+        return first.finish()
     join(first, half)
     return first.finish()
 
