@@ -225,3 +225,27 @@ def test_import_carries_the_late_timings(tmp_path: Path) -> None:
         timings = [e for e in reader if isinstance(e, ev.Timing)]
     assert [(t.slot, t.task, t.depth_start, t.depth_end, t.decode_tokens) for t in timings] == [
         (0, 0, 3488, 3739, 250), (0, 1, 3859, 3890, 30)]
+
+
+def test_two_boots_of_that_time_are_two_boots_for_perf_and_postmortem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A late-2023 server restarted in one log: its ready lines ("llama server listening at",
+    the JSON "HTTP server listening") are none the readers know, so the boot that launched a
+    request was taken as never ready and the second start folded into the first. A launched
+    request makes a boot ready: perf places each request in its own boot, postmortem counts
+    two boots."""
+    start = ["llama_model_loader: loaded meta data with 19 key-value pairs and 291 tensors "
+             "from /m/llama-2-7b.Q4_K_M.gguf (version GGUF V3 (latest))", *BOOT,
+             "llama server listening at http://127.0.0.1:8080", "",
+             '{"timestamp":1702000001,"level":"INFO","function":"main","line":3040,'
+             '"message":"HTTP server listening","hostname":"127.0.0.1","port":8080}',
+             "all slots are idle and system prompt is empty, clear the KV cache"]
+    turn = [processing(0, 0), *load(0, 0, 300), *block((100.0, 300), (2000.0, 50)), HTTP,
+            released(0, 350)]
+    run = scan([*start, *turn, *start, *turn])
+    assert [(r.boot, r.depth_end) for r in run.requests] == [(0, 350), (1, 350)]
+    assert len(run.boots) == 2
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([*start, *turn, *start, *turn]) + "\n")
+    main(["postmortem", str(log)])
+    assert "2 boot(s)" in capsys.readouterr().out.splitlines()[0]

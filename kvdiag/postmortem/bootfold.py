@@ -67,6 +67,12 @@ class BootAccumulator:
     def ready(self) -> bool:
         return bool(self.boots) and self.boots[-1].ready
 
+    def served(self) -> None:
+        """A request was launched: the current boot was ready, whatever its ready line (one
+        the grammar may not know, such as 2023's ``llama server listening at``)."""
+        if self.boots:
+            self.boots[-1].ready = True
+
     def add(self, item: ConfigItem) -> bool:
         cur = self.boots[-1] if self.boots else None
         started = False

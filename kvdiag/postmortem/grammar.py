@@ -102,6 +102,10 @@ _BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']*)'")
 
 _SLOT = re.compile(r"^slot +([^:]{0,24}): +id +(\d+) \| task +(-?\d+) \| ?(.*)$")
+# 2023 (server.cpp's LOG_TEE, before the SLT_* lines; the form kvdiag perf reads too:
+# postmortem/timinglines.py): "slot 0 is processing [task id: 5]", "slot 0 released (412
+# tokens in cache)"
+_SLOT_2023 = re.compile(r"^slot (\d+) (?:is processing \[task id: (\d+)\]|released \((\d+) tokens)")
 _SLOT_KV = re.compile(r"\bid_slot=(\d+)\b(?:.*?\bid_task=(-?\d+))?")
 _SRV = re.compile(r"^srv +([^:]{0,24}): +(.*)$")
 
@@ -187,8 +191,12 @@ def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
     """A ``slot <func>: id <n> | task <t> | <msg>`` line, or the older key=value form."""
     task: int | None
     m = _SLOT.match(text)
+    old = None if m is not None else _SLOT_2023.match(text)
     if m is not None:
         slot, task, msg = int(m.group(2)), int(m.group(3)), m.group(4)
+    elif old is not None:
+        slot, msg = int(old.group(1)), text[old.end(1) + 1:]
+        task = int(old.group(2)) if old.group(2) is not None else None
     else:
         m2 = _SLOT_KV.search(text)
         if m2 is None:
@@ -202,6 +210,8 @@ def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
     fields = {k: int(v) for k, v in _INT_FIELD.findall(msg)}
     n_tokens = fields.get("task.n_tokens", fields.get("n_prompt_tokens", fields.get("n_tokens")))
     n_past = fields.get("n_past")
+    if old is not None and old.group(3) is not None:
+        n_past = int(old.group(3))  # the tokens in cache at the release: the depth reached
     if kind == "cache" and n_past is None:
         n_past = fields.get("n_tokens")
     pm = _PROGRESS.search(msg)

@@ -66,7 +66,9 @@ HELPER_ANCHORS = ANCHORS[4:]
 #: Files smaller than this are not worth starting a helper process for.
 PARALLEL_MIN_BYTES = 64 << 20
 #: Extra anchors while a boot still waits for its first request.
-LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=")
+LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=", b"is processing [task")
+"""``launch_slot_`` (2024-), the 2024 key=value form, 2023's ``slot N is processing [task id:
+N]``: a request launched, so the boot was ready."""
 
 BLOCK = 8 << 20
 LOOKBACK_BYTES = 1 << 20
@@ -377,6 +379,7 @@ class LogParser:
         elif isinstance(rec, SlotEvent):
             if rec.kind == "launch" and self._awaiting_launch and rec.slot is not None:
                 self._awaiting_launch = False
+                self.boot.served()
                 if len(self.first_requests) >= MAX_CRASHES:
                     return
                 self.first_requests.append(FirstRequest(

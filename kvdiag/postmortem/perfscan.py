@@ -37,7 +37,7 @@ from kvdiag.model.logrecords import (
 )
 from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
 from kvdiag.postmortem import grammar
-from kvdiag.postmortem.bootfold import BootAccumulator
+from kvdiag.postmortem.bootfold import RESTART_KEYS, BootAccumulator
 from kvdiag.postmortem.lines import clean
 from kvdiag.postmortem.perflate import LateForm
 from kvdiag.postmortem.perfpending import Pending as _Pending
@@ -505,9 +505,10 @@ class PerfScanner:
             self._served = False
             self._last_active = None
             return
-        if item.key == "construct" and self._served and self.boot.boots:
+        if item.key in RESTART_KEYS and self._served and self.boot.boots:
             # requests were served, so that boot was ready (its ready line may not be one
-            # this reader looks for): a new context now is a new server start
+            # this reader looks for: 2023's "llama server listening at"): a new context now
+            # is a new server start
             self.boot.add(ConfigItem(where=item.where, key="ready", value=True))
         if self.boot.add(item):
             if self.boot.boots and len(self.boot.boots) > 1:
