@@ -240,3 +240,14 @@ def test_page_words_say_whose_bytes_and_why_not_judged() -> None:
     cells = snap.row(0, 1)
     assert [cell_mark(c, 4) for c in cells] == ["foreign", "foreign", "empty"]
     assert [c.flagged for c in cells] == [True, True, False]
+
+
+def test_timeline_says_an_uploads_unknown_bytes() -> None:
+    """A fork's upload of unknown size (-1, or null as kvtrace.h writes it) is described as
+    unknown, not as "-0 KiB"; a zero-byte upload stays 0 KiB."""
+    def up(nbytes: int | None) -> str:
+        return describe(ev.Upload(seq=3, t_ns=0, step=2, layer=1, stream=0, pages=(5, 6),
+                                  slot=3, target="ring", bytes=nbytes, reason="ring"))[0]
+
+    assert up(-1) == up(None) == up(-4096) == "ring pages 5 -> slot 3 (ring) bytes unknown"
+    assert up(0) == "ring pages 5 -> slot 3 (ring) 0 KiB"
