@@ -64,7 +64,7 @@ def test_report_shows_crash_backtrace_and_findings(
     assert code == 1
     for needle in ("GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed",
                    "busy at the crash: 0, 1", "ggml_cuda_graph_evaluate_and_capture",
-                   "kvstream-fits-dispatch-abort", "(inlined) ggml_cuda_compute_forward"):
+                   "kvstream-fits-dispatch-abort", "(inlined) ggml_cuda_kv_stream_fattn"):
         assert needle in out
 
 
