@@ -147,3 +147,26 @@ def test_gdb_marks_the_inlined_frame_not_the_one_it_sits_in() -> None:
     assert [(f.function, f.inlined) for f in crash.backtrace.frames] == [
         ("load_page", True), ("stream_pages", True), ("kv_stream_fattn", False),
         ("handler", False), ("<signal handler called>", False), ("main", False)]
+
+
+LLDB_INLINED = """\
+inl2.cpp:9: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed
+* thread #1, name = 'llama-server', stop reason = signal SIGABRT
+  * frame #0: 0x00007ffff7e5ff4f libc.so.6`__pthread_kill_implementation(no_tid=0, signo=6, threadid=<unavailable>) at pthread_kill.c:44:76
+    frame #1: 0x00005555555551b6 llama-server`ggml_abort(file="inl2.cpp", line=9) at inl2.cpp:6:10
+    frame #2: 0x00005555555551e6 llama-server`compute_forward(tensor const*) [inlined] kv_stream_fattn(t=0x00007fffffffe680) at inl2.cpp:9:34
+    frame #3: 0x00005555555551e6 llama-server`compute_forward(t=0x00007fffffffe680) at inl2.cpp:12:20 [opt]
+    frame #4: 0x0000555555555084 llama-server`main(argc=<unavailable>, argv=<unavailable>) at inl2.cpp:17:35
+"""
+
+
+def test_lldb_inlined_frame_names_the_callee() -> None:
+    """lldb writes an inlined frame as ``caller [inlined] callee(args)``: the frame is the
+    callee's, inlined into the next one (it named the whole text, not inlined)."""
+    from tests.postmortem_helpers import scan_bytes
+
+    (crash,) = scan_bytes(LLDB_INLINED.encode()).crashes
+    assert crash.backtrace is not None and crash.backtrace.form == "lldb"
+    assert [(f.function, f.line, f.inlined) for f in crash.backtrace.frames] == [
+        ("__pthread_kill_implementation", 44, False), ("ggml_abort", 6, False),
+        ("kv_stream_fattn", 9, True), ("compute_forward", 12, False), ("main", 17, False)]

@@ -5,7 +5,8 @@
   before it is the inlined one: :func:`_gdb_inlined`); args may wrap onto following lines;
   pager prompts may be glued in front of a frame.
 * glibc ``backtrace_symbols_fd``: ``module(sym+0xOFF)[0xADDR]``, ``module(+0xOFF) [0xADDR]``.
-* lldb: ``frame #N: 0xADDR module`func + off at file:line``.
+* lldb: ``frame #N: 0xADDR module`func + off at file:line``; an inlined frame
+  ``module`caller [inlined] callee(args) at file:line``.
 * macOS ``backtrace_symbols``: ``N   module   0xADDR func + off``.
 * systemd-coredump: ``#N  0xADDR func (module + 0xOFF)``.
 * Android (``Unwind``): ``N: 0xADDR symbol``.
@@ -217,11 +218,16 @@ def parse_frame(text: str) -> Parsed | None:
         m = _LLDB.match(s)
         if m is not None:
             module = m.group(3)
-            function = _clean_function(_strip_lldb_args(m.group(4)))
+            # an inlined frame is "caller [inlined] callee(args)": the frame is the callee's
+            # (the next frame is the caller it sits in, at the same pc)
+            name, inlined = m.group(4), False
+            if name and " [inlined] " in name:
+                name, inlined = name.rsplit(" [inlined] ", 1)[1], True
+            function = _clean_function(_strip_lldb_args(name))
             return Parsed("lldb", Frame(
                 index=int(m.group(1)), module=module, address=int(m.group(2), 16),
                 function=function, file=m.group(6),
-                line=int(m.group(7)) if m.group(7) else None,
+                line=int(m.group(7)) if m.group(7) else None, inlined=inlined,
                 in_app=is_in_app(function, module, m.group(6)),
             ), True)
     if s.endswith("]"):
