@@ -219,3 +219,58 @@ def test_gdb_frames_without_offsets_refuse_another_build(tmp_path: Path, capsys:
     assert data["binaries"][0]["checked_by"] == "frames"
     plan = [f for f in _lib_frames(data, built.lib) if f["function"] == "ggml_kv_stream_plan_pages"]
     assert [f["line"] for f in plan] == [_abort_line(same)]
+
+
+_PROG = r"""
+#include <execinfo.h>
+#include <stdlib.h>
+__attribute__((noinline)) void kv_abort(void) {
+    void *b[16];
+    backtrace_symbols_fd(b, backtrace(b, 16), 2);
+    abort();
+}
+__attribute__((noinline)) int kv_fattn(int n) { if (n > 1) kv_abort(); return n; }
+int main(int argc, char **argv) { (void)argv; return kv_fattn(argc) + 1; }
+"""
+
+
+def test_gdb_frames_with_a_source_but_no_module_are_not_taken_as_the_executables(
+        tmp_path: Path, capsys: Any) -> None:
+    """gdb writes "from LIB" only for code without debug info, so a libc with its debug
+    symbols installed shows as ``0x7ffff7… in __GI_raise (…) at ../sysdeps/…:26`` with no
+    module. GIVEN such frames above the executable's own (no debug info: ``in kv_fattn ()``),
+    WHEN the log is read with the right executable, THEN it is used and its frames land in the
+    functions they name — libc's addresses are not read as addresses in it (it was refused as
+    "not the build the log ran", returning outside its code)."""
+    src, prog = tmp_path / "prog.c", tmp_path / "prog"
+    src.write_text(_PROG)
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-O1", "-fPIE", "-pie", str(src), "-o", str(prog)],
+                   check=True)
+    run = subprocess.run([str(prog), "x"], capture_output=True, cwd=tmp_path)
+    own = re.findall(rb"prog\(\+0x([0-9a-f]+)\)\[0x([0-9a-f]+)\]", run.stderr)[:3]
+    assert len(own) == 3, run.stderr
+    gdb = [
+        "#0  __pthread_kill_implementation (threadid=<optimized out>, signo=signo@entry=6, "
+        "no_tid=no_tid@entry=0) at ./nptl/pthread_kill.c:44",
+        "#1  0x00007ffff7e5ff4f in __pthread_kill_internal (signo=6, threadid=<optimized out>) "
+        "at ./nptl/pthread_kill.c:78",
+        "#2  0x00007ffff7e10fb2 in __GI_raise (sig=sig@entry=6) at ../sysdeps/posix/raise.c:26",
+        "#3  0x00007ffff7dfb472 in __GI_abort () at ./stdlib/abort.c:79",
+        *(f"#{4 + i}  0x{int(addr, 16):016x} in {name} ()"
+          for i, ((_off, addr), name) in enumerate(zip(own, ("kv_abort", "kv_fattn", "main"),
+                                                       strict=True))),
+    ]
+    log = tmp_path / "server.log"
+    log.write_text("main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n\n"
+                   "Program received signal SIGABRT, Aborted.\n" + "\n".join(gdb) + "\n")
+    code, data = run_json([str(log), "--no-cache", "--binary", str(prog)], capsys)
+    assert code == 1  # the crash
+    assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
+    (used,) = data["binaries"]
+    assert used["checked_by"] == "frames" and "follow a call instruction" in used["evidence"]
+    (c,) = data["crashes"]
+    assert [(f["function"], f["file"]) for f in c["frames"][:4]] == [
+        ("__pthread_kill_implementation", "./nptl/pthread_kill.c"),
+        ("__pthread_kill_internal", "./nptl/pthread_kill.c"),
+        ("__GI_raise", "../sysdeps/posix/raise.c"), ("__GI_abort", "./stdlib/abort.c")]
