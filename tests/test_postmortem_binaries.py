@@ -274,3 +274,45 @@ def test_gdb_frames_with_a_source_but_no_module_are_not_taken_as_the_executables
         ("__pthread_kill_implementation", "./nptl/pthread_kill.c"),
         ("__pthread_kill_internal", "./nptl/pthread_kill.c"),
         ("__GI_raise", "../sysdeps/posix/raise.c"), ("__GI_abort", "./stdlib/abort.c")]
+
+
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="needs binutils objcopy")
+def test_a_separate_debug_file_symbolizes_its_module(tmp_path: Path, capsys: Any) -> None:
+    """GIVEN a stripped build's glibc backtrace and its separate debug file (``objcopy
+    --only-keep-debug``: DWARF and symbols, its code NOBITS), WHEN it is given as ``--binary
+    prog.debug``, THEN it stands for ``prog``: frames get the source lines addr2line gives, and
+    the return addresses it cannot check (no code bytes) are said — it was "not used: no
+    frame of the log is in prog.debug", and for a gdb log "not the build the log ran"."""
+    src, prog = tmp_path / "prog.c", tmp_path / "prog"
+    src.write_text(_PROG)
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-g", "-O1", "-fPIE", "-pie", str(src), "-o", str(prog)],
+                   check=True)
+    debug = tmp_path / "prog.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", str(prog), str(debug)], check=True)
+    subprocess.run(["strip", "-s", str(prog)], check=True)
+    run = subprocess.run(["./prog", "x"], capture_output=True, cwd=tmp_path)
+    log = tmp_path / "server.log"
+    log.write_bytes(b"main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n" + run.stderr)
+    lines = _PROG.splitlines()
+    want = [("kv_abort", 1 + next(i for i, t in enumerate(lines) if "backtrace_symbols_fd" in t)),
+            ("kv_fattn", 1 + next(i for i, t in enumerate(lines) if "kv_abort();" in t)),
+            ("main", 1 + next(i for i, t in enumerate(lines) if "kv_fattn(argc)" in t))]
+    code, data = run_json([str(log), "--no-cache", "--binary", str(debug)], capsys)
+    assert code == 1 and [p for p in data["problems"] if p.get("code", "").startswith("binary")
+                          ] == []
+    (used,) = data["binaries"]
+    assert "no code bytes: a separate debug file" in used["evidence"]
+    (c,) = data["crashes"]
+    assert [(f["function"], f["line"]) for f in c["frames"][:3]] == want
+    assert all(f["file"] == str(src) for f in c["frames"][:3])
+    # the same frames as gdb prints them for a stripped executable
+    own = re.findall(rb"prog\(\+0x[0-9a-f]+\)\[0x([0-9a-f]+)\]", run.stderr)[:3]
+    gdb = "\n".join(f"#{i + 1}  0x{int(a, 16):016x} in {name} ()"
+                    for i, (a, (name, _line)) in enumerate(zip(own, want, strict=True)))
+    log.write_text("prog.c:6: GGML_ASSERT(fits) failed\n#0  0x00007ffff7e5ff4f in raise () "
+                   "from /lib/x86_64-linux-gnu/libc.so.6\n" + gdb + "\n")
+    code, data = run_json([str(log), "--no-cache", "--binary", str(debug)], capsys)
+    assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
+    (c,) = data["crashes"]
+    assert [(f["function"], f["line"]) for f in c["frames"][1:4]] == want

@@ -212,6 +212,7 @@ class _FrameChecks:
         self.ranged: list[tuple[set[int], str]] = []
         self.calls = 0
         self.undecoded = False
+        self.no_bytes = False
 
     def run(self) -> str:
         for p in self.placed:
@@ -317,6 +318,9 @@ class _FrameChecks:
         if result == "unknown":
             self.undecoded = True
             return
+        if result == "no-bytes":
+            self.no_bytes = True
+            return
         why = {"no-call": "where no call instruction ends",
                "outside-code": "outside its executable code",
                "misaligned": "where no instruction of "
@@ -335,6 +339,9 @@ class _FrameChecks:
         if self.undecoded:
             name = MACHINES.get(self.image.machine, f"machine {self.image.machine}")
             said.append(f"return addresses not checked (no call decoder for {name})")
+        if self.no_bytes:
+            said.append("return addresses not checked (the file holds no code bytes: a "
+                        "separate debug file)")
         return "; ".join(said)
 
     @property
