@@ -262,18 +262,21 @@ def test_gdb_frames_with_a_source_but_no_module_are_not_taken_as_the_executables
                                                        strict=True))),
     ]
     log = tmp_path / "server.log"
-    log.write_text("main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n\n"
-                   "Program received signal SIGABRT, Aborted.\n" + "\n".join(gdb) + "\n")
-    code, data = run_json([str(log), "--no-cache", "--binary", str(prog)], capsys)
-    assert code == 1  # the crash
-    assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
-    (used,) = data["binaries"]
-    assert used["checked_by"] == "frames" and "follow a call instruction" in used["evidence"]
-    (c,) = data["crashes"]
-    assert [(f["function"], f["file"]) for f in c["frames"][:4]] == [
-        ("__pthread_kill_implementation", "./nptl/pthread_kill.c"),
-        ("__pthread_kill_internal", "./nptl/pthread_kill.c"),
-        ("__GI_raise", "../sysdeps/posix/raise.c"), ("__GI_abort", "./stdlib/abort.c")]
+    # and as gdb prints the executable's frames where it has debug info: with a source too
+    with_source = [*gdb[:4], *(f"{line} at prog.c:{n}" for n, line in enumerate(gdb[4:], 5))]
+    for frames in (gdb, with_source):
+        log.write_text("main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n\n"
+                       "Program received signal SIGABRT, Aborted.\n" + "\n".join(frames) + "\n")
+        code, data = run_json([str(log), "--no-cache", "--binary", str(prog)], capsys)
+        assert code == 1  # the crash
+        assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
+        (used,) = data["binaries"]
+        assert used["checked_by"] == "frames" and "follow a call instruction" in used["evidence"]
+        (c,) = data["crashes"]
+        assert [(f["function"], f["file"]) for f in c["frames"][:4]] == [
+            ("__pthread_kill_implementation", "./nptl/pthread_kill.c"),
+            ("__pthread_kill_internal", "./nptl/pthread_kill.c"),
+            ("__GI_raise", "../sysdeps/posix/raise.c"), ("__GI_abort", "./stdlib/abort.c")]
 
 
 @pytest.mark.skipif(shutil.which("objcopy") is None, reason="needs binutils objcopy")

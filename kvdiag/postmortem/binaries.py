@@ -140,8 +140,9 @@ def _belongs(fr: Frame, mod: Module, is_main: bool) -> bool:
         # gdb writes "from LIB" only for code without debug info: a frame with a source
         # location and no module may be any library's (libc's, with its debug symbols
         # installed: "#1 0x7ffff7e5ff4f in __pthread_kill_internal (...) at ./nptl/
-        # pthread_kill.c:78"), so it is not taken as the executable's
-        return is_main and fr.file is None
+        # pthread_kill.c:78"), so it is the executable's only when it defines the function
+        return is_main and (fr.file is None or bool(
+            fr.function and mod.image.symbols_named(base_name(fr.function))))
     return module_key(fr.module) == module_key(mod.path)
 
 
