@@ -23,6 +23,8 @@ from kvdiag.errors import InputError
 from kvdiag.files.inputs import require_regular
 
 MAX_SYMBOLS = 2_000_000
+#: Bytes of a symbol string table: names of MAX_SYMBOLS symbols at ~500 bytes each.
+MAX_STRTAB = 1 << 30
 
 
 @contextmanager
@@ -254,14 +256,19 @@ class ElfImage:
                 sec = self.sections.get(name)
                 if sec is None or sec[0] != kind:
                     continue
-                data = self._read(sec[1], sec[2])
+                # the counts are checked before anything is read: a hostile header's table
+                # of gigabytes (inside a sparse file) was read whole, then refused
+                if sec[2] // size > MAX_SYMBOLS:
+                    raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
                 if not 0 <= sec[3] < len(self._by_index):
                     continue
                 link = self._by_index[sec[3]]
+                if link[2] > MAX_STRTAB:
+                    raise InputError(f"{self.path}: a symbol string table of {link[2]} bytes "
+                                     f"(more than {MAX_STRTAB})")
+                data = self._read(sec[1], sec[2])
                 strtab = self._read(link[1], link[2])
                 usable = len(data) - len(data) % size
-                if usable // size > MAX_SYMBOLS:
-                    raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
                 for fields in struct.iter_unpack(fmt, data[:usable]):
                     if wide:
                         st_name, info, _other, _shndx, value, sz = fields
