@@ -319,3 +319,71 @@ def test_a_separate_debug_file_symbolizes_its_module(tmp_path: Path, capsys: Any
     assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
     (c,) = data["crashes"]
     assert [(f["function"], f["line"]) for f in c["frames"][1:4]] == want
+
+
+_SIG_MAIN = r"""
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+int kv_read(const int *p, int n);
+static void handler(int sig) {
+    void *b[32];
+    int n = backtrace(b, 32);
+    fprintf(stderr, "caught signal %d\n", sig);
+    backtrace_symbols_fd(b, n, 2);
+    _exit(139);
+}
+int main(int argc, char **argv) {
+    (void)argv;
+    signal(SIGSEGV, handler);
+    return kv_read(0, argc);
+}
+"""
+_SIG_LIB = r"""
+static inline __attribute__((always_inline)) int load(const int *p, int i) {
+    return p[i * 256];
+}
+__attribute__((noinline)) int kv_read(const int *p, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) s += load(p, i);
+    return s;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("addr2line") is None, reason="needs binutils addr2line")
+def test_the_frame_a_signal_interrupted_is_looked_up_at_its_pc(tmp_path: Path,
+                                                                capsys: Any) -> None:
+    """GIVEN a SIGSEGV in a library, caught by a handler that prints glibc's backtrace (the
+    sigreturn trampoline shows as an unnamed libc frame before the faulting one), WHEN the log
+    is symbolized, THEN the faulting frame is looked up at its PC, as addr2line gives it — the
+    binary check already took it as a PC, the symbolizer looked one byte back: the line
+    before the fault."""
+    (tmp_path / "main.c").write_text(_SIG_MAIN)
+    (tmp_path / "lib.c").write_text(_SIG_LIB)
+    lib = tmp_path / "libkvsig.so"
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-g", "-O2", "-fPIC", "-shared", str(tmp_path / "lib.c"),
+                    "-o", str(lib)], check=True)
+    subprocess.run([native_ggml.GCC, "-g", "-O2", str(tmp_path / "main.c"), "-o",
+                    str(tmp_path / "prog"), str(lib), f"-Wl,-rpath,{tmp_path}"], check=True)
+    run = subprocess.run(["./prog", "x"], capture_output=True, cwd=tmp_path)
+    assert b"caught signal 11" in run.stderr and b"libc.so.6(+0x" in run.stderr
+    off = int(re.findall(rb"libkvsig\.so\(kv_read\+0x([0-9a-f]+)\)", run.stderr)[0], 16)
+    sym = int(subprocess.run(["nm", str(lib)], capture_output=True, text=True, check=True)
+              .stdout.split(" T kv_read")[0].rsplit("\n", 1)[-1].split()[0], 16)
+
+    def line_at(addr: int) -> int:
+        out = subprocess.run(["addr2line", "-e", str(lib), hex(addr)], capture_output=True,
+                             text=True, check=True).stdout
+        return int(out.strip().split(":")[-1].split()[0])
+
+    at_pc, before = line_at(sym + off), line_at(sym + off - 1)
+    assert at_pc != before, "the fault must start its line for this test to tell them apart"
+    log = tmp_path / "server.log"
+    log.write_bytes(b"main: build = 1 (x)\n" + run.stderr + b"Segmentation fault\n")
+    code, data = run_json([str(log), "--no-cache", "--binary", str(lib)], capsys)
+    (c,) = data["crashes"]
+    (fault,) = [f for f in c["frames"] if f["module"] == str(lib)]
+    assert code == 1 and (fault["function"], fault["line"]) == ("kv_read", at_pc)

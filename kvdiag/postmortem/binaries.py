@@ -154,9 +154,10 @@ SIGNAL_FRAMES = frozenset({"<signal handler called>", "__restore_rt", "_sigtramp
 _PC_FORMS = ("gdb", "lldb", "coredump", "android")
 
 
-def _is_pc(bt: Backtrace, pos: int) -> bool:
-    """Whether frame ``pos`` holds a PC rather than a return address: the innermost frame of a
-    debugger's stack, or the frame a signal interrupted. glibc's ``backtrace_symbols`` prints
+def is_pc(bt: Backtrace, pos: int) -> bool:
+    """Whether frame ``pos`` holds a PC rather than a return address (looked up as it is, not
+    one byte back): the innermost frame of a debugger's stack, or the frame a signal
+    interrupted — the one rule of the binary check and of symbolization. glibc's ``backtrace_symbols`` prints
     the sigreturn trampoline (``__restore_rt``, a local symbol) as an unnamed libc frame."""
     if pos == 0:
         return bt.form in _PC_FORMS
@@ -240,7 +241,7 @@ class _FrameChecks:
     def _place(self, p: _Placed) -> None:
         image, bt, pos, fr = self.image, p.bt, p.pos, p.fr
         ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
-        pc_adjust = 0 if _is_pc(bt, pos) else 1
+        pc_adjust = 0 if is_pc(bt, pos) else 1
         if ref is not None:
             sym, off = ref
             value = image.symbol_address(sym)
@@ -307,7 +308,7 @@ class _FrameChecks:
     def _returns(self, p: _Placed) -> None:
         if p.vaddr is None:
             return
-        if _is_pc(p.bt, p.pos):
+        if is_pc(p.bt, p.pos):
             if self.image.code and not self.image.in_code(p.vaddr):
                 raise _Mismatch(f"the log's frame {p.label} is at 0x{p.vaddr:x} in it, "
                                 "outside its executable code")
