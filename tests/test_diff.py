@@ -310,6 +310,14 @@ def test_a_run_that_crashed_is_not_equivalent_to_one_that_completed(
     again = _crashed_at(done, tmp_path / "again.kvtrace", 2, cuda)
     assert main(["diff", str(crashed), str(again)]) == 0
     assert "equivalent: no divergence" in capsys.readouterr().out
+    # a run cut before step 2 without an end says nothing of what it would have done there
+    cut = tmp_path / "cut.kvtrace"
+    with TraceReader.open(done) as r, cut.open("wb") as out:
+        out.write(msgspec.json.encode(r.header) + b"\n")
+        out.writelines(msgspec.json.encode(e) + b"\n" for e in r if e.step < 2
+                       and not isinstance(e, ev.End))
+    code, doc = diff_json(capsys, str(crashed), str(cut))
+    assert (code, doc["first"], doc["ends"]["b"]["status"]) == (0, None, "incomplete")
     other = _crashed_at(done, tmp_path / "other.kvtrace", 2, "GGML_ASSERT(n_kv > 0) failed")
     code, doc = diff_json(capsys, str(crashed), str(other))
     assert code == 1 and doc["first"]["kind"] == "abort"
