@@ -1946,7 +1946,8 @@ KVTRACE_FN_ void kvtrace_12_upload(int64_t layer, int64_t stream, int64_t page0,
         kvtrace_pair_(&b, page0, page1);
         KVTRACE_KEYI_(&b, "slot", slot);
         KVTRACE_KEYSTR_(&b, "target", target);
-        KVTRACE_KEYI_(&b, "bytes", bytes);
+        KVTRACE_KEY_(&b, "bytes"); /* < 0: unknown, null as every unknown count */
+        kvtrace_i64_or_null_(&b, bytes);
         KVTRACE_KEYSTR_(&b, "reason", reason);
         if (key_stream >= 0) KVTRACE_KEYI_(&b, "key_stream", key_stream);
         op.what = KVTRACE_OP_UPLOAD_;

@@ -293,3 +293,41 @@ def test_json_evidence_caps_say_how_many_were_left_out_and_how_to_list_them(
     assert (d["evidence_shown"], d["evidence_total"], d["evidence_left_out"]) == (20, 30, 10)
     assert len(foreign["evidence"]) == 20
     assert d["evidence_command"] == f"kvdiag trace pages {path} --json"
+
+
+def test_impossible_uploads_and_unknown_bytes_do_not_move_the_residency(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN a fork's trace whose uploads include impossible ones (a page past every believable
+    page, a negative page, a negative slot) and ones of unknown bytes (-1, and null as
+    kvtrace.h writes it), WHEN it is checked, THEN the impossible uploads fill nothing and
+    lower no hit (they are only counted as out of range), and unknown bytes are said, not
+    summed into the bytes uploaded."""
+    from tests.trace_samples import end_line, event_line, header_line
+
+    def up(seq: int, pages: list[int], slot: int, nbytes: int | None) -> bytes:
+        return event_line("upload", seq, 0, layer=0, stream=0, pages=pages, slot=slot,
+                          target="resident", bytes=nbytes, reason="miss")
+
+    def read(seq: int, step: int) -> bytes:
+        return event_line("read", seq, step, layer=0, stream=0, pool=4, ring=0, host=0,
+                          served=[[0, 4, "pool", 0]])
+
+    lines = [header_line("1.1"),
+             event_line("write", 1, 0, layer=0, stream=0, cells=[0, 1024], rows=[0, 1024]),
+             up(2, [0, 2], 0, 4096), up(3, [2, 3], 2, -1), up(4, [3, 4], 3, None),
+             up(5, [1 << 21, (1 << 21) + 3], 10, 6144), up(6, [-4, -1], 10, 6144),
+             up(7, [0, 2], -8, 4096),
+             read(8, 1), read(9, 2), read(10, 3), end_line(11, 10, steps=4)]
+    path = tmp_path / "fork.kvtrace"
+    path.write_bytes(b"".join(lines))
+    assert main(["check", str(path), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["summary"]["residency"]
+    assert r["out_of_range"] == 3
+    assert r["uploads"] == {"resident": 3} and r["upload_pages"] == {"resident": 4}
+    assert r["upload_bytes"] == {"resident": 4096}
+    assert r["upload_bytes_unknown"] == {"resident": 2}
+    assert (r["resident_hits"], r["resident_hit_rate"]) == (8, pytest.approx(8 / 12))
+    assert main(["check", str(path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "resident hits 8 (67%)" in text
+    assert "resident 4 pages (0.0 MiB; bytes unknown in 2 upload(s))" in text

@@ -98,7 +98,12 @@ def test_membership_vs_fits_dispatch_routes_differ_at_the_first_fa_node(
     assert "Q.ne[3]==1" in first["a"]["failed"]
     assert "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed in A" in first["text"]
     # the upstream run ended at its abort: a prefix of the fixed run's schedule
-    assert doc["steps"]["a"] == 1 and doc["steps"]["b"] > 1 and doc["effect"] is None
+    assert doc["steps"]["a"] == 1 and doc["steps"]["b"] > 1
+    # its first effect: the abort (a crashed run is not the completed one)
+    effect = doc["effect"]
+    assert (effect["kind"], effect["step"], effect["b"]) == (
+        "abort", 0, {"status": "completed", "abort": None})
+    assert "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed" in effect["text"]
 
 
 def _strip_annotation(src: Path, dst: Path) -> Path:
@@ -261,3 +266,59 @@ def test_the_cause_chain_names_the_last_write_of_the_read_page_itself(
             first["b"]["class"]) == ("provenance", 1, 1, "exact", "foreign")
     assert doc["chain"][0] == ("rows: stream 1 rows 2048-2057 (cells 0-9) last wrote page 0 at "
                                "step 0; they marked no key in A, no key in B")
+
+
+def _crashed_at(src: Path, dst: Path, step: int, message: str) -> Path:
+    """``src`` as a run that died at ``step``'s first read: what it wrote before, then a CUDA
+    error's abort and an aborted end (as kvtrace.h's abort hook leaves it)."""
+    with TraceReader.open(src) as r, dst.open("wb") as out:
+        out.write(msgspec.json.encode(r.header) + b"\n")
+        seq = 0
+        for e in r:
+            if isinstance(e, ev.End) or (e.step == step and isinstance(e, ev.Read)):
+                break
+            out.write(msgspec.json.encode(e) + b"\n")
+            seq = e.seq
+        out.write(msgspec.json.encode(ev.Abort(
+            seq + 1, 0, step, message=message, file="ggml-cuda.cu", line=88,
+            cuda_error="an illegal memory access was encountered")) + b"\n")
+        out.write(msgspec.json.encode(ev.End(seq + 2, 0, step, status="aborted",
+                                             steps=step + 1, events=seq + 1)) + b"\n")
+    return dst
+
+
+def test_a_run_that_crashed_is_not_equivalent_to_one_that_completed(
+        captured: Capture, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """GIVEN the same schedule run to completion and run until a CUDA error at step 2, WHEN
+    diffed either way round, THEN the abort is the divergence (its step and text), exit 1, in
+    text and JSON; the same crash on both sides is equivalent."""
+    done, _ = captured("single-slot", "per-stream", "fits", *STEPS)
+    cuda = "CUDA error: an illegal memory access was encountered"
+    crashed = _crashed_at(done, tmp_path / "crashed.kvtrace", 2, cuda)
+    code, doc = diff_json(capsys, str(done), str(crashed))
+    assert (code, doc["verdict"], doc["equivalent"]) == (1, "divergent", False)
+    first = doc["first"]
+    assert (first["kind"], first["step"]) == ("abort", 2)
+    assert first["text"].startswith("B aborted at step 2 (#")
+    assert cuda in first["text"] and "A did not abort there (completed, last step" in first["text"]
+    assert first["a"]["abort"] is None and first["b"]["abort"]["step"] == 2
+    assert doc["ends"]["b"]["status"] == "aborted"
+    assert main(["diff", str(crashed), str(done)]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence (abort) at step 2: A aborted at step 2" in out
+    assert "equivalent" not in out
+    again = _crashed_at(done, tmp_path / "again.kvtrace", 2, cuda)
+    assert main(["diff", str(crashed), str(again)]) == 0
+    assert "equivalent: no divergence" in capsys.readouterr().out
+    # a run cut before step 2 without an end says nothing of what it would have done there
+    cut = tmp_path / "cut.kvtrace"
+    with TraceReader.open(done) as r, cut.open("wb") as out:
+        out.write(msgspec.json.encode(r.header) + b"\n")
+        out.writelines(msgspec.json.encode(e) + b"\n" for e in r if e.step < 2
+                       and not isinstance(e, ev.End))
+    code, doc = diff_json(capsys, str(crashed), str(cut))
+    assert (code, doc["first"], doc["ends"]["b"]["status"]) == (0, None, "incomplete")
+    other = _crashed_at(done, tmp_path / "other.kvtrace", 2, "GGML_ASSERT(n_kv > 0) failed")
+    code, doc = diff_json(capsys, str(crashed), str(other))
+    assert code == 1 and doc["first"]["kind"] == "abort"
+    assert "B aborted at step 2" in doc["first"]["text"] or "A aborted" in doc["first"]["text"]

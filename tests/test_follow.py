@@ -274,3 +274,23 @@ def test_check_follow_ends_at_an_end_event_written_with_the_last_few_events(
                      stop=lambda: time.monotonic() - start > 10).run()
     assert state.ended and state.events == 40
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_or_device_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """GIVEN a FIFO no writer has opened (and a character device), WHEN followed, THEN one
+    line and exit 2 at once — open(2) of a FIFO waits for a writer, and the follower hung
+    there, silent, where every other reader refuses a FIFO."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "server.log"
+    os.mkfifo(fifo)
+    for path in (fifo, Path(os.devnull)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvdiag", "check", "--follow", str(path)],
+            capture_output=True, text=True, timeout=20)
+        err = [ln for ln in proc.stderr.splitlines() if not ln.startswith("kvdiag check")]
+        assert proc.returncode == 2, proc.stderr
+        assert err == [f"kvdiag: error: {path}: not a regular file (a pipe or device has no "
+                       "end to follow; read it with kvdiag check -)"]

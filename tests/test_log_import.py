@@ -361,6 +361,10 @@ def test_last_line_without_line_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     ("empty.log", b"", 2, "empty"),
     ("notes.txt", b"just some notes\nnothing from a server here\n", 1, "nothing to import"),
     ("boot-only.log", ("\n".join(BOOT) + "\n").encode(), 1, "nothing to import"),
+    # a trace (here one holding a GGML_ASSERT abort the log grammar half-matches) is not a log
+    ("run.kvtrace", b'{"format":"kvtrace","version":"1.2"}\n{"kind":"abort","seq":1,"t_ns":0,'
+     b'"step":0,"message":"a.cu:9: GGML_ASSERT(fits) failed"}\n', 2, "is a kvtrace trace"),
+    ("run.kvtrace.gz", gzip.compress(b'{"format":"kvtrace"}\n'), 2, "is a kvtrace trace"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
                                content: bytes | str | None, code: int, words: str) -> None:

@@ -10,7 +10,7 @@ from textual.pilot import Pilot
 from kvdiag.cli import main
 from kvdiag.tui.app import KvdiagApp
 from tests.test_log_import import ASSERT, BOOT, fits_line, stamped
-from tests.test_tui_pilot import drive, lines, show, text
+from tests.test_tui_pilot import Script, drive, lines, show, text
 
 
 def adapt(active: int, resident: int, ring: int, misses: int, busy: float) -> str:
@@ -83,3 +83,38 @@ def test_telemetry_screen_plots_the_partition(imported: Path) -> None:
         assert "61.50 %" in row("copy busy")
 
     drive([imported], script)
+
+
+def test_fits_pane_says_an_unknown_stage_and_the_headers(tmp_path: Path) -> None:
+    """GIVEN a log whose boot does not give the head sizes (no stage can be computed), WHEN its
+    import's fits line is shown, THEN the pane says the stage is unknown, not "stage_bytes 0";
+    GIVEN the same trace with a header plan that knows the stage, THEN the pane says the
+    header's figure, marked as the header's."""
+    import json
+
+    boot = [line for line in BOOT if "n_embd_head" not in line]
+    log = tmp_path / "headless.log"
+    log.write_text("\n".join(stamped([*boot, fits_line(
+        "0x7f00aa000100", "128,8,1,2", "0x7f2000000000", "0x55aa00001230",
+        "0x55aa00001230"), ASSERT])) + "\n")
+    out = tmp_path / "headless.kvtrace"
+    assert main(["import", str(log), "-o", str(out)]) == 0
+    lines_ = out.read_text().splitlines()
+    header = json.loads(lines_[0])
+    assert "stage_bytes" not in header["plan"]
+    known = tmp_path / "known.kvtrace"
+    header["plan"]["stage_bytes"] = 1 << 20
+    known.write_text("\n".join([json.dumps(header), *lines_[1:]]) + "\n")
+
+    def script_for(expected: str) -> Script:
+        async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+            await show(pilot, "3")
+            screen = " ".join(text(app).split())
+            assert expected in screen
+            assert "stage_bytes 0" not in screen
+        return script
+
+    drive([out], script_for("stage_bytes unknown (not recorded)"))
+    drive([known], script_for(
+        "stage_bytes not recorded in this event; the header's plan says 1048576 (from the "
+        "header)"))

@@ -332,6 +332,9 @@ def test_integers_at_every_digit_count(selftest: Path, tmp_path: Path) -> None:
     for i in range(20):
         expected += [10**i - 1, 10**i]
     assert learned == [*expected, 2**64 - 1]
+    # a negative byte count is "unknown", written null as the header's other unknown counts
+    assert [e.bytes for e in events if isinstance(e, ev.Upload)] == [None, 0]
+    assert b'"bytes":null' in _one_trace(tmp_path).read_bytes()
     write = events[-2]
     assert isinstance(write, ev.Write)
     assert (write.layer, write.stream, write.cells, write.rows) == (

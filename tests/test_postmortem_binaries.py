@@ -219,3 +219,171 @@ def test_gdb_frames_without_offsets_refuse_another_build(tmp_path: Path, capsys:
     assert data["binaries"][0]["checked_by"] == "frames"
     plan = [f for f in _lib_frames(data, built.lib) if f["function"] == "ggml_kv_stream_plan_pages"]
     assert [f["line"] for f in plan] == [_abort_line(same)]
+
+
+_PROG = r"""
+#include <execinfo.h>
+#include <stdlib.h>
+__attribute__((noinline)) void kv_abort(void) {
+    void *b[16];
+    backtrace_symbols_fd(b, backtrace(b, 16), 2);
+    abort();
+}
+__attribute__((noinline)) int kv_fattn(int n) { if (n > 1) kv_abort(); return n; }
+int main(int argc, char **argv) { (void)argv; return kv_fattn(argc) + 1; }
+"""
+
+
+def test_gdb_frames_with_a_source_but_no_module_are_not_taken_as_the_executables(
+        tmp_path: Path, capsys: Any) -> None:
+    """gdb writes "from LIB" only for code without debug info, so a libc with its debug
+    symbols installed shows as ``0x7ffff7… in __GI_raise (…) at ../sysdeps/…:26`` with no
+    module. GIVEN such frames above the executable's own (no debug info: ``in kv_fattn ()``),
+    WHEN the log is read with the right executable, THEN it is used and its frames land in the
+    functions they name — libc's addresses are not read as addresses in it (it was refused as
+    "not the build the log ran", returning outside its code)."""
+    src, prog = tmp_path / "prog.c", tmp_path / "prog"
+    src.write_text(_PROG)
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-O1", "-fPIE", "-pie", str(src), "-o", str(prog)],
+                   check=True)
+    run = subprocess.run([str(prog), "x"], capture_output=True, cwd=tmp_path)
+    own = re.findall(rb"prog\(\+0x([0-9a-f]+)\)\[0x([0-9a-f]+)\]", run.stderr)[:3]
+    assert len(own) == 3, run.stderr
+    gdb = [
+        "#0  __pthread_kill_implementation (threadid=<optimized out>, signo=signo@entry=6, "
+        "no_tid=no_tid@entry=0) at ./nptl/pthread_kill.c:44",
+        "#1  0x00007ffff7e5ff4f in __pthread_kill_internal (signo=6, threadid=<optimized out>) "
+        "at ./nptl/pthread_kill.c:78",
+        "#2  0x00007ffff7e10fb2 in __GI_raise (sig=sig@entry=6) at ../sysdeps/posix/raise.c:26",
+        "#3  0x00007ffff7dfb472 in __GI_abort () at ./stdlib/abort.c:79",
+        *(f"#{4 + i}  0x{int(addr, 16):016x} in {name} ()"
+          for i, ((_off, addr), name) in enumerate(zip(own, ("kv_abort", "kv_fattn", "main"),
+                                                       strict=True))),
+    ]
+    log = tmp_path / "server.log"
+    # and as gdb prints the executable's frames where it has debug info: with a source too
+    with_source = [*gdb[:4], *(f"{line} at prog.c:{n}" for n, line in enumerate(gdb[4:], 5))]
+    for frames in (gdb, with_source):
+        log.write_text("main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n\n"
+                       "Program received signal SIGABRT, Aborted.\n" + "\n".join(frames) + "\n")
+        code, data = run_json([str(log), "--no-cache", "--binary", str(prog)], capsys)
+        assert code == 1  # the crash
+        assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
+        (used,) = data["binaries"]
+        assert used["checked_by"] == "frames" and "follow a call instruction" in used["evidence"]
+        (c,) = data["crashes"]
+        assert [(f["function"], f["file"]) for f in c["frames"][:4]] == [
+            ("__pthread_kill_implementation", "./nptl/pthread_kill.c"),
+            ("__pthread_kill_internal", "./nptl/pthread_kill.c"),
+            ("__GI_raise", "../sysdeps/posix/raise.c"), ("__GI_abort", "./stdlib/abort.c")]
+
+
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="needs binutils objcopy")
+def test_a_separate_debug_file_symbolizes_its_module(tmp_path: Path, capsys: Any) -> None:
+    """GIVEN a stripped build's glibc backtrace and its separate debug file (``objcopy
+    --only-keep-debug``: DWARF and symbols, its code NOBITS), WHEN it is given as ``--binary
+    prog.debug``, THEN it stands for ``prog``: frames get the source lines addr2line gives, and
+    the return addresses it cannot check (no code bytes) are said — it was "not used: no
+    frame of the log is in prog.debug", and for a gdb log "not the build the log ran"."""
+    src, prog = tmp_path / "prog.c", tmp_path / "prog"
+    src.write_text(_PROG)
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-g", "-O1", "-fPIE", "-pie", str(src), "-o", str(prog)],
+                   check=True)
+    debug = tmp_path / "prog.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", str(prog), str(debug)], check=True)
+    subprocess.run(["strip", "-s", str(prog)], check=True)
+    run = subprocess.run(["./prog", "x"], capture_output=True, cwd=tmp_path)
+    log = tmp_path / "server.log"
+    log.write_bytes(b"main: build = 1 (x)\nprog.c:6: GGML_ASSERT(fits) failed\n" + run.stderr)
+    lines = _PROG.splitlines()
+    want = [("kv_abort", 1 + next(i for i, t in enumerate(lines) if "backtrace_symbols_fd" in t)),
+            ("kv_fattn", 1 + next(i for i, t in enumerate(lines) if "kv_abort();" in t)),
+            ("main", 1 + next(i for i, t in enumerate(lines) if "kv_fattn(argc)" in t))]
+    code, data = run_json([str(log), "--no-cache", "--binary", str(debug)], capsys)
+    assert code == 1 and [p for p in data["problems"] if p.get("code", "").startswith("binary")
+                          ] == []
+    (used,) = data["binaries"]
+    assert "no code bytes: a separate debug file" in used["evidence"]
+    (c,) = data["crashes"]
+    assert [(f["function"], f["line"]) for f in c["frames"][:3]] == want
+    assert all(f["file"] == str(src) for f in c["frames"][:3])
+    # the same frames as gdb prints them for a stripped executable
+    own = re.findall(rb"prog\(\+0x[0-9a-f]+\)\[0x([0-9a-f]+)\]", run.stderr)[:3]
+    gdb = "\n".join(f"#{i + 1}  0x{int(a, 16):016x} in {name} ()"
+                    for i, (a, (name, _line)) in enumerate(zip(own, want, strict=True)))
+    log.write_text("prog.c:6: GGML_ASSERT(fits) failed\n#0  0x00007ffff7e5ff4f in raise () "
+                   "from /lib/x86_64-linux-gnu/libc.so.6\n" + gdb + "\n")
+    code, data = run_json([str(log), "--no-cache", "--binary", str(debug)], capsys)
+    assert [p for p in data["problems"] if p.get("code", "").startswith("binary")] == []
+    (c,) = data["crashes"]
+    assert [(f["function"], f["line"]) for f in c["frames"][1:4]] == want
+
+
+_SIG_MAIN = r"""
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+int kv_read(const int *p, int n);
+static void handler(int sig) {
+    void *b[32];
+    int n = backtrace(b, 32);
+    fprintf(stderr, "caught signal %d\n", sig);
+    backtrace_symbols_fd(b, n, 2);
+    _exit(139);
+}
+int main(int argc, char **argv) {
+    (void)argv;
+    signal(SIGSEGV, handler);
+    return kv_read(0, argc);
+}
+"""
+_SIG_LIB = r"""
+static inline __attribute__((always_inline)) int load(const int *p, int i) {
+    return p[i * 256];
+}
+__attribute__((noinline)) int kv_read(const int *p, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) s += load(p, i);
+    return s;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("addr2line") is None, reason="needs binutils addr2line")
+def test_the_frame_a_signal_interrupted_is_looked_up_at_its_pc(tmp_path: Path,
+                                                                capsys: Any) -> None:
+    """GIVEN a SIGSEGV in a library, caught by a handler that prints glibc's backtrace (the
+    sigreturn trampoline shows as an unnamed libc frame before the faulting one), WHEN the log
+    is symbolized, THEN the faulting frame is looked up at its PC, as addr2line gives it — the
+    binary check already took it as a PC, the symbolizer looked one byte back: the line
+    before the fault."""
+    (tmp_path / "main.c").write_text(_SIG_MAIN)
+    (tmp_path / "lib.c").write_text(_SIG_LIB)
+    lib = tmp_path / "libkvsig.so"
+    assert native_ggml.GCC is not None
+    subprocess.run([native_ggml.GCC, "-g", "-O2", "-fPIC", "-shared", str(tmp_path / "lib.c"),
+                    "-o", str(lib)], check=True)
+    subprocess.run([native_ggml.GCC, "-g", "-O2", str(tmp_path / "main.c"), "-o",
+                    str(tmp_path / "prog"), str(lib), f"-Wl,-rpath,{tmp_path}"], check=True)
+    run = subprocess.run(["./prog", "x"], capture_output=True, cwd=tmp_path)
+    assert b"caught signal 11" in run.stderr and b"libc.so.6(+0x" in run.stderr
+    off = int(re.findall(rb"libkvsig\.so\(kv_read\+0x([0-9a-f]+)\)", run.stderr)[0], 16)
+    sym = int(subprocess.run(["nm", str(lib)], capture_output=True, text=True, check=True)
+              .stdout.split(" T kv_read")[0].rsplit("\n", 1)[-1].split()[0], 16)
+
+    def line_at(addr: int) -> int:
+        out = subprocess.run(["addr2line", "-e", str(lib), hex(addr)], capture_output=True,
+                             text=True, check=True).stdout
+        return int(out.strip().split(":")[-1].split()[0])
+
+    at_pc, before = line_at(sym + off), line_at(sym + off - 1)
+    assert at_pc != before, "the fault must start its line for this test to tell them apart"
+    log = tmp_path / "server.log"
+    log.write_bytes(b"main: build = 1 (x)\n" + run.stderr + b"Segmentation fault\n")
+    code, data = run_json([str(log), "--no-cache", "--binary", str(lib)], capsys)
+    (c,) = data["crashes"]
+    (fault,) = [f for f in c["frames"] if f["module"] == str(lib)]
+    assert code == 1 and (fault["function"], fault["line"]) == ("kv_read", at_pc)

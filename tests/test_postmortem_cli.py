@@ -64,7 +64,7 @@ def test_report_shows_crash_backtrace_and_findings(
     assert code == 1
     for needle in ("GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed",
                    "busy at the crash: 0, 1", "ggml_cuda_graph_evaluate_and_capture",
-                   "kvstream-fits-dispatch-abort", "(inlined) ggml_cuda_compute_forward"):
+                   "kvstream-fits-dispatch-abort", "(inlined) ggml_cuda_kv_stream_fattn"):
         assert needle in out
 
 
@@ -107,3 +107,23 @@ def test_stdin_gzip_and_no_heavy_imports() -> None:
     assert b"HEAVY=\n" in proc.stderr  # neither textual nor cupy nor pynvml was imported
     proc = _run_cli([str(FIXTURES / "kvstream_np2_gdb.log")])  # the rich report path too
     assert proc.returncode == 1 and b"HEAVY=\n" in proc.stderr
+
+
+def test_a_segfault_without_a_backtrace_is_not_told_to_symbolize_one(tmp_path: Path,
+                                                                       capsys: Any) -> None:
+    """GIVEN a server that died of SIGSEGV with only the shell's line in its log, WHEN read,
+    THEN the fix says how to get a backtrace, not "symbolize the backtrace" (there is none);
+    with gdb's frames it still says to symbolize them."""
+    log = tmp_path / "server.log"
+    log.write_text("main: build = 4242 (abcdef0)\nsrv  llama_server: model loaded\n"
+                   "./run.sh: line 9: 23186 Segmentation fault      ./llama-server -np 2\n")
+    code, data = run_json([str(log)], capsys)
+    (f,) = [f for f in data["findings"] if f["rule"] == "segfault"]
+    assert code == 1 and data["crashes"][0]["frames"] == []
+    assert f["fix"].startswith("the log holds no backtrace: get one (the core dump: "
+                               "coredumpctl gdb")
+    log.write_text(log.read_text() + "#0  0x00005555555551b6 in kv_read (p=0x0) at kv.c:6\n"
+                   "#1  0x0000555555555084 in main () at kv.c:17\n")
+    code, data = run_json([str(log)], capsys)
+    (f,) = [f for f in data["findings"] if f["rule"] == "segfault"]
+    assert f["fix"].startswith("symbolize the backtrace (--binary)")

@@ -112,3 +112,82 @@ def test_damaged_debug_info_is_named_by_section_offset_and_expectation(
     with pytest.raises(InputError) as info2:
         run_json([str(log), "--no-cache", "--binary", str(lib)], capsys)
     assert info2.value.exit_code == 2 and not INTERNALS.search(str(info2.value))
+
+
+def _claiming(tmp_path: Path, section: str, size: int,
+              build_id: str = "none") -> tuple[Path, bytes]:
+    """The library with ``section``'s sh_size set to ``size`` and the file extended (sparse)
+    so that the claim fits inside it, and the backtrace the undamaged library printed."""
+    import os
+    import struct
+
+    built = native_ggml.build(tmp_path / "b", extra=("-gdwarf-5", f"-Wl,--build-id={build_id}"))
+    data = bytearray(built.lib.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shnum, shstrndx = struct.unpack_from("<HH", data, 0x3C)
+    names = struct.unpack_from("<Q", data, shoff + shstrndx * 64 + 24)[0]
+    for i in range(shnum):
+        at = shoff + i * 64
+        name_off = names + struct.unpack_from("<I", data, at)[0]
+        if data[name_off:data.index(b"\0", name_off)].decode() == section:
+            struct.pack_into("<Q", data, at + 32, size)
+    out = tmp_path / "libggml-base.so"
+    out.write_bytes(bytes(data))
+    os.truncate(out, len(data) + size)  # a hole: costs no disk
+    ran = native_ggml.run(built, "abort", backtrace=True)
+    return out, ran.replace(str(built.lib).encode(), str(out).encode())
+
+
+@pytest.mark.parametrize(("section", "limit", "words"), [
+    (".symtab", "kvdiag.postmortem.elfindex.MAX_SYMBOLS", "more than 1000 symbols"),
+    (".strtab", "kvdiag.postmortem.elfindex.MAX_STRTAB", "a symbol string table of"),
+    (".debug_info", "kvdiag.postmortem.dwarfindex.MAX_DWARF_BYTES", "its DWARF sections claim"),
+    (".debug_line", "kvdiag.postmortem.dwarfindex.MAX_DWARF_BYTES", "its DWARF sections claim"),
+])
+def test_sizes_a_header_claims_are_refused_before_they_are_read(
+        tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, section: str,
+        limit: str, words: str) -> None:
+    """GIVEN a binary whose header claims a section far larger than its contents (the file made
+    that long with a hole), WHEN it is given as --binary, THEN one line, exit 2, and the claimed
+    bytes are never read (a 5 GiB .debug_info was read into 10 GiB of memory, then used; a
+    5 GiB .symtab read whole, then refused). The limits are lowered so that the test reads
+    megabytes, not gigabytes, were it to fail."""
+    import tracemalloc
+
+    monkeypatch.setattr(limit, 1000 if "SYMBOLS" in limit else 1 << 20)
+    claimed = 64 << 20
+    lib, ran = _claiming(tmp_path, section, claimed)
+    log = tmp_path / "crash.log"
+    log.write_bytes(ran)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as info:
+            run_json([str(log), "--no-cache", "--binary", str(lib)], capsys)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.exit_code == 2 and words in str(info.value), info.value
+    assert "\n" not in str(info.value) and not INTERNALS.search(str(info.value))
+    assert peak < claimed // 4  # the claimed bytes were not read
+
+
+def test_a_note_section_claiming_gigabytes_is_read_only_as_far_as_a_note_goes(
+        tmp_path: Path, capsys: Any) -> None:
+    """GIVEN a library whose note section claims 64 MiB (the file made that long with a hole),
+    WHEN it symbolizes a log, THEN it is used as before and the claim is not read (every note
+    section was read whole looking for the build-id: 3 GiB of memory for a 3 GiB claim)."""
+    import tracemalloc
+
+    claimed = 64 << 20
+    lib, ran = _claiming(tmp_path, ".note.gnu.build-id", claimed, build_id="sha1")
+    log = tmp_path / "crash.log"
+    log.write_bytes(ran)
+    tracemalloc.start()
+    try:
+        code, data = run_json([str(log), "--no-cache", "--no-auto-binaries", "--binary",
+                               str(lib)], capsys)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 1 and [b["path"] for b in data["binaries"]] == [str(lib)]
+    assert peak < claimed // 4

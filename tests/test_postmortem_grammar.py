@@ -114,3 +114,73 @@ def test_frame_forms() -> None:
     assert not is_in_app("raise", None) and not is_in_app("f", "/usr/lib/libstdc++.so.6")
     assert not is_in_app("ggml_print_backtrace_symbols", "libggml-base.so")
     assert is_in_app("ggml_cuda_op_mul_mat", "libggml-cuda.so")
+
+
+# What gdb 13 printed (`gdb -batch -ex run -ex bt`) for a g++ -O2 program whose always-inline
+# kv_stream_fattn, inlined into compute_forward, calls ggml_abort; then a SIGSEGV through two
+# inlined levels and a signal handler frame.
+GDB_INLINED = """\
+main: build = 4242 (abcdef0)
+inl2.cpp:9: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed
+
+Program received signal SIGABRT, Aborted.
+#0  __pthread_kill_implementation (threadid=<optimized out>, signo=signo@entry=6, no_tid=no_tid@entry=0) at ./nptl/pthread_kill.c:44
+#1  0x00007ffff7e5ff4f in __pthread_kill_internal (signo=6, threadid=<optimized out>) at ./nptl/pthread_kill.c:78
+#2  0x00007ffff7e10fb2 in __GI_raise (sig=sig@entry=6) at ../sysdeps/posix/raise.c:26
+#3  0x00007ffff7dfb472 in __GI_abort () at ./stdlib/abort.c:79
+#4  0x00005555555551b6 in ggml_abort (file=file@entry=0x55555555604c "inl2.cpp", line=line@entry=9, cond=cond@entry=0x555555556028 "ggml_cuda_kv_stream_fattn_fits(dst)") at inl2.cpp:6
+#5  0x00005555555551e6 in kv_stream_fattn (t=t@entry=0x7fffffffe680) at inl2.cpp:9
+#6  compute_forward (t=t@entry=0x7fffffffe6b0) at inl2.cpp:12
+#7  0x0000555555555084 in main (argc=<optimized out>, argv=<optimized out>) at inl2.cpp:17
+"""
+
+GDB_SEGV = """\
+Thread 1 "llama-server" received signal SIGSEGV, Segmentation fault.
+#0  load_page (i=0, t=0x7fffffffe6c0) at inl.cpp:5
+#1  stream_pages (n=2, t=0x7fffffffe6c0) at inl.cpp:9
+#2  kv_stream_fattn (t=t@entry=0x7fffffffe6c0, n=<optimized out>) at inl.cpp:13
+#3  0x00007ffff7e2b050 in handler (sig=11) at inl.cpp:30
+#4  <signal handler called>
+#5  0x0000555555555067 in main (argc=<optimized out>, argv=<optimized out>) at inl.cpp:17
+"""
+
+
+def test_gdb_marks_the_inlined_frame_not_the_one_it_sits_in() -> None:
+    """gdb prints no address for the frame an inlined function sits in (its pc is the inlined
+    frame's); the frame before it is the inlined one."""
+    from tests.postmortem_helpers import scan_bytes
+
+    (crash,) = scan_bytes(GDB_INLINED.encode()).crashes
+    assert crash.backtrace is not None
+    marked = [(f.function, f.inlined) for f in crash.backtrace.frames]
+    assert marked[4:] == [("ggml_abort", False), ("kv_stream_fattn", True),
+                          ("compute_forward", False), ("main", False)]
+    assert not any(inl for _, inl in marked[:4])
+    (crash,) = scan_bytes(GDB_SEGV.encode()).crashes
+    assert crash.backtrace is not None
+    assert [(f.function, f.inlined) for f in crash.backtrace.frames] == [
+        ("load_page", True), ("stream_pages", True), ("kv_stream_fattn", False),
+        ("handler", False), ("<signal handler called>", False), ("main", False)]
+
+
+LLDB_INLINED = """\
+inl2.cpp:9: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed
+* thread #1, name = 'llama-server', stop reason = signal SIGABRT
+  * frame #0: 0x00007ffff7e5ff4f libc.so.6`__pthread_kill_implementation(no_tid=0, signo=6, threadid=<unavailable>) at pthread_kill.c:44:76
+    frame #1: 0x00005555555551b6 llama-server`ggml_abort(file="inl2.cpp", line=9) at inl2.cpp:6:10
+    frame #2: 0x00005555555551e6 llama-server`compute_forward(tensor const*) [inlined] kv_stream_fattn(t=0x00007fffffffe680) at inl2.cpp:9:34
+    frame #3: 0x00005555555551e6 llama-server`compute_forward(t=0x00007fffffffe680) at inl2.cpp:12:20 [opt]
+    frame #4: 0x0000555555555084 llama-server`main(argc=<unavailable>, argv=<unavailable>) at inl2.cpp:17:35
+"""
+
+
+def test_lldb_inlined_frame_names_the_callee() -> None:
+    """lldb writes an inlined frame as ``caller [inlined] callee(args)``: the frame is the
+    callee's, inlined into the next one (it named the whole text, not inlined)."""
+    from tests.postmortem_helpers import scan_bytes
+
+    (crash,) = scan_bytes(LLDB_INLINED.encode()).crashes
+    assert crash.backtrace is not None and crash.backtrace.form == "lldb"
+    assert [(f.function, f.line, f.inlined) for f in crash.backtrace.frames] == [
+        ("__pthread_kill_implementation", 44, False), ("ggml_abort", 6, False),
+        ("kv_stream_fattn", 9, True), ("compute_forward", 12, False), ("main", 17, False)]

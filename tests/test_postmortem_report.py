@@ -28,7 +28,8 @@ def test_report_sections_for_a_kvstream_crash() -> None:
     assert any("KV buffer CUDA_KV_Stream_Host" in ln and "1024 MiB" in ln for ln in lines)
     assert "Slot activity before the crash (busy at the crash: 0, 1)" in text
     assert any("33" in ln and "launch" in ln and "│    0 │" in ln for ln in lines)
-    assert "(inlined) ggml_cuda_compute_forward" in text
+    assert "(inlined) ggml_cuda_kv_stream_fattn" in text
+    assert "(inlined) ggml_cuda_compute_forward" not in text
     assert "…/ggml-cuda.cu:1898" in text
     assert "kvstream-fits-dispatch-abort" in text and "critical" in text
 

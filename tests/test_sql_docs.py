@@ -230,3 +230,28 @@ def test_the_fleet_query_over_parquet_folders(fleet: Fleet, tmp_path: Path) -> N
     via = run.query(QUERIES["failed-conditions"], [str(tmp_path / "fleet" / "a"),
                                                    str(tmp_path / "fleet" / "b")])
     assert {r[0]: r[1] for r in via.rows} == dict(decisions)
+
+
+def test_upload_bytes_query_leaves_unknown_bytes_out_as_check_does(tmp_path: Path) -> None:
+    """GIVEN a fork's trace with uploads of known bytes, -1 (its "unknown") and null, WHEN the
+    documented upload-bytes query runs, THEN its bytes are check's ``upload_bytes`` (the -1
+    was summed in: 24575 where check says 24576)."""
+    from tests.trace_samples import end_line, event_line, header_line
+
+    def up(seq: int, pages: list[int], nbytes: int | None, target: str = "ring") -> bytes:
+        return event_line("upload", seq, 0, layer=0, stream=0, pages=pages, slot=pages[0],
+                          target=target, bytes=nbytes, reason=target if target == "ring"
+                          else "miss")
+
+    path = tmp_path / "fork.kvtrace"
+    path.write_bytes(b"".join([
+        header_line("1.1"),
+        event_line("step", 1, 0, phase="decode", streams=[0], tokens=3, n_kv=768),
+        up(2, [0, 1], 8192), up(3, [1, 2], 16384), up(4, [2, 3], -1), up(5, [0, 1], None,
+                                                                          "resident"),
+        up(6, [1, 2], 4096, "resident"), end_line(7, 6)]))
+    want = analyse_file(path).summary["residency"]["upload_bytes"]
+    assert want == {"ring": 24576, "resident": 4096}
+    res = run.query(QUERIES["upload-bytes-per-token"], [str(path)])
+    rows = [dict(zip(res.columns, r, strict=True)) for r in res.rows]
+    assert {r["target"]: r["bytes"] for r in rows} == want

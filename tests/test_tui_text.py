@@ -240,3 +240,33 @@ def test_page_words_say_whose_bytes_and_why_not_judged() -> None:
     cells = snap.row(0, 1)
     assert [cell_mark(c, 4) for c in cells] == ["foreign", "foreign", "empty"]
     assert [c.flagged for c in cells] == [True, True, False]
+
+
+def test_timeline_says_an_uploads_unknown_bytes() -> None:
+    """A fork's upload of unknown size (-1, or null as kvtrace.h writes it) is described as
+    unknown, not as "-0 KiB"; a zero-byte upload stays 0 KiB."""
+    def up(nbytes: int | None) -> str:
+        return describe(ev.Upload(seq=3, t_ns=0, step=2, layer=1, stream=0, pages=(5, 6),
+                                  slot=3, target="ring", bytes=nbytes, reason="ring"))[0]
+
+    assert up(-1) == up(None) == up(-4096) == "ring pages 5 -> slot 3 (ring) bytes unknown"
+    assert up(0) == "ring pages 5 -> slot 3 (ring) 0 KiB"
+
+
+def test_fits_detail_never_shows_an_unrecorded_stage_as_zero() -> None:
+    """A fits event whose stage_bytes is 0 (not recorded: an import without the boot's sizes,
+    a fork that left plan.stage_bytes unset) shows the header plan's stage marked as the
+    header's, or unknown — not "stage_bytes 0"; a recorded stage is shown as recorded."""
+    from kvdiag.tui.fitsdetail import stage_text
+
+    fits = ev.Fits(seq=9, t_ns=0, step=3, **{**fits_fields(2, 1024, 1, 2), "stage_bytes": 0})
+    shown = render(fits_detail(fits, FitsJudge().verdict(fits), plan_stage=475136))
+    assert ("stage_bytes not recorded in this event; the header's plan says 475136 (from the "
+            "header)") in shown
+    assert "stage_bytes 0" not in shown
+    assert stage_text(fits) == stage_text(fits, 0) == stage_text(fits, True) == (
+        "stage_bytes unknown (not recorded)")
+    assert "stage_bytes unknown (not recorded)" in render(
+        fits_detail(fits, FitsJudge().verdict(fits)))
+    recorded = msgspec.structs.replace(fits, stage_bytes=73728)
+    assert stage_text(recorded, 475136) == "stage_bytes 73728"

@@ -211,6 +211,8 @@ static int numbers(void) {
         v *= 10u;
     }
     KVTRACE_LEARN(20, UINT64_MAX, 1);
+    KVTRACE_UPLOAD(0, 0, 0, 1, 0, "ring", -1, "ring", -1); /* bytes unknown: null */
+    KVTRACE_UPLOAD(0, 0, 1, 2, 1, "ring", 0, "ring", -1);
     KVTRACE_WRITE(INT32_MIN, -1, INT64_MIN, INT64_MAX, -9, -10, NULL, 0);
     KVTRACE_END("completed");
     return 0;

@@ -16,6 +16,10 @@ stream), the first of these that differs is the divergence:
 - ``output``: a stream's output diverged from its reference in one trace and not the other
   (or, for traces of the same backend, its checksum differs).
 
+- ``abort``: one trace aborted where the other did not (or with another assert): found at the
+  end, once each trace's judgement says how it ended; the other trace must have completed or
+  reached that step, else whether it would have aborted too is not recorded.
+
 A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first effect (a
 ``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
 marked in each trace, the upload the resident copy came from, the read.
@@ -60,7 +64,8 @@ Key = tuple[int, int | None, int]
 @dataclass(frozen=True)
 class Divergence:
     kind: str
-    """``key``, ``route``, ``provenance`` or ``output``."""
+    """``key``, ``route``, ``provenance``, ``output`` or ``abort`` (one trace aborted where
+    the other did not, or with another assert)."""
     step: int
     layer: int | None
     stream: int | None
@@ -310,7 +315,11 @@ class Differ:
             size[0] += len(ga)
             size[1] += len(gb)
         self.result.lengths = (n_a, n_b)
-        self.result.ends = (_end(self.a.judge.snapshot()), _end(self.b.judge.snapshot()))
+        ja, jb = self.a.judge.snapshot(), self.b.judge.snapshot()
+        self.result.ends = (_end(ja), _end(jb))
+        crash = _abort_divergence(self.result.ends, (ja.steps.last, jb.steps.last))
+        if crash is not None:
+            self._found(crash, cause=False)
         return self.result
 
     def _block(self, pairs: list[tuple[list[Any], list[Any]]]) -> None:
@@ -485,6 +494,36 @@ def _end(j: Judgement) -> dict[str, Any]:
     aborts = [{"seq": f.evidence[0].seq, "step": f.evidence[0].step, "message": f.title}
               for f in j.findings if f.rule == "abort"]
     return {"status": j.status, "aborts": aborts}
+
+
+def _abort_divergence(ends: tuple[dict[str, Any], dict[str, Any]],
+                      last: tuple[int | None, int | None]) -> Divergence | None:
+    """The first abort one trace records and the other does not (a run that crashed is not
+    equivalent to one that went on), or None: the aborts agree (step and text), or the other
+    trace stops before that step without completing — whether it would have aborted too is
+    not recorded, so nothing is said."""
+    pairs = itertools.zip_longest(ends[0]["aborts"], ends[1]["aborts"])
+    for x, y in pairs:
+        if x is not None and y is not None and (x["step"], x["message"]) == (y["step"], y["message"]):
+            continue
+        steps = [a["step"] if a is not None else None for a in (x, y)]
+        side = 0 if steps[1] is None or (steps[0] is not None and steps[0] <= steps[1]) else 1
+        abort, other = (x, y)[side], (x, y)[1 - side]
+        assert abort is not None
+        o_end, o_last = ends[1 - side], last[1 - side]
+        if other is None and o_end["status"] != "completed" and (
+                o_last is None or o_last < abort["step"]):
+            return None
+        name, o_name = "AB"[side], "AB"[1 - side]
+        said = (f"{o_name} aborted at step {other['step']} (#{other['seq']}): "
+                f"{other['message']}" if other is not None else
+                f"{o_name} did not abort there ({o_end['status']}, last step {o_last})")
+        return Divergence("abort", abort["step"], None, None,
+                          f"{name} aborted at step {abort['step']} (#{abort['seq']}): "
+                          f"{abort['message']}; {said}",
+                          *[{"status": e["status"], "abort": a}
+                            for e, a in ((ends[0], x), (ends[1], y))])
+    return None
 
 
 def _first_difference(ra: ev.Read, va: ReadVerdict | None, rb: ev.Read,

@@ -310,8 +310,13 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
             rule="segfault", severity=Severity.ERROR,
             title=f"{sig} without an assert" + (f" in {frame}" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
-            fix="symbolize the backtrace (--binary) and inspect the first in-app frame; a "
-                "crash inside a GPU library usually means a bad pointer or size passed to it",
+            fix=("symbolize the backtrace (--binary) and inspect the first in-app frame"
+                 if crash.backtrace is not None and crash.backtrace.frames else
+                 # nothing to symbolize: say how to get the frames the log lacks
+                 "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
+                 "bt; or the server run under gdb) and read it with kvdiag postmortem "
+                 "--binary") + "; a crash inside a GPU library usually means a bad pointer or "
+                "size passed to it",
             details={"crashes": len(group), "fingerprint": crash.fingerprint},
         )
 

@@ -16,6 +16,7 @@ out the bytes appended since the last poll.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -63,20 +64,23 @@ class Tail:
 
     def _open(self) -> bool:
         try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - kept open while following
+            # O_NONBLOCK: open(2) of a FIFO waits for a writer (the follower hung, silent,
+            # instead of refusing it); the type is checked on the open descriptor
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             return False
         except IsADirectoryError:
             raise InputError(f"{self.path}: is a directory, not a file to follow") from None
         except OSError as exc:
             raise InputError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
-        st = os.fstat(fh.fileno())
-        import stat
-
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            fh.close()
+            os.close(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise InputError(f"{self.path}: is a directory, not a file to follow")
             raise InputError(f"{self.path}: not a regular file (a pipe or device has no end to "
                              "follow; read it with kvdiag check -)")
+        fh = os.fdopen(fd, "rb")
         self._fh, self._id = fh, (st.st_dev, st.st_ino)
         self.offset, self._head = 0, b""
         self.generation += 1

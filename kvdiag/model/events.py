@@ -123,7 +123,9 @@ class Upload(Event, tag="upload", frozen=True):
     pages: tuple[int, int]
     slot: int
     target: Literal["resident", "ring"]
-    bytes: int
+    bytes: int | None
+    """Bytes copied; null — or negative, a writer's "unknown" — when the writer does not know
+    (kernels/kvtrace.h writes a negative count as null, as it does every unknown count)."""
     reason: Literal["miss", "dirty", "wide-query", "last-chunk", "ring"]
     key_stream: int | None = None
 

@@ -1,10 +1,12 @@
 """Backtrace frame lines in the forms ggml's crash path prints (domain brief §6.2–§6.4).
 
-* gdb ``bt``: ``#N  0xADDR in func (args) at file:line`` / ``… () from /lib`` / inlined frames
-  without an address ``#N  func (args) at file:line``; args may wrap onto following lines;
+* gdb ``bt``: ``#N  0xADDR in func (args) at file:line`` / ``… () from /lib`` / the frame an
+  inlined function sits in, without an address ``#N  func (args) at file:line`` (the frame
+  before it is the inlined one: :func:`_gdb_inlined`); args may wrap onto following lines;
   pager prompts may be glued in front of a frame.
 * glibc ``backtrace_symbols_fd``: ``module(sym+0xOFF)[0xADDR]``, ``module(+0xOFF) [0xADDR]``.
-* lldb: ``frame #N: 0xADDR module`func + off at file:line``.
+* lldb: ``frame #N: 0xADDR module`func + off at file:line``; an inlined frame
+  ``module`caller [inlined] callee(args) at file:line``.
 * macOS ``backtrace_symbols``: ``N   module   0xADDR func + off``.
 * systemd-coredump: ``#N  0xADDR func (module + 0xOFF)``.
 * Android (``Unwind``): ``N: 0xADDR symbol``.
@@ -216,11 +218,16 @@ def parse_frame(text: str) -> Parsed | None:
         m = _LLDB.match(s)
         if m is not None:
             module = m.group(3)
-            function = _clean_function(_strip_lldb_args(m.group(4)))
+            # an inlined frame is "caller [inlined] callee(args)": the frame is the callee's
+            # (the next frame is the caller it sits in, at the same pc)
+            name, inlined = m.group(4), False
+            if name and " [inlined] " in name:
+                name, inlined = name.rsplit(" [inlined] ", 1)[1], True
+            function = _clean_function(_strip_lldb_args(name))
             return Parsed("lldb", Frame(
                 index=int(m.group(1)), module=module, address=int(m.group(2), 16),
                 function=function, file=m.group(6),
-                line=int(m.group(7)) if m.group(7) else None,
+                line=int(m.group(7)) if m.group(7) else None, inlined=inlined,
                 in_app=is_in_app(function, module, m.group(6)),
             ), True)
     if s.endswith("]"):
@@ -292,10 +299,28 @@ def _gdb_frame(index: int, addr: str | None, rest: str) -> Parsed:
     function = _clean_function(func)
     frame = Frame(
         index=index, module=module, address=int(addr, 16) if addr else None,
-        function=function, file=file, line=line, inlined=addr is None and index > 0,
+        function=function, file=file, line=line,
         in_app=is_in_app(function, module, file),
     )
     return Parsed("gdb", frame, complete)
+
+
+def _gdb_inlined(frames: list[Frame]) -> list[Frame]:
+    """Which gdb frames are inlined. gdb prints no address for a frame whose next (inner)
+    frame is inlined into it: that frame's pc *is* the inlined frame's, and its line is the
+    call site (gdb ``find_frame_sal``, ``frame_show_address``); an outer frame's return address
+    is otherwise always shown. So frame N is inlined when frame N+1 has no address — not frame
+    N+1 itself, which is the function it was inlined into (``#5 0x… in kv_stream_fattn (…) at
+    a.cpp:9`` then ``#6 compute_forward (…) at a.cpp:12``: kv_stream_fattn is inlined into
+    compute_forward). Frame 0 without an address only stopped at the start of a line;
+    ``<signal handler called>`` has none and says nothing of inlining."""
+    out = []
+    for i, fr in enumerate(frames):
+        nxt = frames[i + 1] if i + 1 < len(frames) else None
+        inlined = (nxt is not None and nxt.address is None and nxt.index == fr.index + 1
+                   and not (nxt.function or "").startswith("<"))
+        out.append(fr if fr.inlined == inlined else _replace(fr, inlined=inlined))
+    return out
 
 
 def is_note(text: str) -> str | None:
@@ -430,6 +455,8 @@ class BacktraceBuilder:
             assert self._where is not None
             self._add(self._where, p.form, p.frame, None)
         if self._frames and self._where is not None and self._form is not None:
+            if self._form == "gdb":
+                self._frames = _gdb_inlined(self._frames)
             self.done.append(Backtrace(
                 where=self._where, form=self._form, frames=tuple(self._frames),
                 thread=self._thread, notes=tuple(self._notes),

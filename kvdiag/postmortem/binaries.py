@@ -137,7 +137,12 @@ def log_machine(scan: LogScan) -> int | None:
 
 def _belongs(fr: Frame, mod: Module, is_main: bool) -> bool:
     if fr.module is None:
-        return is_main
+        # gdb writes "from LIB" only for code without debug info: a frame with a source
+        # location and no module may be any library's (libc's, with its debug symbols
+        # installed: "#1 0x7ffff7e5ff4f in __pthread_kill_internal (...) at ./nptl/
+        # pthread_kill.c:78"), so it is the executable's only when it defines the function
+        return is_main and (fr.file is None or bool(
+            fr.function and mod.image.symbols_named(base_name(fr.function))))
     return module_key(fr.module) == module_key(mod.path)
 
 
@@ -149,9 +154,10 @@ SIGNAL_FRAMES = frozenset({"<signal handler called>", "__restore_rt", "_sigtramp
 _PC_FORMS = ("gdb", "lldb", "coredump", "android")
 
 
-def _is_pc(bt: Backtrace, pos: int) -> bool:
-    """Whether frame ``pos`` holds a PC rather than a return address: the innermost frame of a
-    debugger's stack, or the frame a signal interrupted. glibc's ``backtrace_symbols`` prints
+def is_pc(bt: Backtrace, pos: int) -> bool:
+    """Whether frame ``pos`` holds a PC rather than a return address (looked up as it is, not
+    one byte back): the innermost frame of a debugger's stack, or the frame a signal
+    interrupted — the one rule of the binary check and of symbolization. glibc's ``backtrace_symbols`` prints
     the sigreturn trampoline (``__restore_rt``, a local symbol) as an unnamed libc frame."""
     if pos == 0:
         return bt.form in _PC_FORMS
@@ -208,6 +214,7 @@ class _FrameChecks:
         self.ranged: list[tuple[set[int], str]] = []
         self.calls = 0
         self.undecoded = False
+        self.no_bytes = False
 
     def run(self) -> str:
         for p in self.placed:
@@ -234,7 +241,7 @@ class _FrameChecks:
     def _place(self, p: _Placed) -> None:
         image, bt, pos, fr = self.image, p.bt, p.pos, p.fr
         ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
-        pc_adjust = 0 if _is_pc(bt, pos) else 1
+        pc_adjust = 0 if is_pc(bt, pos) else 1
         if ref is not None:
             sym, off = ref
             value = image.symbol_address(sym)
@@ -301,7 +308,7 @@ class _FrameChecks:
     def _returns(self, p: _Placed) -> None:
         if p.vaddr is None:
             return
-        if _is_pc(p.bt, p.pos):
+        if is_pc(p.bt, p.pos):
             if self.image.code and not self.image.in_code(p.vaddr):
                 raise _Mismatch(f"the log's frame {p.label} is at 0x{p.vaddr:x} in it, "
                                 "outside its executable code")
@@ -312,6 +319,9 @@ class _FrameChecks:
             return
         if result == "unknown":
             self.undecoded = True
+            return
+        if result == "no-bytes":
+            self.no_bytes = True
             return
         why = {"no-call": "where no call instruction ends",
                "outside-code": "outside its executable code",
@@ -331,6 +341,9 @@ class _FrameChecks:
         if self.undecoded:
             name = MACHINES.get(self.image.machine, f"machine {self.image.machine}")
             said.append(f"return addresses not checked (no call decoder for {name})")
+        if self.no_bytes:
+            said.append("return addresses not checked (the file holds no code bytes: a "
+                        "separate debug file)")
         return "; ".join(said)
 
     @property

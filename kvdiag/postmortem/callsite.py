@@ -38,7 +38,7 @@ from kvdiag.postmortem.elfindex import ElfImage
 
 X86, ARM, PPC64, X86_64, AARCH64, RISCV, LOONGARCH = 3, 40, 21, 62, 183, 243, 258
 
-CallCheck = Literal["call", "no-call", "misaligned", "outside-code", "unknown"]
+CallCheck = Literal["call", "no-call", "misaligned", "outside-code", "unknown", "no-bytes"]
 
 _LEGACY_PREFIXES = frozenset({0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF2, 0xF3})
 _MAX_X86_INSN = 15
@@ -170,12 +170,17 @@ def _arm(image: ElfImage, vaddr: int) -> CallCheck:
 def check_return_address(image: ElfImage, vaddr: int) -> CallCheck:
     """What precedes return address ``vaddr`` (a link-time address) in ``image``: a call, no
     call, an address no instruction of this machine can return to, one outside the file's
-    executable segments, or ``unknown`` for a machine not decoded here."""
+    executable segments, ``no-bytes`` where the file does not hold the segment's bytes (a
+    separate debug file), or ``unknown`` for a machine not decoded here."""
     machine = image.machine
     if machine not in DECODED:
         return "unknown"
     if not image.in_code((vaddr & ~1 if machine == ARM else vaddr) - 1):
         return "outside-code"
+    if image.code_bytes((vaddr & ~1 if machine == ARM else vaddr) - 1, 1) is None:
+        # inside an executable segment whose bytes the file does not hold: a separate debug
+        # file (objcopy --only-keep-debug makes .text NOBITS, p_filesz 0) — not decodable
+        return "no-bytes"
     if machine in (X86, X86_64):
         return _x86(image, vaddr)
     if machine == AARCH64:  # A64 instructions are little-endian in either data endianness

@@ -24,6 +24,9 @@ from kvdiag.postmortem.lineprog import LineTable, decode
 
 MAX_TREE_NODES = 200_000
 MAX_TOP_DIES = 5_000_000
+#: Bytes of DWARF sections read for one file (pyelftools holds them twice in memory); a
+#: llama.cpp build's debug information is a few hundred MiB.
+MAX_DWARF_BYTES = 2 << 30
 _FRAME_TAGS = ("DW_TAG_inlined_subroutine", "DW_TAG_lexical_block", "DW_TAG_try_block",
                "DW_TAG_catch_block")
 _CONTAINERS = ("DW_TAG_namespace", "DW_TAG_module")
@@ -72,8 +75,23 @@ class DwarfIndex:
             with elf_errors(self.path, "the DWARF sections"):
                 if not self._elf.has_dwarf_info():
                     raise InputError(f"{self.path}: no DWARF debug information")
+                self._check_sizes()
                 self._dwarf = self._elf.get_dwarf_info(relocate_dwarf_sections=False)
         return self._dwarf
+
+    def _check_sizes(self) -> None:
+        """pyelftools reads every DWARF section whole (twice over: the bytes, then a stream
+        of them), so the sizes the headers claim are checked first — decompressed sizes for
+        SHF_COMPRESSED sections: a hostile header's 5 GiB ``.debug_info`` inside a sparse
+        file was read to 10 GiB of memory before anything was said."""
+        total = 0
+        for sec in self._elf.iter_sections():
+            if sec.name.startswith((".debug_", ".zdebug_")) and sec["sh_type"] != "SHT_NOBITS":
+                total += sec.data_size
+        if total > MAX_DWARF_BYTES:
+            raise InputError(f"{self.path}: its DWARF sections claim {total:,} bytes, more "
+                             f"than kvdiag reads ({MAX_DWARF_BYTES:,}): a damaged header, or "
+                             "a build to symbolize with addr2line")
 
     # -- units ------------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from kvdiag.errors import InputError
 from kvdiag.files.inputs import require_regular
 
 MAX_SYMBOLS = 2_000_000
+#: Bytes of a symbol string table: names of MAX_SYMBOLS symbols at ~500 bytes each.
+MAX_STRTAB = 1 << 30
 
 
 @contextmanager
@@ -96,6 +98,8 @@ _SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
 _PT_LOAD, _PT_INTERP = 1, 3
 _PF_X = 1
 MAX_SECTIONS = 100_000
+#: Bytes read of a note section (for the build-id) or of ``.gnu_debuglink``.
+_NOTE_PREFIX = 1 << 16
 
 
 class ElfImage:
@@ -204,17 +208,20 @@ class ElfImage:
         """Whether link-time address ``vaddr`` lies in an executable (``PF_X``) segment."""
         return any(lo <= vaddr < hi for lo, hi in self.code)
 
-    def section_data(self, name: str) -> bytes | None:
+    def section_data(self, name: str, limit: int | None = None) -> bytes | None:
+        """A section's bytes (at most ``limit`` of them: a hostile header may claim
+        gigabytes for a section whose real content is a few bytes)."""
         sec = self.sections.get(name)
         if sec is None or sec[0] == _SHT_NOBITS:
             return None
-        return self._read(sec[1], sec[2])
+        return self._read(sec[1], sec[2] if limit is None else min(sec[2], limit))
 
     def _build_id(self) -> str | None:
         for _name, (sh_type, offset, size, _link) in self.sections.items():
             if sh_type != _SHT_NOTE:
                 continue
-            data = self._read(offset, size)
+            # a build-id note is 36 bytes; a note section's first 64 KiB hold it when any do
+            data = self._read(offset, min(size, _NOTE_PREFIX))
             pos = 0
             while pos + 12 <= len(data):
                 namesz, descsz, n_type = struct.unpack_from(self.end + "III", data, pos)
@@ -228,7 +235,7 @@ class ElfImage:
         return None
 
     def _debuglink(self) -> tuple[str, int] | None:
-        data = self.section_data(".gnu_debuglink")
+        data = self.section_data(".gnu_debuglink", _NOTE_PREFIX)  # a file name and a CRC
         if not data:
             return None
         end = data.find(b"\0")
@@ -254,14 +261,19 @@ class ElfImage:
                 sec = self.sections.get(name)
                 if sec is None or sec[0] != kind:
                     continue
-                data = self._read(sec[1], sec[2])
+                # the counts are checked before anything is read: a hostile header's table
+                # of gigabytes (inside a sparse file) was read whole, then refused
+                if sec[2] // size > MAX_SYMBOLS:
+                    raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
                 if not 0 <= sec[3] < len(self._by_index):
                     continue
                 link = self._by_index[sec[3]]
+                if link[2] > MAX_STRTAB:
+                    raise InputError(f"{self.path}: a symbol string table of {link[2]} bytes "
+                                     f"(more than {MAX_STRTAB})")
+                data = self._read(sec[1], sec[2])
                 strtab = self._read(link[1], link[2])
                 usable = len(data) - len(data) % size
-                if usable // size > MAX_SYMBOLS:
-                    raise InputError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
                 for fields in struct.iter_unpack(fmt, data[:usable]):
                     if wide:
                         st_name, info, _other, _shndx, value, sz = fields

@@ -24,13 +24,12 @@ from kvdiag.postmortem.binaries import (
     Candidate,
     bias_from_name,
     candidates,
+    is_pc,
     log_machine,
     verify,
 )
 from kvdiag.postmortem.fingerprint import fingerprint
 from kvdiag.postmortem.symbolizer import DEFAULT_BUDGET_S, Module, module_key
-
-_CURRENT_PC_FORMS = ("gdb", "lldb", "coredump")
 
 
 def _load_bases(bt: Backtrace) -> dict[str, int]:
@@ -93,17 +92,14 @@ class Resymbolizer:
                 if bias is not None:
                     bases[key] = bias + mod.image.base_vaddr
         out: list[Frame] = []
-        after_signal = False
         for pos, fr in enumerate(bt.frames):
             ref = bt.symrefs[pos] if pos < len(bt.symrefs) else None
-            expanded = self._frame(bt, fr, pos, ref, bases, after_signal)
-            after_signal = (fr.function or "") in ("<signal handler called>", "__restore_rt")
-            out.extend(expanded)
+            out.extend(self._frame(bt, fr, pos, ref, bases))
         frames = tuple(msgspec.structs.replace(f, index=i) for i, f in enumerate(out))
         return msgspec.structs.replace(bt, frames=frames, symrefs=())
 
     def _frame(self, bt: Backtrace, fr: Frame, pos: int, ref: tuple[str, int] | None,
-               bases: dict[str, int], after_signal: bool) -> list[Frame]:
+               bases: dict[str, int]) -> list[Frame]:
         if fr.function is not None and fr.file is not None:
             return [fr]
         mod = self._module(fr.module)
@@ -127,8 +123,9 @@ class Resymbolizer:
                 vaddr = fr.address
         if vaddr is None:
             return [fr]
-        is_return = not (after_signal or (pos == 0 and bt.form in _CURRENT_PC_FORMS))
-        found = mod.resolve(vaddr, is_return)
+        # the binary check's rule (a signal's trampoline, glibc's unnamed libc frame before
+        # the interrupted one: it was looked up one byte back, on the line before the fault)
+        found = mod.resolve(vaddr, not is_pc(bt, pos))
         if not found:
             return [fr]
         module = fr.module or mod.path

@@ -74,8 +74,11 @@ class Module:
 
 
 def module_key(name: str) -> str:
-    """``/x/libggml-base.so.0.9.7`` and ``libggml-base.so`` both → ``libggml-base``."""
+    """``/x/libggml-base.so.0.9.7`` and ``libggml-base.so`` both → ``libggml-base``; a
+    separate debug file ``llama-server.debug`` (``objcopy --only-keep-debug``, named as gdb's
+    ``.gnu_debuglink`` convention names it) → ``llama-server``, the module it describes."""
     base = os.path.basename(name.replace("\\", "/"))
+    base = base.removesuffix(".debug") or base
     for ext in (".so", ".dylib", ".dll", ".exe"):
         at = base.find(ext)
         if at > 0:

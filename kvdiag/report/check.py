@@ -180,9 +180,11 @@ def residency_table(summary: dict[str, Any]) -> Table:
                if cross.get("annotation_disagrees") else "")
             + (f"; {r['out_of_range']} event(s) with impossible pages or slots ignored"
                if r.get("out_of_range") else "")))
-    t.add_row("uploads", (
-        f"resident {up.get('resident', 0)} pages ({ub.get('resident', 0) / 2**20:.1f} MiB), "
-        f"ring {up.get('ring', 0)} pages ({ub.get('ring', 0) / 2**20:.1f} MiB)"))
+    unknown = r.get("upload_bytes_unknown", {})
+    t.add_row("uploads", ", ".join(
+        f"{tgt} {up.get(tgt, 0)} pages ({ub.get(tgt, 0) / 2**20:.1f} MiB"
+        + (f"; bytes unknown in {unknown[tgt]} upload(s)" if unknown.get(tgt) else "") + ")"
+        for tgt in ("resident", "ring")))
     if r["upload_reasons"]:
         t.add_row("upload reasons", ", ".join(f"{k} {v}" for k, v in sorted(r["upload_reasons"].items())))
     t.add_row("evictions", str(r["evictions"]) + (

@@ -40,7 +40,11 @@ def nb(t: Tensor) -> str:
     return _dims(t.nb)
 
 
-def kib(n: int) -> str:
+def kib(n: int | None) -> str:
+    """``n`` bytes in KiB or MiB; null or negative (a writer's "unknown": docs/trace-format.md,
+    ``upload``) is said, not drawn as "-0 KiB"."""
+    if n is None or n < 0:
+        return "bytes unknown"
     return f"{n / 1024:.0f} KiB" if n < (1 << 20) else f"{n / (1 << 20):.1f} MiB"
 
 

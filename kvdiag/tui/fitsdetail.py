@@ -134,10 +134,23 @@ BY = {"writer": "as the writer evaluated them",
 """Where the failed conditions of a verdict come from (:class:`FitsVerdict` ``by``)."""
 
 
+def stage_text(event: ev.Fits, plan_stage: object = None) -> str:
+    """The stage size a fits event tested. 0 or less is "not recorded" (kvdiag.model.fits;
+    an import without the boot facts, a fork that did not set ``plan.stage_bytes``), never a
+    stage of 0 bytes: then the header's plan figure, marked as the header's, or unknown."""
+    if event.stage_bytes > 0:
+        return f"stage_bytes {event.stage_bytes}"
+    if isinstance(plan_stage, int) and not isinstance(plan_stage, bool) and plan_stage > 0:
+        return (f"stage_bytes not recorded in this event; the header's plan says {plan_stage} "
+                "(from the header)")
+    return "stage_bytes unknown (not recorded)"
+
+
 def fits_detail(event: ev.Fits, verdict: FitsVerdict,
-                styles: FitsStyles | None = None) -> RenderableType:
+                styles: FitsStyles | None = None, plan_stage: object = None) -> RenderableType:
     """Header line, operands with the failed conditions' fields marked, and every condition
-    of the judgement's verdict: failed (explained), not evaluable (why), held."""
+    of the judgement's verdict: failed (explained), not evaluable (why), held. ``plan_stage``:
+    the header plan's ``stage_bytes`` (said where the event does not record its own)."""
     st = styles or FitsStyles()
     head = Text()
     head.append(f"#{event.seq} step {event.step} layer {event.layer} {event.node}: ",
@@ -147,7 +160,7 @@ def fits_detail(event: ev.Fits, verdict: FitsVerdict,
     head.append(f", route {event.route}")
     if event.membership:
         head.append(", K/V in a kv-stream buffer (membership)", style=st.dim)
-    stage = Text(f"stage_bytes {event.stage_bytes}",
+    stage = Text(stage_text(event, plan_stage),
                  style=st.failed if any(c.startswith("block_tokens") for c in verdict.failed)
                  else st.dim)
     parts: list[RenderableType] = [head, stage, operands_table(event, st, verdict.failed),

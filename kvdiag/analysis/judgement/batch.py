@@ -104,8 +104,9 @@ class State:
     history_row: int = -1
     """Row of the snapshot the state was taken from (:mod:`.snapshot`): ring copies before it
     are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
-    upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 3, 8), np.int64))
-    """[target, (uploads, pages, bytes), reason] (reason index 5: another reason)."""
+    upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 4, 8), np.int64))
+    """[target, (uploads, pages, bytes, uploads of unknown bytes), reason] (reason index 5:
+    another reason) — of the uploads whose pages and slots are possible."""
     dispatch: dict[int, int] = field(default_factory=dict)
     """Per layer: row of its latest ``fits`` event (the FA node's dispatch) in the chunks
     before this one — rule 3 (the Judge keeps it)."""
@@ -193,16 +194,24 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
         cnt = u1 - u0
         key = cols.u_key  # [target, reason] flattened, for the residency statistics
         tgt = key // _TARGET_OF_KEY
-        st = state.upload_stats
-        st[:, 0, :] += np.bincount(key, minlength=16).reshape(2, 8)
-        st[:, 1, :] += np.bincount(key, weights=cnt, minlength=16).astype(np.int64).reshape(2, 8)
-        st[:, 2, :] += np.bincount(key, weights=u[:, 4],
-                                   minlength=16).astype(np.int64).reshape(2, 8)
         slot0 = u[:, 3]
         ok = cnt > 0
         bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
+        # the statistics count what the judgement believes: an upload of impossible pages or
+        # slots filled nothing (it is out_of_range), and unknown bytes (null, or a writer's
+        # negative "unknown") are counted as unknown, not summed
+        kb = key[ok]
+        nbytes = u[ok, 4]
+        known = nbytes >= 0
+        st = state.upload_stats
+        st[:, 0, :] += np.bincount(kb, minlength=16).reshape(2, 8)
+        st[:, 1, :] += np.bincount(kb, weights=cnt[ok],
+                                   minlength=16).astype(np.int64).reshape(2, 8)
+        st[:, 2, :] += np.bincount(kb[known], weights=nbytes[known],
+                                   minlength=16).astype(np.int64).reshape(2, 8)
+        st[:, 3, :] += np.bincount(kb[~known], minlength=16).reshape(2, 8)
         u_vid_e = views.of(u[ok, 1], u[ok, 2])
         owner, u_page = expand(u0[ok], cnt[ok])
         u_vid = u_vid_e[owner]

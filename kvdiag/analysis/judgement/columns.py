@@ -11,8 +11,8 @@ Per kind, one row per event (``pos`` is the event's position in the columns):
 
 - ``w`` (write): pos, seq, layer, stream, cells begin, cells end; ``w_vlen``/``w_vers`` the
   model's annotated ``versions`` (a cross-check only);
-- ``u`` (upload): pos, seq, layer, stream, pages begin, pages end, slot, bytes, target * 8 +
-  reason (:data:`REASONS`; 5 for another reason);
+- ``u`` (upload): pos, seq, layer, stream, pages begin, pages end, slot, bytes (-1 for null:
+  unknown), target * 8 + reason (:data:`REASONS`; 5 for another reason);
 - ``e`` (evict): pos, slot; ``inv`` (invalidate): pos;
 - ``r`` (read): pos, seq, layer, stream, pool, ring, host (the read's own counts, taken only
   for a read without served runs: 0 otherwise), served runs; ``runs``: begin, end, source
@@ -98,6 +98,9 @@ def column(make: Callable[[], Iterable[int]], count: int, width: int = 1) -> np.
         flat = np.fromiter(make(), np.int64, count * width)
     except OverflowError:  # a damaged or hostile trace's 64-bit unsigned value
         flat = np.fromiter(clipped(make()), np.int64, count * width)
+    except TypeError:  # a null where the schema allows one (an upload's unknown bytes): -1
+        flat = np.fromiter(clipped(-1 if v is None else v for v in make()), np.int64,
+                           count * width)
     return flat.reshape(count, width) if width > 1 else flat
 
 

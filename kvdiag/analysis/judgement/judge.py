@@ -937,6 +937,7 @@ class Judge:
         up_pages: Counter[str] = Counter(
             {t: int(st[i, 1].sum()) for i, t in enumerate(targets) if st[i, 0].sum()})
         up_bytes = {t: int(st[i, 2].sum()) for i, t in enumerate(targets) if st[i, 0].sum()}
+        unknown = {t: int(st[i, 3].sum()) for i, t in enumerate(targets) if st[i, 3].sum()}
         reasons = {(REASONS[r] if r < len(REASONS) else "other"): int(st[:, 1, r].sum())
                    for r in range(st.shape[2]) if st[:, 0, r].sum()}
         pool_read = int(self.pages_read[0])
@@ -963,6 +964,7 @@ class Judge:
             "uploads": dict(up_count),
             "upload_pages": dict(up_pages),
             "upload_bytes": dict(up_bytes),
+            "upload_bytes_unknown": unknown,
             "upload_reasons": dict(reasons),
             "ring_pages": up_pages["ring"],
             "evictions": self.evictions,

@@ -125,7 +125,9 @@ class FitsScreen(KvScreen):
         i = self.table.cursor
         if isinstance(rows, FitsRows):
             event = rows.event(i)
-            pane.update(fits_detail(event, rows.verdict(event), pane.styles_for_detail())
+            plan = self.doc.header.plan if isinstance(self.doc, TraceDoc) else {}
+            pane.update(fits_detail(event, rows.verdict(event), pane.styles_for_detail(),
+                                    plan.get("stage_bytes") if isinstance(plan, dict) else None)
                         if event is not None else "(this line is not a valid fits event)")
         else:
             pane.update(fitsline_detail(rows.records[i], pane.styles_for_detail()))
