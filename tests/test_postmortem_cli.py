@@ -127,3 +127,22 @@ def test_a_segfault_without_a_backtrace_is_not_told_to_symbolize_one(tmp_path: P
     code, data = run_json([str(log)], capsys)
     (f,) = [f for f in data["findings"] if f["rule"] == "segfault"]
     assert f["fix"].startswith("symbolize the backtrace (--binary)")
+
+
+def test_a_trace_given_as_a_log_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A kvtrace trace (plain, gzip or on standard input) is not a server log: its JSON lines
+    half-matched the grammar and its abort event became a crash without a backtrace."""
+    header = ('{"format":"kvtrace","version":"1.2","kvdiag_version":"t","created":"t",'
+              '"backend":"native","device":{"name":"cpu"},"scenario":{}}\n')
+    abort = ('{"kind":"abort","seq":1,"t_ns":1,"step":0,"message":"/s/ggml/src/ggml-cuda.cu:1:'
+             ' GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed"}\n')
+    trace = tmp_path / "run.kvtrace"
+    trace.write_text(header + abort)
+    gz = tmp_path / "run.kvtrace.gz"
+    gz.write_bytes(gzip.compress(trace.read_bytes()))
+    for args, stdin in (([str(trace)], None), ([str(gz)], None), (["-"], trace.read_bytes())):
+        proc = subprocess.run([sys.executable, "-m", "kvdiag", "postmortem", *args],
+                              input=stdin, capture_output=True, check=False)
+        err = proc.stderr.decode().strip()
+        assert proc.returncode == 2 and proc.stdout == b"", err
+        assert len(err.splitlines()) == 1 and "this is a kvtrace trace, not a server log" in err

@@ -43,10 +43,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from kvdiag.analysis.signatures import evaluate
+    from kvdiag.errors import InputError
     from kvdiag.files.logs import open_log
     from kvdiag.model.findings import Severity
     from kvdiag.postmortem.parse import LogParser
     from kvdiag.report.postmortem import postmortem_renderable, postmortem_to_json
+    from kvdiag.trace.segments import ZSTD_MAGIC
+    from kvdiag.trace.version import looks_like_trace
 
     try:
         threshold = Severity.parse(args.fail_on)
@@ -56,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
     parser = LogParser()
     for path in args.logs:
         with open_log(path) as log:
+            peek = getattr(log.stream, "peek", None)
+            head = peek(4096)[:4096] if callable(peek) else b""
+            if looks_like_trace(head) or head.startswith(ZSTD_MAGIC):
+                # a trace's lines hold JSON the log grammar half-reads (its abort message
+                # became a crash with no backtrace): refused, as import refuses it
+                raise InputError(f"{log.name}: this is a kvtrace trace, not a server log: "
+                                 "kvdiag check reads it (and trace export --format llama-log "
+                                 "writes the log its run would print)")
             parser.feed(log.name, log.stream, leading_nuls=log.leading_nuls)
     scan = parser.result()
     if args.debug_dir and not args.binary and args.no_auto_binaries:
