@@ -23,6 +23,7 @@ from kvdiag.model.logrecords import (
     SlotEventKind,
     StreamEvent,
 )
+from kvdiag.postmortem import serverlog
 
 Record = ConfigItem | SlotEvent | StreamEvent | FitsLine | Abort | GpuError | SignalLine
 
@@ -106,7 +107,6 @@ _SLOT = re.compile(r"^slot +([^:]{0,24}): +id +(\d+) \| task +(-?\d+) \| ?(.*)$"
 # postmortem/timinglines.py): "slot 0 is processing [task id: 5]", "slot 0 released (412
 # tokens in cache)"
 _SLOT_2023 = re.compile(r"^slot (\d+) (?:is processing \[task id: (\d+)\]|released \((\d+) tokens)")
-_SLOT_KV = re.compile(r"\bid_slot=(\d+)\b(?:.*?\bid_task=(-?\d+))?")
 _SRV = re.compile(r"^srv +([^:]{0,24}): +(.*)$")
 
 _CONFIG_EQ = re.compile(
@@ -188,8 +188,10 @@ _PROGRESS = re.compile(r"progress = ([\d.]+)")
 
 
 def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
-    """A ``slot <func>: id <n> | task <t> | <msg>`` line, or the older key=value form."""
+    """A ``slot <func>: id <n> | task <t> | <msg>`` line, 2023's ``slot <n> is processing``
+    form, or 2024's ``server_log`` form (text or JSON: :mod:`kvdiag.postmortem.serverlog`)."""
     task: int | None
+    logged: serverlog.ServerLogSlot | None = None
     m = _SLOT.match(text)
     old = None if m is not None else _SLOT_2023.match(text)
     if m is not None:
@@ -198,16 +200,20 @@ def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
         slot, msg = int(old.group(1)), text[old.end(1) + 1:]
         task = int(old.group(2)) if old.group(2) is not None else None
     else:
-        m2 = _SLOT_KV.search(text)
-        if m2 is None:
+        logged = serverlog.parse(text)
+        if logged is None:
             return None
-        slot = int(m2.group(1))
-        task = int(m2.group(2)) if m2.group(2) is not None else None
-        msg = text
+        slot, task, msg = logged.slot, logged.task, logged.message
     kind = _slot_kind(msg)
     if kind is None:
         return None
     fields = {k: int(v) for k, v in _INT_FIELD.findall(msg)}
+    if logged is not None:
+        # the 2024 form keeps its figures in keys: "kv cache rm" p0 is what the cache kept,
+        # "slot released" n_past the depth reached
+        fields.update(logged.ints)
+        if "p0" in fields:
+            fields.setdefault("n_past", fields["p0"])
     n_tokens = fields.get("task.n_tokens", fields.get("n_prompt_tokens", fields.get("n_tokens")))
     n_past = fields.get("n_past")
     if old is not None and old.group(3) is not None:
@@ -526,7 +532,7 @@ def parse_fits(where: LogLine, text: str) -> FitsLine | None:
 def classify(where: LogLine, text: str) -> list[Record]:
     """All records one cleaned line yields (usually zero or one)."""
     out: list[Record] = []
-    if text.startswith("slot ") or "id_slot=" in text:
+    if text.startswith("slot ") or serverlog.mentions(text):
         ev = parse_slot(where, text)
         if ev is not None:
             return [ev]
