@@ -81,6 +81,10 @@ _GPU_ERROR = re.compile(r"\b(CUDA|ROCm|HIP|SYCL|MUSA|CANN|cuBLAS|CUBLAS) error: 
 _GPU_ERROR_OLD = re.compile(r"\b(CUDA|ROCm|HIP) error (\d+) at (\S+:\d+): (.*)$")
 # the location may be a Windows path with spaces (C:\Users\Mia Chen\…\ggml-cuda.cu:2623)
 _CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S.*?:\d+)\s*$")
+# ggml-cuda.cu's CUDA_CHECK before ggml_cuda_error (2023): "\nCUDA error %d at %s:%d: %s\n",
+# then "current device: %d\n" alone, then exit(1) (upstream commit 3d68f36, 2023-11-13, as
+# SJTU-IPADS/PowerInfer's history holds it)
+_DEVICE_ALONE = re.compile(r"^current device: (-?\d+)\s*$")
 _FAILED_OP = re.compile(r"^ggml_cuda_compute_forward: (\w+) failed")
 # SYCL (ggml-sycl SYCL_CHECK): "SYCL error: CHECK_TRY_ERROR(<stmt>): <msg>", then
 # "  in function <f> at <file:line>"; before them "Native API failed. Native API returns: <m>"
@@ -455,6 +459,12 @@ def parse_current_device(text: str) -> tuple[int, str, str] | None:
     if m is None:
         return None
     return int(m.group(1)), m.group(2), m.group(3)
+
+
+def parse_device_alone(text: str) -> int | None:
+    """2023's ``current device: <id>`` line after ``CUDA error <n> at <file:line>: <msg>``."""
+    m = _DEVICE_ALONE.match(text)
+    return int(m.group(1)) if m else None
 
 
 def parse_in_function(text: str) -> tuple[str, str] | None:

@@ -192,8 +192,14 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
     if crash.error is not None:
         err = crash.error
         parts.append(Text(f"  {err.backend} error: {cap(err.message)}", style="red"))
-        if err.function or err.location:
-            parts.append(Text(f"    device {err.device}, in {err.function} at {err.location}"))
+        # 2023's CUDA_CHECK named no function (and its device on a line of its own)
+        place = " ".join(x for x in (None if err.function is None else f"in {err.function}",
+                                     None if err.location is None else f"at {err.location}")
+                         if x)
+        detail = ", ".join(x for x in (
+            None if err.device is None else f"device {err.device}", place) if x)
+        if detail:
+            parts.append(Text(f"    {detail}"))
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
