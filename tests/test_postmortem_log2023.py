@@ -75,3 +75,15 @@ def test_a_2023_assert_with_gdb_source_lines_and_no_signal() -> None:
         ("ggml_print_backtrace", "ggml.c", 124), ("ggml_reshape_2d", "ggml.c", 4768),
         ("llama_server_context::update_slots", "examples/server/server.cpp", 1780)]
     assert crash.signal is None
+
+
+def test_the_place_says_what_the_log_gave() -> None:
+    from kvdiag.model.logrecords import GpuError, LogLine
+    w = LogLine("t.log", 1, "")
+    assert GpuError(where=w, backend="CUDA", message="m", device=1,
+                    location="a.cu:9").place() == "device 1, at a.cu:9"
+    assert GpuError(where=w, backend="CUDA", message="m", device=0, function="f",
+                    location="a.cu:9").place() == "device 0, in f at a.cu:9"
+    assert GpuError(where=w, backend="SYCL", message="m", function="g",
+                    location="b.cpp:2").place() == "in g at b.cpp:2"
+    assert GpuError(where=w, backend="CUDA", message="m").place() == ""

@@ -192,14 +192,8 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
     if crash.error is not None:
         err = crash.error
         parts.append(Text(f"  {err.backend} error: {cap(err.message)}", style="red"))
-        # 2023's CUDA_CHECK named no function (and its device on a line of its own)
-        place = " ".join(x for x in (None if err.function is None else f"in {err.function}",
-                                     None if err.location is None else f"at {err.location}")
-                         if x)
-        detail = ", ".join(x for x in (
-            None if err.device is None else f"device {err.device}", place) if x)
-        if detail:
-            parts.append(Text(f"    {detail}"))
+        if err.place():
+            parts.append(Text(f"    {err.place()}"))
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
