@@ -87,3 +87,19 @@ def test_the_place_says_what_the_log_gave() -> None:
     assert GpuError(where=w, backend="SYCL", message="m", function="g",
                     location="b.cpp:2").place() == "in g at b.cpp:2"
     assert GpuError(where=w, backend="CUDA", message="m").place() == ""
+
+
+def test_a_legacy_assert_whose_path_has_spaces() -> None:
+    """MSVC's __FILE__ is the whole path, often under a user name with a space; before, such a
+    line was read as a GGML_ABORT message (no condition) or with the path cut at the space."""
+    from kvdiag.model.logrecords import LogLine
+    for text, file in [
+        (r"GGML_ASSERT: C:\Users\Ana Lopez\src\llama.cpp\ggml-cuda.cu:7013: src0->type == "
+         r"GGML_TYPE_F16", r"C:\Users\Ana Lopez\src\llama.cpp\ggml-cuda.cu"),
+        ("GGML_ASSERT: /home/kim/My Projects/llama.cpp/ggml.c:4768: src0->type == "
+         "GGML_TYPE_F16", "/home/kim/My Projects/llama.cpp/ggml.c"),
+    ]:
+        (ab,) = grammar.classify(LogLine("t.log", 1, text), text)
+        assert (type(ab).__name__, getattr(ab, "form", None), getattr(ab, "file", None),
+                getattr(ab, "condition", None)) == ("Abort", "legacy", file,
+                                                    "src0->type == GGML_TYPE_F16")

@@ -36,7 +36,11 @@ _PATH_ABS = rf"((?:[A-Za-z]:[\\/]|/)[^\s:]*?\.{_EXT})"
 _GGML_ASSERT_START = re.compile(rf"^{_PATH_AT_START}:(\d+): GGML_ASSERT\((.*)\) failed")
 _GGML_ASSERT_ANY = re.compile(rf"{_PATH_ABS}:(\d+): GGML_ASSERT\((.*?)\) failed")
 _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
-_LEGACY_ASSERT = re.compile(r"GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
+# "GGML_ASSERT: %s:%d: %s\n" with __FILE__ (ggml.h before 2024-08): the path may hold spaces
+# (MSVC's C:\Users\<name with spaces>\…), so a path ending in a source extension is tried first
+_LEGACY_ASSERT = re.compile(
+    rf"GGML_ASSERT: ((?:[A-Za-z]:[\\/])?[^:\n]*?\.{_EXT}):(\d+): (.*)$"
+    r"|GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
 _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
 # GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
@@ -402,8 +406,9 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 return found
         m = _LEGACY_ASSERT.search(text)
         if m is not None:
-            out.append(Abort(where=where, form="legacy", file=m.group(1), line=int(m.group(2)),
-                             condition=m.group(3).strip(), message=m.group(3).strip()))
+            file, num, cond = m.groups()[:3] if m.group(1) is not None else m.groups()[3:]
+            out.append(Abort(where=where, form="legacy", file=file, line=int(num),
+                             condition=cond.strip(), message=cond.strip()))
             return out
     if "ssert" in text:
         m = _MSVC_ASSERT.search(text)
