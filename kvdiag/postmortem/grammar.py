@@ -28,13 +28,14 @@ from kvdiag.postmortem import serverlog
 Record = ConfigItem | SlotEvent | StreamEvent | FitsLine | Abort | GpuError | SignalLine
 
 _EXT = r"(?:c|cc|cpp|cxx|cu|cuh|h|hh|hpp|m|mm|metal|comp|inc)"
-# A source path at the start of a line (relative or absolute, POSIX or Windows).
-_PATH_AT_START = rf"((?:[A-Za-z]:)?[^\s:]*?\.{_EXT})"
-# An absolute path anywhere (used when the abort text is glued to other output).
-_PATH_ABS = rf"((?:[A-Za-z]:[\\/]|/)[^\s:]*?\.{_EXT})"
 
-_GGML_ASSERT_START = re.compile(rf"^{_PATH_AT_START}:(\d+): GGML_ASSERT\((.*)\) failed")
-_GGML_ASSERT_ANY = re.compile(rf"{_PATH_ABS}:(\d+): GGML_ASSERT\((.*?)\) failed")
+# ggml_abort's "%s:%d: " with __FILE__: an absolute path at a line's start may hold spaces
+# (MSVC's C:\Users\<First Last>\…, folders with spaces); glued to other output only a Windows
+# one can (a POSIX one would take in the words before it)
+_GGML_ASSERT_START = re.compile(
+    rf"^((?:[A-Za-z]:[\\/]|/)[^:\n]*?\.{_EXT}|[^\s:]*?\.{_EXT}):(\d+): GGML_ASSERT\((.*)\) failed")
+_GGML_ASSERT_ANY = re.compile(
+    rf"((?:[A-Za-z]:[\\/][^:\n]*?|/[^\s:]*?)\.{_EXT}):(\d+): GGML_ASSERT\((.*?)\) failed")
 _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
 # "GGML_ASSERT: %s:%d: %s\n" with __FILE__ (ggml.h before 2024-08): the path may hold spaces
 # (MSVC's C:\Users\<name with spaces>\…), so a path ending in a source extension is tried first
