@@ -134,3 +134,11 @@ def test_frame_forms() -> None:
 def test_ggml_assert_paths_with_spaces(text: str, file: str) -> None:
     (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
     assert (ab.form, ab.file, ab.condition) == ("ggml", file, "ggml_nbytes(src0) <= INT_MAX")
+
+
+def test_ggml_abort_after_a_posix_path_with_spaces() -> None:
+    text = "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:70: CUDA error"
+    (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
+    assert (ab.form, ab.file, ab.line, ab.message) == (
+        "message", "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu", 70,
+        "CUDA error")

@@ -46,8 +46,9 @@ _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
 # GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
 # on stderr, so the line may be glued to model output that had no newline. __FILE__ is the
-# path the compiler was given: absolute in CMake builds, POSIX or Windows (with spaces).
-_SRC_PATH = rf"(?:[A-Za-z]:[\\/][^:\n]*?|[^\s:]*?)\.{_EXT}"
+# path the compiler was given: absolute in CMake builds, POSIX or Windows (with spaces at a
+# line's start; glued to other output only a Windows one may hold them).
+_SRC_PATH = rf"(?:(?:[A-Za-z]:[\\/]|/)[^:\n]*?|[^\s:]*?)\.{_EXT}"
 _ABORT_AT_START = re.compile(rf"^({_SRC_PATH}):(\d+): (\S.*)$")
 _ABORT_GLUED = re.compile(rf"((?:[A-Za-z]:[\\/][^:\n]*?|/[^\s:]*?)\.{_EXT}):(\d+): (\S.*)$")
 # A location cited inside another message ("CUDA error 2 at <file>:<line>: …"), not glued to it.
