@@ -27,7 +27,8 @@ ANCHORS: tuple[bytes, ...] = (b"id_slot", b"slot_id")
 
 _SLOT = re.compile(r'(?:\b|")(?:id_slot|slot_id)"?[=:](\d+)\b')
 _TASK = re.compile(r'(?:\b|")(?:id_task|task_id)"?[=:](-?\d+)\b')
-_TEXT_MSG = re.compile(r"^ ?[A-Z]{3,4} \[ *\w+\] (.*?) \|(?= \w+=)")
+# "%4s [%24s] %s": a lambda's __func__ is "operator()"
+_TEXT_MSG = re.compile(r"^ ?[A-Z]{3,4} \[ *[^\]]+\] (.*?) \|(?= \w+=)")
 _JSON_MSG = re.compile(r'"msg":"((?:[^"\\]|\\.)*)"')
 _INT_KEY = re.compile(r'(?:\b|")(n_past|p0|n_prompt_tokens)"?[=:](\d+)\b')
 
