@@ -261,6 +261,47 @@ def test_a_growing_server_log_shows_its_lines_and_its_crash(tmp_path: Path) -> N
     follow(live, script)
 
 
+def test_a_growing_server_log_fills_the_perf_screen_as_requests_complete(
+        tmp_path: Path) -> None:
+    """The Perf screen of a followed log: the requests completed so far, growing while the
+    server writes, and at the end the requests ``kvdiag perf`` reads in the finished log (it
+    stayed empty while a log was followed)."""
+    from kvdiag.postmortem.perfread import scan_paths
+    from kvdiag.tui.screens.perf import PerfScreen
+    from tests.seed_arm117 import seed_logs
+
+    source = tmp_path / "streaming.log"
+    source.write_text(seed_logs()[1])
+    whole = scan_paths([str(source)])[0]
+    assert len(whole.requests) >= 10
+    live = tmp_path / "server.log"
+    w = Writer(source, live, pause=0.004, delay=0.1)
+    seen: list[int] = []
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        w.start()
+        await pilot.press("8")
+        assert isinstance(app.screen, PerfScreen)
+
+        def requests() -> int:
+            doc = app.doc
+            n = len(doc.perf.requests) if isinstance(doc, LogDoc) and doc.perf else 0
+            if not seen or seen[-1] != n:
+                seen.append(n)
+            return n
+
+        await until(pilot, lambda: 0 < requests() < len(whole.requests), "the first requests")
+        await until(pilot, lambda: requests() == len(whole.requests), "every request", 30.0)
+        doc = app.doc
+        assert isinstance(doc, LogDoc) and doc.perf is not None
+        assert [(r.slot, r.depth_end, r.decode_tps) for r in doc.perf.requests] == \
+            [(r.slot, r.depth_end, r.decode_tps) for r in whole.requests]
+        assert f"{len(whole.requests)} request" in text(app)
+
+    follow(live, script)
+    assert seen[0] == 0 or len(seen) > 2  # shown while growing, not only once complete
+
+
 @pytest.mark.parametrize(("extra", "says"), [
     (["--export-svg", "out.svg"], "--export-svg draws a finished one"),
     (["second.kvtrace"], "--follow follows one file (2 given)"),

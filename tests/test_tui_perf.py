@@ -165,3 +165,22 @@ def test_the_model_says_why_it_cannot_play_a_run(runs: dict[str, Path]) -> None:
             assert "model: --predict: unstreamed.log does not stream KV (no pool line)" in words
 
     asyncio.run(run())
+
+
+def test_one_request_is_drawn_with_its_bin_beside_it(tmp_path: Path) -> None:
+    """GIVEN a log cut after its first request (a server just started, or followed live)
+    WHEN Perf is shown THEN it draws: the request's depth bin centre (6,144) lies left of the
+    request (6,400–7,150), and plotext failed on the legend of a series drawn wholly outside
+    the axes (IndexError in the viewer)."""
+    lines = seed_logs()[1].splitlines(keepends=True)
+    log = tmp_path / "first.log"
+    log.write_text("".join(lines[:40]))
+
+    async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
+        await show(pilot, "8")
+        words = " ".join(text(app).split())
+        assert "first.log: 1 request(s)" in words
+        depths, _ = series(app.screen.query_one("#perf-rate", PlotextPlot))["first.log"]
+        assert depths == [6144.0]
+
+    drive([log], script, size=(140, 60))

@@ -313,3 +313,41 @@ def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None
     assert view.reads[4] == (1, 0, 1, 0)  # the judgement: page 0 exact, page 1 foreign
     assert view.pages[0] == [(0, 0, 1, "!")]
     assert view.pages[1] == []  # read from the host at step 1: nothing flagged
+
+
+def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(tmp_path: Path) -> None:
+    """GIVEN a runtime that pads its attention past the cells written (n_kv rounded up) and
+    reads two pages nothing wrote or uploaded, from ring slots nothing was copied into (the
+    judgement: foreign) THEN the Pages grid has those columns and marks them as the judgement
+    does (no event the index keeps names them: only the judged pieces do)."""
+    from kvdiag.tui.shown import load_document, shown
+
+    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
+              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
+              "device": {"name": "unknown"},
+              "scenario": {"name": "padded-n-kv", "source": "native",
+                           "config": {"np": 1, "layout": "shared", "dispatch": "fits"}},
+              "plan": {"page_bytes": 4096, "pool_pages": 6, "resident_pages_per_layer": 2,
+                       "ring_slots": 4, "streamed_layers": 1, "n_stream": 1},
+              "extra": {}, "records": ["step", "write", "upload", "read", "invalidate", "warn",
+                                       "end"]}
+    lines = [
+        {"kind": "step", "step": 0, "phase": "prefill", "streams": [0], "tokens": 300,
+         "n_kv": 1024},
+        {"kind": "write", "step": 0, "layer": 0, "stream": 0, "cells": [0, 300],
+         "rows": [0, 300], "dirty": [[0, None, 0], [0, None, 1]]},
+        {"kind": "upload", "step": 0, "layer": 0, "stream": 0, "pages": [0, 2], "slot": 4,
+         "target": "resident", "bytes": 8192, "reason": "miss"},
+        {"kind": "read", "step": 0, "layer": 0, "stream": 0, "pool": 2, "ring": 2, "host": 0,
+         "served": [[0, 2, "pool", 4], [2, 4, "ring", 0]]},
+    ]
+    events = [{**e, "seq": i + 1, "t_ns": 10 * (i + 1)} for i, e in enumerate(lines)]
+    events.append({"kind": "end", "seq": len(events) + 1, "t_ns": 100, "step": 0,
+                   "status": "completed", "steps": 1, "events": len(events)})
+    path = tmp_path / "padded.kvtrace"
+    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    view = shown(str(path), steps=[0])
+    assert view.reads[4] == (2, 0, 2, 0)  # the judgement: pages 2 and 3 foreign
+    assert view.pages[0] == [(0, 0, 2, "!"), (0, 0, 3, "!")]
+    doc = load_document(str(path))
+    assert doc.geometry is not None and doc.geometry.pages == 4

@@ -203,6 +203,17 @@ class PerfScanner:
             self._region(carry, len(carry), self._at)
             self._at += len(carry)
 
+    def snapshot(self) -> PerfRun:
+        """The run so far, of a log still growing (``kvdiag tui --follow``'s Perf screen): the
+        requests completed, the boots and partition seen; requests in flight stay in flight
+        and nothing is closed, so feeding goes on."""
+        return PerfRun(
+            name=os.path.basename(self.name) or self.name, source=self.source, kind="log",
+            requests=tuple(self.requests), notes=tuple(self.notes),
+            notes_dropped=self.notes_dropped, adapt=self.adapt.result(),
+            boots=(*self.boot.boots_final(), *self.extra_boots), unfinished=self.unfinished,
+            lines=self._lines, problems=tuple(self.problems))
+
     def finish(self) -> PerfRun:
         self.drain()
         if self._carry:

@@ -311,9 +311,12 @@ class _LogGeneration:
     def __init__(self, f: _Following) -> None:
         self.f = f
         from kvdiag.postmortem.parse import LogParser
+        from kvdiag.postmortem.perfscan import PerfScanner
 
         self.parser = LogParser()
         self.parser.begin(f.path)
+        self.requests = PerfScanner(f.path)
+        """The requests' timing for the Perf screen, from the same lines."""
         self.data = bytearray()
         self.partial = b""
 
@@ -354,6 +357,7 @@ class _LogGeneration:
             data, cut, self.partial = data + b"\n", len(data) + 1, b""
         if cut:
             self.parser.feed_lines(data[:cut])
+            self.requests.feed(data[:cut])
             self.data += data[:cut]
 
     def _ended(self, quiet: bool) -> str:
@@ -369,6 +373,7 @@ class _LogGeneration:
         scan = clip_deep(self.parser.result())
         source = LineSource(bytes(self.data), self.f.path)
         findings = clip_deep(tuple(evaluate(scan)))
+        perf = self.requests.snapshot()
         return LogDoc(self.f.path, source, scan, findings, build_log_index(source, scan,
                                                                           self.f.path),
-                      live=live)
+                      live=live, perf=perf if perf.requests or perf.unfinished else None)

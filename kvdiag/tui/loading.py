@@ -29,7 +29,7 @@ from kvdiag.analysis.judgement.classes import MAX_PAGE
 from kvdiag.analysis.linesource import LineSource
 from kvdiag.analysis.log_index import build_log_index
 from kvdiag.analysis.pages_query import PagesQuery
-from kvdiag.analysis.replay import geometry_from_header
+from kvdiag.analysis.replay import PagesGeometry, geometry_from_header
 from kvdiag.analysis.trace_index import (
     FITS,
     READ,
@@ -255,6 +255,10 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
         publish(replace(doc, stage="ready", progress=1.0, judge_error=clip(judging.failed),
                         timings=timings))
         return
+    wider = judged_width(geometry, judging.digest)
+    if wider is not geometry:  # the grid rebuilt once, for the pages only the judgement saw
+        geometry = wider
+        doc = replace(doc, geometry=geometry, pages=PagesQuery(index, source, geometry))
     perf = None
     if index.kind_counts().get("timing"):
         from kvdiag.analysis.perf_trace import run_from_events
@@ -263,6 +267,19 @@ def _index_and_judge(doc: TraceDoc, builder: IndexBuilder, judging: _Judging,
             perf = run_from_events(Path(doc.path).name, doc.path, reader)
     publish(replace(doc, digest=judging.digest, stage="ready", progress=1.0, timings=timings,
                     perf=perf))
+
+
+def judged_width(geometry: PagesGeometry, digest: TraceDigest | None) -> PagesGeometry:
+    """``geometry`` widened to every page the judgement found read stale, foreign or not
+    judged: a read of pages beyond every write and upload (past the cells written — a padded
+    ``n_kv`` — or a page never filled) shows in no event the index keeps, only in the judged
+    pieces. The same geometry when nothing is wider."""
+    if digest is None or digest.ledger is None:
+        return geometry
+    widest = max((int(b["end"].max()) for b in digest.ledger.pieces.blocks), default=0)
+    if widest <= geometry.pages:
+        return geometry
+    return replace(geometry, pages=min(widest, MAX_PAGE))
 
 
 def seen_shape(index: TraceIndex, lo: int = 0) -> dict[str, Any]:

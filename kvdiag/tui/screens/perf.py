@@ -122,8 +122,15 @@ class PerfScreen(KvScreen):
         self._rate(plots[0], view, base, x, model if isinstance(model, ModelCurve) else None)
         self._partition(plots[1], plots[2], view, x)
         # one depth axis for the three plots
-        span = [d for v in (view, base) if v is not None
-                for r in v.table for d in (r.depth_start, r.depth_end) if d is not None]
+        # every x drawn is inside it: plotext fails to draw the legend of a labelled series
+        # whose points all fall outside the axes (a bin's middle left of a single request)
+        span: list[float] = [d for v in (view, base) if v is not None
+                             for r in v.table for d in (r.depth_start, r.depth_end)
+                             if d is not None]
+        span += [d for v in (view, base) if v is not None for d in v.bins()[0]]
+        span += [d for xs, _ in view.partition().values() for d in xs]
+        if isinstance(model, ModelCurve):
+            span += list(model.depths)
         if span:
             for plot in plots:
                 plot.plt.xlim(min(span), max(span))
