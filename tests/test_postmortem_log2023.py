@@ -103,3 +103,18 @@ def test_a_legacy_assert_whose_path_has_spaces() -> None:
         assert (type(ab).__name__, getattr(ab, "form", None), getattr(ab, "file", None),
                 getattr(ab, "condition", None)) == ("Abort", "legacy", file,
                                                     "src0->type == GGML_TYPE_F16")
+
+
+def test_a_2023_restart_before_any_request_is_a_boot_of_its_own() -> None:
+    """2023's ``llama server listening at`` (LOG_TEE, after the model loaded) ends a boot."""
+    import io
+
+    from kvdiag.postmortem.perfread import scan_stream
+    lines = ["llama_new_context_with_model: n_ctx      = 4096", "",
+             "llama server listening at http://127.0.0.1:8080", "",
+             "llama_new_context_with_model: n_ctx      = 2048", "",
+             "llama server listening at http://127.0.0.1:8080", "",
+             "GGML_ASSERT: /opt/src/llama.cpp/ggml.c:4768: false"]
+    data = ("\n".join(lines) + "\n").encode()
+    assert [b.n_ctx for b in scan_bytes(data).boots] == [4096, 2048]
+    assert [b.n_ctx for b in scan_stream("s.log", io.BytesIO(data)).boots] == [4096, 2048]

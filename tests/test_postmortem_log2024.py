@@ -10,6 +10,7 @@ its first launched request) was not counted as a boot. The lines are printed as 
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -81,3 +82,23 @@ def test_one_2024_line(text: str, want: tuple[Any, ...] | None) -> None:
     (ev,) = recs
     assert isinstance(ev, SlotEvent)
     assert (ev.kind, ev.slot, ev.task, ev.n_past, ev.message) == want
+
+
+@pytest.mark.parametrize("form", ["json", "text"])
+def test_a_restart_before_any_request_is_a_boot_of_its_own(form: Form) -> None:
+    """2024's ``model loaded`` ends a boot: a server restarted (with another context size)
+    before serving anything is two boots, and the crash is read against the second's."""
+    from kvdiag.postmortem.perfread import scan_stream
+
+    def boot_at(n_ctx: int) -> list[str]:
+        return [server_log(form, "main", "HTTP server listening",
+                           {"hostname": "0.0.0.0", "port": "8081", "n_threads_http": "7"}),
+                f"llama_new_context_with_model: n_ctx      = {n_ctx}",
+                server_log(form, "init", "initializing slots", {"n_slots": 1}),
+                server_log(form, "main", "model loaded", {})]
+    lines = [*boot_at(65536), *boot_at(8192),
+             "/src/llama.cpp/ggml/src/ggml-cuda.cu:70: CUDA error"]
+    data = ("\n".join(lines) + "\n").encode()
+    scan = scan_bytes(data)
+    assert [b.n_ctx for b in scan.boots] == [65536, 8192]
+    assert [b.n_ctx for b in scan_stream("s.log", io.BytesIO(data)).boots] == [65536, 8192]

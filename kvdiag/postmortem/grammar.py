@@ -144,6 +144,9 @@ _MODEL_LOAD = re.compile(r"loading model '([^']+)'")
 _MODEL_META = re.compile(r"^llama_model_loader: loaded meta data with .* from (.+?) \(version")
 _CONSTRUCT = re.compile(r"^llama_context: constructing llama_context")
 _LISTENING = re.compile(r"server is listening on|all slots are idle|model loaded")
+# 2023's LOG_TEE "\nllama server listening at http://%s:%d\n\n", printed in main after the model
+# loaded (examples/server/server.cpp in SJTU-IPADS/PowerInfer's December 2023 copy)
+_READY_2023 = "llama server listening at "
 
 _ADAPT = re.compile(
     r"adaptive KV partition: resident pages/layer (\d+) -> (\d+), ring slots (\d+) -> (\d+)"
@@ -342,7 +345,8 @@ def _parse_config(where: LogLine, text: str) -> list[ConfigItem]:
     if m is not None:
         item("model", m.group(1))
         return out
-    if _LISTENING.search(text) and text.startswith(("srv", "main:", "llama_server")):
+    if ((_LISTENING.search(text) and text.startswith(("srv", "main:", "llama_server")))
+            or text.startswith(_READY_2023) or serverlog.is_ready(text)):
         item("ready", True)
     return out
 

@@ -29,7 +29,7 @@ _SLOT = re.compile(r'(?:\b|")(?:id_slot|slot_id)"?[=:](\d+)\b')
 _TASK = re.compile(r'(?:\b|")(?:id_task|task_id)"?[=:](-?\d+)\b')
 # "%4s [%24s] %s": a lambda's __func__ is "operator()"
 _TEXT_MSG = re.compile(r"^ ?[A-Z]{3,4} \[ *[^\]]+\] (.*?) \|(?= \w+=)")
-_JSON_MSG = re.compile(r'"msg":"((?:[^"\\]|\\.)*)"')
+_JSON_MSG = re.compile(r'"(?:msg|message)":"((?:[^"\\]|\\.)*)"')
 _INT_KEY = re.compile(r'(?:\b|")(n_past|p0|n_prompt_tokens)"?[=:](\d+)\b')
 
 
@@ -47,14 +47,28 @@ def mentions(text: str) -> bool:
     return "id_slot" in text or "slot_id" in text
 
 
+def message(text: str) -> str | None:
+    """The message of a ``server_log`` line in either form (late 2023's JSON named it
+    ``message``, 2024's ``msg``), or ``None``."""
+    m = _JSON_MSG.search(text) if text.startswith("{") else _TEXT_MSG.match(text)
+    return None if m is None else m.group(1)
+
+
+def is_ready(text: str) -> bool:
+    """2024's ``LOG_INFO("model loaded", {})``, logged in ``main`` once the model is loaded and
+    the slots initialised (its ``HTTP server listening`` came before the load, so it is not
+    one)."""
+    return "model loaded" in text and message(text) == "model loaded"
+
+
 def parse(text: str) -> ServerLogSlot | None:
     """The slot line ``text`` is in either form, or ``None``."""
     slot = _SLOT.search(text)
     if slot is None:
         return None
-    m = _JSON_MSG.search(text) if text.startswith("{") else _TEXT_MSG.match(text)
-    if m is None:
+    msg = message(text)
+    if msg is None:
         return None
     task = _TASK.search(text)
-    return ServerLogSlot(int(slot.group(1)), int(task.group(1)) if task else None, m.group(1),
+    return ServerLogSlot(int(slot.group(1)), int(task.group(1)) if task else None, msg,
                          {k: int(v) for k, v in _INT_KEY.findall(text)})
