@@ -66,6 +66,10 @@ class ServerLog:
 
     shape: Shape = "newer"
     outer: Outer = "none"
+    release_first: bool = False
+    """Late 2024's order (older shape only): ``stop processing: n_past = …`` before the
+    ``print_timing`` block, and ``n_prompt_tokens`` in ``new prompt``
+    (tests/test_perf_release_first.py says where from)."""
     us: int = 1_000_000
     lines: list[str] = field(default_factory=list)
 
@@ -131,7 +135,8 @@ class ServerLog:
               f"t_last = {self.us}", "I")],
             [(f"slot launch_slot_: {s} processing task, is_child = 0", "I")],
             [(f"slot update_slots: {s} new prompt, n_ctx_slot = {t.n_ctx_slot}, n_keep = 0, "
-              f"task.n_tokens = {t.depth_start}", "I")],
+              f"{'n_prompt_tokens' if self.release_first else 'task.n_tokens'} = "
+              f"{t.depth_start}", "I")],
         ]
         if self.shape == "newer":
             items.append([(f"slot update_slots: {s} n_tokens = {t.cached}, memory_seq_rm "
@@ -160,6 +165,9 @@ class ServerLog:
                 block.append((f"slot print_timing: {s}    graphs reused = {t.graphs:10d}", "I"))
             items.append(block)
         else:
+            if self.release_first:
+                items.append([(f"slot      release: {s} stop processing: n_past = "
+                               f"{t.depth_end}, truncated = {int(t.truncated)}", "I")])
             items.append([
                 (f"slot print_timing: {s} ", "I"),
                 (f"prompt eval time = {_fig(t.prompt_ms, t.prompt_tokens)}", None),
@@ -167,8 +175,9 @@ class ServerLog:
                 (f"      total time = {t.prompt_ms + t.decode_ms:10.2f} ms / "
                  f"{t.prompt_tokens + t.decode_tokens:5d} tokens", None),
             ])
-        items.append([(f"slot      release: {s} stop processing: n_tokens = {t.depth_end}, "
-                       f"truncated = {int(t.truncated)}", "I")])
+        if not (self.release_first and self.shape == "older"):
+            items.append([(f"slot      release: {s} stop processing: n_tokens = {t.depth_end}, "
+                           f"truncated = {int(t.truncated)}", "I")])
         return items
 
     def requests(self, *turns: Turn) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvdiag.model.logrecords import (
     ConfigItem,
     FitsLine,
@@ -184,3 +186,29 @@ def test_lldb_inlined_frame_names_the_callee() -> None:
     assert [(f.function, f.line, f.inlined) for f in crash.backtrace.frames] == [
         ("__pthread_kill_implementation", 44, False), ("ggml_abort", 6, False),
         ("kv_stream_fattn", 9, True), ("compute_forward", 12, False), ("main", 17, False)]
+
+
+@pytest.mark.parametrize(("text", "file"), [
+    # MSVC's __FILE__ under a user name with a space; a POSIX folder with one
+    (r"C:\Users\Ana Lopez\src\llama.cpp\ggml\src\ggml-cuda\ggml-cuda.cu:2412: "
+     r"GGML_ASSERT(ggml_nbytes(src0) <= INT_MAX) failed",
+     r"C:\Users\Ana Lopez\src\llama.cpp\ggml\src\ggml-cuda\ggml-cuda.cu"),
+    ("/home/kim/My Models/llama.cpp/ggml/src/ggml.c:1598: GGML_ASSERT(ggml_nbytes(src0) <= "
+     "INT_MAX) failed", "/home/kim/My Models/llama.cpp/ggml/src/ggml.c"),
+    # glued to model output: a Windows path keeps its spaces, a POSIX one starts at its "/"
+    (r"The answer is 42.C:\Users\Ana Lopez\ggml\src\ggml.c:77: GGML_ASSERT(ggml_nbytes(src0) "
+     r"<= INT_MAX) failed", r"C:\Users\Ana Lopez\ggml\src\ggml.c"),
+    ("The answer is 42. /srv/llama.cpp/ggml/src/ggml.c:77: GGML_ASSERT(ggml_nbytes(src0) <= "
+     "INT_MAX) failed", "/srv/llama.cpp/ggml/src/ggml.c"),
+])
+def test_ggml_assert_paths_with_spaces(text: str, file: str) -> None:
+    (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
+    assert (ab.form, ab.file, ab.condition) == ("ggml", file, "ggml_nbytes(src0) <= INT_MAX")
+
+
+def test_ggml_abort_after_a_posix_path_with_spaces() -> None:
+    text = "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:70: CUDA error"
+    (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
+    assert (ab.form, ab.file, ab.line, ab.message) == (
+        "message", "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu", 70,
+        "CUDA error")

@@ -24,6 +24,13 @@ from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
          "CUDA error: x", "E"),
         (b"2025-03-01T10:00:00.000000+00:00 node7 llama-server[3011]: llama_context: n_ctx = 1",
          "llama_context: n_ctx = 1", None),
+        # docker logs -t before a line without llama.cpp's own prefix (ggml's stderr, servers
+        # started without --log-prefix): two words and a colon are the message, not a host
+        # and program
+        (b"2024-11-20T09:00:00.007000123Z CUDA error: an illegal memory access was encountered",
+         "CUDA error: an illegal memory access was encountered", None),
+        (b"2024-11-20T09:00:01.5Z slot launch_slot_: id  1 | task 0 | processing task",
+         "slot launch_slot_: id  1 | task 0 | processing task", None),
         (b"genai-stack-llm-gpu-1  | GGML_ASSERT: a.c:1: x", "GGML_ASSERT: a.c:1: x", None),
         (b"[ 8081] 0.07.101.311 E CUDA error: z", "CUDA error: z", "E"),
         (b"[40195] #1  0x1 in g ()", "#1  0x1 in g ()", None),

@@ -242,3 +242,25 @@ def test_slot_lines_need_a_word_boundary(tmp_path: Path) -> None:
     index = build_log_index(LineSource.open(log), LogParser().result(), str(log))
     assert index.columns["slot"].tolist() == [2, -1, 4, -1]
     assert [LOG_KINDS[k] for k in index.columns["kind"]] == ["slot", "line", "slot", "line"]
+
+
+def test_older_slot_lines_are_slot_lines(tmp_path: Path) -> None:
+    """Late 2023's LOG_TEE lines and 2024's server_log lines (JSON, and the slot_id key of
+    before 2024-03) give the slot too; other lines naming a slot do not."""
+    log = tmp_path / "s.log"
+    log.write_bytes(
+        b"Dec 08 10:11:12 gpu llama-server[42]: slot 1 is processing [task id: 7]\n"
+        b"slot 1 : in cache: 0 tokens | to process: 12 tokens\n"
+        b"slot 0 released (1201 tokens in cache)\n"
+        b'{"function":"update_slots","id_slot":3,"id_task":5,"level":"INFO","line":1,'
+        b'"msg":"slot released","n_past":9,"tid":"1","timestamp":1,"truncated":false}\n'
+        b'INFO [   launch_slot_with_task] slot is processing task | slot_id=2 task_id=0 '
+        b'tid="1" timestamp=1\n'
+        b'{"function":"launch_slot_with_task","level":"INFO","line":1,"msg":"slot is '
+        b'processing task","slot_id":6,"task_id":1,"tid":"1","timestamp":1}\n'
+        b"all slots are idle, slot 4 was the last one\n"
+        b"a timeslot 5 released\n")
+    index = build_log_index(LineSource.open(log), LogParser().result(), str(log))
+    assert index.columns["slot"].tolist() == [1, 1, 0, 3, 2, 6, -1, -1]
+    assert [LOG_KINDS[k] for k in index.columns["kind"]] == [
+        "slot", "slot", "slot", "slot", "slot", "slot", "line", "line"]

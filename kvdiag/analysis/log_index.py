@@ -25,6 +25,13 @@ LOG_CODE = {k: i for i, k in enumerate(LOG_KINDS)}
 # log than a pattern that starts with an anchor or a class); the word boundary before "id" is
 # checked on the few bytes around each match instead.
 _SLOT_BYTES = re.compile(rb"id(?: +(\d{1,4}) \| task|_slot=(\d{1,4})\b)")
+# The older forms, searched only in a log that holds one (the pattern is several times slower):
+# 2024's server_log JSON ("id_slot":N) and the slot_id key of before 2024-03 (text and JSON),
+# and late 2023's LOG_TEE lines ("slot N is processing [task id: T]", "slot N released (…)",
+# "slot N : in cache …", "slot N: context shift …"; kvdiag/postmortem/timinglines.py cites them)
+_SLOT_OLDER = re.compile(
+    rb'(?:"id_slot"|slot_id"?)[=:](\d{1,4})\b|slot (\d{1,4})(?: is processing| released| ?: )')
+_OLDER_MARKS = (b'"id_slot"', b"slot_id", b"is processing [task", b"tokens in cache)")
 _WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _BLOCK = 16 << 20
 
@@ -77,12 +84,14 @@ def build_log_index(source: LineSource, scan: LogScan, name: str | None = None) 
     data = source.data
     starts: list[int] = []
     numbers: list[int] = []
-    for m in _SLOT_BYTES.finditer(data):
-        at = m.start()
-        if at > 0 and data[at - 1] in _WORD:
-            continue  # "valid  1 | task" is not a slot line
-        starts.append(at)
-        numbers.append(int(m.group(1) or m.group(2)))
+    older = any(data.find(mark) >= 0 for mark in _OLDER_MARKS)
+    for rx in (_SLOT_BYTES, _SLOT_OLDER) if older else (_SLOT_BYTES,):
+        for m in rx.finditer(data):
+            at = m.start()
+            if at > 0 and data[at - 1] in _WORD:
+                continue  # "valid  1 | task" is not a slot line
+            starts.append(at)
+            numbers.append(int(m.group(1) or m.group(2)))
     if starts:
         # one binary search for all matches: a server log is mostly slot lines
         rows = np.searchsorted(offsets, np.array(starts, np.int64), side="right") - 1

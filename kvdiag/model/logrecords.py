@@ -144,6 +144,15 @@ class GpuError(msgspec.Struct, frozen=True, omit_defaults=True):
     statement: str | None = None
     failed_op: str | None = None
 
+    def place(self) -> str:
+        """``device <id>, in <function> at <file:line>``, of what the log gave (2023's
+        ``CUDA_CHECK`` named no function; ``""`` when none)."""
+        where = " ".join(x for x in (None if self.function is None else f"in {self.function}",
+                                     None if self.location is None else f"at {self.location}")
+                         if x)
+        return ", ".join(x for x in (
+            None if self.device is None else f"device {self.device}", where) if x)
+
 
 class SignalLine(msgspec.Struct, frozen=True, omit_defaults=True):
     """A fatal signal reported without an abort line (segfault and friends)."""

@@ -64,6 +64,10 @@ class CrashBlock:
             self._attach_detail(where, *detail)
             self._want_statement = True
             return True
+        device = grammar.parse_device_alone(text)
+        if device is not None and self.errors and self.errors[-1].device is None:
+            self.errors[-1] = msgspec.structs.replace(self.errors[-1], device=device)
+            return True
         op = grammar.parse_failed_op(text)
         if op is not None:
             self._failed_op = op

@@ -23,25 +23,32 @@ from kvdiag.model.logrecords import (
     SlotEventKind,
     StreamEvent,
 )
+from kvdiag.postmortem import serverlog
 
 Record = ConfigItem | SlotEvent | StreamEvent | FitsLine | Abort | GpuError | SignalLine
 
 _EXT = r"(?:c|cc|cpp|cxx|cu|cuh|h|hh|hpp|m|mm|metal|comp|inc)"
-# A source path at the start of a line (relative or absolute, POSIX or Windows).
-_PATH_AT_START = rf"((?:[A-Za-z]:)?[^\s:]*?\.{_EXT})"
-# An absolute path anywhere (used when the abort text is glued to other output).
-_PATH_ABS = rf"((?:[A-Za-z]:[\\/]|/)[^\s:]*?\.{_EXT})"
 
-_GGML_ASSERT_START = re.compile(rf"^{_PATH_AT_START}:(\d+): GGML_ASSERT\((.*)\) failed")
-_GGML_ASSERT_ANY = re.compile(rf"{_PATH_ABS}:(\d+): GGML_ASSERT\((.*?)\) failed")
+# ggml_abort's "%s:%d: " with __FILE__: an absolute path at a line's start may hold spaces
+# (MSVC's C:\Users\<First Last>\…, folders with spaces); glued to other output only a Windows
+# one can (a POSIX one would take in the words before it)
+_GGML_ASSERT_START = re.compile(
+    rf"^((?:[A-Za-z]:[\\/]|/)[^:\n]*?\.{_EXT}|[^\s:]*?\.{_EXT}):(\d+): GGML_ASSERT\((.*)\) failed")
+_GGML_ASSERT_ANY = re.compile(
+    rf"((?:[A-Za-z]:[\\/][^:\n]*?|/[^\s:]*?)\.{_EXT}):(\d+): GGML_ASSERT\((.*?)\) failed")
 _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
-_LEGACY_ASSERT = re.compile(r"GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
+# "GGML_ASSERT: %s:%d: %s\n" with __FILE__ (ggml.h before 2024-08): the path may hold spaces
+# (MSVC's C:\Users\<name with spaces>\…), so a path ending in a source extension is tried first
+_LEGACY_ASSERT = re.compile(
+    rf"GGML_ASSERT: ((?:[A-Za-z]:[\\/])?[^:\n]*?\.{_EXT}):(\d+): (.*)$"
+    r"|GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
 _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
 # GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
 # on stderr, so the line may be glued to model output that had no newline. __FILE__ is the
-# path the compiler was given: absolute in CMake builds, POSIX or Windows (with spaces).
-_SRC_PATH = rf"(?:[A-Za-z]:[\\/][^:\n]*?|[^\s:]*?)\.{_EXT}"
+# path the compiler was given: absolute in CMake builds, POSIX or Windows (with spaces at a
+# line's start; glued to other output only a Windows one may hold them).
+_SRC_PATH = rf"(?:(?:[A-Za-z]:[\\/]|/)[^:\n]*?|[^\s:]*?)\.{_EXT}"
 _ABORT_AT_START = re.compile(rf"^({_SRC_PATH}):(\d+): (\S.*)$")
 _ABORT_GLUED = re.compile(rf"((?:[A-Za-z]:[\\/][^:\n]*?|/[^\s:]*?)\.{_EXT}):(\d+): (\S.*)$")
 # A location cited inside another message ("CUDA error 2 at <file>:<line>: …"), not glued to it.
@@ -80,6 +87,10 @@ _GPU_ERROR = re.compile(r"\b(CUDA|ROCm|HIP|SYCL|MUSA|CANN|cuBLAS|CUBLAS) error: 
 _GPU_ERROR_OLD = re.compile(r"\b(CUDA|ROCm|HIP) error (\d+) at (\S+:\d+): (.*)$")
 # the location may be a Windows path with spaces (C:\Users\Mia Chen\…\ggml-cuda.cu:2623)
 _CURRENT_DEVICE = re.compile(r"current device: (-?\d+), in function (\S+) at (\S.*?:\d+)\s*$")
+# ggml-cuda.cu's CUDA_CHECK before ggml_cuda_error (2023): "\nCUDA error %d at %s:%d: %s\n",
+# then "current device: %d\n" alone, then exit(1) (upstream commit 3d68f36, 2023-11-13, as
+# SJTU-IPADS/PowerInfer's history holds it)
+_DEVICE_ALONE = re.compile(r"^current device: (-?\d+)\s*$")
 _FAILED_OP = re.compile(r"^ggml_cuda_compute_forward: (\w+) failed")
 # SYCL (ggml-sycl SYCL_CHECK): "SYCL error: CHECK_TRY_ERROR(<stmt>): <msg>", then
 # "  in function <f> at <file:line>"; before them "Native API failed. Native API returns: <m>"
@@ -106,7 +117,6 @@ _SLOT = re.compile(r"^slot +([^:]{0,24}): +id +(\d+) \| task +(-?\d+) \| ?(.*)$"
 # postmortem/timinglines.py): "slot 0 is processing [task id: 5]", "slot 0 released (412
 # tokens in cache)"
 _SLOT_2023 = re.compile(r"^slot (\d+) (?:is processing \[task id: (\d+)\]|released \((\d+) tokens)")
-_SLOT_KV = re.compile(r"\bid_slot=(\d+)\b(?:.*?\bid_task=(-?\d+))?")
 _SRV = re.compile(r"^srv +([^:]{0,24}): +(.*)$")
 
 _CONFIG_EQ = re.compile(
@@ -134,6 +144,9 @@ _MODEL_LOAD = re.compile(r"loading model '([^']+)'")
 _MODEL_META = re.compile(r"^llama_model_loader: loaded meta data with .* from (.+?) \(version")
 _CONSTRUCT = re.compile(r"^llama_context: constructing llama_context")
 _LISTENING = re.compile(r"server is listening on|all slots are idle|model loaded")
+# 2023's LOG_TEE "\nllama server listening at http://%s:%d\n\n", printed in main after the model
+# loaded (examples/server/server.cpp in SJTU-IPADS/PowerInfer's December 2023 copy)
+_READY_2023 = "llama server listening at "
 
 _ADAPT = re.compile(
     r"adaptive KV partition: resident pages/layer (\d+) -> (\d+), ring slots (\d+) -> (\d+)"
@@ -188,8 +201,10 @@ _PROGRESS = re.compile(r"progress = ([\d.]+)")
 
 
 def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
-    """A ``slot <func>: id <n> | task <t> | <msg>`` line, or the older key=value form."""
+    """A ``slot <func>: id <n> | task <t> | <msg>`` line, 2023's ``slot <n> is processing``
+    form, or 2024's ``server_log`` form (text or JSON: :mod:`kvdiag.postmortem.serverlog`)."""
     task: int | None
+    logged: serverlog.ServerLogSlot | None = None
     m = _SLOT.match(text)
     old = None if m is not None else _SLOT_2023.match(text)
     if m is not None:
@@ -198,16 +213,20 @@ def parse_slot(where: LogLine, text: str) -> SlotEvent | None:
         slot, msg = int(old.group(1)), text[old.end(1) + 1:]
         task = int(old.group(2)) if old.group(2) is not None else None
     else:
-        m2 = _SLOT_KV.search(text)
-        if m2 is None:
+        logged = serverlog.parse(text)
+        if logged is None:
             return None
-        slot = int(m2.group(1))
-        task = int(m2.group(2)) if m2.group(2) is not None else None
-        msg = text
+        slot, task, msg = logged.slot, logged.task, logged.message
     kind = _slot_kind(msg)
     if kind is None:
         return None
     fields = {k: int(v) for k, v in _INT_FIELD.findall(msg)}
+    if logged is not None:
+        # the 2024 form keeps its figures in keys: "kv cache rm" p0 is what the cache kept,
+        # "slot released" n_past the depth reached
+        fields.update(logged.ints)
+        if "p0" in fields:
+            fields.setdefault("n_past", fields["p0"])
     n_tokens = fields.get("task.n_tokens", fields.get("n_prompt_tokens", fields.get("n_tokens")))
     n_past = fields.get("n_past")
     if old is not None and old.group(3) is not None:
@@ -326,7 +345,8 @@ def _parse_config(where: LogLine, text: str) -> list[ConfigItem]:
     if m is not None:
         item("model", m.group(1))
         return out
-    if _LISTENING.search(text) and text.startswith(("srv", "main:", "llama_server")):
+    if ((_LISTENING.search(text) and text.startswith(("srv", "main:", "llama_server")))
+            or text.startswith(_READY_2023) or serverlog.is_ready(text)):
         item("ready", True)
     return out
 
@@ -392,8 +412,9 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 return found
         m = _LEGACY_ASSERT.search(text)
         if m is not None:
-            out.append(Abort(where=where, form="legacy", file=m.group(1), line=int(m.group(2)),
-                             condition=m.group(3).strip(), message=m.group(3).strip()))
+            file, num, cond = m.groups()[:3] if m.group(1) is not None else m.groups()[3:]
+            out.append(Abort(where=where, form="legacy", file=file, line=int(num),
+                             condition=cond.strip(), message=cond.strip()))
             return out
     if "ssert" in text:
         m = _MSVC_ASSERT.search(text)
@@ -449,6 +470,12 @@ def parse_current_device(text: str) -> tuple[int, str, str] | None:
     if m is None:
         return None
     return int(m.group(1)), m.group(2), m.group(3)
+
+
+def parse_device_alone(text: str) -> int | None:
+    """2023's ``current device: <id>`` line after ``CUDA error <n> at <file:line>: <msg>``."""
+    m = _DEVICE_ALONE.match(text)
+    return int(m.group(1)) if m else None
 
 
 def parse_in_function(text: str) -> tuple[str, str] | None:
@@ -526,7 +553,7 @@ def parse_fits(where: LogLine, text: str) -> FitsLine | None:
 def classify(where: LogLine, text: str) -> list[Record]:
     """All records one cleaned line yields (usually zero or one)."""
     out: list[Record] = []
-    if text.startswith("slot ") or "id_slot=" in text:
+    if text.startswith("slot ") or serverlog.mentions(text):
         ev = parse_slot(where, text)
         if ev is not None:
             return [ev]

@@ -22,9 +22,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
 _JOURNALD = re.compile(
     r"^(?:[A-Z][a-z]{2}|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: "
 )
+# After the timestamp: the CRI stream and tag (Kubernetes), or a syslog host and
+# ``prog[pid]:`` (rsyslog's file format). The pid is required: without it "<host> <prog>:" is
+# any two words and a colon, which the messages docker -t prefixes start with ("CUDA error: …",
+# "slot launch_slot_: id …"), and those would lose their first words.
 _ISO = re.compile(
     r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?: (?:stdout|stderr) [FP]| \S+ [^\s:\[]+(?:\[\d+\])?:)? "
+    r"(?: (?:stdout|stderr) [FP]| \S+ [^\s:\[]+\[\d+\]:)? "
 )
 # journald's identifier and pid without date and host (what remains when the date column is cut
 # off a copied journal, e.g. "ollama[1297]: "); the name is a program name, never a bracket.

@@ -36,7 +36,7 @@ from kvdiag.model.logrecords import (
     SlotEvent,
     StreamEvent,
 )
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import grammar, serverlog
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
@@ -66,9 +66,10 @@ HELPER_ANCHORS = ANCHORS[4:]
 #: Files smaller than this are not worth starting a helper process for.
 PARALLEL_MIN_BYTES = 64 << 20
 #: Extra anchors while a boot still waits for its first request.
-LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", b"id_slot=", b"is processing [task")
-"""``launch_slot_`` (2024-), the 2024 key=value form, 2023's ``slot N is processing [task id:
-N]``: a request launched, so the boot was ready."""
+LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", *serverlog.ANCHORS,
+                                     b"is processing [task")
+"""``launch_slot_`` (2024-), the 2024 ``server_log`` form (text or JSON, either key spelling),
+2023's ``slot N is processing [task id: N]``: a request launched, so the boot was ready."""
 
 BLOCK = 8 << 20
 LOOKBACK_BYTES = 1 << 20
@@ -481,10 +482,10 @@ class LogParser:
                 fl = grammar.parse_fits(LogLine(self._name, n, text), text)
                 if fl is not None:
                     fits.append(fl)
-            elif b"slot" in raw or b"idle" in raw or b"id_slot" in raw:
+            elif b"slot" in raw or b"idle" in raw:
                 text, _ = clean(raw)
                 ev: SlotEvent | None = None
-                if text.startswith("slot ") or "id_slot=" in text:
+                if text.startswith("slot ") or serverlog.mentions(text):
                     ev = grammar.parse_slot(LogLine(self._name, n, text), text)
                 elif "all slots are idle" in text:
                     ev = SlotEvent(where=LogLine(self._name, n, text), kind="idle",

@@ -26,3 +26,8 @@ class Pending(msgspec.Struct, gc=False):
     notes: list[int] = msgspec.field(default_factory=list)
     orphan: bool = False
     """Began before the part of the log this scanner reads (:mod:`perfsplit`)."""
+    stopped: tuple[int, bool | None] | None = None
+    """``(depth at end, truncated)`` of a release line read before the timing: the servers of
+    late 2024 logged ``stop processing`` first (:mod:`kvdiag.postmortem.perfscan`)."""
+    stopped_notes: int = 0
+    """How many notes had been logged at that release: the later ones are not its own."""

@@ -12,7 +12,9 @@ the scanner is :mod:`kvdiag.postmortem.perfread`.
 
 How a request is assembled, per slot (brief §7.3): ``new prompt`` opens it (depth at start,
 slot size), the cache line says what was kept, ``print_timing`` gives the prompt and decode
-figures (and ``graphs reused``), ``stop processing`` closes it (depth at end, truncated). A
+figures (and ``graphs reused``), ``stop processing`` closes it (depth at end, truncated); the
+servers of late 2024 released first and printed the timing after (``slot.release();
+slot.print_timings();`` in ``update_slots``), so a release read before the timing waits for it. A
 request opened and never given its timing — the process died, the request failed, the log
 ends — is counted as unfinished. A kv-stream line belongs to every request in flight on any
 slot when it is logged (the runtime is shared by the slots). A new boot ends what was in flight.
@@ -362,8 +364,18 @@ class PerfScanner:
                 kept = g[CACHED - 1] if g[CACHED - 1] is not None else g[CACHED]
                 p.cached = int(kept or 0)
             if stop is not None:
+                if p.decode is None and p.prompt is None and p.graphs is None:
+                    # released before any of its timing (late 2024): the block follows, or
+                    # never comes (a cancelled request: unfinished when the slot's next one
+                    # opens)
+                    p.stopped = (int(stop), None if trunc is None else trunc == b"1")
+                    p.stopped_notes = len(self.notes)
+                    continue
                 del pending[slot]
                 self._close(slot, p, int(stop), None if trunc is None else trunc == b"1", "stop")
+            elif p.stopped is not None and p.decode is not None:
+                del pending[slot]
+                self._close(slot, p, *p.stopped, "stop")
         if m is not None:
             self._walk_end = m.end()
         return lines, counted, ri
@@ -453,11 +465,16 @@ class PerfScanner:
 
     def _close(self, slot: int | None, p: _Pending, depth_end: int | None,
                truncated: bool | None, ended: str = "end") -> None:
+        notes_until: int | None = None if ended == "end" else len(self.notes)
+        if p.stopped is not None:  # it ended at its release, read before its timing
+            if depth_end is None:
+                depth_end, truncated = p.stopped
+            ended, notes_until = "stop", p.stopped_notes
         if p.orphan and slot is not None:
             self.orphans.append(Orphan(
                 slot=slot, task=p.task, cached=p.cached, prompt=p.prompt, decode=p.decode,
                 line=p.line, graphs=p.graphs, ended=ended, depth_end=depth_end,
-                truncated=truncated, notes_until=None if ended == "end" else len(self.notes),
+                truncated=truncated, notes_until=notes_until,
                 started=p.started, notes=tuple(p.notes)))
             return
         if p.decode is None:
@@ -563,7 +580,8 @@ class PerfScanner:
         index = len(self.notes)
         self.notes.append(note)
         for p in self._pending.values():
-            p.notes.append(index)
+            if p.stopped is None:
+                p.notes.append(index)
 
     def _problem(self, message: str, line: int | None) -> None:
         if len(self.problems) < MAX_PROBLEMS:

@@ -201,6 +201,10 @@ RARE_ANCHORS: tuple[bytes, ...] = (
     # boot lines, and a fallback warning in kv-stream's words ("kv-stream", "KV stream", §3)
     b"tream",
     b"fits",  # the instrumented fits=false line (§4.5), a fallback warning naming fits() (§3)
+    # the ready lines of 2023 ("llama server listening at") and 2024 ("model loaded",
+    # server_log): a restart before any request is a boot of its own
+    b"listening at",
+    b"model loaded",
 )
 """Substrings of the other lines ``kvdiag perf`` reads (decoded and parsed with the post-mortem
 grammar, :mod:`kvdiag.postmortem.grammar`): few per log, so found with a plain search. Each

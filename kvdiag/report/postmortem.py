@@ -192,8 +192,8 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
     if crash.error is not None:
         err = crash.error
         parts.append(Text(f"  {err.backend} error: {cap(err.message)}", style="red"))
-        if err.function or err.location:
-            parts.append(Text(f"    device {err.device}, in {err.function} at {err.location}"))
+        if err.place():
+            parts.append(Text(f"    {err.place()}"))
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:

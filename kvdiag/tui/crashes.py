@@ -53,8 +53,8 @@ def from_crash(i: int, crash: Crash) -> CrashView:
         err = crash.error
         title = err.message if crash.abort is None else title
         details.append(f"{err.backend} error: {err.message}")
-        if err.function or err.location:
-            details.append(f"device {err.device}, in {err.function} at {err.location}")
+        if err.place():
+            details.append(err.place())
         if err.statement:
             details.append(err.statement)
     if crash.signal is not None:
