@@ -370,7 +370,8 @@ def test_a_declared_record_list_overrides_inference() -> None:
     assert inferred.residency["read_classes"]["not_judged"] == 1
     assert declared.residency["read_classes"]["foreign"] == 1
     assert declared.completeness.source == "declared"
-    assert {k.kind for k in declared.completeness.missing} == {"fits", "output"}
+    # and invalidate: declared without it while a page is read from a slot
+    assert {k.kind for k in declared.completeness.missing} == {"fits", "output", "invalidate"}
 
 
 def test_a_trace_of_nothing_judges_nothing_and_says_so() -> None:
