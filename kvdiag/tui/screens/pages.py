@@ -25,6 +25,7 @@ from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import unavailable
 from kvdiag.tui.widgets.pages_grid import PagesGrid
 from kvdiag.tui.widgets.scrubber import Scrubber
+from kvdiag.tui.widgets.steady import update_steady
 
 PLAY_INTERVAL_S = 0.3
 Panel = tuple[int, int]
@@ -234,9 +235,9 @@ class PagesScreen(KvScreen):
             bad += " · [yellow]judging… (reads of this step not judged yet)[/]"
         outside = (f" · {len(marks.outside)} page(s) marked outside the window (^)"
                    if marks.outside else "")
-        self.query_one("#pages-info", Static).update(
-            f"step {step} of {self.last_step}{playing}{bad}{outside}\n{window_words(snap)}"
-            f"{compared}")
+        update_steady(self.query_one("#pages-info", Static),
+                      f"step {step} of {self.last_step}{playing}{bad}{outside}\n"
+                      f"{window_words(snap)}{compared}")
         self._show_cursor()
 
     def _show_cursor(self) -> None:
@@ -259,7 +260,7 @@ class PagesScreen(KvScreen):
             # missed mark leaves nothing stale; inside it, the resident copy keeps old bytes
             words += ("this page's resident copy is never refreshed." if resident else
                       "it has no resident copy (read through the ring), so nothing is left stale.")
-        self.query_one("#pages-cell", Static).update(words)
+        update_steady(self.query_one("#pages-cell", Static), words)
 
     # -- keys ---------------------------------------------------------------------------
 
