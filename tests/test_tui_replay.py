@@ -315,7 +315,8 @@ def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None
     assert view.pages[1] == []  # read from the host at step 1: nothing flagged
 
 
-def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(tmp_path: Path) -> None:
+def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GIVEN a runtime that pads its attention past the cells written (n_kv rounded up) and
     reads two pages nothing wrote or uploaded, from ring slots nothing was copied into (the
     judgement: foreign) THEN the Pages grid has those columns and marks them as the judgement
@@ -351,3 +352,14 @@ def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(tmp_path: Pat
     assert view.pages[0] == [(0, 0, 2, "!"), (0, 0, 3, "!")]
     doc = load_document(str(path))
     assert doc.geometry is not None and doc.geometry.pages == 4
+    # judged in a child process, then read back from the judgement cache: the same width
+    from kvdiag.tui.document import Document, TraceDoc
+    from kvdiag.tui.loading import load_trace
+
+    monkeypatch.setenv("KVDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    for cached in (False, True):
+        docs: list[Document] = []
+        load_trace(str(path), docs.append, judge_in_process=True)
+        last = docs[-1]
+        assert isinstance(last, TraceDoc) and last.geometry is not None
+        assert last.geometry.pages == 4 and ("cached" in last.timings) == cached

@@ -174,6 +174,9 @@ class Delta:
     aborts_more: int = 0
     """Abort events beyond ``aborts`` (counted, not carried: a judgement read back)."""
     problems_more: int = 0
+    widest_page: int = 0
+    """One past the highest page any read so far got stale, foreign or not judged (the Pages
+    grid covers it: such a read may lie beyond every write and upload)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +197,8 @@ class TraceDigest:
     problems_total: int
     truncated: bool
     costs: dict[str, float] = field(default_factory=dict)
+    widest_page: int = 0
+    """:attr:`Delta.widest_page` of the last delta."""
     """The judging process's CPU time and peak memory (a pass in a child process)."""
     _telemetry: tuple[TelemetrySeries, ...] = ()
     _partition: tuple[TelemetrySeries, ...] = ()
@@ -274,7 +279,7 @@ class DigestBuilder:
             rows=delta.rows, position=delta.position, done=delta.done, marks=marks,
             aborts=aborts, aborts_total=self._aborts_total, problems=tuple(self._problems),
             problems_total=self._problems_total, truncated=delta.truncated,
-            costs=delta.costs, _telemetry=tuple(self._telemetry), _partition=tuple(self._partition))
+            costs=delta.costs, widest_page=delta.widest_page, _telemetry=tuple(self._telemetry), _partition=tuple(self._partition))
         return self.latest
 
 

@@ -65,7 +65,7 @@ from kvdiag.tui.digest import (
     TelemetrySeries,
 )
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MAGIC = b"KVJUDGE1"
 TRAILER = struct.Struct("<QQ8s")
 ALIGN = 64
@@ -118,6 +118,7 @@ class Footer(msgspec.Struct, frozen=True):
     costs: dict[str, float]
     written: float
     """When the judgement was written (time.time())."""
+    widest_page: int = 0
 
 
 class CacheError(Exception):
@@ -280,7 +281,7 @@ class LedgerWriter:
                 partition=_series(self._partition, PARTITION_FIELDS),
                 aborts=self._aborts, aborts_more=self._aborts_more, problems=self._problems,
                 problems_more=self._problems_more, costs=dict(delta.costs),
-                written=time.time())
+                written=time.time(), widest_page=delta.widest_page)
             data = msgspec.msgpack.encode(footer)
             at = self._write(data)
             self._write(TRAILER.pack(at, len(data), MAGIC))
@@ -428,7 +429,8 @@ def _read(fd: int, key: CacheKey, path: Path) -> Cached:
         aborts=tuple(footer.aborts), problems=tuple(footer.problems),
         truncated=footer.truncated, done=footer.done, costs=dict(footer.costs),
         marks_sealed={m: np.array(footer.marks.get(m, []), np.int64) for m in MARKS},
-        aborts_more=footer.aborts_more, problems_more=footer.problems_more)
+        aborts_more=footer.aborts_more, problems_more=footer.problems_more,
+        widest_page=footer.widest_page)
     return Cached(delta=delta, file=path, written=footer.written)
 
 

@@ -105,6 +105,10 @@ class JudgingPass:
         self._sent = [0] * len(TABLES)
         self._problems = 0
         self._side: dict[str, list[Any]] = {k: [] for k in _SIDE.values()}
+        self._widest = 0
+        """One past the highest page read stale, foreign or not judged so far (the pieces
+        table's ``end``, taken here where the rows are: a viewer reading it from the mapped
+        ledger would map the whole table in)."""
 
     def feed(self, block: bytes, offset: int) -> None:
         """Judge ``block``, the next lines of the file, from byte ``offset``."""
@@ -160,6 +164,10 @@ class JudgingPass:
                               t.blocks[t.sealed] if len(t.blocks) > t.sealed else None, t.n))
                 self._sent[i] = t.sealed
         tables = [TableDelta(*p) for p in parts]
+        pieces = parts[TABLES.index("pieces")]
+        for b in (*pieces[0], *(() if pieces[1] is None else (pieces[1],))):
+            if len(b):
+                self._widest = max(self._widest, int(b["end"].max()))
         marks_sealed = marks_of([p[0] for p in parts])
         marks_open = marks_of([() if p[1] is None else (p[1],) for p in parts])
         side = self._side
@@ -172,4 +180,4 @@ class JudgingPass:
             telemetry=telemetry_series(side["telemetry"]),
             partition=partition_series(side["partition"]), aborts=tuple(side["abort"]),
             problems=tuple(problems), truncated=self.reader.truncated, done=done,
-            marks_sealed=marks_sealed, marks_open=marks_open)
+            marks_sealed=marks_sealed, marks_open=marks_open, widest_page=self._widest)

@@ -274,9 +274,9 @@ def judged_width(geometry: PagesGeometry, digest: TraceDigest | None) -> PagesGe
     judged: a read of pages beyond every write and upload (past the cells written — a padded
     ``n_kv`` — or a page never filled) shows in no event the index keeps, only in the judged
     pieces. The same geometry when nothing is wider."""
-    if digest is None or digest.ledger is None:
+    if digest is None:
         return geometry
-    widest = max((int(b["end"].max()) for b in digest.ledger.pieces.blocks), default=0)
+    widest = digest.widest_page  # taken where the rows were made: the mapped table untouched
     if widest <= geometry.pages:
         return geometry
     return replace(geometry, pages=min(widest, MAX_PAGE))
