@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from kvdiag.model.findings import Severity
     from kvdiag.postmortem.parse import LogParser
     from kvdiag.report.postmortem import postmortem_renderable, postmortem_to_json
-    from kvdiag.trace.segments import ZSTD_MAGIC
-    from kvdiag.trace.version import looks_like_trace
+    from kvdiag.trace.segments import starts_a_trace
 
     try:
         threshold = Severity.parse(args.fail_on)
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         with open_log(path) as log:
             peek = getattr(log.stream, "peek", None)
             head = peek(4096)[:4096] if callable(peek) else b""
-            if looks_like_trace(head) or head.startswith(ZSTD_MAGIC):
+            if starts_a_trace(head):
                 # a trace's lines hold JSON the log grammar half-reads (its abort message
                 # became a crash with no backtrace): refused, as import refuses it
                 raise InputError(f"{log.name}: this is a kvtrace trace, not a server log: "

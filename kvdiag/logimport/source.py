@@ -20,8 +20,7 @@ from typing import BinaryIO
 
 from kvdiag.errors import InputError
 from kvdiag.files.logs import READ_ERRORS, OpenLog, describe_break, open_log
-from kvdiag.trace.segments import ZSTD_MAGIC
-from kvdiag.trace.version import looks_like_trace
+from kvdiag.trace.segments import starts_a_trace
 
 BLOCK = 4 << 20
 #: A run of bytes this long without a newline is not a line to keep whole.
@@ -56,7 +55,7 @@ class LogInput:
             # refuse what is not a log before anything is written (the rule of files.logs)
             with open_log(self.path, name=self.display) as opened:
                 head = opened.stream.read(4096)
-            if looks_like_trace(head) or head.startswith(ZSTD_MAGIC):
+            if starts_a_trace(head):
                 # a trace's lines hold JSON that the log grammar half-matches (its abort
                 # message): it would become a trace of one abort, the rest lost
                 raise InputError(f"{self.display}: this is a kvtrace trace, not a server log: "

@@ -227,12 +227,7 @@ class PerfScanner:
                 "with their slot's release line (a release run of another length, several "
                 "blocks one of which decoded nothing, or no release before a boot or the end): "
                 "read without slot or depth", None)
-        boots = (*self.boot.boots_final(), *self.extra_boots)
-        return PerfRun(
-            name=os.path.basename(self.name) or self.name, source=self.source, kind="log",
-            requests=tuple(self.requests), notes=tuple(self.notes),
-            notes_dropped=self.notes_dropped, adapt=self.adapt.result(), boots=boots,
-            unfinished=self.unfinished, lines=self._lines, problems=tuple(self.problems))
+        return self.snapshot()
 
     # -- one buffer ------------------------------------------------------------------------
 

@@ -13,8 +13,7 @@ from kvdiag.files.inputs import STDIN_NAME, open_input
 from kvdiag.sql.rows import log_rows, trace_rows
 from kvdiag.sql.schema import TABLES
 from kvdiag.sql.store import Database, require_parquet_dir, tables_named
-from kvdiag.trace.segments import ZSTD_MAGIC, find_set
-from kvdiag.trace.version import looks_like_trace
+from kvdiag.trace.segments import find_set, starts_a_trace
 
 ALL_TABLES = frozenset(t.name for t in TABLES)
 
@@ -45,7 +44,7 @@ def input_kind(path: str) -> str:
             raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not head:
         raise InputError(f"{path}: empty file")
-    return "trace" if looks_like_trace(head) or head[:4] == ZSTD_MAGIC else "log"
+    return "trace" if starts_a_trace(head) else "log"
 
 
 def load(db: Database, inputs: Sequence[str], tables: frozenset[str],

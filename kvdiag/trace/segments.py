@@ -37,9 +37,16 @@ import msgspec
 from kvdiag.errors import InputError
 from kvdiag.files.inputs import open_input
 from kvdiag.trace.problems import Problem
+from kvdiag.trace.version import looks_like_trace
 
 SEGMENT = re.compile(r"^(?P<stem>.+)\.(?P<index>\d{6})\.kvtrace(?P<zst>\.zst)?$")
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def starts_a_trace(head: bytes) -> bool:
+    """Do a file's first bytes start a trace: a kvtrace header line, or a zstd-compressed
+    segment (what import, postmortem and sql tell from a server log)?"""
+    return looks_like_trace(head) or head.startswith(ZSTD_MAGIC)
 _PIECE = 1 << 20
 _HEADER_MAX = 1 << 20
 _TAIL = 1 << 16
