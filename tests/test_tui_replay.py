@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -274,6 +275,24 @@ def test_a_view_read_in_several_events_shows_every_page(tmp_path: Path) -> None:
         assert snap.flagged() == ref[step].flagged()  # type: ignore[attr-defined]
 
 
+def _native_trace(path: Path, name: str, plan: dict[str, int], records: list[str],
+                  lines: list[dict[str, Any]], steps: int) -> Path:
+    """A trace as a one-stream fork writes it through kvtrace.h: a header declaring
+    ``records``, the events of ``lines`` numbered in order, an End after ``steps`` steps."""
+    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
+              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
+              "device": {"name": "unknown"},
+              "scenario": {"name": name, "source": "native",
+                           "config": {"np": 1, "layout": "shared", "dispatch": "fits"}},
+              "plan": {**plan, "streamed_layers": 1, "n_stream": 1}, "extra": {},
+              "records": records}
+    events = [{**e, "seq": i + 1, "t_ns": 10 * (i + 1)} for i, e in enumerate(lines)]
+    events.append({"kind": "end", "seq": len(events) + 1, "t_ns": 100, "step": steps - 1,
+                   "status": "completed", "steps": steps, "events": len(events)})
+    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    return path
+
+
 def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None:
     """GIVEN a runtime without pages_per_stream in its plan whose view covers two pages but
     that uploads only page 0, reading page 1 from a ring slot nothing was copied into (the
@@ -282,14 +301,6 @@ def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None
     wide: the pages came from the highest upload only)."""
     from kvdiag.tui.shown import shown
 
-    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
-              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
-              "device": {"name": "unknown"},
-              "scenario": {"name": "no-ring-upload", "source": "native",
-                           "config": {"np": 1, "layout": "shared", "dispatch": "fits"}},
-              "plan": {"page_bytes": 4096, "pool_pages": 3, "resident_pages_per_layer": 1,
-                       "ring_slots": 2, "streamed_layers": 1, "n_stream": 1},
-              "extra": {}, "records": ["step", "write", "upload", "read", "warn", "end"]}
     lines = [
         {"kind": "step", "step": 0, "phase": "prefill", "streams": [0], "tokens": 300,
          "n_kv": 512},
@@ -304,11 +315,10 @@ def test_the_grid_has_the_pages_read_beyond_every_upload(tmp_path: Path) -> None
         {"kind": "read", "step": 1, "layer": 0, "stream": 0, "pool": 0, "ring": 0, "host": 2,
          "served": [[0, 2, "host", -1]]},
     ]
-    events = [{**e, "seq": i + 1, "t_ns": 10 * (i + 1)} for i, e in enumerate(lines)]
-    events.append({"kind": "end", "seq": len(events) + 1, "t_ns": 100, "step": 1,
-                   "status": "completed", "steps": 2, "events": len(events)})
-    path = tmp_path / "no-ring-upload.kvtrace"
-    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    path = _native_trace(tmp_path / "no-ring-upload.kvtrace", "no-ring-upload",
+                         {"page_bytes": 4096, "pool_pages": 3, "resident_pages_per_layer": 1,
+                          "ring_slots": 2},
+                         ["step", "write", "upload", "read", "warn", "end"], lines, 2)
     view = shown(str(path), steps=[0, 1])
     assert view.reads[4] == (1, 0, 1, 0)  # the judgement: page 0 exact, page 1 foreign
     assert view.pages[0] == [(0, 0, 1, "!")]
@@ -323,15 +333,6 @@ def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(
     does (no event the index keeps names them: only the judged pieces do)."""
     from kvdiag.tui.shown import load_document, shown
 
-    header = {"format": "kvtrace", "version": "1.2", "kvdiag_version": "kvtrace.h 1.2",
-              "created": "2026-12-01T00:00:00+00:00", "backend": "native",
-              "device": {"name": "unknown"},
-              "scenario": {"name": "padded-n-kv", "source": "native",
-                           "config": {"np": 1, "layout": "shared", "dispatch": "fits"}},
-              "plan": {"page_bytes": 4096, "pool_pages": 6, "resident_pages_per_layer": 2,
-                       "ring_slots": 4, "streamed_layers": 1, "n_stream": 1},
-              "extra": {}, "records": ["step", "write", "upload", "read", "invalidate", "warn",
-                                       "end"]}
     lines = [
         {"kind": "step", "step": 0, "phase": "prefill", "streams": [0], "tokens": 300,
          "n_kv": 1024},
@@ -342,11 +343,11 @@ def test_the_grid_has_the_pages_read_beyond_every_write_and_upload(
         {"kind": "read", "step": 0, "layer": 0, "stream": 0, "pool": 2, "ring": 2, "host": 0,
          "served": [[0, 2, "pool", 4], [2, 4, "ring", 0]]},
     ]
-    events = [{**e, "seq": i + 1, "t_ns": 10 * (i + 1)} for i, e in enumerate(lines)]
-    events.append({"kind": "end", "seq": len(events) + 1, "t_ns": 100, "step": 0,
-                   "status": "completed", "steps": 1, "events": len(events)})
-    path = tmp_path / "padded.kvtrace"
-    path.write_text("\n".join(json.dumps(x) for x in (header, *events)) + "\n")
+    path = _native_trace(tmp_path / "padded.kvtrace", "padded-n-kv",
+                         {"page_bytes": 4096, "pool_pages": 6, "resident_pages_per_layer": 2,
+                          "ring_slots": 4},
+                         ["step", "write", "upload", "read", "invalidate", "warn", "end"],
+                         lines, 1)
     view = shown(str(path), steps=[0])
     assert view.reads[4] == (2, 0, 2, 0)  # the judgement: pages 2 and 3 foreign
     assert view.pages[0] == [(0, 0, 2, "!"), (0, 0, 3, "!")]
