@@ -175,4 +175,6 @@ def test_cli_refuses_bad_bins_and_empty_runs(tmp_path: Path,
     assert "no completed request" in capsys.readouterr().err
     assert main(["perf", str(plain), "--bin-tokens", "1000"]) == 2
     assert "multiple of 256" in capsys.readouterr().err
+    assert main(["perf", str(plain), "--max-rows", "-1"]) == 2  # was taken as "all"
+    assert "--max-rows -1: want 0 (all) or a positive count" in capsys.readouterr().err
     assert main(["perf", str(tmp_path / "missing.log")]) == 2

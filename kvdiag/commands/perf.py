@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     width = DEFAULT_BIN_TOKENS if args.bin_tokens is None else args.bin_tokens
     if width <= 0 or width % 256:
         raise UsageError(f"--bin-tokens {width}: want a positive multiple of 256 (a page)")
+    if args.max_rows < 0:
+        raise UsageError(f"--max-rows {args.max_rows}: want 0 (all) or a positive count")
     if args.profile and not args.predict:
         raise UsageError("--profile is for --predict")
     plot = None
