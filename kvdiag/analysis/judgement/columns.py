@@ -20,6 +20,11 @@ Per kind, one row per event (``pos`` is the event's position in the columns):
 
 Integers beyond ±2^62 (a damaged or hostile trace's 64-bit values) are clipped
 (:data:`BOUND`): beyond every believable page, slot or step anyway.
+
+:func:`extract` takes the columns out in C where a C compiler is at hand (``columns.c`` beside
+this module, built by :mod:`kvdiag.compiled`): ~0.2 µs per event against ~1.2 µs for the Python
+below, which stays the reference (and the path without a compiler, or for a run of events the
+C pass declines: an integer beyond ±2^62, a field of an unexpected type).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvdiag import compiled
 from kvdiag.analysis.judgement.classes import HOST, POOL, RING
 from kvdiag.model import events as ev
 
@@ -182,9 +189,51 @@ def _none(width: int = 0) -> np.ndarray:
     return np.empty((0, width) if width else 0, np.int64)
 
 
+_C_TYPES = tuple(TYPE_OF[c] for c in sorted(TYPE_OF))
+"""The kinds of columns.c's types tuple, in its order (its TYPE_CODES: the codes but OTHER)."""
+assert sorted(TYPE_OF) == [WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, OUTPUT, STEP, MARK]
+_C_MODULE = f"{__package__}._columns"
+_C_SOURCE = Path(__file__).with_name("columns.c")
+
+
+def _compiled() -> Any:
+    return compiled.load(_C_SOURCE, _C_MODULE)
+
+
 def extract(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0) -> Cols:
     """The columns of ``events`` (``types``: the type of each; ``base``: the position of the
     first, where these columns will follow others)."""
+    c = _compiled()
+    if c is not None and type(events) is list:
+        try:
+            out = c.extract(events, _C_TYPES, base, keep_reads)
+        except (TypeError, ValueError, OverflowError):
+            pass  # an event the C pass declines: the reference below
+        else:
+            return _from_c(out)
+    return extract_py(events, types, keep_reads, base)
+
+
+def _from_c(out: tuple[Any, ...]) -> Cols:
+    code_b, data_b, lens, ends, all_runs, ranges, served, reads = out
+    code = np.frombuffer(code_b, np.int8)
+    n = code.size
+    data = np.frombuffer(data_b, np.int64)
+    cuts = list(itertools.accumulate(lens, initial=n))
+    (step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key, e_pos, e_slot, inv,
+     r_pos, r, r_runs, r_counts, runs, run_src, f_pos, f_layer) = (
+        data[lo:hi] for lo, hi in itertools.pairwise(cuts))
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    return Cols(n, code, step, w_pos, w.reshape(-1, 3), w_cells.reshape(-1, 2), w_vlen,
+                w_vers.reshape(-1, 2), u_pos, u.reshape(-1, 5), u_pages.reshape(-1, 2), u_key,
+                e_pos, e_slot, inv, r_pos, r.reshape(-1, 3), r_runs,
+                None if all_runs else r_counts.reshape(-1, 3), runs.reshape(-1, 3), run_src,
+                ranges, served, reads, 0, data[:n], bounds, f_pos, f_layer)
+
+
+def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0
+               ) -> Cols:
+    """:func:`extract` in Python (the reference the C pass is held to)."""
     n = len(events)
     code = np.fromiter(map(CODE_OF.__getitem__, types), np.int8, n)
     step = column(lambda: map(_STEP, events), n)

@@ -1,0 +1,392 @@
+/* The page judgement's columns taken out of decoded events in one C pass.
+ *
+ * kvdiag/analysis/judgement/columns.py defines the columns (its module docstring) and takes
+ * them out with attrgetter/chain/fromiter; this does the same in C, event by event, reading
+ * each field once. The Python function stays the reference and the fallback (no C compiler
+ * here, KVDIAG_COMPILED=0): tests/test_compiled_columns.py holds the two equal.
+ *
+ * Nothing here trusts the events' shape beyond what msgspec's decoder guarantees: a field that
+ * is missing or of another type raises, and so does an integer beyond +-2^62 (columns.BOUND:
+ * the Python path clips a whole column holding one beyond 64 bits); the caller then takes the
+ * Python path for that run of events.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BOUND ((int64_t)1 << 62)
+
+enum { WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK, KINDS };
+/* the kinds of the types tuple, in its order */
+static const int TYPE_CODES[] = {WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, OUTPUT, STEP, MARK};
+#define NTYPES 9
+
+static PyObject *s_step, *s_seq, *s_layer, *s_stream, *s_cells, *s_versions, *s_pages, *s_slot,
+    *s_bytes, *s_target, *s_reason, *s_served, *s_ranges, *s_pool, *s_ring, *s_host, *s_begin,
+    *s_end, *s_source;
+
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static int vec_reserve(Vec *a, Py_ssize_t more) {
+    if (a->n + more <= a->cap) return 0;
+    Py_ssize_t cap = a->cap ? a->cap : 64;
+    while (cap < a->n + more) cap *= 2;
+    int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->v = v;
+    a->cap = cap;
+    return 0;
+}
+
+/* An integer as the columns hold it; None is -1 (an upload's unknown bytes: the Python path's
+ * TypeError case). Returns -1 with an exception set on another type or beyond +-2^62. */
+static int as_int(PyObject *o, int64_t *out) {
+    if (o == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    if (!PyLong_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "not an integer");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v > BOUND || v < -BOUND) {
+        PyErr_SetString(PyExc_OverflowError, "beyond +-2^62");
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Field ``name`` of ``o`` as an integer, pushed on ``a`` (reserved by the caller). */
+static int push_attr(Vec *a, PyObject *o, PyObject *name) {
+    PyObject *x = PyObject_GetAttr(o, name);
+    if (!x) return -1;
+    int64_t v;
+    int rc = as_int(x, &v);
+    Py_DECREF(x);
+    if (rc) return -1;
+    a->v[a->n++] = v;
+    return 0;
+}
+
+/* A pair field (cells, pages): two integers pushed on ``a``. */
+static int push_pair(Vec *a, PyObject *o, PyObject *name) {
+    PyObject *x = PyObject_GetAttr(o, name);
+    if (!x) return -1;
+    int rc = -1;
+    if (PyTuple_Check(x) && PyTuple_GET_SIZE(x) == 2) {
+        int64_t v0, v1;
+        if (!as_int(PyTuple_GET_ITEM(x, 0), &v0) && !as_int(PyTuple_GET_ITEM(x, 1), &v1)) {
+            a->v[a->n++] = v0;
+            a->v[a->n++] = v1;
+            rc = 0;
+        }
+    } else {
+        PyErr_SetString(PyExc_TypeError, "not a pair");
+    }
+    Py_DECREF(x);
+    return rc;
+}
+
+static const char *const SOURCES[] = {"pool", "ring", "host"};
+static const char *const TARGETS[] = {"resident", "ring"};
+static const char *const REASONS[] = {"miss", "dirty", "wide-query", "last-chunk", "ring"};
+
+/* Index of ``o`` (a str) among ``names``, or ``other`` for another string. */
+static int name_index(PyObject *o, const char *const *names, int count, int other) {
+    if (!PyUnicode_Check(o)) return -2;
+    for (int i = 0; i < count; i++)
+        if (PyUnicode_CompareWithASCIIString(o, names[i]) == 0) return i;
+    return other;
+}
+
+enum {
+    V_STEP, V_WPOS, V_W, V_WCELLS, V_WVLEN, V_WVERS, V_UPOS, V_U, V_UPAGES, V_UKEY, V_EPOS,
+    V_ESLOT, V_INV, V_RPOS, V_R, V_RRUNS, V_RCOUNTS, V_RUNS, V_RUNSRC, V_FPOS, V_FLAYER, NVEC
+};
+
+/* extract(events, types, base, keep_reads) -> (code: bytes, one int8 per event;
+ *     data: bytearray of int64 (the events' indices by kind, stably, then the NVEC columns);
+ *     lens: each column's length; ends: each kind's end in the indices;
+ *     every read has served runs; ranges: per read; served: per read, or None where no read
+ *     is annotated; reads: the read events where keep_reads, else None) */
+static PyObject *extract(PyObject *self, PyObject *args) {
+    PyObject *events, *types;
+    Py_ssize_t base;
+    int keep_reads;
+    if (!PyArg_ParseTuple(args, "O!O!np", &PyList_Type, &events, &PyTuple_Type, &types, &base,
+                          &keep_reads))
+        return NULL;
+    if (PyTuple_GET_SIZE(types) != NTYPES) {
+        PyErr_SetString(PyExc_ValueError, "types: 9 expected");
+        return NULL;
+    }
+    PyTypeObject *tp[NTYPES];
+    for (int i = 0; i < NTYPES; i++) tp[i] = (PyTypeObject *)PyTuple_GET_ITEM(types, i);
+
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    Vec v[NVEC];
+    memset(v, 0, sizeof v);
+    PyObject *code = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *ranges = PyList_New(0), *served_all = PyList_New(0);
+    PyObject *reads = keep_reads ? PyList_New(0) : NULL;
+    PyObject *result = NULL;
+    int annotated_r = 0, all_runs = 1;
+    if (!code || !ranges || !served_all || (keep_reads && !reads)) goto done;
+    char *codes = PyBytes_AS_STRING(code);
+    /* every event has a step; each kind's rows at most one per event */
+    if (vec_reserve(&v[V_STEP], n)) goto done;
+
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(events, i);
+        PyTypeObject *t = Py_TYPE(e);
+        int k = OTHER;
+        for (int j = 0; j < NTYPES; j++)
+            if (t == tp[j]) {
+                k = TYPE_CODES[j];
+                break;
+            }
+        codes[i] = (char)k;
+        if (push_attr(&v[V_STEP], e, s_step)) goto done;
+        int64_t pos = (int64_t)(i + base);
+        switch (k) {
+        case WRITE: {
+            if (vec_reserve(&v[V_WPOS], 1) || vec_reserve(&v[V_W], 3) ||
+                vec_reserve(&v[V_WCELLS], 2) || vec_reserve(&v[V_WVLEN], 1))
+                goto done;
+            v[V_WPOS].v[v[V_WPOS].n++] = pos;
+            if (push_attr(&v[V_W], e, s_seq) || push_attr(&v[V_W], e, s_layer) ||
+                push_attr(&v[V_W], e, s_stream) || push_pair(&v[V_WCELLS], e, s_cells))
+                goto done;
+            PyObject *vers = PyObject_GetAttr(e, s_versions);
+            if (!vers) goto done;
+            if (!PyTuple_Check(vers)) {
+                Py_DECREF(vers);
+                PyErr_SetString(PyExc_TypeError, "versions: not a tuple");
+                goto done;
+            }
+            Py_ssize_t nv = PyTuple_GET_SIZE(vers);
+            v[V_WVLEN].v[v[V_WVLEN].n++] = nv;
+            if (nv) {
+                if (vec_reserve(&v[V_WVERS], 2 * nv)) {
+                    Py_DECREF(vers);
+                    goto done;
+                }
+                for (Py_ssize_t j = 0; j < nv; j++) {
+                    PyObject *pair = PyTuple_GET_ITEM(vers, j);
+                    int64_t a0, a1;
+                    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                        as_int(PyTuple_GET_ITEM(pair, 0), &a0) ||
+                        as_int(PyTuple_GET_ITEM(pair, 1), &a1)) {
+                        Py_DECREF(vers);
+                        if (!PyErr_Occurred())
+                            PyErr_SetString(PyExc_TypeError, "versions: not pairs");
+                        goto done;
+                    }
+                    v[V_WVERS].v[v[V_WVERS].n++] = a0;
+                    v[V_WVERS].v[v[V_WVERS].n++] = a1;
+                }
+            }
+            Py_DECREF(vers);
+            break;
+        }
+        case UPLOAD: {
+            if (vec_reserve(&v[V_UPOS], 1) || vec_reserve(&v[V_U], 5) ||
+                vec_reserve(&v[V_UPAGES], 2) || vec_reserve(&v[V_UKEY], 1))
+                goto done;
+            v[V_UPOS].v[v[V_UPOS].n++] = pos;
+            if (push_attr(&v[V_U], e, s_seq) || push_attr(&v[V_U], e, s_layer) ||
+                push_attr(&v[V_U], e, s_stream) || push_attr(&v[V_U], e, s_slot) ||
+                push_attr(&v[V_U], e, s_bytes) || push_pair(&v[V_UPAGES], e, s_pages))
+                goto done;
+            PyObject *tg = PyObject_GetAttr(e, s_target);
+            if (!tg) goto done;
+            PyObject *rs = PyObject_GetAttr(e, s_reason);
+            if (!rs) {
+                Py_DECREF(tg);
+                goto done;
+            }
+            int ti = name_index(tg, TARGETS, 2, -1);
+            int ri = name_index(rs, REASONS, 5, 5);
+            Py_DECREF(tg);
+            Py_DECREF(rs);
+            if (ti < 0 || ri < 0) {
+                PyErr_SetString(PyExc_ValueError, "upload: unknown target");
+                goto done;
+            }
+            v[V_UKEY].v[v[V_UKEY].n++] = ti * 8 + ri;
+            break;
+        }
+        case EVICT:
+            if (vec_reserve(&v[V_EPOS], 1) || vec_reserve(&v[V_ESLOT], 1)) goto done;
+            v[V_EPOS].v[v[V_EPOS].n++] = pos;
+            if (push_attr(&v[V_ESLOT], e, s_slot)) goto done;
+            break;
+        case INVALIDATE:
+            if (vec_reserve(&v[V_INV], 1)) goto done;
+            v[V_INV].v[v[V_INV].n++] = pos;
+            break;
+        case READ: {
+            if (vec_reserve(&v[V_RPOS], 1) || vec_reserve(&v[V_R], 3) ||
+                vec_reserve(&v[V_RRUNS], 1) || vec_reserve(&v[V_RCOUNTS], 3))
+                goto done;
+            v[V_RPOS].v[v[V_RPOS].n++] = pos;
+            if (push_attr(&v[V_R], e, s_seq) || push_attr(&v[V_R], e, s_layer) ||
+                push_attr(&v[V_R], e, s_stream))
+                goto done;
+            PyObject *sv = PyObject_GetAttr(e, s_served);
+            if (!sv) goto done;
+            if (!PyTuple_Check(sv)) {
+                Py_DECREF(sv);
+                PyErr_SetString(PyExc_TypeError, "served: not a tuple");
+                goto done;
+            }
+            Py_ssize_t nrun = PyTuple_GET_SIZE(sv);
+            v[V_RRUNS].v[v[V_RRUNS].n++] = nrun;
+            if (nrun) {
+                /* the read's own counts matter only where it has no served runs */
+                for (int j = 0; j < 3; j++) v[V_RCOUNTS].v[v[V_RCOUNTS].n++] = 0;
+            } else {
+                all_runs = 0;
+                if (push_attr(&v[V_RCOUNTS], e, s_pool) || push_attr(&v[V_RCOUNTS], e, s_ring) ||
+                    push_attr(&v[V_RCOUNTS], e, s_host)) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+            }
+            if (vec_reserve(&v[V_RUNS], 3 * nrun) || vec_reserve(&v[V_RUNSRC], nrun)) {
+                Py_DECREF(sv);
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < nrun; j++) {
+                PyObject *run = PyTuple_GET_ITEM(sv, j);
+                if (push_attr(&v[V_RUNS], run, s_begin) || push_attr(&v[V_RUNS], run, s_end) ||
+                    push_attr(&v[V_RUNS], run, s_slot)) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+                PyObject *src = PyObject_GetAttr(run, s_source);
+                if (!src) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+                int si = name_index(src, SOURCES, 3, -1);
+                Py_DECREF(src);
+                if (si < 0) {
+                    Py_DECREF(sv);
+                    PyErr_SetString(PyExc_ValueError, "served: unknown source");
+                    goto done;
+                }
+                v[V_RUNSRC].v[v[V_RUNSRC].n++] = si;
+            }
+            PyObject *rg = PyObject_GetAttr(e, s_ranges);
+            if (!rg) {
+                Py_DECREF(sv);
+                goto done;
+            }
+            if (PyTuple_Check(rg) && PyTuple_GET_SIZE(rg)) annotated_r = 1;
+            int bad = PyList_Append(ranges, rg) || PyList_Append(served_all, sv) ||
+                      (keep_reads && PyList_Append(reads, e));
+            Py_DECREF(rg);
+            Py_DECREF(sv);
+            if (bad) goto done;
+            break;
+        }
+        case FITS:
+            if (vec_reserve(&v[V_FPOS], 1) || vec_reserve(&v[V_FLAYER], 1)) goto done;
+            v[V_FPOS].v[v[V_FPOS].n++] = pos;
+            if (push_attr(&v[V_FLAYER], e, s_layer)) goto done;
+            break;
+        default:
+            break;
+        }
+    }
+    {
+        /* the events by kind, stably (a counting sort): Cols.order, and each kind's bounds */
+        Py_ssize_t count[KINDS] = {0}, at[KINDS];
+        for (Py_ssize_t i = 0; i < n; i++) count[(int)codes[i]]++;
+        Py_ssize_t total = n;
+        for (int j = 0; j < NVEC; j++) total += v[j].n;
+        PyObject *data = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(int64_t));
+        PyObject *lens = PyTuple_New(NVEC);
+        PyObject *ends = PyTuple_New(KINDS);
+        if (!data || !lens || !ends) {
+            Py_XDECREF(data);
+            Py_XDECREF(lens);
+            Py_XDECREF(ends);
+            goto done;
+        }
+        int64_t *out = (int64_t *)PyByteArray_AS_STRING(data);
+        Py_ssize_t sum = 0;
+        for (int k = 0; k < KINDS; k++) {
+            at[k] = sum;
+            sum += count[k];
+            PyTuple_SET_ITEM(ends, k, PyLong_FromSsize_t(sum));
+        }
+        for (Py_ssize_t i = 0; i < n; i++) out[at[(int)codes[i]]++] = (int64_t)i;
+        out += n;
+        for (int j = 0; j < NVEC; j++) {
+            if (v[j].n) memcpy(out, v[j].v, (size_t)v[j].n * sizeof(int64_t));
+            out += v[j].n;
+            PyTuple_SET_ITEM(lens, j, PyLong_FromSsize_t(v[j].n));
+        }
+        result = Py_BuildValue("(ONNNNOOO)", code, data, lens, ends,
+                               PyBool_FromLong(all_runs), ranges,
+                               annotated_r ? served_all : Py_None,
+                               keep_reads ? reads : Py_None);
+    }
+done:
+    for (int j = 0; j < NVEC; j++) PyMem_Free(v[j].v);
+    Py_XDECREF(code);
+    Py_XDECREF(ranges);
+    Py_XDECREF(served_all);
+    Py_XDECREF(reads);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"extract", extract, METH_VARARGS,
+     "The page judgement's columns of a list of decoded events (kvdiag.analysis.judgement"
+     ".columns.extract, in C)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+#define INTERN(var, text)                                                                      \
+    if (!(var = PyUnicode_InternFromString(text))) return NULL;
+
+PyMODINIT_FUNC PyInit__columns(void) {
+    INTERN(s_step, "step");
+    INTERN(s_seq, "seq");
+    INTERN(s_layer, "layer");
+    INTERN(s_stream, "stream");
+    INTERN(s_cells, "cells");
+    INTERN(s_versions, "versions");
+    INTERN(s_pages, "pages");
+    INTERN(s_slot, "slot");
+    INTERN(s_bytes, "bytes");
+    INTERN(s_target, "target");
+    INTERN(s_reason, "reason");
+    INTERN(s_served, "served");
+    INTERN(s_ranges, "ranges");
+    INTERN(s_pool, "pool");
+    INTERN(s_ring, "ring");
+    INTERN(s_host, "host");
+    INTERN(s_begin, "begin");
+    INTERN(s_end, "end");
+    INTERN(s_source, "source");
+    return PyModule_Create(&module);
+}
