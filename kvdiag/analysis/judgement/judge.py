@@ -78,6 +78,7 @@ from kvdiag.analysis.judgement.columns import (
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.seqjudge import judge_streamed
 from kvdiag.analysis.judgement.slots import Copy, Piece
 from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
@@ -343,7 +344,7 @@ class Judge:
         if self._pending:
             cols = concat(self._pending)
             self._pending, self._held = [], 0
-            self._judge_cols(cols, int(cols.rows0))
+            self._judge_cols(cols, int(cols.rows0), streamed=True)
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
@@ -437,9 +438,13 @@ class Judge:
         for _, t, n in sorted(seen, key=_FIRST):
             counted[t] += n
 
-    def _judge_cols(self, cols: Cols, rows0: int) -> None:
-        result = judge_chunk(self.state, cols, rows0,
-                             flows=self.ledger is not None or self.flows, detail=self.detail)
+    def _judge_cols(self, cols: Cols, rows0: int, streamed: bool = False) -> None:
+        flows = self.ledger is not None or self.flows
+        if streamed and not self.detail:
+            # a stream's reads are asked about by seq, never page by page (pages())
+            result = judge_streamed(self.state, cols, rows0, flows)
+        else:
+            result = judge_chunk(self.state, cols, rows0, flows=flows, detail=self.detail)
         self._absorb(result)
 
     # -- events ----------------------------------------------------------------------------

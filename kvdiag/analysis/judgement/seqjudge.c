@@ -1,0 +1,388 @@
+/* A chunk's page judgement event by event, in C: the twin of batch.judge_chunk's page verdicts.
+ *
+ * kvdiag/analysis/judgement/seqjudge.py prepares the chunk's events as position-ordered arrays
+ * (writes, uploads, evicts, invalidates, reads and their served runs) and hands over the
+ * carried state's arrays (slots.py: PageTable, the pool and ring SlotTables); this walks the
+ * events in file order, applying each to the state as slots.py's rule says, and judges every
+ * page of a judged run against the slot's newest copy at the moment of its read. It returns
+ * what batch.Chunk holds (per-read counts, per-source counts, not-judged reasons, the pieces
+ * of non-exact pages, the flows' keys, the ring copies for the ring log).
+ *
+ * Rule 3 of the ring (a ring slot whose newest copy is another page of the read's own view)
+ * needs the recent ring copies walked: where a page meets it, the chunk is declined, every
+ * change to the state undone, and batch.judge_chunk judges the chunk (tests hold the two
+ * equal: tests/test_compiled_judgement.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { EXACT, STALE, FOREIGN, NOT_JUDGED };
+enum { POOL, RING, HOST };
+enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, WHYS = 8 };
+enum { CAT_JUDGED, CAT_HOST, CAT_OUT_OF_RANGE, CAT_NO_UPLOAD, CAT_DROPPED };
+#define PIECE 14
+#define RINGROW 7
+
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static int vec_push(Vec *a, int64_t x) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? 2 * a->cap : 256;
+        int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* The undo log: (address, old value) of every change to the carried state. */
+typedef struct {
+    int64_t **at;
+    int64_t *old;
+    Py_ssize_t n, cap;
+} Undo;
+
+static int set(Undo *u, int64_t *at, int64_t value) {
+    if (*at == value) return 0;
+    if (u->n == u->cap) {
+        Py_ssize_t cap = u->cap ? 2 * u->cap : 1024;
+        int64_t **a = PyMem_Realloc(u->at, (size_t)cap * sizeof(int64_t *));
+        if (!a) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        u->at = a;
+        int64_t *o = PyMem_Realloc(u->old, (size_t)cap * sizeof(int64_t));
+        if (!o) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        u->old = o;
+        u->cap = cap;
+    }
+    u->at[u->n] = at;
+    u->old[u->n] = *at;
+    u->n++;
+    *at = value;
+    return 0;
+}
+
+static void undo_all(Undo *u) {
+    for (Py_ssize_t i = u->n - 1; i >= 0; i--) *u->at[i] = u->old[i];
+    u->n = 0;
+}
+
+enum {
+    A_WPOS, A_WVID, A_WP0, A_WP1, A_WSEQ,
+    A_UPOS, A_UVID, A_UP0, A_UCNT, A_USLOT, A_UTGT, A_USEQ, A_USTEP,
+    A_EPOS, A_ESLOT, A_INV,
+    A_RPOS, A_RVID, A_RRUN0,
+    A_B, A_E, A_SLOT, A_SRC, A_CAT,
+    A_VLAYER, A_VSTREAM,
+    A_POFF, A_PVER, A_PWSEQ, A_PWROW,
+    A_POOL, /* view, page, version, seq, step, row */
+    A_RING = A_POOL + 6,
+    NARRAYS = A_RING + 6
+};
+/* the state's arrays changed in place */
+#define WRITABLE(i) ((i) == A_PVER || (i) == A_PWSEQ || (i) == A_PWROW || (i) >= A_POOL)
+
+typedef struct {
+    int64_t *view, *page, *version, *seq, *step, *row;
+    Py_ssize_t size;
+} Table;
+
+static int clear_table(Undo *u, Table *t) {
+    for (Py_ssize_t q = 0; q < t->size; q++)
+        if (set(u, &t->view[q], -1) || set(u, &t->row[q], -1)) return -1;
+    return 0;
+}
+
+/* judge(arrays, rows0, writes_from, flows) -> (writes_from: a write is recorded at positions
+ * after it; -1: before the chunk)
+ *   None (declined: rule 3 met; the state is as it was) or
+ *   (r_counts, page_cls, not_judged, page pieces, run pieces, flow keys, ring rows): int64
+ *   bytearrays (per read 4 counts; 3 x 4; WHYS; 14 per piece; keys; 7 per ring copy) */
+static PyObject *judge(PyObject *self, PyObject *args) {
+    PyObject *arrays;
+    long long rows0, writes_from;
+    int flows;
+    if (!PyArg_ParseTuple(args, "O!LLp", &PyTuple_Type, &arrays, &rows0, &writes_from, &flows))
+        return NULL;
+    if (PyTuple_GET_SIZE(arrays) != NARRAYS) {
+        PyErr_SetString(PyExc_ValueError, "judge: wrong number of arrays");
+        return NULL;
+    }
+    Py_buffer buf[NARRAYS];
+    int got = 0;
+    PyObject *result = NULL;
+    Vec r_counts = {0}, page_pieces = {0}, run_pieces = {0}, keys = {0}, ring_rows = {0};
+    Undo undo = {0};
+    int64_t page_cls[12] = {0}, not_judged[WHYS] = {0};
+    int declined = 0;
+
+    for (; got < NARRAYS; got++) {
+        PyObject *a = PyTuple_GET_ITEM(arrays, got);
+        int flags = WRITABLE(got) ? PyBUF_CONTIG : PyBUF_CONTIG_RO;
+        if (PyObject_GetBuffer(a, &buf[got], flags) < 0) goto done;
+        if (buf[got].itemsize != 8 || buf[got].len % 8) {
+            got++;
+            PyErr_SetString(PyExc_TypeError, "judge: int64 arrays expected");
+            goto done;
+        }
+    }
+#define ARR(i) ((int64_t *)buf[i].buf)
+#define LEN(i) (buf[i].len / 8)
+    Py_ssize_t nw = LEN(A_WPOS), nu = LEN(A_UPOS), ne = LEN(A_EPOS), ni = LEN(A_INV),
+               nr = LEN(A_RPOS), nviews = LEN(A_VLAYER), npages = LEN(A_PVER);
+    Table tables[2];
+    for (int t = 0; t < 2; t++) {
+        int base = t ? A_RING : A_POOL;
+        Table *tb = &tables[t];
+        tb->view = ARR(base);
+        tb->page = ARR(base + 1);
+        tb->version = ARR(base + 2);
+        tb->seq = ARR(base + 3);
+        tb->step = ARR(base + 4);
+        tb->row = ARR(base + 5);
+        tb->size = LEN(base);
+        for (int j = 1; j < 6; j++)
+            if (LEN(base + j) != tb->size) {
+                PyErr_SetString(PyExc_ValueError, "judge: slot table columns differ");
+                goto done;
+            }
+    }
+    const int64_t *poff = ARR(A_POFF);
+    Py_ssize_t nviews_pages = LEN(A_POFF);
+    int64_t *pver = ARR(A_PVER), *pwseq = ARR(A_PWSEQ), *pwrow = ARR(A_PWROW);
+    if (LEN(A_RRUN0) != nr + 1 || LEN(A_PWSEQ) != npages || LEN(A_PWROW) != npages) {
+        PyErr_SetString(PyExc_ValueError, "judge: array lengths disagree");
+        goto done;
+    }
+    const int64_t *rrun0 = ARR(A_RRUN0);
+    Py_ssize_t nrun = LEN(A_B);
+    if (r_counts.cap < nr * 4) {
+        r_counts.v = PyMem_Calloc((size_t)(nr * 4 + 1), sizeof(int64_t));
+        if (!r_counts.v) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        r_counts.cap = r_counts.n = nr * 4;
+    }
+
+/* flat index of (view, page), checked: the Python side made room (PageTable.ensure) */
+#define FLAT(vid, pg, out)                                                                   \
+    do {                                                                                     \
+        if ((vid) < 0 || (vid) >= nviews_pages || (pg) < 0) goto bad_index;                  \
+        (out) = poff[vid] + (pg);                                                            \
+        if ((out) < 0 || (out) >= npages) goto bad_index;                                    \
+    } while (0)
+
+    Py_ssize_t iw = 0, iu = 0, ie = 0, ii = 0, ir = 0;
+    /* the open piece of non-exact pages: the last page added */
+    int64_t last_run = -1, last_page = 0, last_cls = 0, last_lag = 0, last_hv = 0,
+            last_off = 0, last_why = 0;
+    for (;;) {
+        /* the next event by position */
+        int64_t best = INT64_MAX;
+        int kind = -1;
+        if (iw < nw && ARR(A_WPOS)[iw] < best) best = ARR(A_WPOS)[iw], kind = 0;
+        if (iu < nu && ARR(A_UPOS)[iu] < best) best = ARR(A_UPOS)[iu], kind = 1;
+        if (ie < ne && ARR(A_EPOS)[ie] < best) best = ARR(A_EPOS)[ie], kind = 2;
+        if (ii < ni && ARR(A_INV)[ii] < best) best = ARR(A_INV)[ii], kind = 3;
+        if (ir < nr && ARR(A_RPOS)[ir] < best) best = ARR(A_RPOS)[ir], kind = 4;
+        if (kind < 0) break;
+        int64_t pos = best;
+        switch (kind) {
+        case 0: { /* write: each page's version moves on; its last write is this one */
+            int64_t vid = ARR(A_WVID)[iw], seq = ARR(A_WSEQ)[iw];
+            for (int64_t p = ARR(A_WP0)[iw]; p < ARR(A_WP1)[iw]; p++) {
+                int64_t f;
+                FLAT(vid, p, f);
+                if (set(&undo, &pver[f], pver[f] + 1) || set(&undo, &pwseq[f], seq) ||
+                    set(&undo, &pwrow[f], rows0 + pos))
+                    goto done;
+            }
+            iw++;
+            break;
+        }
+        case 1: { /* upload: each slot holds its page at the page's version now */
+            int64_t vid = ARR(A_UVID)[iu], p0 = ARR(A_UP0)[iu], cnt = ARR(A_UCNT)[iu];
+            int64_t slot0 = ARR(A_USLOT)[iu], tgt = ARR(A_UTGT)[iu];
+            int64_t seq = ARR(A_USEQ)[iu], step = ARR(A_USTEP)[iu];
+            if (tgt < 0 || tgt > 1) goto bad_index;
+            Table *tb = &tables[tgt];
+            for (int64_t i = 0; i < cnt; i++) {
+                int64_t q = slot0 + i, f;
+                FLAT(vid, p0 + i, f);
+                if (q < 0 || q >= tb->size) goto bad_index;
+                int64_t ver = pver[f];
+                if (set(&undo, &tb->view[q], vid) || set(&undo, &tb->page[q], p0 + i) ||
+                    set(&undo, &tb->version[q], ver) || set(&undo, &tb->seq[q], seq) ||
+                    set(&undo, &tb->step[q], step) || set(&undo, &tb->row[q], rows0 + pos))
+                    goto done;
+                if (tgt == RING) {
+                    int64_t row[RINGROW] = {rows0 + pos, q, vid, p0 + i, ver, seq, step};
+                    for (int j = 0; j < RINGROW; j++)
+                        if (vec_push(&ring_rows, row[j])) goto done;
+                }
+            }
+            iu++;
+            break;
+        }
+        case 2: { /* evict: the pool slot holds nothing */
+            int64_t q = ARR(A_ESLOT)[ie];
+            if (q >= 0 && q < tables[POOL].size &&
+                (set(&undo, &tables[POOL].view[q], -1) || set(&undo, &tables[POOL].row[q], -1)))
+                goto done;
+            ie++;
+            break;
+        }
+        case 3: /* invalidate: no slot of either kind holds anything */
+            if (clear_table(&undo, &tables[POOL]) || clear_table(&undo, &tables[RING])) goto done;
+            ring_rows.n = 0; /* the ring log restarts after it */
+            ii++;
+            break;
+        case 4: { /* read: every page of its runs judged */
+            int64_t vid = ARR(A_RVID)[ir];
+            int wk = pos > writes_from;
+            int64_t lo = rrun0[ir], hi = rrun0[ir + 1];
+            if (lo < 0 || hi > nrun || lo > hi) goto bad_index;
+            int64_t *rc = &r_counts.v[ir * 4];
+            for (int64_t k = lo; k < hi; k++) {
+                int64_t b = ARR(A_B)[k], e = ARR(A_E)[k], slot = ARR(A_SLOT)[k];
+                int64_t src = ARR(A_SRC)[k], cat = ARR(A_CAT)[k], len = e - b;
+                if (src < 0 || src > 2) goto bad_index;
+                if (cat == CAT_DROPPED) continue;
+                if (cat == CAT_HOST) {
+                    page_cls[HOST * 4 + EXACT] += len;
+                    rc[EXACT] += len;
+                    continue;
+                }
+                if (cat == CAT_OUT_OF_RANGE || cat == CAT_NO_UPLOAD) {
+                    int64_t why = cat == CAT_OUT_OF_RANGE ? OUT_OF_RANGE : NO_UPLOAD;
+                    page_cls[src * 4 + NOT_JUDGED] += len;
+                    rc[NOT_JUDGED] += len;
+                    not_judged[why] += len;
+                    int64_t piece[PIECE] = {ir, b, e, src, slot, NOT_JUDGED, 0,
+                                            -1, -1, -1, -1, -1, -1, why};
+                    for (int j = 0; j < PIECE; j++)
+                        if (vec_push(&run_pieces, piece[j])) goto done;
+                    continue;
+                }
+                if (src == HOST) goto bad_index;
+                Table *tb = &tables[src];
+                for (int64_t p = b; p < e; p++) {
+                    int64_t q = slot + (p - b), f;
+                    FLAT(vid, p, f);
+                    int64_t hv = -1, hp = -1, hver = -1, hseq = -1, hstep = -1;
+                    if (q >= 0 && q < tb->size) {
+                        hv = tb->view[q];
+                        hp = tb->page[q];
+                        hver = tb->version[q];
+                        hseq = tb->seq[q];
+                        hstep = tb->step[q];
+                    }
+                    int same = hv >= 0 && hv == vid && hp == p;
+                    if (src == RING && hv == vid && !same) {
+                        declined = 1; /* rule 3: the ring's copies must be walked */
+                        goto finish;
+                    }
+                    int64_t cur = pver[f], cls, lag = 0, why = 0;
+                    if (!same) cls = FOREIGN;
+                    else if (!wk) cls = NOT_JUDGED, why = NO_WRITE;
+                    else if (hver == cur) cls = EXACT;
+                    else cls = STALE, lag = cur - hver;
+                    page_cls[src * 4 + cls]++;
+                    rc[cls]++;
+                    if (cls == EXACT) continue;
+                    if (why) not_judged[why]++;
+                    int64_t off = hv >= 0 ? hp - p : 0;
+                    if (!(last_run == k && p == last_page + 1 && cls == last_cls &&
+                          lag == last_lag && hv == last_hv && off == last_off &&
+                          why == last_why)) {
+                        if (page_pieces.n) page_pieces.v[page_pieces.n - PIECE + 2] = last_page + 1;
+                        int has = hv >= 0 && hv < nviews;
+                        int64_t piece[PIECE] = {
+                            ir, p, p + 1, src, q, cls, lag,
+                            has ? ARR(A_VLAYER)[hv] : -1, has ? ARR(A_VSTREAM)[hv] : -1,
+                            hv >= 0 ? hp : -1, hv >= 0 ? hver : -1, hv >= 0 ? hstep : -1,
+                            hv >= 0 ? hseq : -1, why};
+                        for (int j = 0; j < PIECE; j++)
+                            if (vec_push(&page_pieces, piece[j])) goto done;
+                    }
+                    last_run = k, last_page = p, last_cls = cls, last_lag = lag, last_hv = hv,
+                    last_off = off, last_why = why;
+                    if (flows && (cls == STALE || cls == FOREIGN)) {
+                        int64_t key = ((pwseq[f] << 22 | ir) << 2) | (cls == FOREIGN);
+                        if (vec_push(&keys, key)) goto done;
+                    }
+                }
+            }
+            ir++;
+            break;
+        }
+        }
+    }
+    if (page_pieces.n) page_pieces.v[page_pieces.n - PIECE + 2] = last_page + 1;
+finish:
+    if (declined) {
+        undo_all(&undo);
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    {
+        Vec cls_v = {page_cls, 12, 12}, nj_v = {not_judged, WHYS, WHYS};
+        Vec *outs[] = {&r_counts, &cls_v, &nj_v, &page_pieces, &run_pieces, &keys, &ring_rows};
+        result = PyTuple_New(7);
+        if (!result) goto done;
+        for (int j = 0; j < 7; j++) {
+            PyObject *b = PyByteArray_FromStringAndSize(
+                (const char *)outs[j]->v, outs[j]->n * (Py_ssize_t)sizeof(int64_t));
+            if (!b) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            PyTuple_SET_ITEM(result, j, b);
+        }
+    }
+    goto done;
+bad_index:
+    undo_all(&undo);
+    PyErr_SetString(PyExc_IndexError, "judge: an index outside the arrays given");
+done:
+    if (!result && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "judge failed");
+    if (!result) undo_all(&undo);
+    for (int j = 0; j < got; j++) PyBuffer_Release(&buf[j]);
+    PyMem_Free(r_counts.v);
+    PyMem_Free(page_pieces.v);
+    PyMem_Free(run_pieces.v);
+    PyMem_Free(keys.v);
+    PyMem_Free(ring_rows.v);
+    PyMem_Free(undo.at);
+    PyMem_Free(undo.old);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"judge", judge, METH_VARARGS,
+     "A chunk's page verdicts, event by event (kvdiag.analysis.judgement.seqjudge)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_seqjudge", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__seqjudge(void) { return PyModule_Create(&module); }
