@@ -45,40 +45,77 @@ static int vec_push(Vec *a, int64_t x) {
     return 0;
 }
 
-/* The undo log: (address, old value) of every change to the carried state. */
+/* The undo log: the old values of every slot and host page the chunk changes, kept at its
+ * first change (so the log is bounded by the state's size, not by the chunk's copies). */
 typedef struct {
-    int64_t **at;
-    int64_t *old;
-    Py_ssize_t n, cap;
+    int64_t *old;      /* per entry: kind, index, then up to 6 old values */
+    Py_ssize_t n, cap; /* in entries */
 } Undo;
+#define UNDO_WIDTH 8
+enum { U_PAGE, U_POOL, U_RING };
 
-static int set(Undo *u, int64_t *at, int64_t value) {
-    if (*at == value) return 0;
+typedef struct {
+    int64_t *view, *page, *version, *seq, *step, *row;
+    Py_ssize_t size;
+    unsigned char *saved;
+} Table;
+
+typedef struct {
+    int64_t *version, *wseq, *wrow;
+    Py_ssize_t size;
+    unsigned char *saved;
+} Pages;
+
+static int64_t *undo_entry(Undo *u) {
     if (u->n == u->cap) {
-        Py_ssize_t cap = u->cap ? 2 * u->cap : 1024;
-        int64_t **a = PyMem_Realloc(u->at, (size_t)cap * sizeof(int64_t *));
-        if (!a) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        u->at = a;
-        int64_t *o = PyMem_Realloc(u->old, (size_t)cap * sizeof(int64_t));
+        Py_ssize_t cap = u->cap ? 2 * u->cap : 256;
+        int64_t *o = PyMem_Realloc(u->old, (size_t)(cap * UNDO_WIDTH) * sizeof(int64_t));
         if (!o) {
             PyErr_NoMemory();
-            return -1;
+            return NULL;
         }
         u->old = o;
         u->cap = cap;
     }
-    u->at[u->n] = at;
-    u->old[u->n] = *at;
-    u->n++;
-    *at = value;
+    return &u->old[UNDO_WIDTH * u->n++];
+}
+
+/* Before a slot's first change in the chunk: its old content. */
+static int save_slot(Undo *u, Table *t, int kind, Py_ssize_t q) {
+    if (t->saved[q]) return 0;
+    int64_t *e = undo_entry(u);
+    if (!e) return -1;
+    t->saved[q] = 1;
+    e[0] = kind;
+    e[1] = q;
+    e[2] = t->view[q], e[3] = t->page[q], e[4] = t->version[q], e[5] = t->seq[q];
+    e[6] = t->step[q], e[7] = t->row[q];
     return 0;
 }
 
-static void undo_all(Undo *u) {
-    for (Py_ssize_t i = u->n - 1; i >= 0; i--) *u->at[i] = u->old[i];
+static int save_page(Undo *u, Pages *p, Py_ssize_t f) {
+    if (p->saved[f]) return 0;
+    int64_t *e = undo_entry(u);
+    if (!e) return -1;
+    p->saved[f] = 1;
+    e[0] = U_PAGE;
+    e[1] = f;
+    e[2] = p->version[f], e[3] = p->wseq[f], e[4] = p->wrow[f];
+    return 0;
+}
+
+static void undo_all(Undo *u, Pages *p, Table *tables) {
+    for (Py_ssize_t i = u->n - 1; i >= 0; i--) {
+        int64_t *e = &u->old[UNDO_WIDTH * i];
+        Py_ssize_t at = (Py_ssize_t)e[1];
+        if (e[0] == U_PAGE) {
+            p->version[at] = e[2], p->wseq[at] = e[3], p->wrow[at] = e[4];
+        } else {
+            Table *t = &tables[e[0] == U_POOL ? 0 : 1];
+            t->view[at] = e[2], t->page[at] = e[3], t->version[at] = e[4];
+            t->seq[at] = e[5], t->step[at] = e[6], t->row[at] = e[7];
+        }
+    }
     u->n = 0;
 }
 
@@ -97,14 +134,13 @@ enum {
 /* the state's arrays changed in place */
 #define WRITABLE(i) ((i) == A_PVER || (i) == A_PWSEQ || (i) == A_PWROW || (i) >= A_POOL)
 
-typedef struct {
-    int64_t *view, *page, *version, *seq, *step, *row;
-    Py_ssize_t size;
-} Table;
-
-static int clear_table(Undo *u, Table *t) {
-    for (Py_ssize_t q = 0; q < t->size; q++)
-        if (set(u, &t->view[q], -1) || set(u, &t->row[q], -1)) return -1;
+static int clear_table(Undo *u, Table *t, int kind) {
+    for (Py_ssize_t q = 0; q < t->size; q++) {
+        if (t->view[q] == -1 && t->row[q] == -1) continue;
+        if (save_slot(u, t, kind, q)) return -1;
+        t->view[q] = -1;
+        t->row[q] = -1;
+    }
     return 0;
 }
 
@@ -128,6 +164,10 @@ static PyObject *judge(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Vec r_counts = {0}, page_pieces = {0}, run_pieces = {0}, keys = {0}, ring_rows = {0};
     Undo undo = {0};
+    Table tables[2];
+    Pages pg;
+    memset(tables, 0, sizeof tables);
+    memset(&pg, 0, sizeof pg);
     int64_t page_cls[12] = {0}, not_judged[WHYS] = {0};
     int declined = 0;
 
@@ -145,7 +185,6 @@ static PyObject *judge(PyObject *self, PyObject *args) {
 #define LEN(i) (buf[i].len / 8)
     Py_ssize_t nw = LEN(A_WPOS), nu = LEN(A_UPOS), ne = LEN(A_EPOS), ni = LEN(A_INV),
                nr = LEN(A_RPOS), nviews = LEN(A_VLAYER), npages = LEN(A_PVER);
-    Table tables[2];
     for (int t = 0; t < 2; t++) {
         int base = t ? A_RING : A_POOL;
         Table *tb = &tables[t];
@@ -167,6 +206,14 @@ static PyObject *judge(PyObject *self, PyObject *args) {
     int64_t *pver = ARR(A_PVER), *pwseq = ARR(A_PWSEQ), *pwrow = ARR(A_PWROW);
     if (LEN(A_RRUN0) != nr + 1 || LEN(A_PWSEQ) != npages || LEN(A_PWROW) != npages) {
         PyErr_SetString(PyExc_ValueError, "judge: array lengths disagree");
+        goto done;
+    }
+    pg.version = pver, pg.wseq = pwseq, pg.wrow = pwrow, pg.size = npages;
+    pg.saved = PyMem_Calloc((size_t)npages + 1, 1);
+    tables[0].saved = PyMem_Calloc((size_t)tables[0].size + 1, 1);
+    tables[1].saved = PyMem_Calloc((size_t)tables[1].size + 1, 1);
+    if (!pg.saved || !tables[0].saved || !tables[1].saved) {
+        PyErr_NoMemory();
         goto done;
     }
     const int64_t *rrun0 = ARR(A_RRUN0);
@@ -209,9 +256,10 @@ static PyObject *judge(PyObject *self, PyObject *args) {
             for (int64_t p = ARR(A_WP0)[iw]; p < ARR(A_WP1)[iw]; p++) {
                 int64_t f;
                 FLAT(vid, p, f);
-                if (set(&undo, &pver[f], pver[f] + 1) || set(&undo, &pwseq[f], seq) ||
-                    set(&undo, &pwrow[f], rows0 + pos))
-                    goto done;
+                if (save_page(&undo, &pg, f)) goto done;
+                pver[f]++;
+                pwseq[f] = seq;
+                pwrow[f] = rows0 + pos;
             }
             iw++;
             break;
@@ -227,10 +275,9 @@ static PyObject *judge(PyObject *self, PyObject *args) {
                 FLAT(vid, p0 + i, f);
                 if (q < 0 || q >= tb->size) goto bad_index;
                 int64_t ver = pver[f];
-                if (set(&undo, &tb->view[q], vid) || set(&undo, &tb->page[q], p0 + i) ||
-                    set(&undo, &tb->version[q], ver) || set(&undo, &tb->seq[q], seq) ||
-                    set(&undo, &tb->step[q], step) || set(&undo, &tb->row[q], rows0 + pos))
-                    goto done;
+                if (save_slot(&undo, tb, tgt == RING ? U_RING : U_POOL, q)) goto done;
+                tb->view[q] = vid, tb->page[q] = p0 + i, tb->version[q] = ver;
+                tb->seq[q] = seq, tb->step[q] = step, tb->row[q] = rows0 + pos;
                 if (tgt == RING) {
                     int64_t row[RINGROW] = {rows0 + pos, q, vid, p0 + i, ver, seq, step};
                     for (int j = 0; j < RINGROW; j++)
@@ -242,14 +289,18 @@ static PyObject *judge(PyObject *self, PyObject *args) {
         }
         case 2: { /* evict: the pool slot holds nothing */
             int64_t q = ARR(A_ESLOT)[ie];
-            if (q >= 0 && q < tables[POOL].size &&
-                (set(&undo, &tables[POOL].view[q], -1) || set(&undo, &tables[POOL].row[q], -1)))
-                goto done;
+            if (q >= 0 && q < tables[POOL].size) {
+                if (save_slot(&undo, &tables[POOL], U_POOL, q)) goto done;
+                tables[POOL].view[q] = -1;
+                tables[POOL].row[q] = -1;
+            }
             ie++;
             break;
         }
         case 3: /* invalidate: no slot of either kind holds anything */
-            if (clear_table(&undo, &tables[POOL]) || clear_table(&undo, &tables[RING])) goto done;
+            if (clear_table(&undo, &tables[POOL], U_POOL) ||
+                clear_table(&undo, &tables[RING], U_RING))
+                goto done;
             ring_rows.n = 0; /* the ring log restarts after it */
             ii++;
             break;
@@ -337,7 +388,7 @@ static PyObject *judge(PyObject *self, PyObject *args) {
     if (page_pieces.n) page_pieces.v[page_pieces.n - PIECE + 2] = last_page + 1;
 finish:
     if (declined) {
-        undo_all(&undo);
+        undo_all(&undo, &pg, tables);
         result = Py_None;
         Py_INCREF(result);
         goto done;
@@ -359,19 +410,21 @@ finish:
     }
     goto done;
 bad_index:
-    undo_all(&undo);
+    undo_all(&undo, &pg, tables);
     PyErr_SetString(PyExc_IndexError, "judge: an index outside the arrays given");
 done:
     if (!result && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "judge failed");
-    if (!result) undo_all(&undo);
+    if (!result) undo_all(&undo, &pg, tables);
     for (int j = 0; j < got; j++) PyBuffer_Release(&buf[j]);
     PyMem_Free(r_counts.v);
     PyMem_Free(page_pieces.v);
     PyMem_Free(run_pieces.v);
     PyMem_Free(keys.v);
     PyMem_Free(ring_rows.v);
-    PyMem_Free(undo.at);
     PyMem_Free(undo.old);
+    PyMem_Free(pg.saved);
+    PyMem_Free(tables[0].saved);
+    PyMem_Free(tables[1].saved);
     return result;
 }
 
