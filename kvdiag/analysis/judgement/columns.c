@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,9 +23,56 @@ enum { WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK, 
 static const int TYPE_CODES[] = {WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, OUTPUT, STEP, MARK};
 #define NTYPES 9
 
-static PyObject *s_step, *s_seq, *s_layer, *s_stream, *s_cells, *s_versions, *s_pages, *s_slot,
-    *s_bytes, *s_target, *s_reason, *s_served, *s_ranges, *s_pool, *s_ring, *s_host, *s_begin,
-    *s_end, *s_source;
+/* The fields read, by index: names interned at import, each type's offsets found once. */
+enum {
+    F_STEP, F_SEQ, F_LAYER, F_STREAM, F_CELLS, F_VERSIONS, F_PAGES, F_SLOT, F_BYTES, F_TARGET,
+    F_REASON, F_SERVED, F_RANGES, F_POOL, F_RING, F_HOST, F_BEGIN, F_END, F_SOURCE, NFIELDS
+};
+static const char *const FIELD_NAMES[NFIELDS] = {
+    "step", "seq", "layer", "stream", "cells", "versions", "pages", "slot", "bytes", "target",
+    "reason", "served", "ranges", "pool", "ring", "host", "begin", "end", "source"};
+static PyObject *names[NFIELDS];
+
+/* Where each field of a type is kept: msgspec keeps a Struct's fields in the object, each
+ * named by a member descriptor of its type; a field found otherwise (-1) is read by getattr. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t off[NFIELDS];
+} Layout;
+
+static void layout_of(Layout *l, PyTypeObject *t) {
+    l->type = t;
+    for (int f = 0; f < NFIELDS; f++) {
+        l->off[f] = -1;
+        PyObject *d = PyObject_GetAttr((PyObject *)t, names[f]);
+        if (!d) {
+            PyErr_Clear();
+            continue;
+        }
+        if (PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX || m->type == T_OBJECT) l->off[f] = m->offset;
+        }
+        Py_DECREF(d);
+    }
+}
+
+/* Field ``f`` of ``o`` (whose type's layout is ``l``): a new reference, or NULL with an
+ * exception set. */
+static PyObject *get(PyObject *o, const Layout *l, int f) {
+    Py_ssize_t off = l->off[f];
+    if (off >= 0) {
+        PyObject *x = *(PyObject **)((char *)o + off);
+        if (x) {
+            Py_INCREF(x);
+            return x;
+        }
+    }
+    return PyObject_GetAttr(o, names[f]);
+}
+
+static Layout layouts[9], run_layout;
+static PyObject *layouts_for; /* the types tuple the layouts are of */
 
 typedef struct {
     int64_t *v;
@@ -67,9 +115,9 @@ static int as_int(PyObject *o, int64_t *out) {
     return 0;
 }
 
-/* Field ``name`` of ``o`` as an integer, pushed on ``a`` (reserved by the caller). */
-static int push_attr(Vec *a, PyObject *o, PyObject *name) {
-    PyObject *x = PyObject_GetAttr(o, name);
+/* Field ``f`` of ``o`` as an integer, pushed on ``a`` (reserved by the caller). */
+static int push_attr(Vec *a, PyObject *o, const Layout *l, int f) {
+    PyObject *x = get(o, l, f);
     if (!x) return -1;
     int64_t v;
     int rc = as_int(x, &v);
@@ -80,8 +128,8 @@ static int push_attr(Vec *a, PyObject *o, PyObject *name) {
 }
 
 /* A pair field (cells, pages): two integers pushed on ``a``. */
-static int push_pair(Vec *a, PyObject *o, PyObject *name) {
-    PyObject *x = PyObject_GetAttr(o, name);
+static int push_pair(Vec *a, PyObject *o, const Layout *l, int f) {
+    PyObject *x = get(o, l, f);
     if (!x) return -1;
     int rc = -1;
     if (PyTuple_Check(x) && PyTuple_GET_SIZE(x) == 2) {
@@ -132,7 +180,20 @@ static PyObject *extract(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyTypeObject *tp[NTYPES];
-    for (int i = 0; i < NTYPES; i++) tp[i] = (PyTypeObject *)PyTuple_GET_ITEM(types, i);
+    for (int i = 0; i < NTYPES; i++) {
+        PyObject *t = PyTuple_GET_ITEM(types, i);
+        if (!PyType_Check(t)) {
+            PyErr_SetString(PyExc_TypeError, "types: types expected");
+            return NULL;
+        }
+        tp[i] = (PyTypeObject *)t;
+    }
+    if (layouts_for != types) {
+        for (int i = 0; i < NTYPES; i++) layout_of(&layouts[i], tp[i]);
+        Py_XDECREF(layouts_for);
+        Py_INCREF(types);
+        layouts_for = types;
+    }
 
     Py_ssize_t n = PyList_GET_SIZE(events);
     Vec v[NVEC];
@@ -151,13 +212,21 @@ static PyObject *extract(PyObject *self, PyObject *args) {
         PyObject *e = PyList_GET_ITEM(events, i);
         PyTypeObject *t = Py_TYPE(e);
         int k = OTHER;
+        const Layout *L = NULL;
         for (int j = 0; j < NTYPES; j++)
             if (t == tp[j]) {
                 k = TYPE_CODES[j];
+                L = &layouts[j];
                 break;
             }
+        Layout other;
+        if (!L) { /* another kind: only its step is read, by getattr */
+            other.type = t;
+            for (int f = 0; f < NFIELDS; f++) other.off[f] = -1;
+            L = &other;
+        }
         codes[i] = (char)k;
-        if (push_attr(&v[V_STEP], e, s_step)) goto done;
+        if (push_attr(&v[V_STEP], e, L, F_STEP)) goto done;
         int64_t pos = (int64_t)(i + base);
         switch (k) {
         case WRITE: {
@@ -165,10 +234,10 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 vec_reserve(&v[V_WCELLS], 2) || vec_reserve(&v[V_WVLEN], 1))
                 goto done;
             v[V_WPOS].v[v[V_WPOS].n++] = pos;
-            if (push_attr(&v[V_W], e, s_seq) || push_attr(&v[V_W], e, s_layer) ||
-                push_attr(&v[V_W], e, s_stream) || push_pair(&v[V_WCELLS], e, s_cells))
+            if (push_attr(&v[V_W], e, L, F_SEQ) || push_attr(&v[V_W], e, L, F_LAYER) ||
+                push_attr(&v[V_W], e, L, F_STREAM) || push_pair(&v[V_WCELLS], e, L, F_CELLS))
                 goto done;
-            PyObject *vers = PyObject_GetAttr(e, s_versions);
+            PyObject *vers = get(e, L, F_VERSIONS);
             if (!vers) goto done;
             if (!PyTuple_Check(vers)) {
                 Py_DECREF(vers);
@@ -205,13 +274,13 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 vec_reserve(&v[V_UPAGES], 2) || vec_reserve(&v[V_UKEY], 1))
                 goto done;
             v[V_UPOS].v[v[V_UPOS].n++] = pos;
-            if (push_attr(&v[V_U], e, s_seq) || push_attr(&v[V_U], e, s_layer) ||
-                push_attr(&v[V_U], e, s_stream) || push_attr(&v[V_U], e, s_slot) ||
-                push_attr(&v[V_U], e, s_bytes) || push_pair(&v[V_UPAGES], e, s_pages))
+            if (push_attr(&v[V_U], e, L, F_SEQ) || push_attr(&v[V_U], e, L, F_LAYER) ||
+                push_attr(&v[V_U], e, L, F_STREAM) || push_attr(&v[V_U], e, L, F_SLOT) ||
+                push_attr(&v[V_U], e, L, F_BYTES) || push_pair(&v[V_UPAGES], e, L, F_PAGES))
                 goto done;
-            PyObject *tg = PyObject_GetAttr(e, s_target);
+            PyObject *tg = get(e, L, F_TARGET);
             if (!tg) goto done;
-            PyObject *rs = PyObject_GetAttr(e, s_reason);
+            PyObject *rs = get(e, L, F_REASON);
             if (!rs) {
                 Py_DECREF(tg);
                 goto done;
@@ -230,7 +299,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
         case EVICT:
             if (vec_reserve(&v[V_EPOS], 1) || vec_reserve(&v[V_ESLOT], 1)) goto done;
             v[V_EPOS].v[v[V_EPOS].n++] = pos;
-            if (push_attr(&v[V_ESLOT], e, s_slot)) goto done;
+            if (push_attr(&v[V_ESLOT], e, L, F_SLOT)) goto done;
             break;
         case INVALIDATE:
             if (vec_reserve(&v[V_INV], 1)) goto done;
@@ -241,10 +310,10 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 vec_reserve(&v[V_RRUNS], 1) || vec_reserve(&v[V_RCOUNTS], 3))
                 goto done;
             v[V_RPOS].v[v[V_RPOS].n++] = pos;
-            if (push_attr(&v[V_R], e, s_seq) || push_attr(&v[V_R], e, s_layer) ||
-                push_attr(&v[V_R], e, s_stream))
+            if (push_attr(&v[V_R], e, L, F_SEQ) || push_attr(&v[V_R], e, L, F_LAYER) ||
+                push_attr(&v[V_R], e, L, F_STREAM))
                 goto done;
-            PyObject *sv = PyObject_GetAttr(e, s_served);
+            PyObject *sv = get(e, L, F_SERVED);
             if (!sv) goto done;
             if (!PyTuple_Check(sv)) {
                 Py_DECREF(sv);
@@ -258,8 +327,8 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 for (int j = 0; j < 3; j++) v[V_RCOUNTS].v[v[V_RCOUNTS].n++] = 0;
             } else {
                 all_runs = 0;
-                if (push_attr(&v[V_RCOUNTS], e, s_pool) || push_attr(&v[V_RCOUNTS], e, s_ring) ||
-                    push_attr(&v[V_RCOUNTS], e, s_host)) {
+                if (push_attr(&v[V_RCOUNTS], e, L, F_POOL) || push_attr(&v[V_RCOUNTS], e, L, F_RING) ||
+                    push_attr(&v[V_RCOUNTS], e, L, F_HOST)) {
                     Py_DECREF(sv);
                     goto done;
                 }
@@ -270,12 +339,13 @@ static PyObject *extract(PyObject *self, PyObject *args) {
             }
             for (Py_ssize_t j = 0; j < nrun; j++) {
                 PyObject *run = PyTuple_GET_ITEM(sv, j);
-                if (push_attr(&v[V_RUNS], run, s_begin) || push_attr(&v[V_RUNS], run, s_end) ||
-                    push_attr(&v[V_RUNS], run, s_slot)) {
+                if (Py_TYPE(run) != run_layout.type) layout_of(&run_layout, Py_TYPE(run));
+                if (push_attr(&v[V_RUNS], run, &run_layout, F_BEGIN) || push_attr(&v[V_RUNS], run, &run_layout, F_END) ||
+                    push_attr(&v[V_RUNS], run, &run_layout, F_SLOT)) {
                     Py_DECREF(sv);
                     goto done;
                 }
-                PyObject *src = PyObject_GetAttr(run, s_source);
+                PyObject *src = get(run, &run_layout, F_SOURCE);
                 if (!src) {
                     Py_DECREF(sv);
                     goto done;
@@ -289,7 +359,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 }
                 v[V_RUNSRC].v[v[V_RUNSRC].n++] = si;
             }
-            PyObject *rg = PyObject_GetAttr(e, s_ranges);
+            PyObject *rg = get(e, L, F_RANGES);
             if (!rg) {
                 Py_DECREF(sv);
                 goto done;
@@ -305,7 +375,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
         case FITS:
             if (vec_reserve(&v[V_FPOS], 1) || vec_reserve(&v[V_FLAYER], 1)) goto done;
             v[V_FPOS].v[v[V_FPOS].n++] = pos;
-            if (push_attr(&v[V_FLAYER], e, s_layer)) goto done;
+            if (push_attr(&v[V_FLAYER], e, L, F_LAYER)) goto done;
             break;
         default:
             break;
@@ -365,28 +435,8 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods, NULL, NULL, NULL, NULL,
 };
 
-#define INTERN(var, text)                                                                      \
-    if (!(var = PyUnicode_InternFromString(text))) return NULL;
-
 PyMODINIT_FUNC PyInit__columns(void) {
-    INTERN(s_step, "step");
-    INTERN(s_seq, "seq");
-    INTERN(s_layer, "layer");
-    INTERN(s_stream, "stream");
-    INTERN(s_cells, "cells");
-    INTERN(s_versions, "versions");
-    INTERN(s_pages, "pages");
-    INTERN(s_slot, "slot");
-    INTERN(s_bytes, "bytes");
-    INTERN(s_target, "target");
-    INTERN(s_reason, "reason");
-    INTERN(s_served, "served");
-    INTERN(s_ranges, "ranges");
-    INTERN(s_pool, "pool");
-    INTERN(s_ring, "ring");
-    INTERN(s_host, "host");
-    INTERN(s_begin, "begin");
-    INTERN(s_end, "end");
-    INTERN(s_source, "source");
+    for (int f = 0; f < NFIELDS; f++)
+        if (!(names[f] = PyUnicode_InternFromString(FIELD_NAMES[f]))) return NULL;
     return PyModule_Create(&module);
 }
