@@ -26,11 +26,13 @@ static const int TYPE_CODES[] = {WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, O
 /* The fields read, by index: names interned at import, each type's offsets found once. */
 enum {
     F_STEP, F_SEQ, F_LAYER, F_STREAM, F_CELLS, F_VERSIONS, F_PAGES, F_SLOT, F_BYTES, F_TARGET,
-    F_REASON, F_SERVED, F_RANGES, F_POOL, F_RING, F_HOST, F_BEGIN, F_END, F_SOURCE, NFIELDS
+    F_REASON, F_SERVED, F_RANGES, F_POOL, F_RING, F_HOST, F_BEGIN, F_END, F_SOURCE, F_HOLDER,
+    F_LAG, F_CLS, NFIELDS
 };
 static const char *const FIELD_NAMES[NFIELDS] = {
     "step", "seq", "layer", "stream", "cells", "versions", "pages", "slot", "bytes", "target",
-    "reason", "served", "ranges", "pool", "ring", "host", "begin", "end", "source"};
+    "reason", "served", "ranges", "pool", "ring", "host", "begin", "end", "source", "holder",
+    "version_lag", "cls"};
 static PyObject *names[NFIELDS];
 
 /* Where each field of a type is kept: msgspec keeps a Struct's fields in the object, each
@@ -71,7 +73,7 @@ static PyObject *get(PyObject *o, const Layout *l, int f) {
     return PyObject_GetAttr(o, names[f]);
 }
 
-static Layout layouts[9], run_layout;
+static Layout layouts[9], run_layout, range_layout;
 static PyObject *layouts_for; /* the types tuple the layouts are of */
 
 typedef struct {
@@ -149,6 +151,7 @@ static int push_pair(Vec *a, PyObject *o, const Layout *l, int f) {
 static const char *const SOURCES[] = {"pool", "ring", "host"};
 static const char *const TARGETS[] = {"resident", "ring"};
 static const char *const REASONS[] = {"miss", "dirty", "wide-query", "last-chunk", "ring"};
+static const char *const CLASSES[] = {"exact", "stale", "foreign", "not judged"};
 
 /* Index of ``o`` (a str) among ``names``, or ``other`` for another string. */
 static int name_index(PyObject *o, const char *const *names, int count, int other) {
@@ -160,7 +163,8 @@ static int name_index(PyObject *o, const char *const *names, int count, int othe
 
 enum {
     V_STEP, V_WPOS, V_W, V_WCELLS, V_WVLEN, V_WVERS, V_UPOS, V_U, V_UPAGES, V_UKEY, V_EPOS,
-    V_ESLOT, V_INV, V_RPOS, V_R, V_RRUNS, V_RCOUNTS, V_RUNS, V_RUNSRC, V_FPOS, V_FLAYER, NVEC
+    V_ESLOT, V_INV, V_RPOS, V_R, V_RRUNS, V_RCOUNTS, V_RUNS, V_RUNSRC, V_FPOS, V_FLAYER, V_RANN,
+    V_ANN, NVEC
 };
 
 /* extract(events, types, base, keep_reads) -> (code: bytes, one int8 per event;
@@ -364,7 +368,44 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 Py_DECREF(sv);
                 goto done;
             }
-            if (PyTuple_Check(rg) && PyTuple_GET_SIZE(rg)) annotated_r = 1;
+            if (!PyTuple_Check(rg)) {
+                Py_DECREF(rg);
+                Py_DECREF(sv);
+                PyErr_SetString(PyExc_TypeError, "ranges: not a tuple");
+                goto done;
+            }
+            /* the model's annotation: begin, end, holder, lag, source and class codes (-1:
+             * another name) of each range, for the cross-check */
+            Py_ssize_t nann = PyTuple_GET_SIZE(rg);
+            if (vec_reserve(&v[V_RANN], 1) || vec_reserve(&v[V_ANN], 6 * nann)) {
+                Py_DECREF(rg);
+                Py_DECREF(sv);
+                goto done;
+            }
+            v[V_RANN].v[v[V_RANN].n++] = nann;
+            if (nann) annotated_r = 1;
+            for (Py_ssize_t j = 0; j < nann; j++) {
+                PyObject *a = PyTuple_GET_ITEM(rg, j);
+                if (Py_TYPE(a) != range_layout.type) layout_of(&range_layout, Py_TYPE(a));
+                int fail = push_attr(&v[V_ANN], a, &range_layout, F_BEGIN) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_END) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_HOLDER) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_LAG);
+                PyObject *asrc = fail ? NULL : get(a, &range_layout, F_SOURCE);
+                PyObject *acls = asrc ? get(a, &range_layout, F_CLS) : NULL;
+                int si = acls ? name_index(asrc, SOURCES, 3, -1) : -2;
+                int ci = acls ? name_index(acls, CLASSES, 4, -1) : -2;
+                Py_XDECREF(asrc);
+                Py_XDECREF(acls);
+                if (si == -2 || ci == -2) {
+                    Py_DECREF(rg);
+                    Py_DECREF(sv);
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ranges: not str");
+                    goto done;
+                }
+                v[V_ANN].v[v[V_ANN].n++] = si;
+                v[V_ANN].v[v[V_ANN].n++] = ci;
+            }
             int bad = PyList_Append(ranges, rg) || PyList_Append(served_all, sv) ||
                       (keep_reads && PyList_Append(reads, e));
             Py_DECREF(rg);

@@ -71,7 +71,6 @@ from kvdiag.analysis.judgement.columns import (
     STEP,
     TYPE_OF,
     Cols,
-    column,
     concat,
     extract,
 )
@@ -102,7 +101,7 @@ first."""
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_BEGIN_END, _CLS, _DIVERGED = _g("begin", "end"), _g("cls"), _g("diverged")
+_DIVERGED = _g("diverged")
 _FIRST = operator.itemgetter(0)
 
 
@@ -114,12 +113,6 @@ class _Annotated(NamedTuple):
     ranges: tuple[ev.ReadRange, ...]
 
 
-class _NotExact(dict[str, bool]):
-    def __missing__(self, key: str) -> bool:
-        return True
-
-
-_NOT_EXACT = _NotExact(exact=False)
 
 
 FITS_ASSERT = "ggml_cuda_kv_stream_fattn_fits"
@@ -679,18 +672,16 @@ class Judge:
         cols = c.cols
         assert cols.served is not None
         nr = c.r_seq.size
-        annotated = np.fromiter(map(len, cols.ranges), np.int64, nr)
-        ranges = list(itertools.chain.from_iterable(cols.ranges))
+        annotated = cols.r_ann
         owner = np.repeat(np.arange(nr), annotated)
-        n = len(ranges)
-        ends = column(lambda: itertools.chain.from_iterable(map(_BEGIN_END, ranges)), n, 2)
-        width = ends[:, 1] - ends[:, 0]
-        bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
+        ann = cols.ann
+        width = ann[:, 1] - ann[:, 0]
+        bad = ann[:, 5] != EXACT  # a class the judgement does not use is not exact either
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
         candidates = np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))
                                     & (cols.r_runs > 0))  # the unserved are not compared
-        shown = crosscheck.agreeing(ranges, owner, c.r_stream, cols.runs, cols.run_src,
+        shown = crosscheck.agreeing(ann, owner, c.r_stream, cols.runs, cols.run_src,
                                     cols.r_runs, c.pieces, candidates)
         for k in candidates[~shown].tolist():
             seq, step, layer, stream = self._read_at(c, k)
