@@ -127,12 +127,14 @@ enum {
     A_B, A_E, A_SLOT, A_SRC, A_CAT,
     A_VLAYER, A_VSTREAM,
     A_POFF, A_PVER, A_PWSEQ, A_PWROW,
+    A_WVLEN, A_WVERS, A_PCAP,
     A_POOL, /* view, page, version, seq, step, row */
     A_RING = A_POOL + 6,
     NARRAYS = A_RING + 6
 };
 /* the state's arrays changed in place */
 #define WRITABLE(i) ((i) == A_PVER || (i) == A_PWSEQ || (i) == A_PWROW || (i) >= A_POOL)
+#define VERSIONS 4
 
 static int clear_table(Undo *u, Table *t, int kind) {
     for (Py_ssize_t q = 0; q < t->size; q++) {
@@ -147,8 +149,9 @@ static int clear_table(Undo *u, Table *t, int kind) {
 /* judge(arrays, rows0, writes_from, flows) -> (writes_from: a write is recorded at positions
  * after it; -1: before the chunk)
  *   None (declined: rule 3 met; the state is as it was) or
- *   (r_counts, page_cls, not_judged, page pieces, run pieces, flow keys, ring rows): int64
- *   bytearrays (per read 4 counts; 3 x 4; WHYS; 14 per piece; keys; 7 per ring copy) */
+ *   (r_counts, page_cls, not_judged, page pieces, run pieces, flow keys, ring rows, versions):
+ *   int64 bytearrays (per read 4 counts; 3 x 4; WHYS; 14 per piece; keys; 7 per ring copy;
+ *   per write whose annotated versions disagree, its first: write, page, annotated, judged) */
 static PyObject *judge(PyObject *self, PyObject *args) {
     PyObject *arrays;
     long long rows0, writes_from;
@@ -162,7 +165,8 @@ static PyObject *judge(PyObject *self, PyObject *args) {
     Py_buffer buf[NARRAYS];
     int got = 0;
     PyObject *result = NULL;
-    Vec r_counts = {0}, page_pieces = {0}, run_pieces = {0}, keys = {0}, ring_rows = {0};
+    Vec r_counts = {0}, page_pieces = {0}, run_pieces = {0}, keys = {0}, ring_rows = {0},
+        versions = {0};
     Undo undo = {0};
     Table tables[2];
     Pages pg;
@@ -217,6 +221,12 @@ static PyObject *judge(PyObject *self, PyObject *args) {
         goto done;
     }
     const int64_t *rrun0 = ARR(A_RRUN0);
+    const int64_t *wvlen = ARR(A_WVLEN), *wvers = ARR(A_WVERS), *pcap = ARR(A_PCAP);
+    Py_ssize_t nvers = LEN(A_WVERS) / 2, vers_at = 0;
+    if (LEN(A_WVLEN) != nw || LEN(A_PCAP) != nviews_pages) {
+        PyErr_SetString(PyExc_ValueError, "judge: array lengths disagree");
+        goto done;
+    }
     Py_ssize_t nrun = LEN(A_B);
     if (r_counts.cap < nr * 4) {
         r_counts.v = PyMem_Calloc((size_t)(nr * 4 + 1), sizeof(int64_t));
@@ -261,6 +271,21 @@ static PyObject *judge(PyObject *self, PyObject *args) {
                 pwseq[f] = seq;
                 pwrow[f] = rows0 + pos;
             }
+            /* the model's annotated versions after the write: the first that disagrees */
+            int64_t nv = wvlen[iw];
+            if (nv < 0 || vers_at + nv > nvers) goto bad_index;
+            for (int64_t j = 0; j < nv; j++) {
+                int64_t page = wvers[2 * (vers_at + j)], said = wvers[2 * (vers_at + j) + 1];
+                int64_t judged = 0;
+                if (page >= 0 && page < pcap[vid]) judged = pver[poff[vid] + page];
+                if (judged != said) {
+                    int64_t row[VERSIONS] = {iw, page, said, judged};
+                    for (int q = 0; q < VERSIONS; q++)
+                        if (vec_push(&versions, row[q])) goto done;
+                    break;
+                }
+            }
+            vers_at += nv;
             iw++;
             break;
         }
@@ -395,10 +420,11 @@ finish:
     }
     {
         Vec cls_v = {page_cls, 12, 12}, nj_v = {not_judged, WHYS, WHYS};
-        Vec *outs[] = {&r_counts, &cls_v, &nj_v, &page_pieces, &run_pieces, &keys, &ring_rows};
-        result = PyTuple_New(7);
+        Vec *outs[] = {&r_counts, &cls_v, &nj_v, &page_pieces, &run_pieces, &keys, &ring_rows,
+                       &versions};
+        result = PyTuple_New(8);
         if (!result) goto done;
-        for (int j = 0; j < 7; j++) {
+        for (int j = 0; j < 8; j++) {
             PyObject *b = PyByteArray_FromStringAndSize(
                 (const char *)outs[j]->v, outs[j]->n * (Py_ssize_t)sizeof(int64_t));
             if (!b) {
@@ -421,6 +447,7 @@ done:
     PyMem_Free(run_pieces.v);
     PyMem_Free(keys.v);
     PyMem_Free(ring_rows.v);
+    PyMem_Free(versions.v);
     PyMem_Free(undo.old);
     PyMem_Free(pg.saved);
     PyMem_Free(tables[0].saved);

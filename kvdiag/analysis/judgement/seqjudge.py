@@ -6,7 +6,7 @@ chunk; walking the chunk's events in file order and keeping the slots as they ar
 does the same in one pass (slots.py's rule, applied as written). ``kvdiag check`` and the TUI's
 judging pass judge their streamed chunks so where a C compiler is at hand
 (:mod:`kvdiag.compiled`); a chunk the walk declines (a ring page that needs rule 3's walk over
-the ring's recent copies, a model's annotated write versions) or a Judge without the compiled
+the ring's recent copies) or a Judge without the compiled
 helper judges with :func:`~kvdiag.analysis.judgement.batch.judge_chunk`. Neither names the copy
 of an exact page (``detail``): a Judge that must goes the array way.
 """
@@ -45,7 +45,7 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
     it can be."""
     prep = prepare(state, cols)
     c = compiled.load(_SOURCE, _MODULE)
-    if c is None or cols.w_vers.shape[0]:
+    if c is None:
         return judge_prepared(state, cols, rows0, flows, False, prep)
     views, pages = state.views, state.pages
     w_ok, u_ok = prep.w_ok, prep.u_ok
@@ -74,8 +74,11 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
         cols.r_pos, prep.r_vid, np.concatenate([[0], np.cumsum(cols.r_runs)]),
         b, e, slot, cols.run_src, cat,
         views.layer, views.stream))
-    arrays += (pages.offset, pages.version, pages.wseq, pages.wrow, *(
-        getattr(t, name) for t in (state.pool, state.ring) for name in SlotTable.COLUMNS))
+    pair_ok = np.repeat(w_ok, cols.w_vlen)  # the annotated versions of the writes kept
+    arrays += (pages.offset, pages.version, pages.wseq, pages.wrow,
+               _i64(cols.w_vlen[w_ok]), _i64(cols.w_vers[pair_ok]), pages.cap, *(
+                   getattr(t, name) for t in (state.pool, state.ring)
+                   for name in SlotTable.COLUMNS))
     writes_from = -1 if state.writes else prep.first_write
     try:
         out = c.judge(arrays, rows0, writes_from, flows)
@@ -84,7 +87,7 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
     if out is None:  # rule 3 met (or the above): the state is as it was; the arrays judge
         return judge_prepared(state, cols, rows0, flows, False, prep)
     nr = cols.r.shape[0]
-    r_counts, page_cls, nj, page_pieces, run_pieces, keys, ring_rows = (
+    r_counts, page_cls, nj, page_pieces, run_pieces, keys, ring_rows, versions = (
         np.frombuffer(x, np.int64) for x in out)
     pieces = np.concatenate([page_pieces.reshape(-1, 14), run_pieces.reshape(-1, 14)])
     if pieces.shape[0] > 1:
@@ -117,5 +120,27 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
     rc = cols.r
     return Chunk(rows0, cols, ri, r_counts.reshape(nr, 4), pieces, page_cls.reshape(3, 4),
-                 {w: int(n) for w, n in enumerate(nj.tolist()) if n}, found, {}, [],
+                 {w: int(n) for w, n in enumerate(nj.tolist()) if n}, found, {},
+                 _disagreeing(cols, w_ok, pair_ok, versions.reshape(-1, 4)),
                  rc[:, 1], rc[:, 2], cols.step[ri], rc[:, 0], r_pages)
+
+
+def _disagreeing(cols: Cols, w_ok: np.ndarray, pair_ok: np.ndarray, kept: np.ndarray
+                 ) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Chunk.versions_disagree: the walk's first disagreeing annotated version of each write
+    kept (``kept``: write among those kept, page, annotated, judged), and of each write not
+    kept (impossible pages: every version judged 0), in write order."""
+    found = [(int(i), p, a, j) for i, (p, a, j) in zip(
+        np.flatnonzero(w_ok)[kept[:, 0]].tolist(), kept[:, 1:].tolist(), strict=True)]
+    if not pair_ok.all():
+        owner = np.repeat(np.arange(w_ok.size), cols.w_vlen)
+        seen: set[int] = set()
+        for k in np.flatnonzero(~pair_ok & (cols.w_vers[:, 1] != 0)).tolist():
+            i = int(owner[k])
+            if i not in seen:
+                seen.add(i)
+                found.append((i, int(cols.w_vers[k, 0]), int(cols.w_vers[k, 1]), 0))
+        found.sort(key=lambda f: f[0])
+    w, wi = cols.w, cols.w_pos
+    return [(int(w[i, 0]), int(cols.step[wi[i]]), int(w[i, 1]), int(w[i, 2]), p, a, j)
+            for i, p, a, j in found]
