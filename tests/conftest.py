@@ -26,6 +26,21 @@ def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory,
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The C helpers (kvdiag.compiled) built once for the session, not once per cache folder
+    of each test: a command run in a child process finds them built."""
+    import os
+
+    before = os.environ.get("KVDIAG_COMPILED_DIR")
+    os.environ["KVDIAG_COMPILED_DIR"] = str(tmp_path_factory.mktemp("compiled"))
+    yield
+    if before is None:
+        os.environ.pop("KVDIAG_COMPILED_DIR", None)
+    else:
+        os.environ["KVDIAG_COMPILED_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> Capture:
     """``captured(scenario, layout, dispatch, *extra)`` → (trace path, exit code); cached."""

@@ -43,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
 # the command line: one module per subcommand (commands/) and the dispatcher (cli.py), above
 # every package; nothing below them imports them
 TOP_LEVEL = {"__init__", "__main__", "cli", "errors"}
-LEAVES = {"errors", "files", "__init__"}
+LEAVES = {"errors", "files", "compiled", "__init__"}
 
 
 def imports(path: Path) -> list[str]:
@@ -104,12 +104,21 @@ def test_model_needs_only_the_standard_library_and_msgspec() -> None:
 
 def test_the_judgement_imports_only_the_model() -> None:
     """kvdiag/analysis/judgement is the one place verdicts come from; it stands on the raw
-    events alone (design.md, "One judgement, every surface")."""
+    events alone (design.md, "One judgement, every surface"); kvdiag.compiled only builds
+    the C twins of its hot loops."""
     bad = [f"{p.relative_to(ROOT)} imports {name}"
            for p in sorted((ROOT / "analysis" / "judgement").rglob("*.py"))
            for name in imports(p)
-           if name.startswith("kvdiag.") and not name.startswith(
+           if name.startswith("kvdiag.") and name != "kvdiag.compiled" and not name.startswith(
                ("kvdiag.model", "kvdiag.analysis.judgement"))]
+    assert bad == []
+
+
+def test_the_compiled_helpers_stand_on_the_files_leaf_alone() -> None:
+    """kvdiag.compiled (the C build and load) is a leaf below the judgement: it imports no
+    kvdiag package but kvdiag.files (the cache folder)."""
+    bad = [f"{p.relative_to(ROOT)} imports {name}" for p in modules("compiled")
+           for name in imports(p) if name.startswith("kvdiag") and name != "kvdiag.files.cache"]
     assert bad == []
 
 
@@ -118,7 +127,7 @@ def test_only_the_command_line_sits_beside_the_packages() -> None:
     import; at the top only the entry points and the leaf of errors remain."""
     assert {p.stem for p in ROOT.glob("*.py")} == TOP_LEVEL
     assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} \
-        == {*ALLOWED, "commands", "files"}
+        == {*ALLOWED, "commands", "files", "compiled"}
 
 
 def test_nothing_below_the_command_line_imports_it() -> None:

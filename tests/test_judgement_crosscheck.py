@@ -7,12 +7,11 @@ ordinary agreeing reads so (else it spares nothing)."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import numpy as np
 import pytest
 
-from kvdiag.analysis.judgement import crosscheck
+from kvdiag.analysis.judgement import columns, crosscheck
 from kvdiag.analysis.judgement.classes import CLASSES, NOT_JUDGED, SOURCES
 from kvdiag.model import events as ev
 
@@ -108,15 +107,15 @@ def test_agreeing_only_where_disagrees_finds_agreement(hostile: bool) -> None:
             served.append(sv)
             pieces += ps
             annotations.append(tuple(ann))
-        ranges: list[Any] = [r for a in annotations for r in a]
-        owner = np.repeat(np.arange(nr), [len(a) for a in annotations])
+        counts, ann = columns.annotation(annotations)
+        owner = np.repeat(np.arange(nr), counts)
         runs = np.array([(s.begin, s.end, s.slot) for sv in served for s in sv],
                         np.int64).reshape(-1, 3)
         run_src = np.array([SOURCES.index(s.source) for sv in served for s in sv], np.int64)
         r_runs = np.array([len(sv) for sv in served], np.int64)
         parr = np.array(pieces, np.int64).reshape(-1, 14)
         candidates = np.flatnonzero([len(a) > 0 for a in annotations])
-        shown = crosscheck.agreeing(ranges, owner, np.array(streams, np.int64), runs, run_src,
+        shown = crosscheck.agreeing(ann, owner, np.array(streams, np.int64), runs, run_src,
                                     r_runs, parr, candidates)
         for k, said in zip(candidates.tolist(), shown.tolist(), strict=True):
             mine = [tuple(p[1:]) for p in pieces if p[0] == k]

@@ -15,6 +15,7 @@ import tempfile
 
 import msgspec
 
+from kvdiag.files.cache import cache_root
 from kvdiag.postmortem.lineprog import LineTable
 
 CACHE_VERSION = 2
@@ -37,20 +38,11 @@ class UnitRanges(msgspec.Struct, array_like=True):
     ranges: list[tuple[int, int, int]]
 
 
-def default_dir() -> str:
-    env = os.environ.get("KVDIAG_CACHE_DIR")
-    if env:
-        return env
-    import platformdirs
-
-    return platformdirs.user_cache_dir("kvdiag", appauthor=False)
-
-
 class DiskCache:
     """Reads and writes the cache of one build (``key`` is its build-id or a file digest)."""
 
     def __init__(self, key: str, root: str | None = None) -> None:
-        base = root if root is not None else default_dir()
+        base = root if root is not None else cache_root()
         self.dir = os.path.join(base, "symbols", f"v{CACHE_VERSION}", key)
 
     def _path(self, name: str) -> str:

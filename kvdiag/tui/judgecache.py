@@ -26,7 +26,7 @@ arrays get the code's own dtypes, and every block must lie inside the file). A c
 never written in place — a new one is renamed over it — so a viewer that mapped it keeps the
 bytes it mapped. Where is the cache:
 ``$KVDIAG_CACHE_DIR/judgements`` or the user's cache folder (the symbolizer's,
-:func:`kvdiag.postmortem.cache.default_dir`); at most :data:`MAX_FILES` traces are kept, the
+:func:`kvdiag.files.cache.cache_root`); at most :data:`MAX_FILES` traces are kept, the
 least recently judged removed first. A trace that is not one plain file (a segment set, a
 compressed trace) is not cached: its ledger file is an anonymous temporary file.
 """
@@ -161,9 +161,9 @@ def key_of(path: str | os.PathLike[str]) -> CacheKey | None:
 
 def cache_folder() -> Path:
     # imported here: the viewer's first frame does not wait for the symbolizer's modules
-    from kvdiag.postmortem.cache import default_dir
+    from kvdiag.files.cache import cache_root
 
-    return Path(default_dir()) / "judgements" / f"v{CACHE_VERSION}"
+    return Path(cache_root()) / "judgements" / f"v{CACHE_VERSION}"
 
 
 def cache_file(key: CacheKey) -> Path:

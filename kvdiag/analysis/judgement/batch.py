@@ -156,18 +156,44 @@ def _known_at(carried: bool | None, first: int, pos: np.ndarray) -> np.ndarray:
     return pos > first
 
 
-def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool) -> Chunk:
-    """Judge every read page of the events whose columns are ``cols`` (:mod:`.columns`; the
-    first of them is row ``rows0``); ``flows``: also find the writes stale and foreign pages
-    missed; ``detail``: the upload seq and step of every page's copy, exact ones too."""
-    n = cols.n
-    R = n + 1
-    steps = cols.step
-    views, pages = state.views, state.pages
+class Prep(NamedTuple):
+    """A chunk's page events checked and named by view, event by event (before any page is
+    expanded): what both judgements of a chunk start from (:func:`judge_chunk` and
+    :mod:`.seqjudge`). Impossible pages and slots are counted in ``state.out_of_range`` and
+    left out; the upload statistics are counted."""
 
-    # -- writes ------------------------------------------------------------------------------
+    w_ok: np.ndarray
+    """Per write: it touches believable pages."""
+    w_p0: np.ndarray
+    w_p1: np.ndarray
+    w_vid: np.ndarray
+    """View of each write kept (``w_ok``)."""
+    u_ok: np.ndarray
+    u_p0: np.ndarray
+    u_cnt: np.ndarray
+    u_tgt: np.ndarray
+    u_slot: np.ndarray
+    u_vid: np.ndarray
+    """View of each upload kept (``u_ok``)."""
+    r_vid: np.ndarray
+    run_read: np.ndarray
+    run_pos: np.ndarray
+    length: np.ndarray
+    keep: np.ndarray
+    """Per served run: it has pages, all believable."""
+    host: np.ndarray
+    slot_bad: np.ndarray
+    no_upload: np.ndarray
+    judged: np.ndarray
+    first_write: int
+    """Position of the chunk's first write kept (``n``: none)."""
+
+
+def prepare(state: State, cols: Cols) -> Prep:
+    """:class:`Prep` of a chunk (views named in the order writes, uploads, reads)."""
+    n = cols.n
+    views = state.views
     w = cols.w
-    wi = cols.w_pos
     if w.shape[0]:
         c0, c1 = cols.w_cells[:, 0], cols.w_cells[:, 1]
         p0, p1 = c0 // PAGE_TOKENS, (c1 - 1) // PAGE_TOKENS + 1
@@ -175,68 +201,51 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
         bad = ok & ((p0 < 0) | (p1 > MAX_PAGE))
         state.out_of_range += int(bad.sum())
         ok &= ~bad
-        w_ok = ok
-        w_vid_e = views.of(w[ok, 1], w[ok, 2])
-        owner, w_page = expand(p0[ok], (p1 - p0)[ok])
-        w_vid = w_vid_e[owner]
-        w_pos = wi[ok][owner]
-        w_seq = w[ok, 0][owner]
+        w_vid = views.of(w[ok, 1], w[ok, 2])
+        first_write = int(cols.w_pos[ok][0]) if ok.any() else n
     else:
-        w_vid = w_page = w_pos = w_seq = w_vid_e = np.empty(0, np.int64)
-        w_ok = np.empty(0, bool)
-    first_write = int(w_pos[0]) if w_pos.size else n
-
-    # -- uploads -----------------------------------------------------------------------------
+        p0 = p1 = w_vid = np.empty(0, np.int64)
+        ok = np.empty(0, bool)
+        first_write = n
     u = cols.u
     if u.shape[0]:
-        ui = cols.u_pos
         u0, u1 = cols.u_pages[:, 0], cols.u_pages[:, 1]
         cnt = u1 - u0
         key = cols.u_key  # [target, reason] flattened, for the residency statistics
         tgt = key // _TARGET_OF_KEY
         slot0 = u[:, 3]
-        ok = cnt > 0
-        bad = ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
+        u_ok = cnt > 0
+        bad = u_ok & ((u0 < 0) | (u1 > MAX_PAGE) | (slot0 < 0) | (slot0 > MAX_SLOT - cnt))
         state.out_of_range += int(bad.sum())
-        ok &= ~bad
+        u_ok &= ~bad
         # the statistics count what the judgement believes: an upload of impossible pages or
         # slots filled nothing (it is out_of_range), and unknown bytes (null, or a writer's
         # negative "unknown") are counted as unknown, not summed
-        kb = key[ok]
-        nbytes = u[ok, 4]
+        kb = key[u_ok]
+        nbytes = u[u_ok, 4]
         known = nbytes >= 0
         st = state.upload_stats
         st[:, 0, :] += np.bincount(kb, minlength=16).reshape(2, 8)
-        st[:, 1, :] += np.bincount(kb, weights=cnt[ok],
+        st[:, 1, :] += np.bincount(kb, weights=cnt[u_ok],
                                    minlength=16).astype(np.int64).reshape(2, 8)
         st[:, 2, :] += np.bincount(kb[known], weights=nbytes[known],
                                    minlength=16).astype(np.int64).reshape(2, 8)
         st[:, 3, :] += np.bincount(kb[~known], minlength=16).reshape(2, 8)
-        u_vid_e = views.of(u[ok, 1], u[ok, 2])
-        owner, u_page = expand(u0[ok], cnt[ok])
-        u_vid = u_vid_e[owner]
-        u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
-        u_pos = ui[ok][owner]
-        u_tgt = tgt[ok][owner]
-        u_seq = u[ok, 0][owner]
-        u_step = steps[ui][ok][owner]
+        u_vid = views.of(u[u_ok, 1], u[u_ok, 2])
     else:
-        u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
-    first_up = [int(u_pos[u_tgt == t][0]) if np.any(u_tgt == t) else n for t in (0, 1)]
+        u0 = cnt = tgt = slot0 = u_vid = np.empty(0, np.int64)
+        u_ok = np.empty(0, bool)
+    first_up = []
+    for t in (0, 1):
+        mine = np.flatnonzero(u_ok & (tgt == t))
+        first_up.append(int(cols.u_pos[mine[0]]) if mine.size else n)
 
-    # -- evicts, invalidates -----------------------------------------------------------------
-    e_pos, e_slot = cols.e_pos, cols.e_slot
-    inv_pos = cols.inv
-
-    # -- reads ---------------------------------------------------------------------------------
     rc = cols.r
     nr = rc.shape[0]
-    ri = cols.r_pos
-    r_layer, r_stream = rc[:, 1], rc[:, 2]
-    r_vid = views.of(r_layer, r_stream)
+    r_vid = views.of(rc[:, 1], rc[:, 2])
     run_read = np.repeat(np.arange(nr), cols.r_runs)
     b, e, slot, src = cols.runs[:, 0], cols.runs[:, 1], cols.runs[:, 2], cols.run_src
-    run_pos = ri[run_read]
+    run_pos = cols.r_pos[run_read]
     length = e - b
     keep = length > 0
     oor = keep & ((b < 0) | (e > MAX_PAGE))
@@ -248,7 +257,67 @@ def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool)
                         _known_at(state.uploads[0], first_up[0], run_pos))
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
-    jr = np.flatnonzero(judged)
+    return Prep(ok, p0, p1, w_vid, u_ok, u0, cnt, tgt, slot0, u_vid, r_vid, run_read, run_pos,
+                length, keep, host, slot_bad, no_upload, judged, first_write)
+
+
+def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool) -> Chunk:
+    """Judge every read page of the events whose columns are ``cols`` (:mod:`.columns`; the
+    first of them is row ``rows0``); ``flows``: also find the writes stale and foreign pages
+    missed; ``detail``: the upload seq and step of every page's copy, exact ones too."""
+    return judge_prepared(state, cols, rows0, flows, detail, prepare(state, cols))
+
+
+def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bool,
+                   prep: Prep) -> Chunk:
+    """:func:`judge_chunk` of a chunk already prepared (:func:`prepare`)."""
+    n = cols.n
+    R = n + 1
+    steps = cols.step
+    views, pages = state.views, state.pages
+
+    # -- writes ------------------------------------------------------------------------------
+    w = cols.w
+    wi = cols.w_pos
+    w_ok, w_vid_e = prep.w_ok, prep.w_vid
+    if w.shape[0]:
+        p0, p1 = prep.w_p0, prep.w_p1
+        owner, w_page = expand(p0[w_ok], (p1 - p0)[w_ok])
+        w_vid = w_vid_e[owner]
+        w_pos = wi[w_ok][owner]
+        w_seq = w[w_ok, 0][owner]
+    else:
+        w_vid = w_page = w_pos = w_seq = np.empty(0, np.int64)
+    first_write = prep.first_write
+
+    # -- uploads -----------------------------------------------------------------------------
+    u = cols.u
+    if u.shape[0]:
+        ui = cols.u_pos
+        ok, u0, cnt, tgt, slot0 = prep.u_ok, prep.u_p0, prep.u_cnt, prep.u_tgt, prep.u_slot
+        owner, u_page = expand(u0[ok], cnt[ok])
+        u_vid = prep.u_vid[owner]
+        u_slot = slot0[ok][owner] + (u_page - u0[ok][owner])
+        u_pos = ui[ok][owner]
+        u_tgt = tgt[ok][owner]
+        u_seq = u[ok, 0][owner]
+        u_step = steps[ui][ok][owner]
+    else:
+        u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
+
+    # -- evicts, invalidates -----------------------------------------------------------------
+    e_pos, e_slot = cols.e_pos, cols.e_slot
+    inv_pos = cols.inv
+
+    # -- reads ---------------------------------------------------------------------------------
+    rc = cols.r
+    nr = rc.shape[0]
+    ri = cols.r_pos
+    r_layer, r_stream = rc[:, 1], rc[:, 2]
+    r_vid, run_read, run_pos, length = prep.r_vid, prep.run_read, prep.run_pos, prep.length
+    b, e, slot, src = cols.runs[:, 0], cols.runs[:, 1], cols.runs[:, 2], cols.run_src
+    keep, host, slot_bad, no_upload = prep.keep, prep.host, prep.slot_bad, prep.no_upload
+    jr = np.flatnonzero(prep.judged)
 
     # -- versions ------------------------------------------------------------------------------
     need_v = np.concatenate([w_vid, u_vid, r_vid[run_read[jr]]])

@@ -9,15 +9,11 @@ compared with the judged one; disagreements become the ``annotation-mismatch`` f
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import CLASSES, EXACT, NOT_JUDGED, SOURCES
-from kvdiag.analysis.judgement.columns import column
 from kvdiag.analysis.judgement.slots import Piece
 from kvdiag.model import events as ev
 
@@ -74,17 +70,6 @@ def disagrees(read: ev.Read, bad: Sequence[Piece]) -> str | None:
     return f"annotated {ranges_text(annotated)}; judged {ranges_text(derived)}"
 
 
-_FIELDS = operator.attrgetter("begin", "end", "holder", "version_lag")
-_SRC, _CLS = operator.attrgetter("source"), operator.attrgetter("cls")
-
-
-class _Codes(dict[str, int]):
-    def __missing__(self, key: str) -> int:
-        return -1
-
-
-_SRC_CODE = _Codes({s: i for i, s in enumerate(SOURCES)})
-_CLS_CODE = _Codes({c: i for i, c in enumerate(CLASSES)})
 MAX_PAGES = 1 << 22
 """Pages a chunk's reads may cover for :func:`agreeing` to compare them page by page."""
 _PAGE_LIMIT = 1 << 31
@@ -107,13 +92,14 @@ def _disjoint(own: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray
     return over
 
 
-def agreeing(ranges: Sequence[Any], owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
+def agreeing(ann: np.ndarray, owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
              run_src: np.ndarray, r_runs: np.ndarray, pieces: np.ndarray,
              candidates: np.ndarray) -> np.ndarray:
     """Which ``candidates`` (indices of a chunk's reads) are shown with array operations to
     agree with their annotation as :func:`disagrees` would find — the rest it is asked about.
 
-    ``ranges``: every annotated range of the chunk's reads, ``owner`` the read of each;
+    ``ann``: every annotated range of the chunk's reads (begin, end, holder, lag, source and
+    class codes: :func:`.columns.annotation`), ``owner`` the read of each;
     ``stream``: each read's stream; ``runs`` (begin, end, slot), ``run_src`` and ``r_runs``:
     the served runs (:mod:`.columns`); ``pieces``: the judged pieces (``batch.PIECE_COLUMNS``).
     A read with a piece not judged agrees (nothing can be compared). Otherwise both sides are
@@ -137,11 +123,9 @@ def agreeing(ranges: Sequence[Any], owner: np.ndarray, stream: np.ndarray, runs:
     ok = cand.copy()
     # the annotated side
     pick = np.flatnonzero(cand[owner])
-    rs = [ranges[i] for i in pick.tolist()]
-    n = len(rs)
-    a = column(lambda: itertools.chain.from_iterable(map(_FIELDS, rs)), n, 4)
-    a_src = np.fromiter(map(_SRC_CODE.__getitem__, map(_SRC, rs)), np.int64, n)
-    a_cls = np.fromiter(map(_CLS_CODE.__getitem__, map(_CLS, rs)), np.int64, n)
+    a = ann[pick, :4]
+    a_src = ann[pick, 4]
+    a_cls = ann[pick, 5]
     a_own = owner[pick]
     bad = ((a[:, 0] < 0) | (a[:, 1] > _PAGE_LIMIT) | (a[:, 1] <= a[:, 0]) | (a_src < 0)
            | (a_cls < 0) | _disjoint(a_own, a[:, 0], a[:, 1]))

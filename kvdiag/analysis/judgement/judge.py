@@ -71,13 +71,13 @@ from kvdiag.analysis.judgement.columns import (
     STEP,
     TYPE_OF,
     Cols,
-    column,
     concat,
     extract,
 )
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.seqjudge import judge_streamed
 from kvdiag.analysis.judgement.slots import Copy, Piece
 from kvdiag.analysis.judgement.snapshot import matches, seed
 from kvdiag.model import events as ev
@@ -101,7 +101,7 @@ first."""
 _g = operator.attrgetter
 _STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
 _ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_BEGIN_END, _CLS, _DIVERGED = _g("begin", "end"), _g("cls"), _g("diverged")
+_DIVERGED = _g("diverged")
 _FIRST = operator.itemgetter(0)
 
 
@@ -113,12 +113,6 @@ class _Annotated(NamedTuple):
     ranges: tuple[ev.ReadRange, ...]
 
 
-class _NotExact(dict[str, bool]):
-    def __missing__(self, key: str) -> bool:
-        return True
-
-
-_NOT_EXACT = _NotExact(exact=False)
 
 
 FITS_ASSERT = "ggml_cuda_kv_stream_fattn_fits"
@@ -343,7 +337,7 @@ class Judge:
         if self._pending:
             cols = concat(self._pending)
             self._pending, self._held = [], 0
-            self._judge_cols(cols, int(cols.rows0))
+            self._judge_cols(cols, int(cols.rows0), streamed=True)
 
     def skip(self, n: int = 1) -> None:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
@@ -437,9 +431,13 @@ class Judge:
         for _, t, n in sorted(seen, key=_FIRST):
             counted[t] += n
 
-    def _judge_cols(self, cols: Cols, rows0: int) -> None:
-        result = judge_chunk(self.state, cols, rows0,
-                             flows=self.ledger is not None or self.flows, detail=self.detail)
+    def _judge_cols(self, cols: Cols, rows0: int, streamed: bool = False) -> None:
+        flows = self.ledger is not None or self.flows
+        if streamed and not self.detail:
+            # a stream's reads are asked about by seq, never page by page (pages())
+            result = judge_streamed(self.state, cols, rows0, flows)
+        else:
+            result = judge_chunk(self.state, cols, rows0, flows=flows, detail=self.detail)
         self._absorb(result)
 
     # -- events ----------------------------------------------------------------------------
@@ -674,18 +672,16 @@ class Judge:
         cols = c.cols
         assert cols.served is not None
         nr = c.r_seq.size
-        annotated = np.fromiter(map(len, cols.ranges), np.int64, nr)
-        ranges = list(itertools.chain.from_iterable(cols.ranges))
+        annotated = cols.r_ann
         owner = np.repeat(np.arange(nr), annotated)
-        n = len(ranges)
-        ends = column(lambda: itertools.chain.from_iterable(map(_BEGIN_END, ranges)), n, 2)
-        width = ends[:, 1] - ends[:, 0]
-        bad = np.fromiter(map(_NOT_EXACT.__getitem__, map(_CLS, ranges)), bool, n)
+        ann = cols.ann
+        width = ann[:, 1] - ann[:, 0]
+        bad = ann[:, 5] != EXACT  # a class the judgement does not use is not exact either
         said = np.bincount(owner[bad], weights=width[bad], minlength=nr)
         judged = c.r_counts[:, STALE] + c.r_counts[:, FOREIGN] + c.r_counts[:, NOT_JUDGED]
         candidates = np.flatnonzero((annotated > 0) & ((said > 0) | (judged > 0))
                                     & (cols.r_runs > 0))  # the unserved are not compared
-        shown = crosscheck.agreeing(ranges, owner, c.r_stream, cols.runs, cols.run_src,
+        shown = crosscheck.agreeing(ann, owner, c.r_stream, cols.runs, cols.run_src,
                                     cols.r_runs, c.pieces, candidates)
         for k in candidates[~shown].tolist():
             seq, step, layer, stream = self._read_at(c, k)

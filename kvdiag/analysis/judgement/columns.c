@@ -1,0 +1,483 @@
+/* The page judgement's columns taken out of decoded events in one C pass.
+ *
+ * kvdiag/analysis/judgement/columns.py defines the columns (its module docstring) and takes
+ * them out with attrgetter/chain/fromiter; this does the same in C, event by event, reading
+ * each field once. The Python function stays the reference and the fallback (no C compiler
+ * here, KVDIAG_COMPILED=0): tests/test_compiled_columns.py holds the two equal.
+ *
+ * Nothing here trusts the events' shape beyond what msgspec's decoder guarantees: a field that
+ * is missing or of another type raises, and so does an integer beyond +-2^62 (columns.BOUND:
+ * the Python path clips a whole column holding one beyond 64 bits); the caller then takes the
+ * Python path for that run of events.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BOUND ((int64_t)1 << 62)
+
+enum { WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK, KINDS };
+/* the kinds of the types tuple, in its order */
+static const int TYPE_CODES[] = {WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, OUTPUT, STEP, MARK};
+#define NTYPES 9
+
+/* The fields read, by index: names interned at import, each type's offsets found once. */
+enum {
+    F_STEP, F_SEQ, F_LAYER, F_STREAM, F_CELLS, F_VERSIONS, F_PAGES, F_SLOT, F_BYTES, F_TARGET,
+    F_REASON, F_SERVED, F_RANGES, F_POOL, F_RING, F_HOST, F_BEGIN, F_END, F_SOURCE, F_HOLDER,
+    F_LAG, F_CLS, NFIELDS
+};
+static const char *const FIELD_NAMES[NFIELDS] = {
+    "step", "seq", "layer", "stream", "cells", "versions", "pages", "slot", "bytes", "target",
+    "reason", "served", "ranges", "pool", "ring", "host", "begin", "end", "source", "holder",
+    "version_lag", "cls"};
+static PyObject *names[NFIELDS];
+
+/* Where each field of a type is kept: msgspec keeps a Struct's fields in the object, each
+ * named by a member descriptor of its type; a field found otherwise (-1) is read by getattr. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t off[NFIELDS];
+} Layout;
+
+static void layout_of(Layout *l, PyTypeObject *t) {
+    l->type = t;
+    for (int f = 0; f < NFIELDS; f++) {
+        l->off[f] = -1;
+        PyObject *d = PyObject_GetAttr((PyObject *)t, names[f]);
+        if (!d) {
+            PyErr_Clear();
+            continue;
+        }
+        if (PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX || m->type == T_OBJECT) l->off[f] = m->offset;
+        }
+        Py_DECREF(d);
+    }
+}
+
+/* Field ``f`` of ``o`` (whose type's layout is ``l``): a new reference, or NULL with an
+ * exception set. */
+static PyObject *get(PyObject *o, const Layout *l, int f) {
+    Py_ssize_t off = l->off[f];
+    if (off >= 0) {
+        PyObject *x = *(PyObject **)((char *)o + off);
+        if (x) {
+            Py_INCREF(x);
+            return x;
+        }
+    }
+    return PyObject_GetAttr(o, names[f]);
+}
+
+static Layout layouts[9], run_layout, range_layout;
+static PyObject *layouts_for; /* the types tuple the layouts are of */
+
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static int vec_reserve(Vec *a, Py_ssize_t more) {
+    if (a->n + more <= a->cap) return 0;
+    Py_ssize_t cap = a->cap ? a->cap : 64;
+    while (cap < a->n + more) cap *= 2;
+    int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->v = v;
+    a->cap = cap;
+    return 0;
+}
+
+/* An integer as the columns hold it; None is -1 (an upload's unknown bytes: the Python path's
+ * TypeError case). Returns -1 with an exception set on another type or beyond +-2^62. */
+static int as_int(PyObject *o, int64_t *out) {
+    if (o == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    if (!PyLong_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "not an integer");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v > BOUND || v < -BOUND) {
+        PyErr_SetString(PyExc_OverflowError, "beyond +-2^62");
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Field ``f`` of ``o`` as an integer, pushed on ``a`` (reserved by the caller). */
+static int push_attr(Vec *a, PyObject *o, const Layout *l, int f) {
+    PyObject *x = get(o, l, f);
+    if (!x) return -1;
+    int64_t v;
+    int rc = as_int(x, &v);
+    Py_DECREF(x);
+    if (rc) return -1;
+    a->v[a->n++] = v;
+    return 0;
+}
+
+/* A pair field (cells, pages): two integers pushed on ``a``. */
+static int push_pair(Vec *a, PyObject *o, const Layout *l, int f) {
+    PyObject *x = get(o, l, f);
+    if (!x) return -1;
+    int rc = -1;
+    if (PyTuple_Check(x) && PyTuple_GET_SIZE(x) == 2) {
+        int64_t v0, v1;
+        if (!as_int(PyTuple_GET_ITEM(x, 0), &v0) && !as_int(PyTuple_GET_ITEM(x, 1), &v1)) {
+            a->v[a->n++] = v0;
+            a->v[a->n++] = v1;
+            rc = 0;
+        }
+    } else {
+        PyErr_SetString(PyExc_TypeError, "not a pair");
+    }
+    Py_DECREF(x);
+    return rc;
+}
+
+static const char *const SOURCES[] = {"pool", "ring", "host"};
+static const char *const TARGETS[] = {"resident", "ring"};
+static const char *const REASONS[] = {"miss", "dirty", "wide-query", "last-chunk", "ring"};
+static const char *const CLASSES[] = {"exact", "stale", "foreign", "not judged"};
+
+/* Index of ``o`` (a str) among ``names``, or ``other`` for another string. */
+static int name_index(PyObject *o, const char *const *names, int count, int other) {
+    if (!PyUnicode_Check(o)) return -2;
+    for (int i = 0; i < count; i++)
+        if (PyUnicode_CompareWithASCIIString(o, names[i]) == 0) return i;
+    return other;
+}
+
+enum {
+    V_STEP, V_WPOS, V_W, V_WCELLS, V_WVLEN, V_WVERS, V_UPOS, V_U, V_UPAGES, V_UKEY, V_EPOS,
+    V_ESLOT, V_INV, V_RPOS, V_R, V_RRUNS, V_RCOUNTS, V_RUNS, V_RUNSRC, V_FPOS, V_FLAYER, V_RANN,
+    V_ANN, NVEC
+};
+
+/* extract(events, types, base, keep_reads) -> (code: bytes, one int8 per event;
+ *     data: bytearray of int64 (the events' indices by kind, stably, then the NVEC columns);
+ *     lens: each column's length; ends: each kind's end in the indices;
+ *     every read has served runs; ranges: per read; served: per read, or None where no read
+ *     is annotated; reads: the read events where keep_reads, else None) */
+static PyObject *extract(PyObject *self, PyObject *args) {
+    PyObject *events, *types;
+    Py_ssize_t base;
+    int keep_reads;
+    if (!PyArg_ParseTuple(args, "O!O!np", &PyList_Type, &events, &PyTuple_Type, &types, &base,
+                          &keep_reads))
+        return NULL;
+    if (PyTuple_GET_SIZE(types) != NTYPES) {
+        PyErr_SetString(PyExc_ValueError, "types: 9 expected");
+        return NULL;
+    }
+    PyTypeObject *tp[NTYPES];
+    for (int i = 0; i < NTYPES; i++) {
+        PyObject *t = PyTuple_GET_ITEM(types, i);
+        if (!PyType_Check(t)) {
+            PyErr_SetString(PyExc_TypeError, "types: types expected");
+            return NULL;
+        }
+        tp[i] = (PyTypeObject *)t;
+    }
+    if (layouts_for != types) {
+        for (int i = 0; i < NTYPES; i++) layout_of(&layouts[i], tp[i]);
+        Py_XDECREF(layouts_for);
+        Py_INCREF(types);
+        layouts_for = types;
+    }
+
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    Vec v[NVEC];
+    memset(v, 0, sizeof v);
+    PyObject *code = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *ranges = PyList_New(0), *served_all = PyList_New(0);
+    PyObject *reads = keep_reads ? PyList_New(0) : NULL;
+    PyObject *result = NULL;
+    int annotated_r = 0, all_runs = 1;
+    if (!code || !ranges || !served_all || (keep_reads && !reads)) goto done;
+    char *codes = PyBytes_AS_STRING(code);
+    /* every event has a step; each kind's rows at most one per event */
+    if (vec_reserve(&v[V_STEP], n)) goto done;
+
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(events, i);
+        PyTypeObject *t = Py_TYPE(e);
+        int k = OTHER;
+        const Layout *L = NULL;
+        for (int j = 0; j < NTYPES; j++)
+            if (t == tp[j]) {
+                k = TYPE_CODES[j];
+                L = &layouts[j];
+                break;
+            }
+        Layout other;
+        if (!L) { /* another kind: only its step is read, by getattr */
+            other.type = t;
+            for (int f = 0; f < NFIELDS; f++) other.off[f] = -1;
+            L = &other;
+        }
+        codes[i] = (char)k;
+        if (push_attr(&v[V_STEP], e, L, F_STEP)) goto done;
+        int64_t pos = (int64_t)(i + base);
+        switch (k) {
+        case WRITE: {
+            if (vec_reserve(&v[V_WPOS], 1) || vec_reserve(&v[V_W], 3) ||
+                vec_reserve(&v[V_WCELLS], 2) || vec_reserve(&v[V_WVLEN], 1))
+                goto done;
+            v[V_WPOS].v[v[V_WPOS].n++] = pos;
+            if (push_attr(&v[V_W], e, L, F_SEQ) || push_attr(&v[V_W], e, L, F_LAYER) ||
+                push_attr(&v[V_W], e, L, F_STREAM) || push_pair(&v[V_WCELLS], e, L, F_CELLS))
+                goto done;
+            PyObject *vers = get(e, L, F_VERSIONS);
+            if (!vers) goto done;
+            if (!PyTuple_Check(vers)) {
+                Py_DECREF(vers);
+                PyErr_SetString(PyExc_TypeError, "versions: not a tuple");
+                goto done;
+            }
+            Py_ssize_t nv = PyTuple_GET_SIZE(vers);
+            v[V_WVLEN].v[v[V_WVLEN].n++] = nv;
+            if (nv) {
+                if (vec_reserve(&v[V_WVERS], 2 * nv)) {
+                    Py_DECREF(vers);
+                    goto done;
+                }
+                for (Py_ssize_t j = 0; j < nv; j++) {
+                    PyObject *pair = PyTuple_GET_ITEM(vers, j);
+                    int64_t a0, a1;
+                    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                        as_int(PyTuple_GET_ITEM(pair, 0), &a0) ||
+                        as_int(PyTuple_GET_ITEM(pair, 1), &a1)) {
+                        Py_DECREF(vers);
+                        if (!PyErr_Occurred())
+                            PyErr_SetString(PyExc_TypeError, "versions: not pairs");
+                        goto done;
+                    }
+                    v[V_WVERS].v[v[V_WVERS].n++] = a0;
+                    v[V_WVERS].v[v[V_WVERS].n++] = a1;
+                }
+            }
+            Py_DECREF(vers);
+            break;
+        }
+        case UPLOAD: {
+            if (vec_reserve(&v[V_UPOS], 1) || vec_reserve(&v[V_U], 5) ||
+                vec_reserve(&v[V_UPAGES], 2) || vec_reserve(&v[V_UKEY], 1))
+                goto done;
+            v[V_UPOS].v[v[V_UPOS].n++] = pos;
+            if (push_attr(&v[V_U], e, L, F_SEQ) || push_attr(&v[V_U], e, L, F_LAYER) ||
+                push_attr(&v[V_U], e, L, F_STREAM) || push_attr(&v[V_U], e, L, F_SLOT) ||
+                push_attr(&v[V_U], e, L, F_BYTES) || push_pair(&v[V_UPAGES], e, L, F_PAGES))
+                goto done;
+            PyObject *tg = get(e, L, F_TARGET);
+            if (!tg) goto done;
+            PyObject *rs = get(e, L, F_REASON);
+            if (!rs) {
+                Py_DECREF(tg);
+                goto done;
+            }
+            int ti = name_index(tg, TARGETS, 2, -1);
+            int ri = name_index(rs, REASONS, 5, 5);
+            Py_DECREF(tg);
+            Py_DECREF(rs);
+            if (ti < 0 || ri < 0) {
+                PyErr_SetString(PyExc_ValueError, "upload: unknown target");
+                goto done;
+            }
+            v[V_UKEY].v[v[V_UKEY].n++] = ti * 8 + ri;
+            break;
+        }
+        case EVICT:
+            if (vec_reserve(&v[V_EPOS], 1) || vec_reserve(&v[V_ESLOT], 1)) goto done;
+            v[V_EPOS].v[v[V_EPOS].n++] = pos;
+            if (push_attr(&v[V_ESLOT], e, L, F_SLOT)) goto done;
+            break;
+        case INVALIDATE:
+            if (vec_reserve(&v[V_INV], 1)) goto done;
+            v[V_INV].v[v[V_INV].n++] = pos;
+            break;
+        case READ: {
+            if (vec_reserve(&v[V_RPOS], 1) || vec_reserve(&v[V_R], 3) ||
+                vec_reserve(&v[V_RRUNS], 1) || vec_reserve(&v[V_RCOUNTS], 3))
+                goto done;
+            v[V_RPOS].v[v[V_RPOS].n++] = pos;
+            if (push_attr(&v[V_R], e, L, F_SEQ) || push_attr(&v[V_R], e, L, F_LAYER) ||
+                push_attr(&v[V_R], e, L, F_STREAM))
+                goto done;
+            PyObject *sv = get(e, L, F_SERVED);
+            if (!sv) goto done;
+            if (!PyTuple_Check(sv)) {
+                Py_DECREF(sv);
+                PyErr_SetString(PyExc_TypeError, "served: not a tuple");
+                goto done;
+            }
+            Py_ssize_t nrun = PyTuple_GET_SIZE(sv);
+            v[V_RRUNS].v[v[V_RRUNS].n++] = nrun;
+            if (nrun) {
+                /* the read's own counts matter only where it has no served runs */
+                for (int j = 0; j < 3; j++) v[V_RCOUNTS].v[v[V_RCOUNTS].n++] = 0;
+            } else {
+                all_runs = 0;
+                if (push_attr(&v[V_RCOUNTS], e, L, F_POOL) || push_attr(&v[V_RCOUNTS], e, L, F_RING) ||
+                    push_attr(&v[V_RCOUNTS], e, L, F_HOST)) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+            }
+            if (vec_reserve(&v[V_RUNS], 3 * nrun) || vec_reserve(&v[V_RUNSRC], nrun)) {
+                Py_DECREF(sv);
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < nrun; j++) {
+                PyObject *run = PyTuple_GET_ITEM(sv, j);
+                if (Py_TYPE(run) != run_layout.type) layout_of(&run_layout, Py_TYPE(run));
+                if (push_attr(&v[V_RUNS], run, &run_layout, F_BEGIN) || push_attr(&v[V_RUNS], run, &run_layout, F_END) ||
+                    push_attr(&v[V_RUNS], run, &run_layout, F_SLOT)) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+                PyObject *src = get(run, &run_layout, F_SOURCE);
+                if (!src) {
+                    Py_DECREF(sv);
+                    goto done;
+                }
+                int si = name_index(src, SOURCES, 3, -1);
+                Py_DECREF(src);
+                if (si < 0) {
+                    Py_DECREF(sv);
+                    PyErr_SetString(PyExc_ValueError, "served: unknown source");
+                    goto done;
+                }
+                v[V_RUNSRC].v[v[V_RUNSRC].n++] = si;
+            }
+            PyObject *rg = get(e, L, F_RANGES);
+            if (!rg) {
+                Py_DECREF(sv);
+                goto done;
+            }
+            if (!PyTuple_Check(rg)) {
+                Py_DECREF(rg);
+                Py_DECREF(sv);
+                PyErr_SetString(PyExc_TypeError, "ranges: not a tuple");
+                goto done;
+            }
+            /* the model's annotation: begin, end, holder, lag, source and class codes (-1:
+             * another name) of each range, for the cross-check */
+            Py_ssize_t nann = PyTuple_GET_SIZE(rg);
+            if (vec_reserve(&v[V_RANN], 1) || vec_reserve(&v[V_ANN], 6 * nann)) {
+                Py_DECREF(rg);
+                Py_DECREF(sv);
+                goto done;
+            }
+            v[V_RANN].v[v[V_RANN].n++] = nann;
+            if (nann) annotated_r = 1;
+            for (Py_ssize_t j = 0; j < nann; j++) {
+                PyObject *a = PyTuple_GET_ITEM(rg, j);
+                if (Py_TYPE(a) != range_layout.type) layout_of(&range_layout, Py_TYPE(a));
+                int fail = push_attr(&v[V_ANN], a, &range_layout, F_BEGIN) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_END) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_HOLDER) ||
+                           push_attr(&v[V_ANN], a, &range_layout, F_LAG);
+                PyObject *asrc = fail ? NULL : get(a, &range_layout, F_SOURCE);
+                PyObject *acls = asrc ? get(a, &range_layout, F_CLS) : NULL;
+                int si = acls ? name_index(asrc, SOURCES, 3, -1) : -2;
+                int ci = acls ? name_index(acls, CLASSES, 4, -1) : -2;
+                Py_XDECREF(asrc);
+                Py_XDECREF(acls);
+                if (si == -2 || ci == -2) {
+                    Py_DECREF(rg);
+                    Py_DECREF(sv);
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ranges: not str");
+                    goto done;
+                }
+                v[V_ANN].v[v[V_ANN].n++] = si;
+                v[V_ANN].v[v[V_ANN].n++] = ci;
+            }
+            int bad = PyList_Append(ranges, rg) || PyList_Append(served_all, sv) ||
+                      (keep_reads && PyList_Append(reads, e));
+            Py_DECREF(rg);
+            Py_DECREF(sv);
+            if (bad) goto done;
+            break;
+        }
+        case FITS:
+            if (vec_reserve(&v[V_FPOS], 1) || vec_reserve(&v[V_FLAYER], 1)) goto done;
+            v[V_FPOS].v[v[V_FPOS].n++] = pos;
+            if (push_attr(&v[V_FLAYER], e, L, F_LAYER)) goto done;
+            break;
+        default:
+            break;
+        }
+    }
+    {
+        /* the events by kind, stably (a counting sort): Cols.order, and each kind's bounds */
+        Py_ssize_t count[KINDS] = {0}, at[KINDS];
+        for (Py_ssize_t i = 0; i < n; i++) count[(int)codes[i]]++;
+        Py_ssize_t total = n;
+        for (int j = 0; j < NVEC; j++) total += v[j].n;
+        PyObject *data = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(int64_t));
+        PyObject *lens = PyTuple_New(NVEC);
+        PyObject *ends = PyTuple_New(KINDS);
+        if (!data || !lens || !ends) {
+            Py_XDECREF(data);
+            Py_XDECREF(lens);
+            Py_XDECREF(ends);
+            goto done;
+        }
+        int64_t *out = (int64_t *)PyByteArray_AS_STRING(data);
+        Py_ssize_t sum = 0;
+        for (int k = 0; k < KINDS; k++) {
+            at[k] = sum;
+            sum += count[k];
+            PyTuple_SET_ITEM(ends, k, PyLong_FromSsize_t(sum));
+        }
+        for (Py_ssize_t i = 0; i < n; i++) out[at[(int)codes[i]]++] = (int64_t)i;
+        out += n;
+        for (int j = 0; j < NVEC; j++) {
+            if (v[j].n) memcpy(out, v[j].v, (size_t)v[j].n * sizeof(int64_t));
+            out += v[j].n;
+            PyTuple_SET_ITEM(lens, j, PyLong_FromSsize_t(v[j].n));
+        }
+        result = Py_BuildValue("(ONNNNOOO)", code, data, lens, ends,
+                               PyBool_FromLong(all_runs), ranges,
+                               annotated_r ? served_all : Py_None,
+                               keep_reads ? reads : Py_None);
+    }
+done:
+    for (int j = 0; j < NVEC; j++) PyMem_Free(v[j].v);
+    Py_XDECREF(code);
+    Py_XDECREF(ranges);
+    Py_XDECREF(served_all);
+    Py_XDECREF(reads);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"extract", extract, METH_VARARGS,
+     "The page judgement's columns of a list of decoded events (kvdiag.analysis.judgement"
+     ".columns.extract, in C)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__columns(void) {
+    for (int f = 0; f < NFIELDS; f++)
+        if (!(names[f] = PyUnicode_InternFromString(FIELD_NAMES[f]))) return NULL;
+    return PyModule_Create(&module);
+}
