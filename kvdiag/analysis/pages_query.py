@@ -118,7 +118,7 @@ def _expand(rows: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.
 
 def _last(rows: np.ndarray, limit: int) -> int:
     """Position of the last entry of ``rows`` below ``limit`` (-1 when none)."""
-    return int(np.searchsorted(rows, limit)) - 1
+    return int(rows.searchsorted(limit)) - 1
 
 
 class _Parts(NamedTuple):
@@ -313,7 +313,7 @@ class PagesQuery:
         """The host page's version before row ``limit``: the writes that touched it (the
         judgement's rule, :class:`kvdiag.analysis.judgement.slots.HostPages`)."""
         group = self._writes.get((layer, stream, page))
-        return 0 if group is None else int(np.searchsorted(group[0], limit))
+        return 0 if group is None else int(group[0].searchsorted(limit))
 
     def _cleared(self, limit: int) -> int:
         """Row of the latest ``invalidate`` below ``limit`` (-1 when none)."""
