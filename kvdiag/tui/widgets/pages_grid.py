@@ -17,8 +17,6 @@ from kvdiag.tui.messages import CellSelected
 from kvdiag.tui.pagestext import CELL_WIDTH, cell_mark, cell_text
 
 LABEL_WIDTH = 4
-MAX_STRIPS = 1024
-"""Lines kept drawn (a few screens of rows); past this the cache starts again."""
 Line = tuple[str, int, int, int, tuple[tuple[str, tuple[str, ...]], ...]]
 """What one line of the grid shows: kind (``head``, ``layer``, ``blank``), width, the columns
 scrolled into the first cell, the layer, and per cell its text and style names."""
@@ -52,7 +50,6 @@ class PagesGrid(ScrollView, can_focus=False):
         """Pages of this stream that a mark at this step put outside the window (all layers)."""
         self.border_title = title or f"stream {stream}"
         self._styles: dict[tuple[str, ...], Style] = {}
-        self._strips: dict[Line, Strip] = {}
         self._drawn: dict[int, Line] = {}
         """Per line on screen, what was last drawn there."""
 
@@ -94,7 +91,6 @@ class PagesGrid(ScrollView, can_focus=False):
 
     def notify_style_update(self) -> None:
         self._styles.clear()
-        self._strips.clear()
         self._drawn.clear()
         super().notify_style_update()
 
@@ -149,14 +145,8 @@ class PagesGrid(ScrollView, can_focus=False):
                           shift, width, base)
 
     def render_line(self, y: int) -> Strip:
-        line = self._line(y, self.scrollable_content_region.width)
-        strip = self._strips.get(line)
-        if strip is None:
-            if len(self._strips) >= MAX_STRIPS:
-                self._strips.clear()
-            strip = self._strips[line] = self._draw(line)
-        self._drawn[y] = line
-        return strip
+        line = self._drawn[y] = self._line(y, self.scrollable_content_region.width)
+        return self._draw(line)
 
     def _refresh_changed(self) -> None:
         """Ask for a repaint of the lines on screen whose content differs from what was drawn
