@@ -143,6 +143,28 @@ def test_query_equals_replay_on_captures(captured: Capture, scenario: str, layou
         assert last.learned == ()  # the fixed layout does not learn layers from pointers
 
 
+@pytest.mark.parametrize("scenario, extra", [
+    ("pool-pressure", ("--steps", "6", "--prompt-tokens", "1300")),
+    ("pool-pressure", (*ADAPTIVE, "--stage-mib", "8")),
+])
+def test_query_reuses_answers_only_where_they_hold(captured: Capture, scenario: str,
+                                                   extra: tuple[str, ...]) -> None:
+    """GIVEN one query asked about the steps backwards, then in a scrambled order (a scrubber
+    going left, a jump) THEN each step's cells equal the replay's: an answer kept from another
+    step (a slot's holder, a page's version, a key's slot) is used only for cutoffs with the
+    same events before them, across uploads, evictions and the adaptive invalidate."""
+    path, _ = captured(scenario, "shared", "membership", *extra)
+    query, ref, _ = query_for(path)
+    steps = sorted(ref)
+    assert len(steps) >= 9
+    order = steps[::-1] + steps[1::3] + steps[::2] + steps[-1:] + steps[:1]
+    for step in order:
+        got = query.snapshot(step)
+        assert got.cells() == ref[step].cells(), f"step {step}"  # type: ignore[attr-defined]
+    known = query.query._known_holders
+    assert known and any(h is not None for *_, h in known.values())
+
+
 def test_write_pages() -> None:
     assert write_pages((0, 256)) == range(0, 1)
     assert write_pages((255, 257)) == range(0, 2)

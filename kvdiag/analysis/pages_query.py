@@ -118,7 +118,17 @@ def _expand(rows: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.
 
 def _last(rows: np.ndarray, limit: int) -> int:
     """Position of the last entry of ``rows`` below ``limit`` (-1 when none)."""
-    return int(np.searchsorted(rows, limit)) - 1
+    return int(rows.searchsorted(limit)) - 1
+
+
+_END = np.iinfo(np.int64).max
+
+
+def _span(rows: np.ndarray, limit: int) -> tuple[int, int, int]:
+    """``(n, lo, hi)``: ``n`` entries of ``rows`` are below ``limit``, and the same ``n`` are
+    below every limit in ``(lo, hi]``."""
+    n = int(rows.searchsorted(limit))
+    return n, int(rows[n - 1]) if n else -1, int(rows[n]) if n < len(rows) else _END
 
 
 class _Parts(NamedTuple):
@@ -251,6 +261,12 @@ class PagesQuery:
         self._invalidates, self._adapts, self._repartitions = p.invalidates, p.adapts, p.repartitions
         self.event: Callable[[int], object] = functools.lru_cache(maxsize=16384)(self._decode)
         self._room: Room = {}
+        # Per key, the last answer and the cutoffs it holds for, ``(lo, hi]``: a scrubbed step
+        # moves the cutoff by a step's rows, past which most slots and pages have no event, so
+        # their answers are reused instead of searched again.
+        self._known_versions: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        self._known_slots: dict[tuple[int, int, int], tuple[int, int, int, int | None]] = {}
+        self._known_holders: dict[int, tuple[int, int, int, Holder | None]] = {}
 
     def grown(self, index: TraceIndex, source: LineSource, geometry: PagesGeometry
               ) -> PagesQuery:
@@ -312,8 +328,16 @@ class PagesQuery:
     def _version_at(self, layer: int, stream: int, page: int, limit: int) -> int:
         """The host page's version before row ``limit``: the writes that touched it (the
         judgement's rule, :class:`kvdiag.analysis.judgement.slots.HostPages`)."""
-        group = self._writes.get((layer, stream, page))
-        return 0 if group is None else int(np.searchsorted(group[0], limit))
+        key = (layer, stream, page)
+        known = self._known_versions.get(key)
+        if known is not None and known[0] < limit <= known[1]:
+            return known[2]
+        group = self._writes.get(key)
+        if group is None:
+            return 0
+        n, lo, hi = _span(group[0], limit)
+        self._known_versions[key] = (lo, hi, n)
+        return n
 
     def _cleared(self, limit: int) -> int:
         """Row of the latest ``invalidate`` below ``limit`` (-1 when none)."""
@@ -333,27 +357,43 @@ class PagesQuery:
 
     def _slot_of(self, limit: int, cleared: int, key: Key) -> int | None:
         layer, stream, page = key
-        group = self._key_uploads.get((layer, -1 if stream is None else stream, page))
+        k = (layer, -1 if stream is None else stream, page)
+        known = self._known_slots.get(k)
+        if known is not None and known[0] < limit <= known[1] and known[2] == cleared:
+            return known[3]
+        group = self._key_uploads.get(k)
         if group is None:
             return None
-        i = _last(group[0], limit)
-        return int(group[1][i]) if i >= 0 and int(group[0][i]) > cleared else None
+        n, lo, hi = _span(group[0], limit)
+        i = n - 1
+        slot = int(group[1][i]) if i >= 0 and int(group[0][i]) > cleared else None
+        self._known_slots[k] = (lo, hi, cleared, slot)
+        return slot
 
     def _holder_of(self, limit: int, cleared: int, slot: int) -> Holder | None:
+        known = self._known_holders.get(slot)
+        if known is not None and known[0] < limit <= known[1] and known[2] == cleared:
+            return known[3]
         group = self._slot_uploads.get((slot,))
         if group is None:
             return None
         rows, layers, streams, pages = group
-        i = _last(rows, limit)
-        if i < 0 or int(rows[i]) < cleared:
-            return None
-        evicts = self._evicts.get((slot,))
-        if evicts is not None:
-            j = _last(evicts[0], limit)
-            if j >= 0 and int(evicts[0][j]) > int(rows[i]):
-                return None
-        layer, stream, page = int(layers[i]), int(streams[i]), int(pages[i])
-        return Holder(layer, stream, page, self._version_at(layer, stream, page, int(rows[i])))
+        n, lo, hi = _span(rows, limit)
+        i = n - 1
+        holder: Holder | None = None
+        if i >= 0 and int(rows[i]) >= cleared:
+            evicts = self._evicts.get((slot,))
+            evicted = False
+            if evicts is not None:
+                m, elo, ehi = _span(evicts[0], limit)
+                lo, hi = max(lo, elo), min(hi, ehi)
+                evicted = m > 0 and int(evicts[0][m - 1]) > int(rows[i])
+            if not evicted:
+                layer, stream, page = int(layers[i]), int(streams[i]), int(pages[i])
+                holder = Holder(layer, stream, page,
+                                self._version_at(layer, stream, page, int(rows[i])))
+        self._known_holders[slot] = (lo, hi, cleared, holder)
+        return holder
 
     def _dirty(self, step: int, limit: int) -> frozenset[Key]:
         lo, hi = self.index.step_rows(step)

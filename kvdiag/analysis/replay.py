@@ -254,24 +254,38 @@ class PagesSnapshot:
         return holder
 
     def cell(self, stream: int, layer: int, page: int) -> PageCell:
-        k = ("c", stream, layer, page)
-        got = self._memo.get(k)
+        got = self._memo.get(("c", stream, layer, page))
         if got is None:
-            if stream not in self.geometry.streams or not (
-                    0 <= layer < self.geometry.layers and 0 <= page < self.geometry.pages):
+            if not 0 <= page < self.geometry.pages:
                 raise IndexError(f"no cell stream {stream} layer {layer} page {page}")
-            key = self.geometry.key(layer, stream, page)
-            slot = self._slot(key)
-            got = self._memo[k] = PageCell(
-                page, page < self.window(layer), self.version_of(layer, stream, page), slot,
-                self._holder(slot) if slot is not None else None,
-                self.reads(stream, layer)[page], key in self.dirty)
+            return self.row(stream, layer, page, page + 1)[0]
         return got  # type: ignore[return-value]
 
     def row(self, stream: int, layer: int, first: int = 0, stop: int | None = None
             ) -> tuple[PageCell, ...]:
-        end = self.geometry.pages if stop is None else min(stop, self.geometry.pages)
-        return tuple(self.cell(stream, layer, p) for p in range(max(first, 0), end))
+        """The cells of pages ``[first, stop)`` of (layer, stream)."""
+        geo = self.geometry
+        if stream not in geo.streams or not 0 <= layer < geo.layers:
+            raise IndexError(f"no cells of stream {stream} layer {layer}")
+        end = geo.pages if stop is None else min(stop, geo.pages)
+        memo = self._memo
+        reads: tuple[LastRead | None, ...] = ()
+        window = 0
+        out: list[PageCell] = []
+        for page in range(max(first, 0), end):
+            k = ("c", stream, layer, page)
+            got = memo.get(k)
+            if got is None:
+                if not reads:  # once per row: the row's reads and window
+                    reads, window = self.reads(stream, layer), self.window(layer)
+                key = geo.key(layer, stream, page)
+                slot = self._slot(key)
+                got = memo[k] = PageCell(
+                    page, page < window, self.version_of(layer, stream, page), slot,
+                    self._holder(slot) if slot is not None else None, reads[page],
+                    key in self.dirty)
+            out.append(got)  # type: ignore[arg-type]
+        return tuple(out)
 
     def cells(self) -> tuple[tuple[tuple[PageCell, ...], ...], ...]:
         """Every cell: ``cells()[i][layer][page]`` for stream ``geometry.streams[i]``."""

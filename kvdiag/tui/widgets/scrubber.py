@@ -30,8 +30,14 @@ class Scrubber(Widget):
         self.marks: dict[str, np.ndarray] = {}
 
     def show(self, steps: int, step: int, marks: dict[str, np.ndarray]) -> None:
+        # A column is a run of steps: scrubbing within it draws the same bar again, so the
+        # bar is repainted only when the cursor's column, the steps or the marks change.
+        width = max(1, self.size.width)
+        same = steps == self.steps and marks is self.marks and \
+            self._column(step, min(width, steps)) == self._column(self.step, min(width, steps))
         self.steps, self.step, self.marks = steps, step, marks
-        self.refresh()
+        if not same:
+            self.refresh()
 
     def _column(self, step: int, width: int) -> int:
         return min(width - 1, step * width // max(self.steps, 1))
