@@ -273,7 +273,7 @@ static PyObject *judge(PyObject *self, PyObject *args) {
             }
             /* the model's annotated versions after the write: the first that disagrees */
             int64_t nv = wvlen[iw];
-            if (nv < 0 || vers_at + nv > nvers) goto bad_index;
+            if (nv < 0 || vers_at + nv > nvers || vid < 0 || vid >= nviews_pages) goto bad_index;
             for (int64_t j = 0; j < nv; j++) {
                 int64_t page = wvers[2 * (vers_at + j)], said = wvers[2 * (vers_at + j) + 1];
                 int64_t judged = 0;
