@@ -76,3 +76,53 @@ def test_the_walk_judges_most_chunks_and_declines_rule_3(monkeypatch: pytest.Mon
         _streamed(_trace(seed))
     assert counted["declined"] >= 3
     assert counted["streamed"] - counted["declined"] >= 60
+
+
+def _hostile(seed: int) -> list[Any]:
+    """A random trace with fields a damaged or hostile writer gives: negative and huge pages,
+    slots, layers and streams, empty and reversed runs, writes of no cells."""
+    import random
+
+    from kvdiag.model import events as ev
+
+    rng = random.Random(seed)
+    wild = (-5, -1, 0, 1, 3, 255, 256, 1 << 20, (1 << 22) - 1, 1 << 40, -(1 << 40))
+    out: list[Any] = []
+    for e in _trace(seed):
+        if rng.random() < 0.15:
+            if isinstance(e, ev.Upload):
+                p0 = rng.choice(wild)
+                e = ev.Upload(e.seq, e.t_ns, e.step, layer=rng.choice(wild), stream=e.stream,
+                              pages=(p0, p0 + rng.choice((0, 1, 3, -2))),
+                              slot=rng.choice(wild), target=e.target, bytes=e.bytes,
+                              reason=e.reason)
+            elif isinstance(e, ev.Write):
+                c0 = rng.choice(wild) * 256
+                e = ev.Write(e.seq, e.t_ns, e.step, layer=e.layer, stream=rng.choice(wild),
+                             cells=(c0, c0 + rng.choice((0, 1, 700, -3))), rows=e.rows)
+            elif isinstance(e, ev.Read):
+                served = tuple(ev.Served(rng.choice(wild), rng.choice(wild), s.source,
+                                         rng.choice(wild)) if rng.random() < 0.5 else s
+                               for s in e.served)
+                e = ev.Read(e.seq, e.t_ns, e.step, layer=e.layer, stream=e.stream, pool=e.pool,
+                            ring=e.ring, host=e.host, served=served)
+            elif isinstance(e, ev.Evict):
+                e = ev.Evict(e.seq, e.t_ns, e.step, slot=rng.choice(wild), layer=e.layer,
+                             page=e.page, stream=e.stream, bytes=e.bytes, reason=e.reason)
+        out.append(e)
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(3))
+def test_hostile_values_are_judged_alike(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """GIVEN a trace whose pages, slots, layers and streams are out of every believable range
+    WHEN it is streamed with the C walk and with the array judgement
+    THEN both judge it alike (out-of-range counted, nothing read outside the state; the
+    array judgement once sized an array by an evict's slot of 2^40)."""
+    events = _hostile(seed)
+    _small_chunks(monkeypatch)
+    with_c = _streamed(events)
+    monkeypatch.setenv("KVDIAG_COMPILED", "0")
+    monkeypatch.setattr(compiled, "_loaded", {})
+    assert _streamed(events) == with_c

@@ -187,6 +187,9 @@ class Prep(NamedTuple):
     judged: np.ndarray
     first_write: int
     """Position of the chunk's first write kept (``n``: none)."""
+    e_pos: np.ndarray
+    e_slot: np.ndarray
+    """The evicts of a believable slot (``0 <= slot < MAX_SLOT``)."""
 
 
 def prepare(state: State, cols: Cols) -> Prep:
@@ -257,8 +260,12 @@ def prepare(state: State, cols: Cols) -> Prep:
                         _known_at(state.uploads[0], first_up[0], run_pos))
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
+    # an evict of an impossible slot empties nothing (it must not size the chunk's arrays)
+    e_ok = (cols.e_slot >= 0) & (cols.e_slot < MAX_SLOT)
+    state.out_of_range += int(e_ok.size - e_ok.sum())
     return Prep(ok, p0, p1, w_vid, u_ok, u0, cnt, tgt, slot0, u_vid, r_vid, run_read, run_pos,
-                length, keep, host, slot_bad, no_upload, judged, first_write)
+                length, keep, host, slot_bad, no_upload, judged, first_write, cols.e_pos[e_ok],
+                cols.e_slot[e_ok])
 
 
 def judge_chunk(state: State, cols: Cols, rows0: int, flows: bool, detail: bool) -> Chunk:
@@ -306,7 +313,7 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
         u_vid = u_page = u_slot = u_pos = u_tgt = u_seq = u_step = np.empty(0, np.int64)
 
     # -- evicts, invalidates -----------------------------------------------------------------
-    e_pos, e_slot = cols.e_pos, cols.e_slot
+    e_pos, e_slot = prep.e_pos, prep.e_slot
     inv_pos = cols.inv
 
     # -- reads ---------------------------------------------------------------------------------

@@ -170,8 +170,7 @@ enum {
 /* extract(events, types, base, keep_reads) -> (code: bytes, one int8 per event;
  *     data: bytearray of int64 (the events' indices by kind, stably, then the NVEC columns);
  *     lens: each column's length; ends: each kind's end in the indices;
- *     every read has served runs; ranges: per read; served: per read, or None where no read
- *     is annotated; reads: the read events where keep_reads, else None) */
+ *     every read has served runs; reads: the read events where keep_reads, else None) */
 static PyObject *extract(PyObject *self, PyObject *args) {
     PyObject *events, *types;
     Py_ssize_t base;
@@ -203,11 +202,10 @@ static PyObject *extract(PyObject *self, PyObject *args) {
     Vec v[NVEC];
     memset(v, 0, sizeof v);
     PyObject *code = PyBytes_FromStringAndSize(NULL, n);
-    PyObject *ranges = PyList_New(0), *served_all = PyList_New(0);
     PyObject *reads = keep_reads ? PyList_New(0) : NULL;
     PyObject *result = NULL;
-    int annotated_r = 0, all_runs = 1;
-    if (!code || !ranges || !served_all || (keep_reads && !reads)) goto done;
+    int all_runs = 1;
+    if (!code || (keep_reads && !reads)) goto done;
     char *codes = PyBytes_AS_STRING(code);
     /* every event has a step; each kind's rows at most one per event */
     if (vec_reserve(&v[V_STEP], n)) goto done;
@@ -383,7 +381,6 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 goto done;
             }
             v[V_RANN].v[v[V_RANN].n++] = nann;
-            if (nann) annotated_r = 1;
             for (Py_ssize_t j = 0; j < nann; j++) {
                 PyObject *a = PyTuple_GET_ITEM(rg, j);
                 if (Py_TYPE(a) != range_layout.type) layout_of(&range_layout, Py_TYPE(a));
@@ -406,8 +403,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 v[V_ANN].v[v[V_ANN].n++] = si;
                 v[V_ANN].v[v[V_ANN].n++] = ci;
             }
-            int bad = PyList_Append(ranges, rg) || PyList_Append(served_all, sv) ||
-                      (keep_reads && PyList_Append(reads, e));
+            int bad = keep_reads && PyList_Append(reads, e);
             Py_DECREF(rg);
             Py_DECREF(sv);
             if (bad) goto done;
@@ -451,16 +447,12 @@ static PyObject *extract(PyObject *self, PyObject *args) {
             out += v[j].n;
             PyTuple_SET_ITEM(lens, j, PyLong_FromSsize_t(v[j].n));
         }
-        result = Py_BuildValue("(ONNNNOOO)", code, data, lens, ends,
-                               PyBool_FromLong(all_runs), ranges,
-                               annotated_r ? served_all : Py_None,
+        result = Py_BuildValue("(ONNNNO)", code, data, lens, ends, PyBool_FromLong(all_runs),
                                keep_reads ? reads : Py_None);
     }
 done:
     for (int j = 0; j < NVEC; j++) PyMem_Free(v[j].v);
     Py_XDECREF(code);
-    Py_XDECREF(ranges);
-    Py_XDECREF(served_all);
     Py_XDECREF(reads);
     return result;
 }

@@ -155,16 +155,11 @@ class Cols:
     runs: np.ndarray
     """Per served run: begin, end, slot."""
     run_src: np.ndarray
-    ranges: list[Any]
-    """Per read: its annotated ``ranges`` (the model's; ``()`` for most traces)."""
     r_ann: np.ndarray
     """Per read: how many annotated ranges it has."""
     ann: np.ndarray
     """Per annotated range: begin, end, holder, version lag, source and class codes
     (:data:`SOURCE_CODE`, :data:`CLASS_CODE`)."""
-    served: list[Any] | None
-    """Per read: its ``served`` runs as decoded, kept only where some read of the columns is
-    annotated (the cross-check compares the annotation with them)."""
     reads: list[Any] | None
     """The read events themselves, where a caller will ask about them by identity."""
     rows0: int = 0
@@ -232,7 +227,7 @@ def extract(events: Sequence[Any], types: list[type], keep_reads: bool, base: in
 
 
 def _from_c(out: tuple[Any, ...]) -> Cols:
-    code_b, data_b, lens, ends, all_runs, ranges, served, reads = out
+    code_b, data_b, lens, ends, all_runs, reads = out
     code = np.frombuffer(code_b, np.int8)
     n = code.size
     data = np.frombuffer(data_b, np.int64)
@@ -245,8 +240,7 @@ def _from_c(out: tuple[Any, ...]) -> Cols:
                 w_vers.reshape(-1, 2), u_pos, u.reshape(-1, 5), u_pages.reshape(-1, 2), u_key,
                 e_pos, e_slot, inv, r_pos, r.reshape(-1, 3), r_runs,
                 None if all_runs else r_counts.reshape(-1, 3), runs.reshape(-1, 3), run_src,
-                ranges, r_ann, ann.reshape(-1, 6), served, reads, 0, data[:n], bounds, f_pos,
-                f_layer)
+                r_ann, ann.reshape(-1, 6), reads, 0, data[:n], bounds, f_pos, f_layer)
 
 
 def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0
@@ -313,15 +307,15 @@ def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base:
         annotated = ranges.count(()) < nr
     else:
         r, r_runs, runs, run_src = _none(3), _none(), _none(3), _none()
-        ranges, served, annotated = [], [], False
+        ranges, annotated = [], False
     r_ann, ann = annotation(ranges) if annotated else (np.zeros(nr, np.int64), _none(6))
     lo, hi = bounds[FITS]
     f_idx = order[lo:hi]
     f_layer = np.fromiter(map(_LAYER, map(events.__getitem__, f_idx.tolist())), np.int64,
                           hi - lo)
     return Cols(n, code, step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key,
-                e_pos, e_slot, inv, r_pos, r, r_runs, r_counts, runs, run_src, ranges, r_ann,
-                ann, served if annotated else None, list(rs) if keep_reads else None, 0, order,
+                e_pos, e_slot, inv, r_pos, r, r_runs, r_counts, runs, run_src, r_ann, ann,
+                list(rs) if keep_reads else None, 0, order,
                 bounds, f_idx.astype(np.int64) + base, f_layer)
 
 
@@ -344,11 +338,6 @@ def concat(parts: list[Cols]) -> Cols:
     if len(parts) == 1:
         return parts[0]
     arrays = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
-    served: list[Any] | None = None
-    if any(p.served is not None for p in parts):
-        served = []
-        for p in parts:
-            served += p.served if p.served is not None else [()] * p.r.shape[0]
     counts: np.ndarray | None = None
     if any(p.r_counts is not None for p in parts):
         counts = np.concatenate([p.r_counts if p.r_counts is not None
@@ -359,7 +348,7 @@ def concat(parts: list[Cols]) -> Cols:
         int(sum(p.n for p in parts)), a["code"], a["step"], a["w_pos"], a["w"], a["w_cells"],
         a["w_vlen"], a["w_vers"], a["u_pos"], a["u"], a["u_pages"], a["u_key"], a["e_pos"],
         a["e_slot"], a["inv"], a["r_pos"], a["r"], a["r_runs"], counts, a["runs"],
-        a["run_src"], list(_chain(p.ranges for p in parts)), a["r_ann"], a["ann"], served,
+        a["run_src"], a["r_ann"], a["ann"],
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
         parts[0].rows0, f_pos=np.concatenate([p.f_pos for p in parts]),
         f_layer=np.concatenate([p.f_layer for p in parts]))

@@ -632,7 +632,7 @@ class Judge:
                     seq, step_, layer_, stream_ = self._read_at(c, r)
                     g.add(Evidence(seq=seq, step=step_, layer=fnd.layer_of(layer_),
                                    stream=stream_, text=f"{int(per[r])} page(s)"), int(per[r]))
-        if c.cols.served is not None:
+        if c.cols.ann.shape[0]:
             self._check_ranges(c)
         if self.ledger is not None:
             self._ledger(c, layer, stream, step)
@@ -662,15 +662,37 @@ class Judge:
             seq, step, layer, stream = self._read_at(c, k)
             g.add(Evidence(seq=seq, step=step, layer=fnd.layer_of(layer), stream=stream), n)
         said = self.groups.annotated_classes
-        for r in c.cols.ranges[k]:
-            said[r.cls] = said.get(r.cls, 0) + r.end - r.begin
+        for b, e, _, _, _, cls in self._ann_of(c, k).tolist():
+            name = CLASSES[cls] if cls >= 0 else "?"  # a decoded range names one of them
+            said[name] = said.get(name, 0) + e - b
         return n
+
+    @staticmethod
+    def _ann_of(c: Chunk, k: int) -> np.ndarray:
+        """The annotated ranges of read ``k`` of a chunk (:attr:`.columns.Cols.ann` rows)."""
+        r_ann = c.cols.r_ann
+        first = int(r_ann[:k].sum())
+        out: np.ndarray = c.cols.ann[first:first + int(r_ann[k])]
+        return out
+
+    @staticmethod
+    def _as_read(c: Chunk, k: int, stream: int) -> _Annotated:
+        """Read ``k`` of a chunk as the cross-check's per-read comparison takes it, rebuilt
+        from its columns (the decoded events are gone by the time it is judged)."""
+        cols = c.cols
+        first = int(cols.r_runs[:k].sum())
+        runs = cols.runs[first:first + int(cols.r_runs[k])].tolist()
+        src = cols.run_src[first:first + len(runs)].tolist()
+        served = tuple(ev.Served(b, e, SOURCES[s], q)
+                       for (b, e, q), s in zip(runs, src, strict=True))
+        ranges = tuple(ev.ReadRange(b, e, SOURCES[s], h, CLASSES[cl], lag)
+                       for b, e, h, lag, s, cl in Judge._ann_of(c, k).tolist())
+        return _Annotated(stream, served, ranges)
 
     def _check_ranges(self, c: Chunk) -> None:
         """The model's annotated ranges against the verdicts (a cross-check): a read whose
         judged and annotated non-exact page counts are both 0 agrees without a closer look."""
         cols = c.cols
-        assert cols.served is not None
         nr = c.r_seq.size
         annotated = cols.r_ann
         owner = np.repeat(np.arange(nr), annotated)
@@ -685,7 +707,7 @@ class Judge:
                                     cols.r_runs, c.pieces, candidates)
         for k in candidates[~shown].tolist():
             seq, step, layer, stream = self._read_at(c, k)
-            read = _Annotated(stream, cols.served[k], cols.ranges[k])
+            read = self._as_read(c, k, stream)
             diff = crosscheck.disagrees(read, self._pieces(c, k))  # type: ignore[arg-type]
             if diff is not None:
                 self.groups.annotation.add(Evidence(

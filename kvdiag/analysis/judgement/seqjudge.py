@@ -70,7 +70,7 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
         cols.w_pos[w_ok], prep.w_vid, prep.w_p0[w_ok], prep.w_p1[w_ok], cols.w[w_ok, 0],
         u_pos, prep.u_vid, prep.u_p0[u_ok], u_cnt, u_slot, u_tgt, cols.u[u_ok, 0],
         cols.step[u_pos],
-        cols.e_pos, cols.e_slot, cols.inv,
+        prep.e_pos, prep.e_slot, cols.inv,
         cols.r_pos, prep.r_vid, np.concatenate([[0], np.cumsum(cols.r_runs)]),
         b, e, slot, cols.run_src, cat,
         views.layer, views.stream))
