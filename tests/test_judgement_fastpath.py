@@ -114,6 +114,7 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     the run-level check reads)."""
     monkeypatch.setattr(judge_module, "SUB", 64)
     monkeypatch.setattr(judge_module, "STREAM_CHUNK", 300)
+    monkeypatch.setattr(judge_module, "STREAM_CHUNK_C", 300)
 
 
 def _judged(judge: Judge) -> tuple[Any, ...]:

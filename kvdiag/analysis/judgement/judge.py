@@ -77,6 +77,7 @@ from kvdiag.analysis.judgement.columns import (
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
 from kvdiag.analysis.judgement.slots import Copy, Piece
 from kvdiag.analysis.judgement.snapshot import matches, seed
@@ -92,9 +93,13 @@ SUB = 256
 """Events of a stream whose fields are taken out together (:mod:`.columns`), right after they
 are decoded."""
 STREAM_CHUNK = 4096
-"""Events of a stream judged together, from their columns: 4096 and 8192 judged the benchmark
-traces equally fast, and 4096 keeps a streamed check's peak memory where 2048 had it (46.6
-against 45.5 MiB; 8192: 51.3 MiB; benchmarks/results/bench_check.txt)."""
+"""Events of a stream judged together by the array judgement, from their columns: 4096 and
+8192 judged the benchmark traces equally fast, and 4096 keeps a streamed check's peak memory
+where 2048 had it (46.6 against 45.5 MiB; 8192: 51.3 MiB; benchmarks/results/bench_check.txt)."""
+STREAM_CHUNK_C = 16384
+"""The same where the C walk judges them (:mod:`.seqjudge`): its cost is per event, the
+Python around it per chunk (bench_check's native trace: 2.16 s best and 2.39 s mean CPU
+against 2.50 and 2.62 s with 4096 chunks, alternated on a quiet machine)."""
 _SPECIAL = frozenset({ev.Records, ev.Unknown, ev.Snapshot})
 """Kinds that change how the events after them are judged: a stream is judged up to them
 first."""
@@ -316,13 +321,18 @@ class Judge:
             del block, types
             if len(self._waiting) >= SUB:
                 self._take_waiting()
-                if self._held >= STREAM_CHUNK:
+                if self._held >= (STREAM_CHUNK_C if self._walks else STREAM_CHUNK):
                     self._flush()
         if hold:
             self._take_waiting()
         else:
             self._flush()
         return self
+
+    @property
+    def _walks(self) -> bool:
+        """A stream's chunks are judged by the C walk (:mod:`.seqjudge`)."""
+        return not self.detail and walk_available()
 
     def _take_waiting(self) -> None:
         if self._waiting:
