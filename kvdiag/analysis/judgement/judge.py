@@ -92,6 +92,10 @@ and a chunk's events are read several times over, so it should stay in the proce
 SUB = 256
 """Events of a stream whose fields are taken out together (:mod:`.columns`), right after they
 are decoded."""
+SUB_C = 1024
+"""The same where they are taken out in C: the Python per run of events weighs more than the
+events left in the cache (bench_check's native and served-only traces, alternated on a quiet
+machine: 1.85 and 2.69 s best CPU against 2.11 and 2.95 s with 256; 4096 was slower)."""
 STREAM_CHUNK = 4096
 """Events of a stream judged together by the array judgement, from their columns: 4096 and
 8192 judged the benchmark traces equally fast, and 4096 keeps a streamed check's peak memory
@@ -319,7 +323,7 @@ class Judge:
             self._waiting_types += types
             # freed before the next events are decoded, so the decoder reuses their memory
             del block, types
-            if len(self._waiting) >= SUB:
+            if len(self._waiting) >= (SUB_C if self._walks else SUB):
                 self._take_waiting()
                 if self._held >= (STREAM_CHUNK_C if self._walks else STREAM_CHUNK):
                     self._flush()
