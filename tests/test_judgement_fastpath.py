@@ -113,7 +113,9 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Streamed in chunks of a few hundred events (the state carried between them is what
     the run-level check reads)."""
     monkeypatch.setattr(judge_module, "SUB", 64)
+    monkeypatch.setattr(judge_module, "SUB_C", 64)
     monkeypatch.setattr(judge_module, "STREAM_CHUNK", 300)
+    monkeypatch.setattr(judge_module, "STREAM_CHUNK_C", 300)
 
 
 def _judged(judge: Judge) -> tuple[Any, ...]:

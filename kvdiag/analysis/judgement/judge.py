@@ -77,6 +77,7 @@ from kvdiag.analysis.judgement.columns import (
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
 from kvdiag.analysis.judgement.slots import Copy, Piece
 from kvdiag.analysis.judgement.snapshot import matches, seed
@@ -91,10 +92,18 @@ and a chunk's events are read several times over, so it should stay in the proce
 SUB = 256
 """Events of a stream whose fields are taken out together (:mod:`.columns`), right after they
 are decoded."""
+SUB_C = 1024
+"""The same where they are taken out in C: the Python per run of events weighs more than the
+events left in the cache (bench_check's native and served-only traces, alternated on a quiet
+machine: 1.85 and 2.69 s best CPU against 2.11 and 2.95 s with 256; 4096 was slower)."""
 STREAM_CHUNK = 4096
-"""Events of a stream judged together, from their columns: 4096 and 8192 judged the benchmark
-traces equally fast, and 4096 keeps a streamed check's peak memory where 2048 had it (46.6
-against 45.5 MiB; 8192: 51.3 MiB; benchmarks/results/bench_check.txt)."""
+"""Events of a stream judged together by the array judgement, from their columns: 4096 and
+8192 judged the benchmark traces equally fast, and 4096 keeps a streamed check's peak memory
+where 2048 had it (46.6 against 45.5 MiB; 8192: 51.3 MiB; benchmarks/results/bench_check.txt)."""
+STREAM_CHUNK_C = 16384
+"""The same where the C walk judges them (:mod:`.seqjudge`): its cost is per event, the
+Python around it per chunk (bench_check's native trace: 2.16 s best and 2.39 s mean CPU
+against 2.50 and 2.62 s with 4096 chunks, alternated on a quiet machine)."""
 _SPECIAL = frozenset({ev.Records, ev.Unknown, ev.Snapshot})
 """Kinds that change how the events after them are judged: a stream is judged up to them
 first."""
@@ -314,15 +323,20 @@ class Judge:
             self._waiting_types += types
             # freed before the next events are decoded, so the decoder reuses their memory
             del block, types
-            if len(self._waiting) >= SUB:
+            if len(self._waiting) >= (SUB_C if self._walks else SUB):
                 self._take_waiting()
-                if self._held >= STREAM_CHUNK:
+                if self._held >= (STREAM_CHUNK_C if self._walks else STREAM_CHUNK):
                     self._flush()
         if hold:
             self._take_waiting()
         else:
             self._flush()
         return self
+
+    @property
+    def _walks(self) -> bool:
+        """A stream's chunks are judged by the C walk (:mod:`.seqjudge`)."""
+        return not self.detail and walk_available()
 
     def _take_waiting(self) -> None:
         if self._waiting:

@@ -36,6 +36,11 @@ CAT_JUDGED, CAT_HOST, CAT_OUT_OF_RANGE, CAT_NO_UPLOAD, CAT_DROPPED = range(5)
 """What seqjudge.c does with a served run (its ``enum``)."""
 
 
+def available() -> bool:
+    """The C walk is built and loaded (else every chunk is judged by the arrays)."""
+    return compiled.load(_SOURCE, _MODULE) is not None
+
+
 def _i64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
