@@ -38,7 +38,7 @@ from kvdiag.model.logrecords import (
     StreamEvent,
 )
 from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import grammar, perfpairs
 from kvdiag.postmortem.bootfold import RESTART_KEYS, BootAccumulator
 from kvdiag.postmortem.lines import clean
 from kvdiag.postmortem.perflate import LateForm
@@ -108,6 +108,10 @@ class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class PerfScanner:
     """Feed one log's bytes in order (``feed``), then ``finish`` gives the run."""
+
+    pairs = True
+    """Read the usual request's two matches in bulk (:mod:`kvdiag.postmortem.perfpairs`);
+    False reads every match one at a time (the same records: tests compare the two)."""
 
     def __init__(self, name: str, source: str | None = None, *,
                  continuation: bool = False) -> None:
@@ -264,8 +268,13 @@ class PerfScanner:
             else:
                 lines, counted, ri, tail = self._lines, 0, 0, 0
                 if first is not None:
-                    lines, counted, ri = self._walk(
-                        buf, SLOT_LINES.finditer(buf, first.start(), cut), rare, 0, lines, 0)
+                    if self.pairs:
+                        lines, counted, ri = perfpairs.walk(self, buf, first.start(), cut,
+                                                            rare, 0, lines, 0)
+                    else:
+                        lines, counted, ri = self._walk(
+                            buf, SLOT_LINES.finditer(buf, first.start(), cut), rare, 0, lines,
+                            0)
                     tail = self._walk_end
                 if first is not None and late_in(buf, tail, cut):
                     late.seen = True
