@@ -105,11 +105,12 @@ def walk(s: PerfScanner, buf: bytes, start: int, end: int, rare: list[int], ri: 
         ms += got
         if not ms:
             return lines, counted, ri
-        s._walk_end = ms[-1].end()
         carry = len(got) == CHUNK and ms[-1].lastindex == _NEW  # its pair is in the next chunk
         if carry:
             last = ms.pop()
-        lines, counted, ri = _chunk(s, buf, ms, rare, ri, lines, counted)
+        if ms:
+            lines, counted, ri = _chunk(s, buf, ms, rare, ri, lines, counted)
+            s._walk_end = ms[-1].end()  # where the late-2023 form may follow (perfscan._region)
         if carry:
             ms = [last]
         elif len(got) < CHUNK:
