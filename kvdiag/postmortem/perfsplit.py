@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import add, attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -35,19 +35,22 @@ from kvdiag.postmortem.timinglines import LATE_ANCHOR, OLD_HEADER
 
 _FIELDS = RequestTiming.__struct_fields__
 _LINE, _BOOT, _STARTED, _NOTES = (_FIELDS.index(f) for f in ("line", "boot", "started", "notes"))
-_COLUMNS = msgspec.msgpack.Decoder(
-    tuple[tuple(list[f.type] for f in msgspec.structs.fields(RequestTiming))])  # type: ignore[misc,name-defined]
-"""The second half's requests as one list per field, in the fields' order: sent so and joined
-a column at a time, without a Python step or an object per request (msgspec.structs.replace
-for each of a 1 GiB log's 327,000 requests cost ~0.7 s while the first process waited; a
-tuple per request, ~0.3 s per 81,000: the collector walks them)."""
+if TYPE_CHECKING:
+    Columns = tuple[list[Any], ...]
+else:
+    Columns = tuple[tuple(list[f.type] for f in msgspec.structs.fields(RequestTiming))]
+"""The second half's requests as one list per field of
+:class:`~kvdiag.model.perf.RequestTiming`, in the fields' order (each list typed as its field):
+sent so and joined a column at a time, without a Python step or an object per request
+(msgspec.structs.replace for each of a 1 GiB log's 327,000 requests cost ~0.7 s while the first
+process waited; a tuple per request, ~0.3 s per 81,000: the collector walks them)."""
 
 
 class Half(msgspec.Struct):
     """What the second process read of its half (lines counted from the half's start)."""
 
-    requests: msgspec.Raw
-    """Its requests, :data:`_COLUMNS` encoded."""
+    requests: Columns
+    """Its requests, a list per field (:data:`Columns`)."""
     notes: list[StreamNote]
     notes_dropped: int
     adapt: list[AdaptPage]
@@ -112,8 +115,8 @@ def _second_half(path: str, start: int, end: int, source: str) -> Half:
     scanner = PerfScanner(path, source, continuation=True)
     read_range(scanner, path, start, end)
     run = scanner.finish()
-    columns = msgspec.msgpack.encode([list(map(attrgetter(f), run.requests)) for f in _FIELDS])
-    return Half(msgspec.Raw(columns), list(run.notes), run.notes_dropped, list(run.adapt),
+    columns = tuple(list(map(attrgetter(f), run.requests)) for f in _FIELDS)
+    return Half(columns, list(run.notes), run.notes_dropped, list(run.adapt),
                 list(run.boots), scanner.orphans, run.unfinished, run.lines,
                 list(run.problems), scanner.carried_config, scanner.first_active_line,
                 scanner.boot_notes, scanner.late.seen)
@@ -139,9 +142,10 @@ def _collect(proc: subprocess.Popen[bytes] | None) -> Half | None:
         out, _ = proc.communicate()
         if proc.returncode != 0:
             return None
-        return msgspec.msgpack.decode(out, type=Half)
+        half = msgspec.msgpack.decode(out, type=Half)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return half if len(set(map(len, half.requests))) == 1 else None
 
 
 def usable(path: str, size: int) -> bool:
@@ -228,7 +232,7 @@ def join(first: PerfScanner, half: Half) -> None:
         if o.ended != "end":
             del first._pending[o.slot]
             first._close(o.slot, p, o.depth_end, o.truncated)
-    cols: list[Any] = list(_COLUMNS.decode(half.requests))
+    cols: list[Any] = list(half.requests)
     if cols[_LINE]:
         cols[_LINE] = map(add, cols[_LINE], repeat(lines))
         started = cols[_STARTED]
