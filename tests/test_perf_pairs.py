@@ -17,8 +17,9 @@ from kvdiag.postmortem import perfpairs
 from kvdiag.postmortem.perfscan import Orphan, PerfScanner
 
 # what a log holds next: most are the usual request, the rest every shape the reader knows
-ACTIONS = ("usual",) * 8 + (
-    "two", "during", "during", "between", "open", "no_release", "nan", "zero", "newer",
+ACTIONS = ("usual",) * 6 + ("newer",) * 4 + (
+    "two", "two_newer", "during", "during", "between", "open", "no_release", "nan", "zero",
+    "no_graphs", "eval_twice",
     "release_first", "boot", "no_truncated", "no_new_prompt", "task_minus", "other_task",
     "no_cache_line", "late2023", "kv2024")
 
@@ -29,7 +30,8 @@ def _turn(draw: st.DrawFn, slot: int, task: int) -> Turn:
     return Turn(slot, task, depth_start=start, cached=cached,
                 decode_tokens=draw(st.integers(1, 900)),
                 decode_tps=draw(st.floats(1.0, 200.0)), prompt_tps=draw(st.floats(10.0, 5e3)),
-                truncated=draw(st.booleans()), n_ctx_slot=draw(st.sampled_from([8192, 65536])))
+                truncated=draw(st.booleans()), n_ctx_slot=draw(st.sampled_from([8192, 65536])),
+                graphs=draw(st.none() | st.integers(0, 10**6)))
 
 
 def _edit(log: ServerLog, since: int, pattern: str, repl: str) -> None:
@@ -45,9 +47,11 @@ def logs(draw: st.DrawFn) -> bytes:
         slot = draw(st.integers(0, 2))
         task += 1
         since = len(log.lines)
-        log.shape = "newer" if action == "newer" else "older"
+        newer = action in ("newer", "two_newer", "no_graphs", "eval_twice") or (
+            action not in ("usual", "release_first") and draw(st.booleans()))
+        log.shape = "newer" if newer else "older"
         log.release_first = action == "release_first"
-        if action == "two":  # two slots at once: their lines interleave
+        if action in ("two", "two_newer"):  # two slots at once: their lines interleave
             task += 1
             log.requests(_turn(draw, slot, task - 1), _turn(draw, (slot + 1) % 3, task))
         elif action == "during":  # a kv-stream line while it decodes: its note
@@ -80,8 +84,13 @@ def logs(draw: st.DrawFn) -> bytes:
                 _edit(log, since, r"(print_timing: id +\d+) \| task \d+", r"\1 | task -1")
             elif action == "other_task":  # the block names another task of the slot
                 _edit(log, since, r"(print_timing: id +\d+) \| task \d+", rf"\1 | task {task + 1}")
+            elif action == "eval_twice":  # a decode line where the prompt's is printed
+                _edit(log, since, r"\| prompt eval time", "|        eval time")
+            elif action == "no_graphs":
+                log.lines[since:] = [x for x in log.lines[since:] if "graphs reused" not in x]
             elif action == "no_cache_line":
-                log.lines[since:] = [x for x in log.lines[since:] if "kv cache rm" not in x]
+                log.lines[since:] = [x for x in log.lines[since:]
+                                     if "kv cache rm" not in x and "memory_seq_rm" not in x]
             elif action == "no_release":  # closed by the slot's next new prompt, if any
                 log.lines[since:] = [x for x in log.lines[since:] if "stop processing" not in x]
             elif action == "zero":  # a count of 0 printed with figures that are numbers
@@ -124,12 +133,14 @@ def test_bulk_reading_gives_the_records_of_reading_match_by_match(
     assert fast_orphans == slow_orphans
 
 
-def test_the_usual_requests_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shape", ["older", "newer"])
+def test_the_usual_requests_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
     """Runs of the usual request go the bulk way (not the per-match path), with their lines."""
-    log = ServerLog(shape="older")
+    log = ServerLog(shape=shape)  # type: ignore[arg-type]
     log.boot(np=2)
     for k in range(40):
-        log.requests(Turn(k % 2, k, 1000 + 37 * k, 10 * k, 64 + k, 20.0 + k))
+        log.requests(Turn(k % 2, k, 1000 + 37 * k, 10 * k, 64 + k, 20.0 + k,
+                          graphs=None if k % 3 else 5 * k))
     data = log.text().encode()
     seen: list[int] = []
     walk = PerfScanner._walk
@@ -149,4 +160,10 @@ def test_the_usual_requests_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch) ->
                                                                 1000 + 37 * k + 64 + k)
         assert r.cached == 10 * k and r.truncated is False and r.notes == ()
         assert f"task {k} | new prompt" in lines[(r.started or 0) - 1]
-        assert lines[r.line - 1].endswith(f"print_timing: id {k % 2:2d} | task {k} | ")
+        if shape == "older":
+            assert lines[r.line - 1].endswith(f"print_timing: id {k % 2:2d} | task {k} | ")
+            assert r.graphs_reused is None
+        else:
+            assert f"print_timing: id {k % 2:2d} | task {k} |        eval time" in lines[r.line - 1]
+            assert r.graphs_reused == (None if k % 3 else 5 * k)
+        assert r.decode_tps == pytest.approx(20.0 + k, abs=0.01)
