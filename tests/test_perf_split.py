@@ -92,6 +92,31 @@ def test_the_second_process_reads_the_second_half(tmp_path: Path,
     assert normal(run) == whole
 
 
+def test_a_half_whose_columns_disagree_is_read_again(tmp_path: Path) -> None:
+    """The second process's requests come as one list per field; lists of different lengths
+    (a broken answer) are refused, so the first process reads that half itself."""
+    path = tmp_path / "busy.log"
+    path.write_bytes(busy_log("older").encode())
+    size = path.stat().st_size
+    cut = perfsplit.split_point(str(path), size)
+    half = perfsplit._second_half(str(path), cut, size, str(path))
+    assert len(half.requests[0]) > 1
+
+    class Answer:
+        returncode = 0
+
+        def __init__(self, half: perfsplit.Half) -> None:
+            self.out = msgspec.msgpack.encode(half)
+
+        def communicate(self) -> tuple[bytes, None]:
+            return self.out, None
+
+    good = perfsplit._collect(Answer(half))  # type: ignore[arg-type]
+    assert good is not None and good.requests[1] == half.requests[1]
+    short = msgspec.structs.replace(half, requests=(half.requests[0][:-1], *half.requests[1:]))
+    assert perfsplit._collect(Answer(short)) is None  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("form", ["text", "json"])
 def test_every_cut_of_a_2024_log_gives_the_whole_run(tmp_path: Path, form: str) -> None:
     """The 2024 form has no ``new prompt``: a task's first line opens its request, in either

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from kvdiag.analysis.judgement.adapt import MISS_THRESHOLD, THRASH_REPARTITIONS
 from kvdiag.analysis.perf import DepthBin, RequestRow
 from kvdiag.model.pages import PAGE_TOKENS
 from kvdiag.model.perf import PerfRun, RequestTiming, StreamNote
@@ -176,6 +175,10 @@ def causes(state: PartitionState, baseline: PartitionState | None = None,
     ``baseline`` is the baseline's state at the same range (its graph reuse is the reference);
     ``run_graphs_elsewhere`` the run's own graph reuse per token outside the range, used when
     the baseline printed none."""
+    # here, not at the top: the judgement package imports numpy (~0.13 s), which ``kvdiag
+    # perf`` without a baseline never needs
+    from kvdiag.analysis.judgement.adapt import MISS_THRESHOLD, THRASH_REPARTITIONS
+
     out: list[Cause] = []
     where = f"{state.unit} {state.first_adapt_line}" if state.first_adapt_line else ""
     # resident window below the active pages: pages stream through the ring

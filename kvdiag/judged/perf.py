@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvdiag.analysis.perf import RequestRow, rows
 from kvdiag.analysis.perf_predict import Calibration, Predicted, calibrate, predict
 from kvdiag.errors import InputError, UsageError
 from kvdiag.files.inputs import STDIN_NAME
-from kvdiag.kvstream.config import PRESETS, RuntimeConfig
-from kvdiag.kvstream.scenarios import Request, Scenario
-from kvdiag.kvstream.session import SessionError, play
-from kvdiag.kvstream.timing import DeviceProfile
 from kvdiag.model.logrecords import Problem
 from kvdiag.model.perf import PerfRun
+
+if TYPE_CHECKING:
+    # the model side (--predict) is imported where it is used: kvstream imports numpy
+    # (~0.13 s), which reading and binning a run never needs
+    from kvdiag.kvstream.config import RuntimeConfig
+    from kvdiag.kvstream.scenarios import Scenario
+    from kvdiag.kvstream.timing import DeviceProfile
 
 REQUIRED = ("layers", "ctx", "type_k", "type_v", "head_dim", "n_head", "n_head_kv",
             "stage_mib")
@@ -86,6 +89,8 @@ def model_config(loaded: LoadedRun, preset: str | None,
     """The run's shape for the model: the preset (if named), then what its boot gave, then
     the flags. A shape the log does not give is not guessed: a missing one is a usage error
     that names the flag."""
+    from kvdiag.kvstream.config import PRESETS, RuntimeConfig
+
     values: dict[str, Any] = dict(PRESETS[preset]) if preset else {}
     values.update({k: v for k, v in loaded.config.items() if v not in ("", None)})
     values.update(overrides)
@@ -109,6 +114,8 @@ def replay(table: list[RequestRow]) -> Scenario:
     """The run's own requests as a scenario, in the order they began: a request whose cache
     kept tokens continues its slot's conversation (``Request.cont``) with its new tokens only,
     and waits for the slot's previous request."""
+    from kvdiag.kvstream.scenarios import Request, Scenario
+
     requests: list[Request] = []
     last: dict[int, int] = {}
     for row in table:
@@ -145,6 +152,8 @@ class Prediction:
 
 def predict_run(loaded: LoadedRun, base: LoadedRun | None, profile: DeviceProfile,
                 profile_why: str, preset: str | None, overrides: dict[str, Any]) -> Prediction:
+    from kvdiag.kvstream.session import SessionError, play
+
     cfg = model_config(loaded, preset, overrides)
     table = sorted(rows(loaded.run), key=lambda r: r.order)
     if cfg.np < max((max(r.request.slot or 0, 0) for r in table), default=0) + 1:
