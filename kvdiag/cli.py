@@ -23,6 +23,12 @@ from kvdiag.errors import EXIT_USAGE, KvdiagError
 
 #: Exit code of an internal error (a bug in kvdiag), as sysexits.h's EX_SOFTWARE.
 EXIT_INTERNAL = 70
+#: Exit code of an incomplete installation (a package kvdiag needs is missing), as sysexits.h's
+#: EX_UNAVAILABLE.
+EXIT_UNAVAILABLE = 69
+_IMPORT_NAMES = {"nvidia-ml-py": "pynvml", "pyelftools": "elftools",
+                 "textual-plotext": "textual_plotext"}
+"""Import names of the dependencies whose distribution is named otherwise."""
 
 COMMANDS: tuple[str, ...] = (
     "plan",
@@ -51,7 +57,8 @@ DESCRIPTION = (
     "Run 'kvdiag COMMAND --help' for a command's options. Exit status: 0 fine, 1 findings "
     "(what counts as one, and any other code, each command's --help says), 2 bad input, "
     "usage, or an output that may not or cannot be written (standard output and error "
-    "included), 70 an internal error, 130 interrupted.")
+    "included), 69 a package kvdiag needs is not installed, 70 an internal error, 130 "
+    "interrupted.")
 
 _LITERAL = re.compile(r"``(.+?)``")
 
@@ -175,12 +182,44 @@ def _run(args_list: list[str]) -> int:
     except KeyboardInterrupt:
         print("kvdiag: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in _required_modules():
+            return _internal(exc, debug)
         if debug:
             traceback.print_exc()
-        print(f"kvdiag: internal error: {type(exc).__name__}: {exc}"
-              f"{'' if debug else ' (rerun with --debug)'}", file=sys.stderr)
-        return EXIT_INTERNAL
+        print(f"kvdiag: error: {missing} is not installed, and kvdiag needs it: the "
+              f"installation is incomplete (pip install kvdiag installs it)", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except Exception as exc:
+        return _internal(exc, debug)
+
+
+def _internal(exc: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"kvdiag: internal error: {type(exc).__name__}: {exc}"
+          f"{'' if debug else ' (rerun with --debug)'}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _required_modules() -> set[str]:
+    """Import names of the packages kvdiag's installation requires (its metadata's
+    requirements without an extra: cupy, matplotlib and duckdb say themselves what to
+    install)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("kvdiag") or []
+    except PackageNotFoundError:
+        return set()
+    names = set()
+    for req in reqs:
+        if "extra ==" in req:
+            continue
+        name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
+        names.add(_IMPORT_NAMES.get(name, name.replace("-", "_")))
+    return names
 
 
 def _say(line: str) -> None:

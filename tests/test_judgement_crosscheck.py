@@ -1,5 +1,5 @@
-"""The annotation cross-check's array shortcut (``crosscheck.agreeing``) against the per-read
-comparison it spares (``crosscheck.disagrees``): a read it calls agreeing must be one
+"""The annotation cross-check's shortcut (``crosscheck.agreeing``: in C, and with arrays)
+against the per-read comparison it spares (``crosscheck.disagrees``): a read it calls agreeing must be one
 ``disagrees`` finds agreeing, on random reads — served runs, judged pieces and annotations that
 agree, are split, reordered, overlapping, empty or wrong in one field — and it must call the
 ordinary agreeing reads so (else it spares nothing)."""
@@ -82,8 +82,9 @@ def _mutate(rng: random.Random, ranges: list[ev.ReadRange]) -> list[ev.ReadRange
     return out
 
 
+@pytest.mark.parametrize("how", ["c", "arrays"])
 @pytest.mark.parametrize("hostile", [False, True])
-def test_agreeing_only_where_disagrees_finds_agreement(hostile: bool) -> None:
+def test_agreeing_only_where_disagrees_finds_agreement(hostile: bool, how: str) -> None:
     rng = random.Random(20261201 + hostile)
     spared = ordinary = 0
     for _ in range(60):  # chunks
@@ -115,8 +116,11 @@ def test_agreeing_only_where_disagrees_finds_agreement(hostile: bool) -> None:
         r_runs = np.array([len(sv) for sv in served], np.int64)
         parr = np.array(pieces, np.int64).reshape(-1, 14)
         candidates = np.flatnonzero([len(a) > 0 for a in annotations])
-        shown = crosscheck.agreeing(ann, owner, np.array(streams, np.int64), runs, run_src,
-                                    r_runs, parr, candidates)
+        agreeing = crosscheck.agreeing_c if how == "c" else crosscheck.agreeing_arrays
+        shown = agreeing(ann, owner, np.array(streams, np.int64), runs, run_src, r_runs, parr,
+                         candidates)
+        if shown is None:
+            pytest.skip("no C compiler here")
         for k, said in zip(candidates.tolist(), shown.tolist(), strict=True):
             mine = [tuple(p[1:]) for p in pieces if p[0] == k]
             truth = crosscheck.disagrees(_Read(streams[k], served[k], annotations[k]),  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,32 @@ def test_cli_text_marks_best_and_names_the_refusal(capsys: pytest.CaptureFixture
     assert "refused" in out and "best, ≥90%" in out
     assert "np 1, 2 MiB refused: the runtime would refuse this pool" in out
     assert "tok/s (modelled attn) vs stage MiB" in out and "\x1b[" not in out
+
+
+def test_a_missing_dependency_is_one_line_not_an_internal_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN an installation without plotext, a package kvdiag requires (a wheel installed
+    without its dependencies: the GPU machine's sweep said "internal error: No module named
+    'plotext'")
+    WHEN a sweep draws its terminal plot
+    THEN one line names the missing package and the fix, with exit 69; a module kvdiag does
+    not require stays an internal error (70)."""
+    monkeypatch.setitem(sys.modules, "plotext", None)
+    assert main(["sweep", "--stage-mib", "12", "-j", "1", "-q", *SHORT]) == 69
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvdiag: error: plotext is not installed, and kvdiag needs it: the "
+                   "installation is incomplete (pip install kvdiag installs it)"]
+    from kvdiag import cli
+
+    assert {"plotext", "pynvml", "elftools", "textual_plotext", "msgspec"} <= \
+        cli._required_modules()
+    assert "cupy" not in cli._required_modules() and "duckdb" not in cli._required_modules()
+    from kvdiag.report import sweep as report_sweep
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise ModuleNotFoundError("No module named 'not_a_dependency'", name="not_a_dependency")
+
+    monkeypatch.setattr(report_sweep, "terminal_plot", broken)
+    monkeypatch.delitem(sys.modules, "plotext")
+    assert main(["sweep", "--stage-mib", "12", "-j", "1", "-q", *SHORT]) == 70
+    assert "internal error: ModuleNotFoundError" in capsys.readouterr().err

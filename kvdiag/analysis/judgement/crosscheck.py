@@ -10,9 +10,11 @@ compared with the judged one; disagreements become the ``annotation-mismatch`` f
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from kvdiag import compiled
 from kvdiag.analysis.judgement.classes import CLASSES, EXACT, NOT_JUDGED, SOURCES
 from kvdiag.analysis.judgement.slots import Piece
 from kvdiag.model import events as ev
@@ -92,11 +94,45 @@ def _disjoint(own: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray
     return over
 
 
+_C_SOURCE = Path(__file__).with_name("crosscheck.c")
+_C_MODULE = f"{__package__}._crosscheck"
+
+
 def agreeing(ann: np.ndarray, owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
              run_src: np.ndarray, r_runs: np.ndarray, pieces: np.ndarray,
              candidates: np.ndarray) -> np.ndarray:
-    """Which ``candidates`` (indices of a chunk's reads) are shown with array operations to
-    agree with their annotation as :func:`disagrees` would find — the rest it is asked about.
+    """Which ``candidates`` (indices of a chunk's reads) are shown to agree with their
+    annotation as :func:`disagrees` would find — the rest it is asked about: in C a read at a
+    time (``crosscheck.c``: both sides as merged runs, no page expanded) where a compiler is at
+    hand, else :func:`agreeing_arrays`."""
+    shown = agreeing_c(ann, owner, stream, runs, run_src, r_runs, pieces, candidates)
+    if shown is not None:
+        return shown
+    return agreeing_arrays(ann, owner, stream, runs, run_src, r_runs, pieces, candidates)
+
+
+def agreeing_c(ann: np.ndarray, owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
+               run_src: np.ndarray, r_runs: np.ndarray, pieces: np.ndarray,
+               candidates: np.ndarray) -> np.ndarray | None:
+    """:func:`agreeing` in C (None: no compiler, or arrays not grouped by read)."""
+    c = compiled.load(_C_SOURCE, _C_MODULE)
+    if c is None:
+        return None
+    ps = pieces[np.lexsort((pieces[:, 1], pieces[:, 0]))] if pieces.shape[0] > 1 else pieces
+    arrays = tuple(np.ascontiguousarray(a, np.int64) for a in (
+        ann, owner, stream, runs, run_src, r_runs, ps.reshape(-1, 14), candidates))
+    try:
+        shown = c.agreeing(arrays)
+    except ValueError:
+        return None
+    out: np.ndarray = np.frombuffer(shown, np.uint8).astype(bool)
+    return out
+
+
+def agreeing_arrays(ann: np.ndarray, owner: np.ndarray, stream: np.ndarray, runs: np.ndarray,
+                    run_src: np.ndarray, r_runs: np.ndarray, pieces: np.ndarray,
+                    candidates: np.ndarray) -> np.ndarray:
+    """:func:`agreeing` with array operations (the path without a compiler).
 
     ``ann``: every annotated range of the chunk's reads (begin, end, holder, lag, source and
     class codes: :func:`.columns.annotation`), ``owner`` the read of each;
