@@ -133,7 +133,7 @@ def test_a_planted_library_is_rebuilt_not_loaded(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("KVDIAG_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compiled, "_loaded", {})
     name = "kvdiag.test_plant._columns"
-    key = compiled._key(columns._C_SOURCE.read_bytes())
+    key = compiled._key(columns._C_SOURCE)
     folder = tmp_path / "compiled" / f"{name}-{key}"
     folder.mkdir(parents=True)
     plant = folder / f"_columns{compiled._suffix()}"
@@ -143,3 +143,16 @@ def test_a_planted_library_is_rebuilt_not_loaded(monkeypatch: pytest.MonkeyPatch
     assert module is not None and hasattr(module, "extract")
     assert plant.read_bytes()[:4] == b"\x7fELF"
     assert not plant.stat().st_mode & 0o022
+
+
+def test_a_changed_header_is_a_new_build(tmp_path: Path) -> None:
+    """GIVEN a helper whose source includes a header beside it (vec.h)
+    WHEN only the header changes
+    THEN the build's name changes (a cached library built from the old header is not used)."""
+    source = tmp_path / "x.c"
+    source.write_text('#include "x.h"\n')
+    header = tmp_path / "x.h"
+    header.write_text("#define A 1\n")
+    before = compiled._key(source)
+    header.write_text("#define A 2\n")
+    assert compiled._key(source) != before

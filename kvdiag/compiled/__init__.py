@@ -72,8 +72,13 @@ def _owned_safely(path: Path) -> bool:
     return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _key(source: bytes) -> str:
-    h = hashlib.sha256(source)
+def _key(source_path: Path) -> str:
+    """The build's name: the source, the headers beside it (``#include "x.h"``), Python's
+    version and the platform."""
+    h = hashlib.sha256(source_path.read_bytes())
+    for header in sorted(source_path.parent.glob("*.h")):
+        h.update(header.name.encode())
+        h.update(header.read_bytes())
     h.update(sys.version.encode())
     h.update(_suffix().encode())
     h.update(sys.platform.encode())
@@ -91,7 +96,7 @@ def _build(name: str, source_path: Path, out: Path) -> None:
     os.close(fd)
     try:
         cmd = [*_compiler(), "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
-               f"-I{include}", str(source_path), "-o", tmp]
+               f"-I{include}", f"-I{source_path.parent}", str(source_path), "-o", tmp]
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S, check=False)
         if done.returncode != 0:
@@ -126,9 +131,8 @@ def load(source_path: Path, full: str) -> ModuleType | None:
     else:
         name = full.rpartition(".")[2]
         try:
-            source = source_path.read_bytes()
             root = os.environ.get("KVDIAG_COMPILED_DIR") or Path(cache_root()) / "compiled"
-            out = Path(root) / f"{full}-{_key(source)}" / f"{name}{_suffix()}"
+            out = Path(root) / f"{full}-{_key(source_path)}" / f"{name}{_suffix()}"
             if not (out.is_file() and _owned_safely(out) and _owned_safely(out.parent)):
                 _build(name, source_path, out)
             module = _import(full, out)

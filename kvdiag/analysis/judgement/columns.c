@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec.h"
+
 #define BOUND ((int64_t)1 << 62)
 
 enum { WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK, KINDS };
@@ -75,25 +77,6 @@ static PyObject *get(PyObject *o, const Layout *l, int f) {
 
 static Layout layouts[9], run_layout, range_layout;
 static PyObject *layouts_for; /* the types tuple the layouts are of */
-
-typedef struct {
-    int64_t *v;
-    Py_ssize_t n, cap;
-} Vec;
-
-static int vec_reserve(Vec *a, Py_ssize_t more) {
-    if (a->n + more <= a->cap) return 0;
-    Py_ssize_t cap = a->cap ? a->cap : 64;
-    while (cap < a->n + more) cap *= 2;
-    int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
-    if (!v) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    a->v = v;
-    a->cap = cap;
-    return 0;
-}
 
 /* An integer as the columns hold it; None is -1 (an upload's unknown bytes: the Python path's
  * TypeError case). Returns -1 with an exception set on another type or beyond +-2^62. */

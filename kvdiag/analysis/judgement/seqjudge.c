@@ -18,46 +18,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec.h"
+
 enum { EXACT, STALE, FOREIGN, NOT_JUDGED };
 enum { POOL, RING, HOST };
 enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, WHYS = 8 };
 enum { CAT_JUDGED, CAT_HOST, CAT_OUT_OF_RANGE, CAT_NO_UPLOAD, CAT_DROPPED };
 #define PIECE 14
 #define RINGROW 7
-
-typedef struct {
-    int64_t *v;
-    Py_ssize_t n, cap;
-} Vec;
-
-static int vec_reserve(Vec *a, Py_ssize_t more) {
-    if (a->n + more <= a->cap) return 0;
-    Py_ssize_t cap = a->cap ? a->cap : 256;
-    while (cap < a->n + more) cap *= 2;
-    int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
-    if (!v) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    a->v = v;
-    a->cap = cap;
-    return 0;
-}
-
-static int vec_push(Vec *a, int64_t x) {
-    if (a->n == a->cap) {
-        Py_ssize_t cap = a->cap ? 2 * a->cap : 256;
-        int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
-        if (!v) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        a->v = v;
-        a->cap = cap;
-    }
-    a->v[a->n++] = x;
-    return 0;
-}
 
 /* The undo log: the old values of every slot and host page the chunk changes, kept at its
  * first change (so the log is bounded by the state's size, not by the chunk's copies). */
