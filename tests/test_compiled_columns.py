@@ -133,10 +133,10 @@ def test_a_planted_library_is_rebuilt_not_loaded(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("KVDIAG_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compiled, "_loaded", {})
     name = "kvdiag.test_plant._columns"
-    key = compiled._key(columns._C_SOURCE)
+    key = compiled._key(columns._C_SOURCE, ("-O2",), True)
     folder = tmp_path / "compiled" / f"{name}-{key}"
     folder.mkdir(parents=True)
-    plant = folder / f"_columns{compiled._suffix()}"
+    plant = folder / f"{name}{compiled._suffix()}"
     plant.write_bytes(b"not a library")
     os.chmod(plant, 0o666)
     module = compiled.load(columns._C_SOURCE, name)
@@ -153,6 +153,6 @@ def test_a_changed_header_is_a_new_build(tmp_path: Path) -> None:
     source.write_text('#include "x.h"\n')
     header = tmp_path / "x.h"
     header.write_text("#define A 1\n")
-    before = compiled._key(source)
+    before = compiled._key(source, ("-O2",), False)
     header.write_text("#define A 2\n")
-    assert compiled._key(source) != before
+    assert compiled._key(source, ("-O2",), False) != before

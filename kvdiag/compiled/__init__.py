@@ -1,13 +1,16 @@
 """C helpers for the hot loops, compiled on first use and cached; Python when there is no compiler.
 
 Each helper is one C file beside the Python module it speeds up, which stays the reference
-(``analysis/judgement/columns.c``: the page judgement's columns taken out of decoded events).
-:func:`load` builds it once per source, Python and platform with the C compiler Python was built with (``sysconfig``'s ``CC``, else ``cc``) into ``$KVDIAG_COMPILED_DIR``
+(``analysis/judgement/*.c``: the judgement's columns, its walk of a streamed chunk, the
+annotation cross-check); :func:`build` also builds the NumPy executor's ctypes kernel
+(``kernels/cpu_attend.c``, :mod:`kvdiag.executors.cpu_kernels`).
+:func:`load` builds a helper once per source, headers, flags, compiler, Python and platform
+(``$CC``, else the compiler Python was built with, else ``cc``) into ``$KVDIAG_COMPILED_DIR``
 or the ``compiled`` folder of the user's cache folder (:mod:`kvdiag.files.cache`), and imports
-it. Where that fails — no compiler, no Python
-headers, a read-only cache — :func:`load` returns None once per process and the caller takes
-its Python path, which stays the reference the tests hold the C helper to. ``KVDIAG_COMPILED=0``
-chooses the Python path (a user who would rather not run a compiler; the tests of both paths).
+it. Where that fails — no compiler, no Python headers, a read-only cache — :func:`load` returns
+None once per process and the caller takes its Python path, which stays the reference the
+tests hold the C helper to. ``KVDIAG_COMPILED=0`` chooses the Python path (a user who would
+rather not run a compiler; the tests of both paths).
 
 Measured choice (issue 15 §5, benchmarks/results/bench_check.txt): numba's import alone costs
 0.3-0.5 s per process on this machine against 1.9 s for ``trace validate`` of the benchmark's
@@ -25,18 +28,20 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import platform
 import shlex
 import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
 from kvdiag.files.cache import cache_root
 
-__all__ = ["load", "status"]
+__all__ = ["build", "load", "status"]
 
 _loaded: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}
@@ -54,7 +59,8 @@ def _suffix() -> str:
 
 
 def _compiler() -> list[str]:
-    cc = sysconfig.get_config_var("CC")
+    """``$CC``, else the compiler Python was built with, else ``cc``."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC")
     words = shlex.split(cc) if isinstance(cc, str) and cc.strip() else []
     return words or ["cc"]
 
@@ -72,31 +78,44 @@ def _owned_safely(path: Path) -> bool:
     return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _key(source_path: Path) -> str:
-    """The build's name: the source, the headers beside it (``#include "x.h"``), Python's
-    version and the platform."""
+def _key(source_path: Path, flags: Sequence[str], python: bool) -> str:
+    """The build's name: the source, the headers beside it (``#include "x.h"``), the flags,
+    the compiler, the platform, and for a Python extension Python's version."""
     h = hashlib.sha256(source_path.read_bytes())
     for header in sorted(source_path.parent.glob("*.h")):
         h.update(header.name.encode())
         h.update(header.read_bytes())
-    h.update(sys.version.encode())
-    h.update(_suffix().encode())
-    h.update(sys.platform.encode())
+    h.update("\0".join((*flags, *_compiler(), sys.platform, platform.machine())).encode())
+    if python:
+        h.update(sys.version.encode())
+        h.update(_suffix().encode())
     return h.hexdigest()[:16]
 
 
-def _build(name: str, source_path: Path, out: Path) -> None:
-    include = sysconfig.get_paths()["include"]
-    if not (Path(include) / "Python.h").is_file():
-        raise OSError(f"no Python headers at {include}")
+def build(source_path: Path, name: str, flags: Sequence[str] = ("-O2",), *,
+          python: bool = False) -> Path:
+    """The shared library built from ``source_path`` with ``flags`` (and ``-shared -fPIC``),
+    cached: ``$KVDIAG_COMPILED_DIR/NAME-KEY/`` or the cache root's ``compiled`` folder (a
+    Python extension, ``python``, against this Python's headers). Raises OSError (no compiler,
+    no headers, a failed build, no private folder to build in)."""
+    root = os.environ.get("KVDIAG_COMPILED_DIR") or Path(cache_root()) / "compiled"
+    suffix = _suffix() if python else ".so"
+    out = Path(root) / f"{name}-{_key(source_path, flags, python)}" / f"{name}{suffix}"
+    if out.is_file() and _owned_safely(out) and _owned_safely(out.parent):
+        return out
+    cmd = [*_compiler(), *flags, "-shared", "-fPIC", f"-I{source_path.parent}"]
+    if python:
+        include = sysconfig.get_paths()["include"]
+        if not (Path(include) / "Python.h").is_file():
+            raise OSError(f"no Python headers at {include}")
+        cmd += ["-fvisibility=hidden", f"-I{include}"]
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not _owned_safely(out.parent):
         raise OSError(f"{out.parent}: not a private folder of this user's")
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=_suffix(), dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=suffix, dir=out.parent)
     os.close(fd)
     try:
-        cmd = [*_compiler(), "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
-               f"-I{include}", f"-I{source_path.parent}", str(source_path), "-o", tmp]
+        cmd += [str(source_path), "-o", tmp]
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S, check=False)
         if done.returncode != 0:
@@ -104,9 +123,12 @@ def _build(name: str, source_path: Path, out: Path) -> None:
             raise OSError(f"{cmd[0]} failed ({done.returncode}): {first}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)  # atomic: another process building the same source wins or loses
+    except subprocess.SubprocessError as exc:  # a compiler that hangs
+        raise OSError(f"{cmd[0]}: {exc}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return out
 
 
 def _import(full: str, path: Path) -> ModuleType:
@@ -129,12 +151,8 @@ def load(source_path: Path, full: str) -> ModuleType | None:
     if not _wanted():
         _why[full] = "KVDIAG_COMPILED=0: the Python path"
     else:
-        name = full.rpartition(".")[2]
         try:
-            root = os.environ.get("KVDIAG_COMPILED_DIR") or Path(cache_root()) / "compiled"
-            out = Path(root) / f"{full}-{_key(source_path)}" / f"{name}{_suffix()}"
-            if not (out.is_file() and _owned_safely(out) and _owned_safely(out.parent)):
-                _build(name, source_path, out)
+            out = build(source_path, full, ("-O2",), python=True)
             module = _import(full, out)
             _why[full] = f"compiled: {out}"
         except (OSError, ImportError, subprocess.SubprocessError) as exc:

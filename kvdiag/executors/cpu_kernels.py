@@ -4,7 +4,8 @@ The two einsum products of decode attention (scores = Q.K^T, output = P.V) domin
 capture. ``kernels/cpu_attend.c`` computes them with the rounding of NumPy's einsum loops (see
 its header) but with the K and V rows reused across a KV head's query rows, and without
 holding the GIL, so that heads run on several cores. It is compiled with the system C compiler
-into the user's cache folder the first time it is needed, then loaded with ctypes.
+the first time it is needed (:func:`kvdiag.compiled.build`: cached, atomic, only this user's
+own build is loaded), then loaded with ctypes.
 
 Before use, each function is checked against ``np.einsum`` on probe arrays of the shapes and
 strides the executor passes (tails included); any difference, a missing compiler or a failed
@@ -15,23 +16,19 @@ turns the kernels off.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
+from kvdiag.compiled import build
 from kvdiag.errors import DeviceUnavailable
 from kvdiag.kvstream.backend import F32Array
 
 NATIVE_ENV = "KVDIAG_NUMPY_NATIVE"
 SOURCE = "cpu_attend.c"
-CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
 """No -march: the SSE2 baseline, plus the AVX functions the source selects at run time.
 No contraction into fused multiply-add: einsum's loops round the product, then the sum."""
 
@@ -80,33 +77,6 @@ class CpuKernels:
                         *_strides(v), out.ctypes.data, *_strides(out))
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvdiag"
-
-
-def _build(source: str, compiler: str) -> Path:
-    digest = hashlib.sha256(
-        "\0".join((source, compiler, *CFLAGS, platform.machine())).encode()).hexdigest()[:16]
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "kvdiag-cache"):
-        target = folder / f"cpu_attend-{digest}.so"
-        if target.is_file():
-            return target
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / SOURCE
-                src.write_text(source)
-                built = Path(tmp) / target.name
-                subprocess.run([compiler, *CFLAGS, "-o", str(built), str(src)], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(built, target)  # atomic: concurrent captures build the same file
-            return target
-        except OSError:
-            continue  # an unwritable cache folder: try the next
-    raise OSError("no writable cache folder for the compiled kernel")
-
-
 def _agrees(kernels: CpuKernels) -> bool:
     """Both functions equal np.einsum bit for bit on probes shaped like the executor's calls:
     4-lane and 16-element tails of the head dimension, row counts around the 6-row blocks,
@@ -134,15 +104,11 @@ def load() -> CpuKernels | None:
     if os.environ.get(NATIVE_ENV, "1") == "0":
         unavailable_reason = f"{NATIVE_ENV}=0"
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        unavailable_reason = "no C compiler (cc) on PATH"
-        return None
     try:
         from kvdiag.executors.cuda_kernels import kernel_dir
 
-        source = (kernel_dir() / SOURCE).read_text()
-        kernels = CpuKernels(ctypes.CDLL(str(_build(source, compiler))))
+        kernels = CpuKernels(ctypes.CDLL(str(build(kernel_dir() / SOURCE, "cpu_attend",
+                                                   CFLAGS))))
     except (DeviceUnavailable, OSError, subprocess.SubprocessError) as exc:
         unavailable_reason = f"could not build {SOURCE}: {exc}"
         return None
