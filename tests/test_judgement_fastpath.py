@@ -116,6 +116,7 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(judge_module, "SUB_C", 64)
     monkeypatch.setattr(judge_module, "STREAM_CHUNK", 300)
     monkeypatch.setattr(judge_module, "STREAM_CHUNK_C", 300)
+    monkeypatch.setattr(judge_module, "STREAM_CHUNK_LEDGER_C", 300)
 
 
 def _judged(judge: Judge) -> tuple[Any, ...]:
