@@ -76,6 +76,7 @@ static PyObject *get(PyObject *o, const Layout *l, int f) {
 }
 
 static Layout layouts[9], run_layout, range_layout;
+static Layout by_getattr; /* every field read by getattr (PyInit sets its offsets to -1) */
 static PyObject *layouts_for; /* the types tuple the layouts are of */
 
 /* An integer as the columns hold it; None is -1 (an upload's unknown bytes: the Python path's
@@ -204,12 +205,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
                 L = &layouts[j];
                 break;
             }
-        Layout other;
-        if (!L) { /* another kind: only its step is read, by getattr */
-            other.type = t;
-            for (int f = 0; f < NFIELDS; f++) other.off[f] = -1;
-            L = &other;
-        }
+        if (!L) L = &by_getattr; /* another kind: only its step is read */
         codes[i] = (char)k;
         if (push_attr(&v[V_STEP], e, L, F_STEP)) goto done;
         int64_t pos = (int64_t)(i + base);
@@ -452,7 +448,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__columns(void) {
-    for (int f = 0; f < NFIELDS; f++)
+    for (int f = 0; f < NFIELDS; f++) {
         if (!(names[f] = PyUnicode_InternFromString(FIELD_NAMES[f]))) return NULL;
+        by_getattr.off[f] = -1;
+    }
     return PyModule_Create(&module);
 }
