@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import accumulate, chain, islice, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ import msgspec
 
 from kvdiag.model.perf import RequestTiming
 from kvdiag.postmortem.perfpending import Pending
-from kvdiag.postmortem.timinglines import BLOCK, NEW_PROMPT, SLOT_LINES, TIMING
+from kvdiag.postmortem.timinglines import BLOCK, NEW_PROMPT, TIMING
 
 
 class PerfScanner(Protocol):
@@ -109,11 +109,11 @@ def _decode(decoder: msgspec.json.Decoder[Any], rows: Iterable[tuple[bytes, ...]
         return None
 
 
-def walk(s: PerfScanner, buf: bytes, start: int, end: int, rare: list[int], ri: int,
-         lines: int, counted: int) -> tuple[int, int, int]:
-    """What ``s._walk`` does over the slot lines of ``buf[start:end]``, the runs of pairs in
-    bulk; returns the line count up to ``counted``, ``counted`` and the next rare index."""
-    matches = SLOT_LINES.finditer(buf, start, end)
+def walk(s: PerfScanner, buf: bytes, matches: Iterator[re.Match[bytes]], rare: list[int],
+         ri: int, lines: int, counted: int) -> tuple[int, int, int]:
+    """What ``s._walk`` does over the slot-line matches ``matches`` of ``buf`` (in order), the
+    runs of pairs in bulk; returns the line count up to ``counted``, ``counted`` and the next
+    rare index."""
     ms: list[re.Match[bytes]] = []
     while True:
         # a few dozen matches at a time: a match holds its 29 groups' marks (~580 bytes, past

@@ -25,7 +25,8 @@ from __future__ import annotations
 import heapq
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import chain
 
 import msgspec
 
@@ -38,7 +39,7 @@ from kvdiag.model.logrecords import (
     StreamEvent,
 )
 from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
-from kvdiag.postmortem import grammar, perfpairs
+from kvdiag.postmortem import grammar, perfbytes, perfpairs
 from kvdiag.postmortem.bootfold import RESTART_KEYS, BootAccumulator
 from kvdiag.postmortem.lines import clean
 from kvdiag.postmortem.perflate import LateForm
@@ -112,6 +113,10 @@ class PerfScanner:
     pairs = True
     """Read the usual request's two matches in bulk (:mod:`kvdiag.postmortem.perfpairs`);
     False reads every match one at a time (the same records: tests compare the two)."""
+    compiled = True
+    """Find where the patterns can match in C where the helper is built
+    (:mod:`kvdiag.postmortem.perfbytes`); False searches with the patterns alone (the same
+    records: tests compare the two)."""
 
     def __init__(self, name: str, source: str | None = None, *,
                  continuation: bool = False) -> None:
@@ -276,14 +281,21 @@ class PerfScanner:
 
     def _region(self, buf: bytes, start: int, cut: int, at: int) -> None:
         """Read the lines of ``buf[start:cut]`` (``at``: the file offset of ``buf[start]``)."""
-        rare = self._rare_hits(buf, start, cut, at)
+        c = perfbytes.module() if self.compiled else None
+        matches: Iterator[re.Match[bytes]]
+        if c is not None:  # where the patterns can match, found in C
+            starts, rare = perfbytes.scan(c, buf, start, cut)
+            matches = perfbytes.matches(buf, starts, cut)
+        else:
+            rare = self._rare_hits(buf, start, cut, at)
+            matches = SLOT_LINES.finditer(buf, start, cut)
         late = self.late
         if late.seen:
             lines, counted, ri = self._walk_late(buf, start, cut, rare, 0, self._lines, start)
         else:
             # the late-2023 form only where the later forms' slot lines are not (a log appended
             # across an upgrade changes form once): before the first and after the last
-            first = SLOT_LINES.search(buf, start, cut)
+            first = next(matches, None)
             if late_in(buf, start, cut if first is None else first.start()):
                 late.seen = True
                 lines, counted, ri = self._walk_late(buf, start, cut, rare, 0, self._lines,
@@ -291,13 +303,12 @@ class PerfScanner:
             else:
                 lines, counted, ri, tail = self._lines, start, 0, start
                 if first is not None:
+                    matches = chain((first,), matches)
                     if self.pairs:
-                        lines, counted, ri = perfpairs.walk(self, buf, first.start(), cut,
-                                                            rare, 0, lines, start)
+                        lines, counted, ri = perfpairs.walk(self, buf, matches, rare, 0, lines,
+                                                            start)
                     else:
-                        lines, counted, ri = self._walk(
-                            buf, SLOT_LINES.finditer(buf, first.start(), cut), rare, 0, lines,
-                            start)
+                        lines, counted, ri = self._walk(buf, matches, rare, 0, lines, start)
                     tail = self._walk_end
                 if first is not None and late_in(buf, tail, cut):
                     late.seen = True
