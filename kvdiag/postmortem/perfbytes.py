@@ -44,15 +44,17 @@ def scan(c: Any, buf: bytes, start: int, end: int) -> tuple[memoryview, list[int
     return memoryview(raw).cast("q"), rare
 
 
-def matches(buf: bytes, starts: Iterable[int], end: int) -> Iterator[re.Match[bytes]]:
+def matches(buf: bytes, starts: Iterable[int], end: int,
+            after: list[int] | None = None) -> Iterator[re.Match[bytes]]:
     """:data:`SLOT_LINES`' matches in ``buf`` up to ``end`` from the offsets ``starts`` (a
     superset of where one begins, in order): ``SLOT_LINES.finditer``'s matches, as it skips
-    what a match read (an offset inside the match before is no match of finditer's)."""
+    what a match read (an offset inside the match before is no match of finditer's).
+    ``after``: where the match before ended, kept up to date as they are made."""
     match = SLOT_LINES.match
-    after = 0
+    last = after if after is not None else [0]
     for p in starts:
-        if p >= after:
+        if p >= last[0]:
             m = match(buf, p, end)
             if m is not None:
-                after = m.end()
+                last[0] = m.end()
                 yield m

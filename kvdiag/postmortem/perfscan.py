@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import os
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from itertools import chain
 
@@ -248,6 +249,7 @@ class PerfScanner(OtherLines):
         """Read the lines of ``buf[start:cut]`` (``at``: the file offset of ``buf[start]``)."""
         c = perfbytes.module() if self.compiled else None
         matches: Iterator[re.Match[bytes]]
+        starts: memoryview | None = None
         if c is not None:  # where the patterns can match, found in C
             starts, rare = perfbytes.scan(c, buf, start, cut)
             matches = perfbytes.matches(buf, starts, cut)
@@ -269,7 +271,11 @@ class PerfScanner(OtherLines):
                 lines, counted, ri, tail = self._lines, start, 0, start
                 if first is not None:
                     matches = chain((first,), matches)
-                    if self.pairs:
+                    if self.pairs and starts is not None:
+                        lines, counted, ri = perfpairs.walk_compiled(
+                            self, buf, c, starts, cut, bisect_left(starts, first.start()), rare,
+                            0, lines, start)
+                    elif self.pairs:
                         lines, counted, ri = perfpairs.walk(self, buf, matches, rare, 0, lines,
                                                             start)
                     else:
