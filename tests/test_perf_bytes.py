@@ -258,3 +258,80 @@ def test_without_the_helper_the_patterns_search_alone(monkeypatch: pytest.Monkey
         run = read(data, 1000, True)[0]
     assert len(run.requests) == 12 and run.unfinished == 0
     assert sorted(r.task for r in run.requests) == list(range(12))
+
+
+# what may be done to a line of the usual request (older shape): each is a shape the compiled
+# reading of pairs must leave to the pattern, or read as the pattern reads it
+EDITS = (
+    (rb"task\.n_tokens", b"n_prompt_tokens"), (rb", truncated = \d", b""), (rb"^", b"[ 8080] "),
+    (rb"\d+\.\d+", b"1.2.3"), (rb"\d+\.\d+", b"007"), (rb"\d+\.\d+", b"-5"),
+    (rb" \d+ tokens", b" 99999999999999999999999 tokens"), (rb"= \d+", b"= 007"),
+    (rb"(id +\d+ \| task \d+ \| n_tokens = )\d+(, memory_seq_rm \[)\d+(, end\))",
+     rb"\g<0> \1 9\2 9\3"), (rb"(id +\d+ \| task \d+ \| kv cache rm \[)\d+(, end\))", rb"\g<0> \1 9\2"),
+    (rb"(id +\d+ \| task \d+ \| stop processing: n_tokens = )\d+", rb"\g<0>, truncated = 1 \1 77"),
+    (rb"(id +\d+ \| task \d+ \| kv cache rm \[)\d+(, end\))", rb"id  5 | task 5 | \g<0>"), (rb"id  (\d)", rb"id 0\1"), (rb"$", b"\r"),
+    (rb"^", b"0.01.002.003 I llama_context: n_ctx = 5\n"), (rb"^.*$", b""), (rb"tokens", b"runs"),
+    (rb"\| task", b"|  task"), (rb"\| $", b"|    "), (rb"\d", b"\x00"), (rb"\d", b"\xff"),
+    (rb"n_tokens = (\d+), memory_seq_rm", rb"cached n_tokens = \1, memory_seq_rm"),
+    (rb"n_tokens = \d+, memory_seq_rm", b"kv cache rm"), (rb"n_tokens = ", b"n_past = "),
+    (rb"task (\d+)", rb"task -\1"), (rb"(.{5})", rb"\1\n"), (rb"id ", b"id\t"),
+    (rb"\| new", b"|    new"), (rb"eval time", b"eval  time"), (rb"^ +", b""),
+)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32), edits=st.integers(0, 8), size=st.sampled_from([61, 999, 1 << 20]),
+       continuation=st.booleans())
+def test_pairs_edited_anywhere_give_the_same_run_both_ways(seed: int, edits: int, size: int,
+                                                           continuation: bool) -> None:
+    """The older shape's usual requests (read by the compiled pass in runs), lines edited at
+    random: what the compiled reading declines goes to the pattern, with the same records."""
+    rng = random.Random(seed)
+    log = ServerLog(shape="older")
+    log.boot(np=2)
+    for k in range(12):
+        log.requests(Turn(k % 2, k, 300 + k, 7 * k % 300, 9 + k, 30.0 + k, truncated=k == 3))
+    lines = log.text().encode().split(b"\n")
+    for _ in range(edits):
+        pattern, repl = rng.choice(EDITS)
+        where = [i for i, x in enumerate(lines[:-1]) if re.search(pattern, x)]
+        if where:  # (an edit before may have left no line it applies to)
+            i = rng.choice(where)
+            lines[i] = re.sub(pattern, repl, lines[i], count=1)
+    data = b"\n".join(lines)
+    fast = read(data, size, True, continuation)
+    assert fast == read(data, size, False, continuation)
+    if not edits:
+        assert len(fast[0].requests) == 12 or continuation
+
+
+@needs_c
+def test_the_usual_pairs_are_read_by_the_compiled_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of them go the compiled way, with the records of the pattern's reading; a rare line
+    inside one sends its request to the per-match path."""
+    from kvdiag.postmortem import perfpairs
+
+    log = ServerLog(shape="older", outer="none")
+    log.boot(np=2)
+    for k in range(40):
+        log.requests(Turn(k % 2, k, 300 + k, k, 9 + k, 30.0 + k,
+                          during=(partition_line(40, 32, 8, 16, 2.5, 80.0),) if k == 20
+                          else ()))
+    data = log.text().encode()
+    seen: list[int] = []
+    chunk = perfpairs._chunk
+
+    def spy(*args: object, **kw: object) -> object:
+        read_ = args[-1] if len(args) == 8 else kw.get("read")
+        if read_ is not None:
+            seen.append(len(read_[1]) // 2)  # type: ignore[index]
+        return chunk(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(perfpairs, "_chunk", spy)
+    fast = read(data, 1 << 20, True)[0]
+    assert seen == [40]
+    assert fast == read(data, 1 << 20, False)[0]
+    assert [r.task for r in fast.requests] == list(range(40))
+    assert fast.requests[20].notes == (0,) and fast.requests[19].notes == ()
+    assert fast.requests[39].depth_end == 339 + 48 and fast.requests[39].cached == 39
