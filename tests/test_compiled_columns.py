@@ -156,3 +156,27 @@ def test_a_changed_header_is_a_new_build(tmp_path: Path) -> None:
     before = compiled._key(source, ("-O2",), False)
     header.write_text("#define A 2\n")
     assert compiled._key(source, ("-O2",), False) != before
+
+
+def test_a_changed_shared_header_is_a_new_build(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a helper and the headers every helper may include (kvdiag/compiled/vec.h)
+    WHEN only a shared header changes
+    THEN the build's name changes, and the build finds the header on its include path."""
+    assert (compiled.SHARED / "vec.h").is_file()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(compiled, "SHARED", shared)
+    source = tmp_path / "x.c"
+    source.write_text('#include "y.h"\nint f(void) { return A; }\n')
+    header = shared / "y.h"
+    header.write_text("#define A 1\n")
+    before = compiled._key(source, ("-O2",), False)
+    header.write_text("#define A 2\n")
+    assert compiled._key(source, ("-O2",), False) != before
+    monkeypatch.setenv("KVDIAG_COMPILED_DIR", str(tmp_path / "out"))
+    try:
+        built = compiled.build(source, "x")
+    except OSError as exc:  # no compiler here: the key is what this machine can check
+        pytest.skip(f"no C compiler: {exc}")
+    assert built.is_file() and built.read_bytes()[:4] == b"\x7fELF"

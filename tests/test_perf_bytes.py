@@ -21,12 +21,13 @@ from test_perf_log2023 import BOOT as BOOT_2023
 from test_perf_log2023 import HTTP, block, load, processing, released
 from test_perf_log2024 import request, server_log
 from test_perf_pairs import logs
+from test_perf_pairs import read as read_pairs
 from test_perf_release_first import late_2024_log
 
 from kvdiag import compiled
 from kvdiag.model.perf import PerfRun
 from kvdiag.postmortem import perfbytes
-from kvdiag.postmortem.perfscan import Orphan, PerfScanner
+from kvdiag.postmortem.perfscan import Orphan
 from kvdiag.postmortem.timinglines import RARE_ANCHORS, SLOT_LINES
 
 C = perfbytes.module()
@@ -147,11 +148,8 @@ def test_nothing_is_read_past_the_buffer() -> None:
 
 def read(data: bytes, size: int, c: bool, continuation: bool = False
          ) -> tuple[PerfRun, list[Orphan]]:
-    s = PerfScanner("a.log", continuation=continuation)
-    s.compiled = c
-    for i in range(0, len(data), size):
-        s.feed(data[i:i + size])
-    return s.finish(), s.orphans
+    """In blocks of ``size``, the compiled way (``c``) or the patterns' alone."""
+    return read_pairs(data, size, True, continuation, c)
 
 
 def shape_logs() -> dict[str, bytes]:

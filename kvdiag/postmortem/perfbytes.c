@@ -27,6 +27,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "vec.h"
+
 #define MAX_ANCHORS 16
 
 typedef struct {
@@ -34,26 +36,6 @@ typedef struct {
     Py_ssize_t n;
     Py_ssize_t next; /* the first offset where its next match may start (non-overlapping) */
 } Needle;
-
-typedef struct {
-    int64_t *v;
-    Py_ssize_t n, cap;
-} Offsets;
-
-static int push(Offsets *a, int64_t x) {
-    if (a->n == a->cap) {
-        Py_ssize_t cap = a->cap ? a->cap * 2 : 1024;
-        int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
-        if (!v) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        a->v = v;
-        a->cap = cap;
-    }
-    a->v[a->n++] = x;
-    return 0;
-}
 
 static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
@@ -111,7 +93,7 @@ static int slot_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t end) {
 
 /* Needle 0 is "id" (slot lines), the others the anchors. What starts at b[p] is recorded. */
 static inline int hit(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, Needle *nd,
-                      int k, Offsets *slots, Offsets *rare) {
+                      int k, Vec *slots, Vec *rare) {
     int any = 0;
     for (int j = 1; j < k; j++) {
         Needle *x = &nd[j];
@@ -120,9 +102,9 @@ static inline int hit(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, Need
             any = 1;
         }
     }
-    if (any && push(rare, p)) return -1;
+    if (any && vec_push(rare, p)) return -1;
     if (b[p] == 'i' && end - p >= 2 && b[p + 1] == 'd' && slot_at(b, p, end))
-        return push(slots, p);
+        return vec_push(slots, p);
     return 0;
 }
 
@@ -131,8 +113,8 @@ static inline int hit(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, Need
  * i + n + 14 its last; both loads stay below end. Returns where the steps stopped (-1: no
  * memory). */
 static Py_ssize_t steps16(const unsigned char *b, Py_ssize_t i, Py_ssize_t end,
-                          Py_ssize_t longest, Needle *nd, int k, Offsets *slots,
-                          Offsets *rare) {
+                          Py_ssize_t longest, Needle *nd, int k, Vec *slots,
+                          Vec *rare) {
     __m128i first[MAX_ANCHORS + 1], last[MAX_ANCHORS + 1];
     for (int j = 0; j < k; j++) {
         first[j] = _mm_set1_epi8((char)nd[j].s[0]);
@@ -163,7 +145,7 @@ static Py_ssize_t steps16(const unsigned char *b, Py_ssize_t i, Py_ssize_t end,
  * is built for any x86-64). */
 __attribute__((target("avx2"))) static Py_ssize_t steps32(
     const unsigned char *b, Py_ssize_t i, Py_ssize_t end, Py_ssize_t longest, Needle *nd,
-    int k, Offsets *slots, Offsets *rare) {
+    int k, Vec *slots, Vec *rare) {
     __m256i first[MAX_ANCHORS + 1], last[MAX_ANCHORS + 1];
     for (int j = 0; j < k; j++) {
         first[j] = _mm256_set1_epi8((char)nd[j].s[0]);
@@ -189,7 +171,7 @@ static int avx2 = -1;
 #endif
 
 static int scan_range(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, Needle *nd,
-                      int k, Offsets *slots, Offsets *rare, int wide) {
+                      int k, Vec *slots, Vec *rare, int wide) {
     Py_ssize_t i = start, longest = 0;
     for (int j = 0; j < k; j++)
         if (nd[j].n > longest) longest = nd[j].n;
@@ -227,7 +209,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                           &wide))
         return NULL;
     PyObject *out = NULL, *slots_b = NULL, *rare_l = NULL;
-    Offsets slots = {NULL, 0, 0}, rare = {NULL, 0, 0};
+    Vec slots = {NULL, 0, 0}, rare = {NULL, 0, 0};
     Needle nd[MAX_ANCHORS + 1];
     Py_ssize_t k = PyTuple_GET_SIZE(anchors);
     if (k > MAX_ANCHORS) {
@@ -503,7 +485,7 @@ static int row(PyObject **out, Py_ssize_t *len, const unsigned char *b, const Sp
 /* The run being made: its offsets (two match starts a pair, then its end), its rows. */
 typedef struct {
     Py_ssize_t lo;
-    Offsets at;
+    Vec at;
     PyObject *news, *blocks;
     Py_ssize_t news_len, blocks_len;
 } Run;
@@ -576,7 +558,7 @@ static PyObject *pairs(PyObject *self, PyObject *args) {
             PyBytes_AS_STRING(r.news)[0] = PyBytes_AS_STRING(r.blocks)[0] = '[';
             r.news_len = r.blocks_len = 1;
         }
-        if (push(&r.at, p) || push(&r.at, o[j]) || row(&r.news, &r.news_len, b, g, 5) ||
+        if (vec_push(&r.at, p) || vec_push(&r.at, o[j]) || row(&r.news, &r.news_len, b, g, 5) ||
             row(&r.blocks, &r.blocks_len, b, g + 5, 12))
             goto fail;
         i = j + 1;
