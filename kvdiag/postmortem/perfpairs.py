@@ -23,6 +23,11 @@ sets decoded as JSON with non-zero counts (``nan``/``inf`` and empty sets take t
 path's conversions); a truncation flag printed. Everything else — interleaved slots, the 2024
 and late-2023 forms, late 2024's release before the timing, unfinished requests — goes through
 the per-match path, in log order with the runs.
+
+Where the C helper is built (:mod:`kvdiag.postmortem.perfbytes`) the older shape's pairs are
+read by it, without the pattern's match objects (:func:`walk_compiled`): their numbers come as
+the text the groups would hold and go through the same decode and the same checks; a request
+the checks send to the per-match path is matched there by the pattern.
 """
 
 from __future__ import annotations
