@@ -138,12 +138,25 @@ def test_nothing_is_read_past_the_buffer() -> None:
                     c.scan(view, start, page, RARE_ANCHORS, wide)
                     c.scan(view, start, page + 50, RARE_ANCHORS, wide)  # clipped to it
                 n += 1
-        print("scanned", n)
+        # the usual pair cut at each byte of its last 200, read by pairs() where scan() says
+        pair = (b"slot update_slots: id  0 | task 5 | new prompt, n_ctx_slot = 8192, n_keep = 0,"
+                b" task.n_tokens = 300\\n0.01 I slot update_slots: id  0 | task 5 | kv cache rm"
+                b" [12, end)\\nslot print_timing: id  0 | task 5 | \\nprompt eval time =  1.5 ms /"
+                b"  3 tokens ( 0.5 ms per token, 2000.0 tokens per second)\\n       eval time = 9"
+                b"9.0 ms / 9 tokens ( 11.0 ms per token, 90.9 tokens per second)\\n      total ti"
+                b"me = 100.5 ms / 12 tokens\\nslot      release: id  0 | task 5 | stop processing"
+                b": n_tokens = 309, truncated = 1")
+        read = 0
+        for cut in range(len(pair) - 200, len(pair) + 1):
+            mm[:page] = b"y\\n" * ((page - cut) // 2) + b"\\n" * ((page - cut) % 2) + pair[:cut]
+            offsets, _ = c.scan(view, 0, page, RARE_ANCHORS)
+            read += len(c.pairs(view, offsets, page, 0))
+        print("scanned", n, "pairs", read)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["scanned", str(21 * (32 + 81))]
+    assert done.stdout.split() == ["scanned", str(21 * (32 + 81)), "pairs", "1"]
 
 
 def read(data: bytes, size: int, c: bool, continuation: bool = False

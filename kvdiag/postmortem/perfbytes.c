@@ -537,7 +537,8 @@ static PyObject *pairs(PyObject *self, PyObject *args) {
         }
         Py_ssize_t j = i + 1;
         while (j < n && o[j] < e1) j++;
-        Py_ssize_t e2 = j < n && o[j] < end ? block_at(b, (Py_ssize_t)o[j], end, g + 5) : -1;
+        Py_ssize_t e2 = j < n && o[j] >= 0 && o[j] < end
+                            ? block_at(b, (Py_ssize_t)o[j], end, g + 5) : -1;
         if (e2 < 0) {
             i++;
             continue;
