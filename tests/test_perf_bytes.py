@@ -114,9 +114,11 @@ def test_nothing_is_read_past_the_buffer() -> None:
     crash): its last bytes cut a slot prefix, an anchor, a message the pattern reads."""
     script = textwrap.dedent("""
         import ctypes, mmap, sys
-        from kvdiag.postmortem import perfbytes
+        from kvdiag import compiled
+        from kvdiag.postmortem import perfbytes, perfpairs
         from kvdiag.postmortem.timinglines import RARE_ANCHORS
         c = perfbytes.module()
+        pairs = compiled.load(perfpairs._SOURCE, perfpairs._MODULE)
         page = mmap.PAGESIZE
         tails = [b"i", b"id", b"id ", b"id  1", b"id 1 | task", b"id 1 | task 5 |",
                  b"id 1 | task 5 | ", b"id 1 | task 5 | new prompt, n_ctx", b"id 1 | task 5 | n",
@@ -150,7 +152,7 @@ def test_nothing_is_read_past_the_buffer() -> None:
         for cut in range(len(pair) - 200, len(pair) + 1):
             mm[:page] = b"y\\n" * ((page - cut) // 2) + b"\\n" * ((page - cut) % 2) + pair[:cut]
             offsets, _ = c.scan(view, 0, page, RARE_ANCHORS)
-            read += len(c.pairs(view, offsets, page, 0))
+            read += len(pairs.pairs(view, offsets, page, 0))
         print("scanned", n, "pairs", read)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -24,10 +24,11 @@ path's conversions); a truncation flag printed. Everything else — interleaved 
 and late-2023 forms, late 2024's release before the timing, unfinished requests — goes through
 the per-match path, in log order with the runs.
 
-Where the C helper is built (:mod:`kvdiag.postmortem.perfbytes`) the older shape's pairs are
-read by it, without the pattern's match objects (:func:`walk_compiled`): their numbers come as
-the text the groups would hold and go through the same decode and the same checks; a request
-the checks send to the per-match path is matched there by the pattern.
+Where the C helpers are built (:mod:`kvdiag.compiled`: ``perfbytes.c`` finds where the pattern
+can match, ``perfpairs.c`` beside this module) the older shape's pairs are read in C, without
+the pattern's match objects (:func:`walk_compiled`): their numbers come as the text the groups
+would hold and go through the same decode and the same checks; a request the checks send to
+the per-match path is matched there by the pattern.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, chain, islice, repeat
 from operator import attrgetter, itemgetter
+from pathlib import Path
 from typing import Any, Protocol, overload
 
 import msgspec
 
+from kvdiag import compiled
 from kvdiag.model.perf import RequestTiming
 from kvdiag.postmortem import perfbytes
 from kvdiag.postmortem.perfpending import Pending
@@ -291,6 +294,8 @@ def _requests(s: PerfScanner, buf: bytes, ms: Sequence[re.Match[bytes]], starts:
     return lines, counted
 
 
+_SOURCE = Path(__file__).with_name("perfpairs.c")
+_MODULE = f"{__package__}._perfpairs"
 _Read = tuple[bytes, list[int], list[Any] | None]
 """What the compiled pass read of a run of pairs: the kinds of its matches, their starts, the
 requests' columns (None: a number that is not JSON; the pattern's groups are read instead)."""
@@ -325,14 +330,18 @@ class _Again(Sequence[re.Match[bytes]]):
         return self._at(self._starts[i])
 
 
-def walk_compiled(s: PerfScanner, buf: bytes, c: Any, starts: memoryview, end: int, lo: int,
+def walk_compiled(s: PerfScanner, buf: bytes, starts: memoryview, end: int, lo: int,
                   rare: list[int], ri: int, lines: int, counted: int) -> tuple[int, int, int]:
     """:func:`walk` over the slot lines at ``starts[lo:]`` (the compiled pass's offsets,
-    :mod:`kvdiag.postmortem.perfbytes`), the runs of the older shape's pairs read by it
-    (``c.pairs``: each number's printed text, as the pattern's groups hold it) and the rest by
-    the pattern, in order. A pattern's match that runs into a run's first line (the compiled
-    pass reads a pair where finditer would not start one) sends the run to the pattern too."""
+    :mod:`kvdiag.postmortem.perfbytes`), the runs of the older shape's pairs read in C
+    (``perfpairs.c``: each number's printed text, as the pattern's groups hold it) and the rest
+    by the pattern, in order. A pattern's match that runs into a run's first line (the C reading
+    finds a pair where finditer would not start one) sends the run to the pattern too."""
     after = [0]  # where the pattern's last match ended (perfbytes.matches keeps it)
+    c = compiled.load(_SOURCE, _MODULE)
+    if c is None:
+        return walk(s, buf, perfbytes.matches(buf, starts[lo:], end, after), rare, ri, lines,
+                    counted)
     seg = lo  # the first offset not yet read
     for run_lo, run_hi, at_raw, news_json, blocks_json, run_end in c.pairs(
             buf, starts.obj, end, lo):

@@ -273,8 +273,8 @@ class PerfScanner(OtherLines):
                     matches = chain((first,), matches)
                     if self.pairs and starts is not None:
                         lines, counted, ri = perfpairs.walk_compiled(
-                            self, buf, c, starts, cut, bisect_left(starts, first.start()), rare,
-                            0, lines, start)
+                            self, buf, starts, cut, bisect_left(starts, first.start()), rare, 0,
+                            lines, start)
                     elif self.pairs:
                         lines, counted, ri = perfpairs.walk(self, buf, matches, rare, 0, lines,
                                                             start)
