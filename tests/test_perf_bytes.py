@@ -148,7 +148,20 @@ def test_nothing_is_read_past_the_buffer() -> None:
                 b"9.0 ms / 9 tokens ( 11.0 ms per token, 90.9 tokens per second)\\n      total ti"
                 b"me = 100.5 ms / 12 tokens\\nslot      release: id  0 | task 5 | stop processing"
                 b": n_tokens = 309, truncated = 1")
+        newer = (b"slot update_slots: id  0 | task 5 | new prompt, n_ctx_slot = 8192, n_keep = 0,"
+                 b" task.n_tokens = 300\\nslot update_slots: id  0 | task 5 | n_tokens = 12, "
+                 b"memory_seq_rm [12, end)\\nslot print_timing: id  0 | task 5 | prompt eval tim"
+                 b"e =  1.5 ms /  3 tokens ( 0.5 ms per token, 2000.0 tokens per second)\\nslot "
+                 b"print_timing: id  0 | task 5 |        eval time = 99.0 ms / 9 tokens ( 11.0 ms "
+                 b"per token, 90.9 tokens per second)\\nslot print_timing: id  0 | task 5 |     "
+                 b"  total time = 100.5 ms / 12 tokens\\nslot print_timing: id  0 | task 5 |    "
+                 b"graphs reused = 7\\nslot      release: id  0 | task 5 | stop processing: n_to"
+                 b"kens = 309, truncated = 1")
         read = 0
+        for cut in range(len(newer) - 250, len(newer) + 1):
+            mm[:page] = b"y\\n" * ((page - cut) // 2) + b"\\n" * ((page - cut) % 2) + newer[:cut]
+            offsets, _ = c.scan(view, 0, page, RARE_ANCHORS)
+            read += len(pairs.pairs(view, offsets, page, 0))
         for cut in range(len(pair) - 200, len(pair) + 1):
             mm[:page] = b"y\\n" * ((page - cut) // 2) + b"\\n" * ((page - cut) % 2) + pair[:cut]
             offsets, _ = c.scan(view, 0, page, RARE_ANCHORS)
@@ -158,7 +171,7 @@ def test_nothing_is_read_past_the_buffer() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["scanned", str(21 * (32 + 81)), "pairs", "1"]
+    assert done.stdout.split() == ["scanned", str(21 * (32 + 81)), "pairs", "2"]
 
 
 def read(data: bytes, size: int, c: bool, continuation: bool = False
@@ -289,22 +302,32 @@ EDITS = (
     (rb"n_tokens = \d+, memory_seq_rm", b"kv cache rm"), (rb"n_tokens = ", b"n_past = "),
     (rb"task (\d+)", rb"task -\1"), (rb"(.{5})", rb"\1\n"), (rb"id ", b"id\t"),
     (rb"\| new", b"|    new"), (rb"eval time", b"eval  time"), (rb"^ +", b""),
+    (rb"graphs reused = +\d+", b"graphs reused = 007"), (rb"(graphs reused = +)\d+", rb"\g<1>x"),
+    (rb"total time", b"total  time"), (rb"\| +eval time", b"| prompt eval time"),
+    (rb"prompt eval", b"eval"), (rb"(\| +)(eval time)", rb"\1graphs reused = 3\n\2"),
+    (rb"(id +\d+ \| task \d+ \| )(prompt eval)", rb"\1stop processing: n_tokens = 5\n\g<0>"),
+    (rb"^(.*(id +\d+ \| task \d+ \| )prompt eval.*)$", rb"\1\n\2graphs reused = 3"),
+    (rb"^(.*(id +\d+ \| task \d+ \| )prompt eval.*)$", rb"\1\n\2   total time = 5 ms"),
+    (rb"^(.*(id +\d+ \| task \d+ \| )prompt eval.*)$",
+     rb"\1\n\2stop processing: n_tokens = 5, truncated = 1"),
 )
 
 
 @needs_c
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 2**32), edits=st.integers(0, 8), size=st.sampled_from([61, 999, 1 << 20]),
-       continuation=st.booleans())
+       continuation=st.booleans(), shape=st.sampled_from(["older", "newer"]))
 def test_pairs_edited_anywhere_give_the_same_run_both_ways(seed: int, edits: int, size: int,
-                                                           continuation: bool) -> None:
-    """The older shape's usual requests (read by the compiled pass in runs), lines edited at
-    random: what the compiled reading declines goes to the pattern, with the same records."""
+                                                           continuation: bool,
+                                                           shape: str) -> None:
+    """The usual requests (read by the compiled pass in runs), lines edited at random: what
+    the compiled reading declines goes to the pattern, with the same records."""
     rng = random.Random(seed)
-    log = ServerLog(shape="older")
+    log = ServerLog(shape=shape)  # type: ignore[arg-type]
     log.boot(np=2)
     for k in range(12):
-        log.requests(Turn(k % 2, k, 300 + k, 7 * k % 300, 9 + k, 30.0 + k, truncated=k == 3))
+        log.requests(Turn(k % 2, k, 300 + k, 7 * k % 300, 9 + k, 30.0 + k, truncated=k == 3,
+                          graphs=k if k % 3 else None))
     lines = log.text().encode().split(b"\n")
     for _ in range(edits):
         pattern, repl = rng.choice(EDITS)
@@ -320,15 +343,17 @@ def test_pairs_edited_anywhere_give_the_same_run_both_ways(seed: int, edits: int
 
 
 @needs_c
-def test_the_usual_pairs_are_read_by_the_compiled_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shape", ["older", "newer"])
+def test_the_usual_requests_are_read_by_the_compiled_pass(monkeypatch: pytest.MonkeyPatch,
+                                                          shape: str) -> None:
     """Runs of them go the compiled way, with the records of the pattern's reading; a rare line
     inside one sends its request to the per-match path."""
     from kvdiag.postmortem import perfpairs
 
-    log = ServerLog(shape="older", outer="none")
+    log = ServerLog(shape=shape, outer="none")  # type: ignore[arg-type]
     log.boot(np=2)
     for k in range(40):
-        log.requests(Turn(k % 2, k, 300 + k, k, 9 + k, 30.0 + k,
+        log.requests(Turn(k % 2, k, 300 + k, k, 9 + k, 30.0 + k, graphs=1000 + k,
                           during=(partition_line(40, 32, 8, 16, 2.5, 80.0),) if k == 20
                           else ()))
     data = log.text().encode()
@@ -338,7 +363,7 @@ def test_the_usual_pairs_are_read_by_the_compiled_pass(monkeypatch: pytest.Monke
     def spy(*args: object, **kw: object) -> object:
         read_ = args[-1] if len(args) == 8 else kw.get("read")
         if read_ is not None:
-            seen.append(len(read_[1]) // 2)  # type: ignore[index]
+            seen.append(len(read_[1]) // (2 if shape == "older" else 3))  # type: ignore[index]
         return chunk(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(perfpairs, "_chunk", spy)
@@ -348,3 +373,4 @@ def test_the_usual_pairs_are_read_by_the_compiled_pass(monkeypatch: pytest.Monke
     assert [r.task for r in fast.requests] == list(range(40))
     assert fast.requests[20].notes == (0,) and fast.requests[19].notes == ()
     assert fast.requests[39].depth_end == 339 + 48 and fast.requests[39].cached == 39
+    assert fast.requests[39].graphs_reused == (1039 if shape == "newer" else None)

@@ -1,4 +1,4 @@
-/* The older shape's usual request read in one C pass, as kvdiag perf's slot-line pattern reads it.
+/* The usual request read in one C pass, as kvdiag perf's slot-line pattern reads it.
  *
  * kvdiag/postmortem/perfpairs.py's walk_compiled hands this the offsets perfbytes.c's scan()
  * found (every offset where SLOT_LINES can match); what it reads goes to perfpairs.py's bulk
@@ -13,12 +13,15 @@
 #include "logbytes.h"
 #include "vec.h"
 
-/* pairs() reads, at the offsets scan() gave, the two matches of SLOT_LINES that the usual
- * request of the older shape prints one after the other (bench_logscan's log; perfpairs.py):
+/* pairs() reads, at the offsets scan() gave, the matches of SLOT_LINES that the usual request
+ * prints one after the other (perfpairs.py):
  *   NEW   'id <s> | task <t> | new prompt, n_ctx_slot = <n>, n_keep = <k>, task.n_tokens = <d>'
  *         then, on the next line, the same slot and task's cache line (the pattern's _next)
+ *   then, older shape (bench_logscan's log):
  *   BLOCK 'id <s> | task <t> | ' at a line's end, the three lines of the older print_timing
  *         block, then the same slot and task's release line with its truncated flag
+ *   or, newer shape: the 'prompt eval time' line alone, then the 'eval time' line with the
+ *         same slot and task's total time, graphs reused (if printed) and release lines
  * following the pattern's first choice at each of its choice points and nothing else: where the
  * text takes another (a prefix before a block line, 'n_prompt_tokens', no truncated flag, a
  * figure that is not [\d.]+), it is not read here and the pattern reads it. Its repeats are
@@ -26,8 +29,9 @@
  * part's greedy [^\n]* before 'id' is the last 'id' of the line after which the rest holds,
  * tried from the line's end as sre does. Each number is handed back as its printed text, in
  * the JSON rows perfpairs.py decodes from the pattern's groups (the same text, the same
- * decoder). A pair is a NEW whose next offset after its end is a BLOCK: no other match of the
- * pattern can lie between (scan's offsets hold every one). */
+ * decoder). A request is a NEW whose next offset after its end is a BLOCK, or a prompt line
+ * whose next is a decode line: no other match of the pattern can lie between (scan's offsets
+ * hold every one). */
 
 typedef struct {
     Py_ssize_t a, b;
@@ -109,18 +113,35 @@ static Py_ssize_t cache_body(const unsigned char *b, Py_ssize_t q, Py_ssize_t en
     return q;
 }
 
-/* 'stop processing: n_(?:tokens|past) = (\d++)(?:, truncated = (\d))?', the flag required */
+/* 'stop processing: n_(?:tokens|past) = (\d++)(?:, truncated = (\d))?' (no flag: g[1] empty) */
 static Py_ssize_t stop_body(const unsigned char *b, Py_ssize_t q, Py_ssize_t end, Span *g) {
     LIT("stop processing: n_");
     if (has(b, q, end, "tokens", 6)) q += 6;
     else LIT("past");
     LIT(" = ");
     q = run_of(b, q, end, 0, &g[0]);
-    LIT(", truncated = ");
-    if (q >= end || !is_digit(b[q])) return -1;
-    g[1].a = q;
-    g[1].b = q + 1;
-    return q + 1;
+    if (q < 0) return -1;
+    g[1].a = g[1].b = q;
+    if (has(b, q, end, ", truncated = ", 14) && q + 14 < end && is_digit(b[q + 14])) {
+        g[1].a = q + 14;
+        g[1].b = q + 15;
+        return q + 15;
+    }
+    return q;
+}
+
+/* 'total time[^\n]*+' */
+static Py_ssize_t total_body(const unsigned char *b, Py_ssize_t q, Py_ssize_t end, Span *g) {
+    (void)g;
+    LIT("total time");
+    const unsigned char *nl = memchr(b + q, '\n', (size_t)(end - q));
+    return nl ? nl - b : end;
+}
+
+/* 'graphs reused = ++(\d++)' */
+static Py_ssize_t graphs_body(const unsigned char *b, Py_ssize_t q, Py_ssize_t end, Span *g) {
+    LIT("graphs reused = ");
+    return run_of(b, skip_spaces(b, q, end), end, 0, g);
 }
 
 typedef Py_ssize_t (*Body)(const unsigned char *, Py_ssize_t, Py_ssize_t, Span *);
@@ -213,61 +234,121 @@ static Py_ssize_t block_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t end,
     LIT(" ms");
     const unsigned char *nl = memchr(b + q, '\n', (size_t)(end - q));
     if (!nl) return -1;
-    return next_line(b, nl - b, end, &g[0], &g[1], stop_body, &g[10]);
+    q = next_line(b, nl - b, end, &g[0], &g[1], stop_body, &g[10]);
+    return q >= 0 && g[11].b > g[11].a ? q : -1;  /* a release without its flag: the pattern's */
 }
 
-/* '[a,b,...]' of the groups' text, after a ',' where the list has rows already */
-static int row(PyObject **out, Py_ssize_t *len, const unsigned char *b, const Span *g, int n) {
-    Py_ssize_t need = 2 + n;
-    for (int i = 0; i < n; i++) need += g[i].b - g[i].a;
-    Py_ssize_t at = *len;
-    if (at + need + 1 > PyBytes_GET_SIZE(*out)) {
-        Py_ssize_t size = PyBytes_GET_SIZE(*out) * 2 + need + 1;
-        if (_PyBytes_Resize(out, size)) return -1;
+/* A timing line of the newer shape at p ('prompt eval ' or 'eval ' + FIGURES, the rest of its
+ * line) with the pattern's three optional next lines: total time, graphs reused, the release.
+ * The prompt's line is read here where none of the three follows it, the decode's where the
+ * total time and the release with its flag do. Groups: slot, task, 4 figures, graphs, stop,
+ * truncated (the absent ones empty). */
+static Py_ssize_t timing_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, int prompt,
+                            Span *g) {
+    Py_ssize_t q = prefix(b, p, end, &g[0], &g[1]);
+    if (prompt) LIT("prompt eval ");
+    else LIT("eval ");
+    q = figures(b, q, end, &g[2]);
+    if (q < 0) return -1;
+    const unsigned char *nl = memchr(b + q, '\n', (size_t)(end - q));
+    q = nl ? nl - b : end;
+    g[6].a = g[6].b = g[8].a = g[8].b = -1;
+    Py_ssize_t t = next_line(b, q, end, &g[0], &g[1], total_body, NULL);
+    if (t >= 0) q = t;
+    Py_ssize_t r = next_line(b, q, end, &g[0], &g[1], graphs_body, &g[6]);
+    if (r >= 0) q = r;
+    else g[6].a = g[6].b = -1;
+    Py_ssize_t e = next_line(b, q, end, &g[0], &g[1], stop_body, &g[7]);
+    if (e >= 0) q = e;
+    if (prompt) return t < 0 && r < 0 && e < 0 ? q : -1;
+    return t >= 0 && e >= 0 && g[8].b > g[8].a ? q : -1;
+}
+
+/* JSON text being made: a list of rows (or of values), each number as printed. */
+typedef struct {
+    PyObject *text;
+    Py_ssize_t len;
+} Json;
+
+static int put(Json *j, const char *x, Py_ssize_t n) {
+    if (!j->text) {
+        if (!(j->text = PyBytes_FromStringAndSize(NULL, 4096))) return -1;
+        PyBytes_AS_STRING(j->text)[0] = '[';
+        j->len = 1;
     }
-    char *w = PyBytes_AS_STRING(*out) + at;
-    if (at > 1) *w++ = ',';
-    *w++ = '[';
-    for (int i = 0; i < n; i++) {
-        if (i) *w++ = ',';
-        memcpy(w, b + g[i].a, (size_t)(g[i].b - g[i].a));
-        w += g[i].b - g[i].a;
-    }
-    *w++ = ']';
-    *len = w - PyBytes_AS_STRING(*out);
+    if (j->len + n + 2 > PyBytes_GET_SIZE(j->text) &&
+        _PyBytes_Resize(&j->text, PyBytes_GET_SIZE(j->text) * 2 + n + 2))
+        return -1;
+    memcpy(PyBytes_AS_STRING(j->text) + j->len, x, (size_t)n);
+    j->len += n;
     return 0;
 }
 
-/* The run being made: its offsets (two match starts a pair, then its end), its rows. */
-typedef struct {
-    Py_ssize_t lo;
-    Vec at;
-    PyObject *news, *blocks;
-    Py_ssize_t news_len, blocks_len;
-} Run;
+/* the row '[g0,g1,...]' (one value: no brackets, and an empty group is null), after a ',' */
+static int add(Json *j, const unsigned char *b, const Span *g, int n) {
+    if (put(j, j->text && j->len > 1 ? "," : "", j->text && j->len > 1 ? 1 : 0)) return -1;
+    if (n == 1 && g[0].a < 0) return put(j, "null", 4);
+    if (n > 1 && put(j, "[", 1)) return -1;
+    for (int i = 0; i < n; i++)
+        if ((i && put(j, ",", 1)) || put(j, (const char *)b + g[i].a, g[i].b - g[i].a))
+            return -1;
+    return n > 1 ? put(j, "]", 1) : 0;
+}
 
-static PyObject *run_done(Run *r, Py_ssize_t hi, Py_ssize_t last_end) {
-    PyObject *at = NULL, *out = NULL;
-    r->news_len += 1;
-    r->blocks_len += 1;
-    PyBytes_AS_STRING(r->news)[r->news_len - 1] = ']';
-    PyBytes_AS_STRING(r->blocks)[r->blocks_len - 1] = ']';
-    if (_PyBytes_Resize(&r->news, r->news_len) || _PyBytes_Resize(&r->blocks, r->blocks_len))
-        goto done;
-    at = PyBytes_FromStringAndSize((const char *)r->at.v, r->at.n * (Py_ssize_t)sizeof(int64_t));
-    if (at) out = Py_BuildValue("nnOOOn", r->lo, hi, at, r->news, r->blocks, last_end);
-done:
-    Py_XDECREF(at);
-    Py_CLEAR(r->news);
-    Py_CLEAR(r->blocks);
-    r->at.n = 0;
+static PyObject *done(Json *j) {
+    PyObject *out = NULL;
+    if (!j->text) return PyBytes_FromStringAndSize(NULL, 0);
+    if (!put(j, "]", 1) && !_PyBytes_Resize(&j->text, j->len)) {
+        out = j->text;
+        j->text = NULL;
+    }
+    Py_CLEAR(j->text);
     return out;
 }
 
-/* pairs(buf, offsets, end, lo) -> [(lo, hi, starts, news, blocks, end), ...]: the runs of
- * pairs among offsets[lo:] (scan's, native int64), each from offset index lo to hi (the first
- * offset at or after its last match's end), its matches' starts (native int64), its rows as
- * JSON and its last match's end. */
+/* The run being made: its kind (2: NEW, BLOCK; 3: NEW, prompt, decode), its offsets (the
+ * starts of its matches), its rows. */
+typedef struct {
+    int kind;
+    Py_ssize_t lo;
+    Vec at;
+    Json news, second, third, graphs;
+} Run;
+
+static void run_clear(Run *r) {
+    Py_CLEAR(r->news.text);
+    Py_CLEAR(r->second.text);
+    Py_CLEAR(r->third.text);
+    Py_CLEAR(r->graphs.text);
+    r->at.n = 0;
+    r->kind = 0;
+}
+
+/* the run as (lo, hi, kind, starts, news, blocks or prompts, decodes, graphs, end) into runs */
+static int run_done(Run *r, PyObject *runs, Py_ssize_t hi, Py_ssize_t last_end) {
+    PyObject *at = PyBytes_FromStringAndSize((const char *)r->at.v,
+                                             r->at.n * (Py_ssize_t)sizeof(int64_t));
+    PyObject *n = done(&r->news), *s = done(&r->second), *t = done(&r->third);
+    PyObject *g = done(&r->graphs), *item = NULL;
+    int failed = -1;
+    if (at && n && s && t && g)
+        item = Py_BuildValue("nniOOOOOn", r->lo, hi, r->kind, at, n, s, t, g, last_end);
+    if (item) failed = PyList_Append(runs, item);
+    Py_XDECREF(item);
+    Py_XDECREF(at);
+    Py_XDECREF(n);
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(g);
+    run_clear(r);
+    return failed;
+}
+
+/* pairs(buf, offsets, end, lo) -> [(lo, hi, kind, starts, news, second, third, graphs, end),
+ * ...]: the runs of usual requests among offsets[lo:] (scan's, native int64), each from offset
+ * index lo to hi (the first offset at or after its last match's end), its kind (2: older shape,
+ * 3: newer), its matches' starts (native int64), its rows as JSON (news; blocks, or prompts;
+ * decodes; graphs reused: empty for kind 2) and its last match's end. */
 static PyObject *pairs(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view, offs;
@@ -277,9 +358,9 @@ static PyObject *pairs(PyObject *self, PyObject *args) {
     const int64_t *o = (const int64_t *)offs.buf;
     Py_ssize_t n = offs.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *runs = PyList_New(0);
-    Run r = {0, {NULL, 0, 0}, NULL, NULL, 0, 0};
+    Run r = {0, 0, {NULL, 0, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
     Py_ssize_t run_hi = -1, run_end = 0;
-    Span g[17];
+    Span g[5 + 12], h[9];
     if (end > view.len) end = view.len;
     if (i < 0) i = 0;
     if (!runs) goto fail;
@@ -291,54 +372,51 @@ static PyObject *pairs(PyObject *self, PyObject *args) {
             i++;
             continue;
         }
-        Py_ssize_t j = i + 1;
+        /* the next offset after it: a BLOCK (kind 2), or a prompt then a decode line (3) */
+        Py_ssize_t j = i + 1, k = -1, e = -1;
+        int kind = 2;
         while (j < n && o[j] < e1) j++;
-        Py_ssize_t e2 = j < n && o[j] >= 0 && o[j] < end
-                            ? block_at(b, (Py_ssize_t)o[j], end, g + 5) : -1;
-        if (e2 < 0) {
+        if (j < n && o[j] >= 0 && o[j] < end) {
+            e = block_at(b, (Py_ssize_t)o[j], end, g + 5);
+            if (e < 0 && (e = timing_at(b, (Py_ssize_t)o[j], end, 1, g + 5)) >= 0) {
+                kind = 3;
+                k = j + 1;
+                while (k < n && o[k] < e) k++;
+                e = k < n && o[k] < end ? timing_at(b, (Py_ssize_t)o[k], end, 0, h) : -1;
+            }
+        }
+        if (e < 0) {
             i++;
             continue;
         }
-        if (r.news && run_hi != i) {  /* not right after the run before: a run of its own */
-            PyObject *done = run_done(&r, run_hi, run_end);
-            if (!done || PyList_Append(runs, done)) {
-                Py_XDECREF(done);
-                goto fail;
-            }
-            Py_DECREF(done);
-        }
-        if (!r.news) {
+        /* not right after the run before, or of another kind: a run of its own */
+        if (r.kind && (run_hi != i || r.kind != kind) && run_done(&r, runs, run_hi, run_end))
+            goto fail;
+        if (!r.kind) {
+            r.kind = kind;
             r.lo = i;
-            r.news = PyBytes_FromStringAndSize(NULL, 4096);
-            r.blocks = PyBytes_FromStringAndSize(NULL, 8192);
-            if (!r.news || !r.blocks) goto fail;
-            PyBytes_AS_STRING(r.news)[0] = PyBytes_AS_STRING(r.blocks)[0] = '[';
-            r.news_len = r.blocks_len = 1;
         }
-        if (vec_push(&r.at, p) || vec_push(&r.at, o[j]) || row(&r.news, &r.news_len, b, g, 5) ||
-            row(&r.blocks, &r.blocks_len, b, g + 5, 12))
-            goto fail;
-        i = j + 1;
-        while (i < n && o[i] < e2) i++;
+        if (vec_push(&r.at, p) || vec_push(&r.at, o[j]) || add(&r.news, b, g, 5)) goto fail;
+        if (kind == 2 && add(&r.second, b, g + 5, 12)) goto fail;
+        if (kind == 3) {
+            Span decode[8] = {h[0], h[1], h[2], h[3], h[4], h[5], h[7], h[8]};
+            if (vec_push(&r.at, o[k]) || add(&r.second, b, g + 5, 6) ||
+                add(&r.third, b, decode, 8) || add(&r.graphs, b, h + 6, 1))
+                goto fail;
+        }
+        i = (kind == 2 ? j : k) + 1;
+        while (i < n && o[i] < e) i++;
         run_hi = i;
-        run_end = e2;
+        run_end = e;
     }
-    if (r.news) {
-        PyObject *done = run_done(&r, run_hi, run_end);
-        if (!done || PyList_Append(runs, done)) {
-            Py_XDECREF(done);
-            goto fail;
-        }
-        Py_DECREF(done);
-    }
+    if (r.kind && run_done(&r, runs, run_hi, run_end)) goto fail;
     PyMem_Free(r.at.v);
     PyBuffer_Release(&view);
     PyBuffer_Release(&offs);
     return runs;
 fail:
     Py_XDECREF(runs);
-    Py_XDECREF(r.news);
-    Py_XDECREF(r.blocks);
+    run_clear(&r);
     PyMem_Free(r.at.v);
     PyBuffer_Release(&view);
     PyBuffer_Release(&offs);
@@ -347,8 +425,8 @@ fail:
 
 static PyMethodDef methods[] = {
     {"pairs", pairs, METH_VARARGS,
-     "pairs(buf, offsets, end, lo): the runs of the older shape's usual request (perfpairs.py)"
-     " among scan's offsets[lo:]: [(lo, hi, starts, news, blocks, end), ...]."},
+     "pairs(buf, offsets, end, lo): the runs of the usual request (perfpairs.py) among scan's "
+     "offsets[lo:]: [(lo, hi, kind, starts, news, second, third, graphs, end), ...]."},
     {NULL, NULL, 0, NULL},
 };
 

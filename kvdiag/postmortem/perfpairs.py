@@ -25,7 +25,8 @@ and late-2023 forms, late 2024's release before the timing, unfinished requests 
 the per-match path, in log order with the runs.
 
 Where the C helpers are built (:mod:`kvdiag.compiled`: ``perfbytes.c`` finds where the pattern
-can match, ``perfpairs.c`` beside this module) the older shape's pairs are read in C, without
+can match, ``perfpairs.c`` beside this module) the usual requests of both shapes are read in C,
+without
 the pattern's match objects (:func:`walk_compiled`): their numbers come as the text the groups
 would hold and go through the same decode and the same checks; a request the checks send to
 the per-match path is matched there by the pattern.
@@ -219,13 +220,18 @@ def _columns(ms: Sequence[re.Match[bytes]], a: int, b: int, u: int) -> list[Any]
     ev = _decode(_EVALS, map(_EVAL_GROUPS, evals))
     if pe is None or ev is None:
         return None
+    graphs = list(map(_GRAPHS, evals))
+    return _triple_columns(news, pe, ev, [None if x is None else int(x) for x in graphs])
+
+
+def _triple_columns(news: list[Any], pe: list[Any], ev: list[Any],
+                    graphs: list[int | None]) -> list[Any]:
+    """:func:`_columns` of the newer shape's requests from their decoded rows."""
     pe_slot, pe_task, p_ms, p_n, _p_mspt, p_tps = zip(*pe, strict=True)
     ev_slot, ev_task, d_ms, d_n, d_mspt, d_tps, stop, trunc = zip(*ev, strict=True)
-    graphs: Iterable[int | None] = list(map(_GRAPHS, evals))
-    graphs = (repeat(None) if graphs.count(None) == n  # type: ignore[attr-defined]
-              else [None if x is None else int(x) for x in graphs])
     return [*zip(*news, strict=True), p_ms, p_n, p_tps, d_ms, d_n, d_mspt, d_tps, stop, trunc,
-            graphs, pe_slot, pe_task, ev_slot, ev_task]
+            repeat(None) if graphs.count(None) == len(graphs) else graphs, pe_slot, pe_task,
+            ev_slot, ev_task]
 
 
 def _pair_columns(news: list[Any], blocks: list[Any]) -> list[Any]:
@@ -244,7 +250,7 @@ def _requests(s: PerfScanner, buf: bytes, ms: Sequence[re.Match[bytes]], starts:
     bulk, the others one match at a time, in order. Returns the line count up to ``counted``
     and ``counted``."""
     cols = (_columns(ms, a, b, u) if pre is None  # else the requests' part of the columns
-            else [c[a // u:b // u] if isinstance(c, tuple) else c for c in pre])
+            else [c[a // u:b // u] if isinstance(c, tuple | list) else c for c in pre])
     if cols is None:
         lines, counted, _ri = s._walk(buf, ms[a:b], rare, ri, lines, counted)
         return lines, counted
@@ -300,6 +306,8 @@ _Read = tuple[bytes, list[int], list[Any] | None]
 """What the compiled pass read of a run of pairs: the kinds of its matches, their starts, the
 requests' columns (None: a number that is not JSON; the pattern's groups are read instead)."""
 _PAIR_KINDS = bytes((_NEW, _BLOCK))
+_TRIPLE_KINDS = bytes((_NEW, _PROMPT, _EVAL))
+_GRAPHS_TEXT = msgspec.json.Decoder(list[int | None])
 
 
 class _Again(Sequence[re.Match[bytes]]):
@@ -333,7 +341,7 @@ class _Again(Sequence[re.Match[bytes]]):
 def walk_compiled(s: PerfScanner, buf: bytes, starts: memoryview, end: int, lo: int,
                   rare: list[int], ri: int, lines: int, counted: int) -> tuple[int, int, int]:
     """:func:`walk` over the slot lines at ``starts[lo:]`` (the compiled pass's offsets,
-    :mod:`kvdiag.postmortem.perfbytes`), the runs of the older shape's pairs read in C
+    :mod:`kvdiag.postmortem.perfbytes`), the runs of the usual request read in C
     (``perfpairs.c``: each number's printed text, as the pattern's groups hold it) and the rest
     by the pattern, in order. A pattern's match that runs into a run's first line (the C reading
     finds a pair where finditer would not start one) sends the run to the pattern too."""
@@ -343,22 +351,25 @@ def walk_compiled(s: PerfScanner, buf: bytes, starts: memoryview, end: int, lo: 
         return walk(s, buf, perfbytes.matches(buf, starts[lo:], end, after), rare, ri, lines,
                     counted)
     seg = lo  # the first offset not yet read
-    for run_lo, run_hi, at_raw, news_json, blocks_json, run_end in c.pairs(
+    for run_lo, run_hi, u, at_raw, news, second, third, graphs, run_end in c.pairs(
             buf, starts.obj, end, lo):
         if run_lo > seg:
             lines, counted, ri = walk(s, buf, perfbytes.matches(buf, starts[seg:run_lo], end,
                                                                 after), rare, ri, lines, counted)
             seg = run_lo
         at: list[int] = memoryview(at_raw).cast("q").tolist()
-        if after[0] > at[0] or len(at) < 2 * MIN_RUN:
+        if after[0] > at[0] or len(at) < u * MIN_RUN:
             continue  # read by the pattern with what follows
         try:
-            pre: list[Any] | None = _pair_columns(_NEWS.decode(news_json),
-                                                  _BLOCKS.decode(blocks_json))
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            pre: list[Any] | None = (
+                _pair_columns(_NEWS.decode(news), _BLOCKS.decode(second)) if u == 2 else
+                _triple_columns(_NEWS.decode(news), _PROMPTS.decode(second),
+                                _EVALS.decode(third), _GRAPHS_TEXT.decode(graphs)))
+        except msgspec.DecodeError:  # (a ValidationError is one)
             pre = None
+        kinds = (_PAIR_KINDS if u == 2 else _TRIPLE_KINDS) * (len(at) // u)
         lines, counted, ri = _chunk(s, buf, _Again(buf, at, end), rare, ri, lines, counted,
-                                    (_PAIR_KINDS * (len(at) // 2), at, pre))
+                                    (kinds, at, pre))
         s._walk_end = after[0] = run_end
         seg = run_hi
     if seg < len(starts):
