@@ -14,8 +14,9 @@ decides at each (:func:`matches`) and reads what it matched as before. So the re
 those of the pattern's own search: the tests hold the two ways equal on logs of every shape
 and prefix and on random bytes (tests/test_perf_bytes.py).
 
-At those offsets ``perfpairs.c`` reads the usual request of the older shape (its two
-matches, ``new prompt`` with its cache line and the ``print_timing`` block with its release),
+At those offsets ``perfpairs.c`` reads the usual request (``new prompt`` with its cache line,
+then the older shape's ``print_timing`` block with its release or the newer shape's two timing
+lines with what follows them),
 following the pattern's first choice at each of its choice points and leaving to the pattern
 every line that takes another; the numbers go to the bulk step as their printed text
 (:func:`kvdiag.postmortem.perfpairs.walk_compiled`). After that the pattern's matching was
