@@ -382,7 +382,8 @@ static PyObject *pairs(PyObject *self, PyObject *args) {
                 kind = 3;
                 k = j + 1;
                 while (k < n && o[k] < e) k++;
-                e = k < n && o[k] < end ? timing_at(b, (Py_ssize_t)o[k], end, 0, h) : -1;
+                e = k < n && o[k] >= 0 && o[k] < end ? timing_at(b, (Py_ssize_t)o[k], end, 0, h)
+                                                     : -1;
             }
         }
         if (e < 0) {
