@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
 import pytest
 
 from kvdiag import compiled

@@ -29,12 +29,12 @@ static const int TYPE_CODES[] = {WRITE, UPLOAD, EVICT, INVALIDATE, READ, FITS, O
 enum {
     F_STEP, F_SEQ, F_LAYER, F_STREAM, F_CELLS, F_VERSIONS, F_PAGES, F_SLOT, F_BYTES, F_TARGET,
     F_REASON, F_SERVED, F_RANGES, F_POOL, F_RING, F_HOST, F_BEGIN, F_END, F_SOURCE, F_HOLDER,
-    F_LAG, F_CLS, F_ROUTE, F_RESULT, NFIELDS
+    F_LAG, F_CLS, F_ROUTE, F_RESULT, F_PHASE, F_DELTA, F_TOLERANCE, NFIELDS
 };
 static const char *const FIELD_NAMES[NFIELDS] = {
     "step", "seq", "layer", "stream", "cells", "versions", "pages", "slot", "bytes", "target",
     "reason", "served", "ranges", "pool", "ring", "host", "begin", "end", "source", "holder",
-    "version_lag", "cls", "route", "result"};
+    "version_lag", "cls", "route", "result", "phase", "max_abs_delta", "tolerance"};
 static PyObject *names[NFIELDS];
 
 /* Where each field of a type is kept: msgspec keeps a Struct's fields in the object, each
@@ -149,7 +149,7 @@ static int name_index(PyObject *o, const char *const *names, int count, int othe
 enum {
     V_STEP, V_WPOS, V_W, V_WCELLS, V_WVLEN, V_WVERS, V_UPOS, V_U, V_UPAGES, V_UKEY, V_EPOS,
     V_ESLOT, V_INV, V_RPOS, V_R, V_RRUNS, V_RCOUNTS, V_RUNS, V_RUNSRC, V_FPOS, V_FLAYER, V_RANN,
-    V_ANN, V_FSEQ, V_FROUTE, V_FRES, NVEC
+    V_ANN, V_FSEQ, V_FROUTE, V_FRES, V_OPOS, V_OSEQ, V_OSTREAM, V_ODIV, NVEC
 };
 
 /* Columns being taken out: the NVEC columns, one code per event, whether every read so far
@@ -170,6 +170,14 @@ static void taken_clear(Taken *c) {
     c->codes = NULL;
     c->n = c->cap = 0;
     c->all_runs = 1;
+}
+
+/* Empty again, the room kept (a stream's next chunk fills as much). */
+static void taken_reset(Taken *c) {
+    for (int j = 0; j < NVEC; j++) c->v[j].n = 0;
+    c->n = 0;
+    c->all_runs = 1;
+    Py_CLEAR(c->reads); /* pack() handed the list over: never emptied in place */
 }
 
 /* The types tuple as the 9 kinds' types, their layouts made once per tuple. */
@@ -202,12 +210,15 @@ static int bad_fits(int64_t route, int64_t result) {
 }
 
 /* Append the columns of ``events`` (positions from ``base``) to ``c``. ``handed``: a list that
- * gets the index (in ``events``) of each event Python must see itself — a step, an output, a
- * bad fits decision (bad_fits), any kind but the nine — or NULL. ``stop``: a tuple of types;
+ * gets the index (in ``events``) of each event Python must see itself, or NULL: a step whose
+ * phase differs from the step before it in ``events`` (the first one too: a decode loop starts
+ * where the phase turns to decode, so the steps between say nothing new), an output that
+ * diverged, an output without a reference while ``hand_unreferenced`` (its finding still
+ * keeps evidence), a bad fits decision (bad_fits), any kind but the nine. ``stop``: a tuple of types;
  * an event of one of them stops the pass before anything is appended (returns 1). On an error
  * (-1, exception set) or a stop, ``c`` is as it was. */
 static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t base,
-                      PyObject *handed, PyObject *stop) {
+                      PyObject *handed, PyObject *stop, int hand_unreferenced) {
     Py_ssize_t n = PyList_GET_SIZE(events);
     if (stop) {
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -235,6 +246,7 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
     }
     char *codes = c->codes + c->n;
     PyObject *reads = c->reads;
+    int last_decode = -1; /* the phase of the step before, in this run of events */
     /* every event has a step; each kind's rows at most one per event */
     if (vec_reserve(&v[V_STEP], n)) goto fail;
 
@@ -457,8 +469,37 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
             hand = bad_fits(ri, truth);
             break;
         }
-        case STEP:
-        case OUTPUT:
+        case STEP: {
+            PyObject *ph = get(e, L, F_PHASE);
+            if (!ph) goto fail;
+            int decode = PyUnicode_Check(ph) && PyUnicode_CompareWithASCIIString(ph, "decode") == 0;
+            Py_DECREF(ph);
+            hand = decode != last_decode;
+            last_decode = decode;
+            break;
+        }
+        case OUTPUT: {
+            if (vec_reserve(&v[V_OPOS], 1) || vec_reserve(&v[V_OSEQ], 1) ||
+                vec_reserve(&v[V_OSTREAM], 1) || vec_reserve(&v[V_ODIV], 1))
+                goto fail;
+            v[V_OPOS].v[v[V_OPOS].n++] = pos;
+            if (push_attr(&v[V_OSEQ], e, L, F_SEQ) || push_attr(&v[V_OSTREAM], e, L, F_STREAM))
+                goto fail;
+            /* Output.diverged: max |delta| above the tolerance; -1 without a reference */
+            PyObject *d = get(e, L, F_DELTA);
+            PyObject *tol = d ? get(e, L, F_TOLERANCE) : NULL;
+            int64_t div = -1;
+            if (tol && d != Py_None && tol != Py_None) {
+                double a = PyFloat_AsDouble(d), b = PyFloat_AsDouble(tol);
+                div = a > b;
+            }
+            Py_XDECREF(d);
+            Py_XDECREF(tol);
+            if (!tol || PyErr_Occurred()) goto fail;
+            v[V_ODIV].v[v[V_ODIV].n++] = div;
+            hand = div == 1 || (div == -1 && hand_unreferenced);
+            break;
+        }
         case OTHER:
             hand = 1;
             break;
@@ -537,7 +578,7 @@ static PyObject *extract(PyObject *self, PyObject *args) {
     c.all_runs = 1;
     PyObject *result = NULL;
     if (keep_reads && !(c.reads = PyList_New(0))) goto done;
-    if (add_events(&c, events, tp, base, NULL, NULL) == 0) result = pack(&c);
+    if (add_events(&c, events, tp, base, NULL, NULL, 0) == 0) result = pack(&c);
 done:
     taken_clear(&c);
     return result;
@@ -573,12 +614,14 @@ static void acc_dealloc(Accumulator *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* add(events, base) -> the indices Python must see (add_events), or None where an event of a
- * ``stop`` type is among them (nothing added) */
+/* add(events, base, hand_unreferenced) -> the indices Python must see (add_events), or None
+ * where an event of a ``stop`` type is among them (nothing added) */
 static PyObject *acc_add(Accumulator *self, PyObject *args) {
     PyObject *events;
     Py_ssize_t base;
-    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &events, &base)) return NULL;
+    int hand_unreferenced;
+    if (!PyArg_ParseTuple(args, "O!np", &PyList_Type, &events, &base, &hand_unreferenced))
+        return NULL;
     if (!self->types) {
         PyErr_SetString(PyExc_ValueError, "not initialised");
         return NULL;
@@ -586,7 +629,7 @@ static PyObject *acc_add(Accumulator *self, PyObject *args) {
     if (kinds_of(self->types, self->tp)) return NULL; /* the layouts may have been remade */
     PyObject *handed = PyList_New(0);
     if (!handed) return NULL;
-    int rc = add_events(&self->c, events, self->tp, base, handed, self->stop);
+    int rc = add_events(&self->c, events, self->tp, base, handed, self->stop, hand_unreferenced);
     if (rc == 0) return handed;
     Py_DECREF(handed);
     if (rc < 0) return NULL;
@@ -596,7 +639,7 @@ static PyObject *acc_add(Accumulator *self, PyObject *args) {
 /* take() -> pack()'s tuple of everything added since the last take, then empty */
 static PyObject *acc_take(Accumulator *self, PyObject *unused) {
     PyObject *out = pack(&self->c);
-    if (out) taken_clear(&self->c);
+    if (out) taken_reset(&self->c);
     return out;
 }
 

@@ -282,6 +282,8 @@ class Judge:
         """The Judge's row and the position of the first event it holds."""
         self._acc_others: list[tuple[int, type]] = []
         self._acc_failed: dict[int, int] = {}
+        self._acc_unreferenced = 0
+        """Outputs without a reference the accumulator handed over since its last take."""
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -378,7 +380,7 @@ class Judge:
         C pass declines; nothing was taken."""
         local, base, rows0 = acc.count, self._held, self.rows
         try:
-            handed = acc.add(block, base)
+            handed = acc.add(block, base, not self.groups.no_reference.full)
         except (TypeError, ValueError, OverflowError):
             return False  # the reference path below, for this block
         if handed is None:
@@ -388,7 +390,6 @@ class Judge:
         n = len(block)
         self._held += n
         if handed:
-            outputs: list[int] = []
             handler = self._handlers.get
             feed_adapt = self.adapt.feed
             for i in handed:
@@ -397,7 +398,9 @@ class Judge:
                 if t is ev.Step:
                     feed_adapt(e)
                 elif t is ev.Output:
-                    outputs.append(i)
+                    d = e.diverged
+                    self._acc_unreferenced += d is None
+                    self._output(e, d)
                 elif t is ev.Fits:
                     self._acc_failed[base + i] = self._bad_fits(e)
                 else:
@@ -406,8 +409,6 @@ class Judge:
                     if h is not None:
                         self.rows = rows0 + i
                         h(e)
-            if outputs:
-                self._outputs(block, outputs, rows0)
         self.rows = rows0 + n
         self.last_seq = block[-1].seq
         return True
@@ -426,7 +427,22 @@ class Judge:
         self._count(cols, others)
         self._step_range(cols.step, [i for i, t in others if t is ev.End])
         self._fits_cols(cols, base, failed)
+        self._outputs_cols(cols, base)
         self._pending.append(cols)
+
+    def _outputs_cols(self, cols: Cols, base: int) -> None:
+        """The outputs of accumulated columns (:meth:`_outputs` from columns; ``base``: the
+        position of their first event): those that diverged, and those without a reference
+        while their finding kept evidence, were judged as they came; the rest are counted."""
+        div = cols.o_div
+        if not div.size:
+            return
+        self.groups.no_reference.count += int((div == -1).sum()) - self._acc_unreferenced
+        self._acc_unreferenced = 0
+        if self.ledger is not None:
+            local = cols.o_pos - base
+            self.ledger.outputs.extend([cols.rows0 + local, cols.o_seq, cols.step[local],
+                                        cols.o_stream, div])
 
     @property
     def _stream_chunk(self) -> int:
