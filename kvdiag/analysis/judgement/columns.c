@@ -82,6 +82,21 @@ static PyObject *layouts_for; /* the types tuple the layouts are of */
 /* An integer as the columns hold it; None is -1 (an upload's unknown bytes: the Python path's
  * TypeError case). Returns -1 with an exception set on another type or beyond +-2^62. */
 static int as_int(PyObject *o, int64_t *out) {
+    /* most of a trace's integers fit one machine word: read without the generic conversion */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        *out = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 0;
+    }
+#else
+    if (PyLong_CheckExact(o)) {
+        Py_ssize_t size = Py_SIZE(o);
+        if (size >= -1 && size <= 1) {
+            *out = size * (int64_t)((PyLongObject *)o)->ob_digit[0];
+            return 0;
+        }
+    }
+#endif
     if (o == Py_None) {
         *out = -1;
         return 0;
@@ -103,6 +118,16 @@ static int as_int(PyObject *o, int64_t *out) {
 
 /* Field ``f`` of ``o`` as an integer, pushed on ``a`` (reserved by the caller). */
 static int push_attr(Vec *a, PyObject *o, const Layout *l, int f) {
+    Py_ssize_t off = l->off[f];
+    if (off >= 0) { /* the field itself, borrowed: ``o`` holds it while we read it */
+        PyObject *x = *(PyObject **)((char *)o + off);
+        if (x) {
+            int64_t v;
+            if (as_int(x, &v)) return -1;
+            a->v[a->n++] = v;
+            return 0;
+        }
+    }
     PyObject *x = get(o, l, f);
     if (!x) return -1;
     int64_t v;
