@@ -61,7 +61,7 @@ def _mixed(seed: int) -> list[Any]:
 
 
 def _same(a: columns.Cols, b: columns.Cols) -> None:
-    for name in (*columns._ARRAYS, "f_pos", "f_layer", "order"):
+    for name in (*columns._ARRAYS, *columns._TAIL_ARRAYS, "order"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.shape == y.shape and np.array_equal(x, y), name
     assert a.n == b.n and a.bounds == b.bounds
@@ -88,6 +88,29 @@ def test_c_columns_equal_the_python_ones(seed: int) -> None:
         _same(got, want)
         at += len(run)
     assert any(isinstance(e, ev.Fits) for e in events)
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(4))
+def test_c_columns_of_fits_and_outputs_equal_the_python_ones(seed: int) -> None:
+    """GIVEN runs of events with fits decisions of every route and result and outputs with
+    and without a reference, diverged or not
+    WHEN their columns are taken out in C and in Python
+    THEN the fits (seq, route, result) and output (seq, stream, diverged) columns are equal."""
+    from tests.test_compiled_judgement import _eventful
+
+    events = _eventful(seed)
+    rng = random.Random(seed)
+    at = 0
+    while at < len(events):
+        run = events[at:at + rng.randint(1, 400)]
+        base = rng.randrange(0, 5000)
+        _same(columns.extract(run, list(map(type, run)), False, base),
+              columns.extract_py(run, list(map(type, run)), False, base))
+        at += len(run)
+    whole = columns.extract_py(events, list(map(type, events)), False)
+    assert set(whole.f_route.tolist()) == {0, 1, 2, 3}
+    assert set(whole.o_div.tolist()) == {-1, 0, 1}
 
 
 @needs_c

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvdiag import compiled
@@ -126,3 +127,85 @@ def test_hostile_values_are_judged_alike(monkeypatch: pytest.MonkeyPatch, seed: 
     monkeypatch.setenv("KVDIAG_COMPILED", "0")
     monkeypatch.setattr(compiled, "_loaded", {})
     assert _streamed(events) == with_c
+
+
+def _eventful(seed: int) -> list[Any]:
+    """A random page trace with what the C accumulator hands back to Python between its
+    events: steps of both phases (decode loops), repartitions and adapt evaluations, fits
+    decisions of every outcome, outputs with and without a reference, warnings, aborts and
+    an End."""
+    import random
+
+    from kvdiag.model import events as ev
+    from tests.test_compiled_columns import _BLANK
+
+    rng = random.Random(seed)
+    out: list[Any] = []
+    for e in _trace(seed):
+        out.append(e)
+        r = rng.random()
+        if r < 0.04:
+            out.append(ev.Step(e.seq, 0, e.step, phase=rng.choice(("prefill", "decode")),
+                               streams=(0, 1), tokens=1, n_kv=256))
+        elif r < 0.07:
+            out.append(ev.Repartition(e.seq, 0, e.step, resident=(0, 4), ring=(4, 8),
+                                      reason="miss"))
+        elif r < 0.09:
+            out.append(ev.Adapt(e.seq, 0, e.step, active=1, resident=4, ring=4, samples=10,
+                                misses=rng.randrange(11)))
+        elif r < 0.25:
+            route = rng.choice(("streamed", "streamed", "fallback", "abort", "ordinary"))
+            out.append(ev.Fits(e.seq, 0, e.step, node=f"__fattn__-{rng.randrange(4)}",
+                               layer=rng.randrange(4), q=_BLANK, k=_BLANK, v=_BLANK,
+                               dst=_BLANK, stage_bytes=1, result=rng.random() < 0.7,
+                               route=route, failed=("Q->ne[3] == 1",) if rng.random() < 0.3
+                               else ()))
+        elif r < 0.29:
+            ref = rng.random() < 0.5
+            out.append(ev.Output(e.seq, 0, e.step, stream=rng.randrange(2), checksum="0a",
+                                 ref_checksum="0b" if ref else "",
+                                 max_abs_delta=rng.random() if ref else None,
+                                 tolerance=0.5 if ref else None, worst_layer=1 if ref else None))
+        elif r < 0.30:
+            out.append(ev.Warn(e.seq, 0, e.step, message="fits() false: fallback",
+                               code="fits-fallback"))
+        elif r < 0.305:
+            out.append(ev.Abort(e.seq, 0, e.step, message="abort",
+                                condition="ggml_cuda_kv_stream_fattn_fits(dst)"))
+    last = out[-1]
+    out.append(ev.End(last.seq + 1, 0, last.step + 7, status="completed", steps=last.step + 1,
+                      events=len(out)))
+    return [msgspec.structs.replace(e, seq=i + 1) for i, e in enumerate(out)]
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(6))
+def test_what_the_accumulator_hands_back_is_judged_alike(monkeypatch: pytest.MonkeyPatch,
+                                                         seed: int) -> None:
+    """GIVEN a stream with steps, repartitions, fits decisions of every outcome, outputs,
+    warnings, aborts and an End between its page events
+    WHEN it is streamed with the C accumulator and walk, and with neither (KVDIAG_COMPILED=0)
+    THEN the summary (counts, routes, steps, residency), the findings and the ledger's fits
+    and outputs tables are equal."""
+    events = _eventful(seed)
+
+    def run() -> tuple[Any, ...]:
+        judge = Judge(ledger=True)
+        judge.feed_all(iter(events))
+        snap = judge.snapshot()
+        led = snap.ledger
+        assert led is not None
+        plain = Judge().feed_all(iter(events)).snapshot()
+        return (_judged(judge), led.fits.array.tolist(), led.outputs.array.tolist(),
+                msgspec.json.encode([plain.summary(), list(plain.findings)]))
+
+    _small_chunks(monkeypatch)
+    with_c = run()
+    assert json_has(with_c[3], "fallback") and json_has(with_c[3], "mismatch")
+    monkeypatch.setenv("KVDIAG_COMPILED", "0")
+    monkeypatch.setattr(compiled, "_loaded", {})
+    assert run() == with_c
+
+
+def json_has(doc: bytes, word: str) -> bool:
+    return word.encode() in doc

@@ -91,9 +91,15 @@ def check_file(path: str, json_out: bool = False, fail_on: str = "error",
         result = _allow_incomplete(result)
     failing = [f for f in result.findings if f.severity >= threshold]
     code = EXIT_FINDINGS if failing else EXIT_OK
-    from kvdiag.report.check import write_check
-
     name = "<stdin>" if path == "-" else str(path)
-    write_check(fmt or ("json" if json_out else "text"), name, result.header, result.findings,
-                result.summary, threshold, code)
+    fmt = fmt or ("json" if json_out else "text")
+    if fmt == "text":
+        from kvdiag.report.check import check_report
+        from kvdiag.report.console import print_renderables
+
+        print_renderables(check_report(name, result.header, result.findings, result.summary))
+    else:
+        from kvdiag.report.check_formats import write_check
+
+        write_check(fmt, name, result.header, result.findings, result.summary, threshold, code)
     return code

@@ -34,10 +34,8 @@ import os
 import platform
 import shlex
 import stat
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -110,6 +108,10 @@ def build(source_path: Path, name: str, flags: Sequence[str] = ("-O2",), *,
     out = Path(root) / f"{name}-{_key(source_path, flags, python)}" / f"{name}{suffix}"
     if out.is_file() and _owned_safely(out) and _owned_safely(out.parent):
         return out
+    # only a build needs these (~12 ms of every start otherwise)
+    import subprocess
+    import tempfile
+
     cmd = [*_compiler(), *flags, "-shared", "-fPIC", f"-I{source_path.parent}", f"-I{SHARED}"]
     if python:
         include = sysconfig.get_paths()["include"]
@@ -162,7 +164,7 @@ def load(source_path: Path, full: str) -> ModuleType | None:
             out = build(source_path, full, ("-O2",), python=True)
             module = _import(full, out)
             _why[full] = f"compiled: {out}"
-        except (OSError, ImportError, subprocess.SubprocessError) as exc:
+        except (OSError, ImportError) as exc:  # build() turns a compiler's hang into OSError
             _why[full] = f"not compiled ({exc}): the Python path"
     _loaded[full] = module
     return module

@@ -22,7 +22,7 @@ import msgspec
 from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
 from kvdiag.follow.watch import Followed, Follower, Stop
 from kvdiag.model.findings import Finding, Severity
-from kvdiag.report.findings import evidence_text, finding_to_json
+from kvdiag.report.findings_plain import evidence_text, finding_to_json
 
 
 def _clock() -> str:

@@ -1,16 +1,15 @@
-"""Render findings as a rich table or as JSON-ready dicts."""
+"""Render findings as a rich table (their plain text and JSON: :mod:`.findings_plain`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import msgspec
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.model.findings import Finding, Severity
+from kvdiag.report.findings_plain import evidence_text
 from kvdiag.report.text import cap
 
 SEVERITY_STYLE = {
@@ -19,26 +18,6 @@ SEVERITY_STYLE = {
     Severity.ERROR: "red",
     Severity.CRITICAL: "bold white on red",
 }
-
-
-def evidence_text(ev: Evidence) -> str:
-    """A short human form: ``#123 step 4 layer 2 stream 1 page 0`` or ``log:12``."""
-    parts: list[str] = []
-    if ev.seq is not None:
-        parts.append(f"#{ev.seq}")
-    if ev.source is not None:
-        parts.append(f"{ev.source}:{ev.line}" if ev.line is not None else ev.source)
-    elif ev.line is not None:
-        parts.append(f"line {ev.line}")
-    for name in ("step", "layer", "stream", "page"):
-        value = getattr(ev, name)
-        if value is not None:
-            parts.append(f"{name} {value}")
-    text = " ".join(parts)
-    if ev.text:
-        shown = cap(ev.text)
-        text = f"{text}: {shown}" if text else shown
-    return text
 
 
 def findings_table(findings: Sequence[Finding], max_evidence: int = 3) -> RenderableType:
@@ -67,13 +46,3 @@ def findings_table(findings: Sequence[Finding], max_evidence: int = 3) -> Render
             "\n".join(shown),
         )
     return table
-
-
-def finding_to_json(f: Finding) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(f)
-    out["severity"] = f.severity.label
-    return out
-
-
-def findings_to_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
-    return [finding_to_json(f) for f in findings]

@@ -18,7 +18,7 @@ from xml.etree import ElementTree as ET
 
 from kvdiag import __version__
 from kvdiag.model.findings import Evidence, Finding, Severity
-from kvdiag.report.findings import evidence_text
+from kvdiag.report.findings_plain import evidence_text
 from kvdiag.report.text import cap
 
 SARIF_VERSION = "2.1.0"

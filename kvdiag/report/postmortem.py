@@ -17,7 +17,8 @@ from rich.text import Text
 from kvdiag.model.findings import Finding
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import BinaryUse, BootConfig, Crash, LogScan, SlotEvent
-from kvdiag.report.findings import findings_table, findings_to_json
+from kvdiag.report.findings import findings_table
+from kvdiag.report.findings_plain import findings_to_json
 from kvdiag.report.text import cap
 
 _CONFIG_ROWS: tuple[tuple[str, str], ...] = (

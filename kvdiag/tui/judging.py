@@ -43,6 +43,7 @@ reader's own chunk size, kvdiag/trace/reader.py)."""
 _SIDE: dict[type, str] = {ev.Telemetry: "telemetry", ev.Adapt: "partition",
                           ev.Repartition: "partition", ev.Abort: "abort"}
 """Events kept beside the Judge, by list (adapt and repartition in one, in file order)."""
+_SIDE_TYPES = frozenset(_SIDE)
 
 
 def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
@@ -125,9 +126,11 @@ class JudgingPass:
         judge, decode, side = self.judge, self.reader.decode_block, self._side
         for piece in slices(block):
             decoded = decode(piece)
-            # type() is, not isinstance: this runs per event of traces of millions
-            for e in [e for e in decoded if type(e) in _SIDE]:
-                side[_SIDE[type(e)]].append(e)
+            # the kinds kept beside are rare: a slice's types are looked at in C, and its
+            # events one by one only where one of them is among them
+            if not _SIDE_TYPES.isdisjoint(map(type, decoded)):
+                for e in [e for e in decoded if type(e) in _SIDE]:
+                    side[_SIDE[type(e)]].append(e)
             if None not in decoded:
                 yield decoded  # type: ignore[misc]
                 continue

@@ -50,7 +50,7 @@ from kvdiag.analysis.judgement.columns import (
     Cols,
     column,
 )
-from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views
+from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views, sorted_unique
 from kvdiag.model.pages import PAGE_TOKENS
 
 __all__ = ["CODE_OF", "OTHER", "REASONS", "Chunk", "State", "ints", "judge_chunk"]
@@ -62,17 +62,6 @@ _TARGET_OF_KEY = 8
 def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
     """One integer field of each object, as an array (clipped: :data:`.columns.BOUND`)."""
     return column(lambda: map(getter, objs), len(objs))
-
-
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` by sorting (numpy 2's hashing unique measured 4x slower on the
-    tens of thousands of page keys a chunk has)."""
-    out = np.sort(values)
-    keep = np.empty(out.size, bool)
-    keep[:1] = True
-    np.not_equal(out[1:], out[:-1], out=keep[1:])
-    result: np.ndarray = out[keep]
-    return result
 
 
 def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

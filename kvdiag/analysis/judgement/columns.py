@@ -40,6 +40,7 @@ import numpy as np
 
 from kvdiag import compiled
 from kvdiag.analysis.judgement.classes import CLASSES, HOST, POOL, RING, SOURCES
+from kvdiag.analysis.judgement.fits import ROUTE_CODE
 from kvdiag.model import events as ev
 
 WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK = range(10)
@@ -82,6 +83,7 @@ class _Names(dict[str, int]):
 
 
 SOURCE_CODE = _Names({s: i for i, s in enumerate(SOURCES)})
+
 CLASS_CODE = _Names({c: i for i, c in enumerate(CLASSES)})
 """Codes of an annotated range's source and class (-1: a name the judgement does not use)."""
 
@@ -99,6 +101,8 @@ _U = _g("seq", "layer", "stream", "slot", "bytes")
 _UTR = _g("target", "reason")
 _E = _g("slot")
 _LAYER = _g("layer")
+_SEQ, _ROUTE, _RESULT, _STREAM = _g("seq"), _g("route"), _g("result"), _g("stream")
+_DIVERGED = _g("diverged")
 _R = _g("seq", "layer", "stream")
 _COUNTS = _g("pool", "ring", "host")
 _RUN = _g("begin", "end", "slot")
@@ -172,6 +176,17 @@ class Cols:
     """Positions of the fits events (the FA nodes' dispatches: the ring's rule 3)."""
     f_layer: np.ndarray = field(default_factory=lambda: _none())
     """Per fits event: its layer."""
+    f_seq: np.ndarray = field(default_factory=lambda: _none())
+    f_route: np.ndarray = field(default_factory=lambda: _none())
+    """Per fits event: its route's code (:data:`ROUTE_CODE`)."""
+    f_result: np.ndarray = field(default_factory=lambda: _none())
+    """Per fits event: 1 where fits() returned true."""
+    o_pos: np.ndarray = field(default_factory=lambda: _none())
+    """Positions of the output events."""
+    o_seq: np.ndarray = field(default_factory=lambda: _none())
+    o_stream: np.ndarray = field(default_factory=lambda: _none())
+    o_div: np.ndarray = field(default_factory=lambda: _none())
+    """Per output: ``diverged`` (1, 0; -1 without a reference)."""
 
     def count(self, code: int) -> int:
         """Events of one kind code."""
@@ -197,6 +212,10 @@ _ARRAYS = ("code", "step", "w_pos", "w", "w_cells", "w_vlen", "w_vers", "u_pos",
            "run_src", "r_ann", "ann")
 
 
+_TAIL_ARRAYS = ("f_pos", "f_layer", "f_seq", "f_route", "f_result", "o_pos", "o_seq",
+                "o_stream", "o_div")
+
+
 def _none(width: int = 0) -> np.ndarray:
     return np.empty((0, width) if width else 0, np.int64)
 
@@ -210,6 +229,23 @@ _C_SOURCE = Path(__file__).with_name("columns.c")
 
 def _compiled() -> Any:
     return compiled.load(_C_SOURCE, _C_MODULE)
+
+
+def accumulator(stop: tuple[type, ...]) -> Any | None:
+    """A C accumulator of columns (``columns.c``'s ``Accumulator``), or None without the C
+    pass. ``acc.add(events, base)`` takes out the columns of a list of decoded events
+    (positions from ``base``) and returns the indices of those Python must see itself (steps,
+    outputs, fits decisions whose outcome is bad, kinds the columns do not hold), or None
+    without adding anything where one is of a ``stop`` type; it raises as :func:`extract`'s C
+    pass does (nothing added). :func:`taken` hands over what was added since the last time."""
+    c = _compiled()
+    return None if c is None else c.Accumulator(_C_TYPES, stop)
+
+
+def taken(acc: Any) -> Cols:
+    """The columns added to ``acc`` since the last call, as :func:`extract` gives them (its
+    indices local to them, its positions as added)."""
+    return _from_c(acc.take())
 
 
 def extract(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0) -> Cols:
@@ -233,14 +269,16 @@ def _from_c(out: tuple[Any, ...]) -> Cols:
     data = np.frombuffer(data_b, np.int64)
     cuts = list(itertools.accumulate(lens, initial=n))
     (step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key, e_pos, e_slot, inv,
-     r_pos, r, r_runs, r_counts, runs, run_src, f_pos, f_layer, r_ann, ann) = (
+     r_pos, r, r_runs, r_counts, runs, run_src, f_pos, f_layer, r_ann, ann, f_seq, f_route,
+     f_result, o_pos, o_seq, o_stream, o_div) = (
         data[lo:hi] for lo, hi in itertools.pairwise(cuts))
     bounds = list(zip([0, *ends[:-1]], ends, strict=True))
     return Cols(n, code, step, w_pos, w.reshape(-1, 3), w_cells.reshape(-1, 2), w_vlen,
                 w_vers.reshape(-1, 2), u_pos, u.reshape(-1, 5), u_pages.reshape(-1, 2), u_key,
                 e_pos, e_slot, inv, r_pos, r.reshape(-1, 3), r_runs,
                 None if all_runs else r_counts.reshape(-1, 3), runs.reshape(-1, 3), run_src,
-                r_ann, ann.reshape(-1, 6), reads, 0, data[:n], bounds, f_pos, f_layer)
+                r_ann, ann.reshape(-1, 6), reads, 0, data[:n], bounds, f_pos, f_layer, f_seq,
+                f_route, f_result, o_pos, o_seq, o_stream, o_div)
 
 
 def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base: int = 0
@@ -311,12 +349,25 @@ def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base:
     r_ann, ann = annotation(ranges) if annotated else (np.zeros(nr, np.int64), _none(6))
     lo, hi = bounds[FITS]
     f_idx = order[lo:hi]
-    f_layer = np.fromiter(map(_LAYER, map(events.__getitem__, f_idx.tolist())), np.int64,
-                          hi - lo)
+    fs = list(map(events.__getitem__, f_idx.tolist()))
+    nf = len(fs)
+    f_layer = column(lambda: map(_LAYER, fs), nf)
+    f_seq = column(lambda: map(_SEQ, fs), nf)
+    f_route = np.fromiter(map(ROUTE_CODE.__getitem__, map(_ROUTE, fs)), np.int64, nf)
+    f_result = np.fromiter(map(bool, map(_RESULT, fs)), np.int64, nf)
+    lo, hi = bounds[OUTPUT]
+    o_idx = order[lo:hi]
+    outs = list(map(events.__getitem__, o_idx.tolist()))
+    no = len(outs)
+    o_seq = column(lambda: map(_SEQ, outs), no)
+    o_stream = column(lambda: map(_STREAM, outs), no)
+    o_div = np.fromiter((-1 if d is None else int(d) for d in map(_DIVERGED, outs)), np.int64,
+                        no)
     return Cols(n, code, step, w_pos, w, w_cells, w_vlen, w_vers, u_pos, u, u_pages, u_key,
                 e_pos, e_slot, inv, r_pos, r, r_runs, r_counts, runs, run_src, r_ann, ann,
                 list(rs) if keep_reads else None, 0, order,
-                bounds, f_idx.astype(np.int64) + base, f_layer)
+                bounds, f_idx.astype(np.int64) + base, f_layer, f_seq, f_route, f_result,
+                o_idx.astype(np.int64) + base, o_seq, o_stream, o_div)
 
 
 def annotation(ranges: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -344,11 +395,13 @@ def concat(parts: list[Cols]) -> Cols:
                                  else np.zeros((p.r.shape[0], 3), np.int64) for p in parts])
     keep = all(p.reads is not None for p in parts)
     a = arrays
+    f = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _TAIL_ARRAYS}
     return Cols(
         int(sum(p.n for p in parts)), a["code"], a["step"], a["w_pos"], a["w"], a["w_cells"],
         a["w_vlen"], a["w_vers"], a["u_pos"], a["u"], a["u_pages"], a["u_key"], a["e_pos"],
         a["e_slot"], a["inv"], a["r_pos"], a["r"], a["r_runs"], counts, a["runs"],
         a["run_src"], a["r_ann"], a["ann"],
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
-        parts[0].rows0, f_pos=np.concatenate([p.f_pos for p in parts]),
-        f_layer=np.concatenate([p.f_layer for p in parts]))
+        parts[0].rows0, f_pos=f["f_pos"], f_layer=f["f_layer"], f_seq=f["f_seq"],
+        f_route=f["f_route"], f_result=f["f_result"], o_pos=f["o_pos"], o_seq=f["o_seq"],
+        o_stream=f["o_stream"], o_div=f["o_div"])

@@ -46,20 +46,29 @@ OUTCOMES: tuple[Outcome, ...] = ("streamed", "mismatch", "fallback", "ordinary",
 OUTCOME_CODE: dict[str, int] = {o: i for i, o in enumerate(OUTCOMES)}
 
 
+ROUTES: tuple[str, ...] = ("streamed", "fallback", "abort", "ordinary")
+
+
 class _Routes(dict[str, int]):
     def __missing__(self, key: str) -> int:
-        return 4
+        return len(ROUTES)
 
 
-_ROUTE_CODE = _Routes({"streamed": 0, "fallback": 1, "abort": 2, "ordinary": 3})
+ROUTE_CODE = _Routes({r: i for i, r in enumerate(ROUTES)})
+"""Codes of a route (:data:`ROUTES`; 4: another): columns.c codes them alike."""
 
 
 def outcome_codes(routes: list[str], results: list[bool]) -> np.ndarray:
     """:func:`outcome` of many decisions at once, as :data:`OUTCOME_CODE` codes (the same
     rule, for the chunked judgement)."""
-    route = np.fromiter(map(_ROUTE_CODE.__getitem__, routes), np.int8, len(routes))
-    result = np.fromiter(results, bool, len(results))
-    out = np.full(len(routes), OUTCOME_CODE["other"], np.int8)
+    route = np.fromiter(map(ROUTE_CODE.__getitem__, routes), np.int8, len(routes))
+    return outcome_of(route, np.fromiter(results, bool, len(results)))
+
+
+def outcome_of(route: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """:func:`outcome_codes` of route codes (:data:`ROUTE_CODE`) and results (bools)."""
+    result = result.astype(bool)
+    out = np.full(route.size, OUTCOME_CODE["other"], np.int8)
     out[route == 0] = OUTCOME_CODE["streamed"]
     out[route == 3] = OUTCOME_CODE["ordinary"]
     out[~result & ((route == 0) | (route == 2))] = OUTCOME_CODE["mismatch"]

@@ -27,6 +27,7 @@ events with :meth:`Judge.feed_all`, then ask).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 from collections import Counter
@@ -71,11 +72,20 @@ from kvdiag.analysis.judgement.columns import (
     STEP,
     TYPE_OF,
     Cols,
+    accumulator,
     concat,
     extract,
+    taken,
 )
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
-from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
+from kvdiag.analysis.judgement.fits import (
+    OUTCOME_CODE,
+    ROUTES,
+    FitsJudge,
+    FitsVerdict,
+    outcome_codes,
+    outcome_of,
+)
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
@@ -266,6 +276,14 @@ class Judge:
         self._waiting: list[Any] = []
         """Streamed events not taken out yet, and their types."""
         self._waiting_types: list[type] = []
+        self._acc: Any = None
+        """The C accumulator of a stream's columns (:meth:`_accumulator`; False: none here)."""
+        self._acc_from = (0, 0)
+        """The Judge's row and the position of the first event it holds."""
+        self._acc_others: list[tuple[int, type]] = []
+        self._acc_failed: dict[int, int] = {}
+        self._acc_unreferenced = 0
+        """Outputs without a reference the accumulator handed over since its last take."""
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -312,8 +330,14 @@ class Judge:
         else:
             it = iter(events)
             source = iter(lambda: list(itertools.islice(it, SUB)), [])
+        acc = self._accumulator()
         for block in source:
             if not block:
+                continue
+            if acc is not None and self._accumulate(acc, block):
+                del block
+                if self._held >= self._stream_chunk:
+                    self._flush()
                 continue
             types = list(map(type, block))
             if not _SPECIAL.isdisjoint(types):
@@ -323,6 +347,7 @@ class Judge:
                     self._judge(chunk)
                 continue
             # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
+            self._take_acc()
             self._waiting += block
             self._waiting_types += types
             # freed before the next events are decoded, so the decoder reuses their memory
@@ -333,9 +358,91 @@ class Judge:
                     self._flush()
         if hold:
             self._take_waiting()
+            self._take_acc()
         else:
             self._flush()
         return self
+
+    def _accumulator(self) -> Any | None:
+        """The C accumulator of a stream's columns, where the C walk judges them (None: the
+        stream's events are gathered to :data:`SUB_C` and taken out together)."""
+        if not self._walks:
+            return None
+        if self._acc is None:
+            self._acc = accumulator(tuple(_SPECIAL)) or False
+        return self._acc or None
+
+    def _accumulate(self, acc: Any, block: list[Any]) -> bool:
+        """Take out the columns of one decoded block as the decoder made it, so that its events
+        are freed right away (measured: events held alive until a larger run was taken out cost
+        the decoder and the deallocator their cache), and handle the few Python must see.
+        False: the block holds a kind that changes how what follows is judged, or a value the
+        C pass declines; nothing was taken."""
+        local, base, rows0 = acc.count, self._held, self.rows
+        try:
+            handed = acc.add(block, base, not self.groups.no_reference.full)
+        except (TypeError, ValueError, OverflowError):
+            return False  # the reference path below, for this block
+        if handed is None:
+            return False
+        if not local:
+            self._acc_from = (rows0, base)
+        n = len(block)
+        self._held += n
+        if handed:
+            handler = self._handlers.get
+            feed_adapt = self.adapt.feed
+            for i in handed:
+                e = block[i]
+                t = type(e)
+                if t is ev.Step:
+                    feed_adapt(e)
+                elif t is ev.Output:
+                    d = e.diverged
+                    self._acc_unreferenced += d is None
+                    self._output(e, d)
+                elif t is ev.Fits:
+                    self._acc_failed[base + i] = self._bad_fits(e)
+                else:
+                    self._acc_others.append((local + i, t))
+                    h = handler(t)
+                    if h is not None:
+                        self.rows = rows0 + i
+                        h(e)
+        self.rows = rows0 + n
+        self.last_seq = block[-1].seq
+        return True
+
+    def _take_acc(self) -> None:
+        """What the accumulator holds, counted and handed to the columns waiting to be
+        judged."""
+        acc = self._acc
+        if not acc or not acc.count:
+            return
+        cols = taken(acc)
+        rows0, base = self._acc_from
+        cols.rows0 = rows0
+        others, self._acc_others = self._acc_others, []
+        failed, self._acc_failed = self._acc_failed, {}
+        self._count(cols, others)
+        self._step_range(cols.step, [i for i, t in others if t is ev.End])
+        self._fits_cols(cols, base, failed)
+        self._outputs_cols(cols, base)
+        self._pending.append(cols)
+
+    def _outputs_cols(self, cols: Cols, base: int) -> None:
+        """The outputs of accumulated columns (:meth:`_outputs` from columns; ``base``: the
+        position of their first event): those that diverged, and those without a reference
+        while their finding kept evidence, were judged as they came; the rest are counted."""
+        div = cols.o_div
+        if not div.size:
+            return
+        self.groups.no_reference.count += int((div == -1).sum()) - self._acc_unreferenced
+        self._acc_unreferenced = 0
+        if self.ledger is not None:
+            local = cols.o_pos - base
+            self.ledger.outputs.extend([cols.rows0 + local, cols.o_seq, cols.step[local],
+                                        cols.o_stream, div])
 
     @property
     def _stream_chunk(self) -> int:
@@ -359,6 +466,7 @@ class Judge:
     def _flush(self) -> None:
         """Judge the streamed events not judged yet."""
         self._take_waiting()
+        self._take_acc()
         if self._pending:
             cols = concat(self._pending)
             self._pending, self._held = [], 0
@@ -404,28 +512,24 @@ class Judge:
         n = len(chunk)
         cols = extract(chunk, types, keep_reads, base)
         others = cols.of_kind(OTHER)
-        self._count(cols, types, others)
-        steps = cols.step
-        ran = steps
-        if types.count(ev.End):  # the End's step is not a step the run ran
-            ran = steps[[t is not ev.End for t in types]]
-        if ran.size:
-            lo, hi = int(ran.min()), int(ran.max())
-            if self._first_step is None or lo < self._first_step:
-                self._first_step = lo
-            if self._last_step is None or hi > self._last_step:
-                self._last_step = hi
+        self._count(cols, [(i, types[i]) for i in others])
+        self._step_range(cols.step, [i for i in others if types[i] is ev.End]
+                         if types.count(ev.End) else [])
         rows0 = self.rows
         cols.rows0 = rows0
         handler = self._handlers.get
-        for i in others:
-            h = handler(types[i])
+        feed_adapt = self.adapt.feed
+        steps = cols.of_kind(STEP)
+        # in file order: a repartition belongs to the decode loop its steps say it is in
+        for i in heapq.merge(others, steps) if others else steps:
+            t = types[i]
+            if t is ev.Step:
+                feed_adapt(chunk[i])
+                continue
+            h = handler(t)
             if h is not None:
                 self.rows = rows0 + i
                 h(chunk[i])
-        feed_adapt = self.adapt.feed
-        for i in cols.of_kind(STEP):
-            feed_adapt(chunk[i])
         outputs = cols.of_kind(OUTPUT)
         if outputs:
             self._outputs(chunk, outputs, rows0)
@@ -438,9 +542,10 @@ class Judge:
         self.last_seq = chunk[-1].seq
         return cols
 
-    def _count(self, cols: Cols, types: list[type], others: list[int]) -> None:
+    def _count(self, cols: Cols, others: list[tuple[int, type]]) -> None:
         """Events per kind, the kinds in the order they first appear (as
-        ``Counter.update(types)`` would count them, without a step per event)."""
+        ``Counter.update(types)`` would count them, without a step per event); ``others``:
+        the index and type of each event of a kind the columns do not hold."""
         seen: list[tuple[int, type, int]] = []
         for code, t in TYPE_OF.items():
             n = cols.count(code)
@@ -448,13 +553,46 @@ class Judge:
                 seen.append((cols.first(code), t, n))
         if others:
             firsts: dict[type, int] = {}
-            for i in others:
-                firsts.setdefault(types[i], i)
-            tally = Counter(map(types.__getitem__, others))
+            for i, t in others:
+                firsts.setdefault(t, i)
+            tally = Counter(t for _, t in others)
             seen += [(i, t, tally[t]) for t, i in firsts.items()]
         counted = self._types
         for _, t, n in sorted(seen, key=_FIRST):
             counted[t] += n
+
+    def _step_range(self, steps: np.ndarray, ends: list[int]) -> None:
+        """The first and last step run, from the steps of a run of events (``ends``: where
+        its End events are: the End's step is not a step the run ran)."""
+        ran = np.delete(steps, ends) if ends else steps
+        if ran.size:
+            lo, hi = int(ran.min()), int(ran.max())
+            if self._first_step is None or lo < self._first_step:
+                self._first_step = lo
+            if self._last_step is None or hi > self._last_step:
+                self._last_step = hi
+
+    def _fits_cols(self, cols: Cols, base: int, failed_at: dict[int, int]) -> None:
+        """The fits decisions of accumulated columns (:meth:`_fits` from columns; ``base``: the
+        position of their first event). The bad ones were judged as they came: ``failed_at``
+        holds their conditions failed by position."""
+        route = cols.f_route
+        if not route.size:
+            return
+        counts = np.bincount(route, minlength=len(ROUTES) + 1).tolist()
+        for name, k in zip(ROUTES, counts, strict=False):
+            if k:
+                self.routes[name] += k
+        self.completeness.attention += counts[0] + counts[1]
+        if self.ledger is not None:
+            failed = np.zeros(route.size, np.int64)
+            if failed_at:
+                at = np.fromiter(failed_at, np.int64, len(failed_at))
+                failed[np.searchsorted(cols.f_pos, at)] = list(failed_at.values())
+            local = cols.f_pos - base
+            codes = outcome_of(route, cols.f_result).astype(np.int64)
+            self.ledger.fits.extend([cols.rows0 + local, cols.f_seq, cols.step[local],
+                                     cols.f_layer, codes, failed])
 
     def _judge_cols(self, cols: Cols, rows0: int, streamed: bool = False) -> None:
         flows = self.ledger is not None or self.flows
@@ -1012,7 +1150,7 @@ class Judge:
             "ring_pages": up_pages["ring"],
             "evictions": self.evictions,
             "invalidations": self.invalidations,
-            "routes": dict(self.routes),
+            "routes": dict(sorted(self.routes.items())),
         }
 
 

@@ -24,11 +24,10 @@ from kvdiag.analysis.judgement.batch import (
     _advance_batches,
     judge_prepared,
     prepare,
-    sorted_unique,
 )
 from kvdiag.analysis.judgement.classes import FOREIGN, STALE
 from kvdiag.analysis.judgement.columns import Cols
-from kvdiag.analysis.judgement.slots import SlotTable
+from kvdiag.analysis.judgement.slots import SlotTable, sorted_unique
 
 _SOURCE = Path(__file__).with_name("seqjudge.c")
 _MODULE = f"{__package__}._seqjudge"
@@ -117,8 +116,16 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
     ri = cols.r_pos
     _advance_batches(state, prep.u_vid[ring], rows0 + u_pos[ring], prep.r_vid, rows0 + ri)
     # the latest dispatch of each layer (batch.judge_chunk sets it once the chunk is judged)
-    state.dispatch.update((layer, row) for row, layer in zip(
-        (rows0 + cols.f_pos).tolist(), cols.f_layer.tolist(), strict=True))
+    if cols.f_layer.size:
+        # the last of each layer (a chunk has thousands of decisions over a few dozen layers)
+        order = np.argsort(cols.f_layer, kind="stable")
+        layers = cols.f_layer[order]
+        ends = np.empty(layers.size, bool)
+        ends[-1] = True
+        np.not_equal(layers[1:], layers[:-1], out=ends[:-1])
+        last = order[ends]
+        state.dispatch.update(zip(cols.f_layer[last].tolist(),
+                                  (rows0 + cols.f_pos[last]).tolist(), strict=True))
     keep = prep.keep
     run_read, length, src = prep.run_read, prep.length, cols.run_src
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],

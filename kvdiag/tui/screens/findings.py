@@ -15,7 +15,7 @@ from textual.widgets import Static
 from kvdiag.analysis.trace_index import KINDS
 from kvdiag.model.findings import Evidence, Finding
 from kvdiag.model.logrecords import Crash
-from kvdiag.report.findings import evidence_text
+from kvdiag.report.findings_plain import evidence_text
 from kvdiag.tui.document import Document, LogDoc, TraceDoc
 from kvdiag.tui.messages import RowHighlighted, RowSelected
 from kvdiag.tui.navigation import Target, evidence_target
