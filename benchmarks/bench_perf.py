@@ -10,7 +10,9 @@ baseline is bench_logscan's measurement, made here in the same run on the same f
 post-mortem scan (``LogParser``, with its helper process when a core is idle). ``kvdiag perf``
 is timed end to end as the command runs it (``kvdiag perf LOG``: read every request, bin by
 depth, render the text report), with its output thrown away; on a large file and an idle second
-core it reads the file in two halves at once (kvdiag/postmortem/perfsplit.py). Each figure is
+core it reads the file in two halves at once (kvdiag/postmortem/perfsplit.py); where a C
+compiler is at hand it finds its lines with a compiled pass (kvdiag/postmortem/perfbytes.c;
+``KVDIAG_COMPILED=0``: the Python path, which the output names). Each figure is
 the best of ``--repeat`` runs, alternating, with the file in the page cache. Target (issue 17):
 perf ≤ 1.5 × bench_logscan's time.
 """
@@ -97,6 +99,11 @@ def main() -> int:
     print(f"kvdiag perf LOG    : {perf_s:7.3f} s  {mb / perf_s:8.1f} MB/s  "
           f"(main-process CPU {perf_cpu:.3f} s; {len(run.requests)} requests read, "
           f"{run.unfinished} unfinished)")
+    from kvdiag import compiled
+
+    how = compiled.status().get("kvdiag.postmortem._perfbytes", "not loaded: the Python path")
+    print(f"perf's byte scan   : {how.split(':')[0]} (kvdiag/postmortem/perfbytes.c; "
+          "KVDIAG_COMPILED=0: the Python path)")
     print(f"idle second core   : {sum(spare)} of {len(spare)} measurements (the scan's helper "
           "and perf's second half run only then)"
           + ("; --second-process: both started anyway" if args.second_process else ""))

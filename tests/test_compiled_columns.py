@@ -168,14 +168,28 @@ def test_a_planted_library_is_rebuilt_not_loaded(monkeypatch: pytest.MonkeyPatch
     assert not plant.stat().st_mode & 0o022
 
 
-def test_a_changed_header_is_a_new_build(tmp_path: Path) -> None:
-    """GIVEN a helper whose source includes a header beside it (vec.h)
+@pytest.mark.parametrize("where", ["beside", "shared"])
+def test_a_changed_header_is_a_new_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         where: str) -> None:
+    """GIVEN a helper whose source includes a header beside it, or one of the headers every
+    helper may include (kvdiag/compiled/vec.h)
     WHEN only the header changes
-    THEN the build's name changes (a cached library built from the old header is not used)."""
+    THEN the build's name changes (a cached library built from the old header is not used),
+    and the build finds the header on its include path."""
+    assert (compiled.SHARED / "vec.h").is_file()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(compiled, "SHARED", shared)
     source = tmp_path / "x.c"
-    source.write_text('#include "x.h"\n')
-    header = tmp_path / "x.h"
+    source.write_text('#include "x.h"\nint f(void) { return A; }\n')
+    header = (tmp_path if where == "beside" else shared) / "x.h"
     header.write_text("#define A 1\n")
     before = compiled._key(source, ("-O2",), False)
     header.write_text("#define A 2\n")
     assert compiled._key(source, ("-O2",), False) != before
+    monkeypatch.setenv("KVDIAG_COMPILED_DIR", str(tmp_path / "out"))
+    try:
+        built = compiled.build(source, "x")
+    except OSError as exc:  # no compiler here: the key is what this machine can check
+        pytest.skip(f"no C compiler: {exc}")
+    assert built.is_file() and built.read_bytes()[:4] == b"\x7fELF"

@@ -101,10 +101,13 @@ def logs(draw: st.DrawFn) -> bytes:
     return log.text().encode()
 
 
-def read(data: bytes, size: int, pairs: bool, continuation: bool
+def read(data: bytes, size: int, pairs: bool, continuation: bool, compiled: bool = True
          ) -> tuple[PerfRun, list[Orphan]]:
+    """The run read in blocks of ``size`` (``compiled``: where the patterns can match found in
+    C, tests/test_perf_bytes.py; ``pairs``: the usual request read in bulk)."""
     s = PerfScanner("a.log", continuation=continuation)
     s.pairs = pairs
+    s.compiled = compiled
     for i in range(0, len(data), size):
         s.feed(data[i:i + size])
     return s.finish(), s.orphans

@@ -2,7 +2,10 @@
 
 Each helper is one C file beside the Python module it speeds up, which stays the reference
 (``analysis/judgement/*.c``: the judgement's columns, its walk of a streamed chunk, the
-annotation cross-check); :func:`build` also builds the NumPy executor's ctypes kernel
+annotation cross-check; ``postmortem/perfbytes.c`` and ``perfpairs.c``: where ``kvdiag
+perf``'s patterns can match in a log, and the usual request read there), with the headers
+beside it and this package's
+(``vec.h``); :func:`build` also builds the NumPy executor's ctypes kernel
 (``kernels/cpu_attend.c``, :mod:`kvdiag.executors.cpu_kernels`).
 :func:`load` builds a helper once per source, headers, flags, compiler, Python and platform
 (``$CC``, else the compiler Python was built with, else ``cc``) into ``$KVDIAG_COMPILED_DIR``
@@ -41,6 +44,8 @@ from kvdiag.files.cache import cache_root
 
 __all__ = ["build", "load", "status"]
 
+SHARED = Path(__file__).parent
+"""Headers every helper may include (``vec.h``: a growable array of int64)."""
 _loaded: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}
 COMPILE_TIMEOUT_S = 120
@@ -77,10 +82,12 @@ def _owned_safely(path: Path) -> bool:
 
 
 def _key(source_path: Path, flags: Sequence[str], python: bool) -> str:
-    """The build's name: the source, the headers beside it (``#include "x.h"``), the flags,
-    the compiler, the platform, and for a Python extension Python's version."""
+    """The build's name: the source, the headers beside it and the shared ones (``#include
+    "x.h"``), the flags, the compiler, the platform, and for a Python extension Python's
+    version."""
     h = hashlib.sha256(source_path.read_bytes())
-    for header in sorted(source_path.parent.glob("*.h")):
+    headers = {*source_path.parent.glob("*.h"), *SHARED.glob("*.h")}
+    for header in sorted(headers, key=lambda p: (p.name, str(p))):
         h.update(header.name.encode())
         h.update(header.read_bytes())
     h.update("\0".join((*flags, *_compiler(), sys.platform, platform.machine())).encode())
@@ -105,7 +112,7 @@ def build(source_path: Path, name: str, flags: Sequence[str] = ("-O2",), *,
     import subprocess
     import tempfile
 
-    cmd = [*_compiler(), *flags, "-shared", "-fPIC", f"-I{source_path.parent}"]
+    cmd = [*_compiler(), *flags, "-shared", "-fPIC", f"-I{source_path.parent}", f"-I{SHARED}"]
     if python:
         include = sysconfig.get_paths()["include"]
         if not (Path(include) / "Python.h").is_file():

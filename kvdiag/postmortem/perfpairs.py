@@ -23,20 +23,30 @@ sets decoded as JSON with non-zero counts (``nan``/``inf`` and empty sets take t
 path's conversions); a truncation flag printed. Everything else — interleaved slots, the 2024
 and late-2023 forms, late 2024's release before the timing, unfinished requests — goes through
 the per-match path, in log order with the runs.
+
+Where the C helpers are built (:mod:`kvdiag.compiled`: ``perfbytes.c`` finds where the pattern
+can match, ``perfpairs.c`` beside this module) the usual requests of both shapes are read in C,
+without
+the pattern's match objects (:func:`walk_compiled`): their numbers come as the text the groups
+would hold and go through the same decode and the same checks; a request the checks send to
+the per-match path is matched there by the pattern.
 """
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, chain, islice, repeat
 from operator import attrgetter, itemgetter
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, overload
 
 import msgspec
 
+from kvdiag import compiled
 from kvdiag.model.perf import RequestTiming
+from kvdiag.postmortem import perfbytes
 from kvdiag.postmortem.perfpending import Pending
 from kvdiag.postmortem.timinglines import BLOCK, NEW_PROMPT, SLOT_LINES, TIMING
 
@@ -109,11 +119,11 @@ def _decode(decoder: msgspec.json.Decoder[Any], rows: Iterable[tuple[bytes, ...]
         return None
 
 
-def walk(s: PerfScanner, buf: bytes, start: int, end: int, rare: list[int], ri: int,
-         lines: int, counted: int) -> tuple[int, int, int]:
-    """What ``s._walk`` does over the slot lines of ``buf[start:end]``, the runs of pairs in
-    bulk; returns the line count up to ``counted``, ``counted`` and the next rare index."""
-    matches = SLOT_LINES.finditer(buf, start, end)
+def walk(s: PerfScanner, buf: bytes, matches: Iterator[re.Match[bytes]], rare: list[int],
+         ri: int, lines: int, counted: int) -> tuple[int, int, int]:
+    """What ``s._walk`` does over the slot-line matches ``matches`` of ``buf`` (in order), the
+    runs of pairs in bulk; returns the line count up to ``counted``, ``counted`` and the next
+    rare index."""
     ms: list[re.Match[bytes]] = []
     while True:
         # a few dozen matches at a time: a match holds its 29 groups' marks (~580 bytes, past
@@ -144,14 +154,18 @@ def walk(s: PerfScanner, buf: bytes, start: int, end: int, rare: list[int], ri: 
             ms = []
 
 
-def _chunk(s: PerfScanner, buf: bytes, ms: list[re.Match[bytes]], rare: list[int], ri: int,
-           lines: int, counted: int) -> tuple[int, int, int]:
-    """:func:`walk` over the matches ``ms``."""
-    try:
-        kinds = bytes(map(_LAST, ms))
-    except (TypeError, ValueError):  # no group matched (not a shape of the pattern today)
-        return s._walk(buf, ms, rare, ri, lines, counted)
-    starts: list[int] = list(map(_START, ms))
+def _chunk(s: PerfScanner, buf: bytes, ms: Sequence[re.Match[bytes]], rare: list[int],
+           ri: int, lines: int, counted: int, read: _Read | None = None) -> tuple[int, int, int]:
+    """:func:`walk` over the matches ``ms`` (``read``: what the compiled pass read of them)."""
+    if read is None:
+        try:
+            kinds = bytes(map(_LAST, ms))
+        except (TypeError, ValueError):  # no group matched (not a shape of the pattern today)
+            return s._walk(buf, ms, rare, ri, lines, counted)
+        starts: list[int] = list(map(_START, ms))
+        pre = None
+    else:
+        kinds, starts, pre = read
     done = 0
     for run in _RUNS.finditer(kinds):
         a, b = run.span()
@@ -173,7 +187,7 @@ def _chunk(s: PerfScanner, buf: bytes, ms: list[re.Match[bytes]], rare: list[int
                 k -= inside
             if k > a:
                 lines, counted = _requests(s, buf, ms, starts, a, k, u, rare, ri, lines,
-                                           counted)
+                                           counted, pre)
                 a = k
             if inside:
                 lines, counted, ri = s._walk(buf, ms[a:a + u], rare, ri, lines, counted)
@@ -184,7 +198,7 @@ def _chunk(s: PerfScanner, buf: bytes, ms: list[re.Match[bytes]], rare: list[int
     return lines, counted, ri
 
 
-def _columns(ms: list[re.Match[bytes]], a: int, b: int, u: int) -> list[Any] | None:
+def _columns(ms: Sequence[re.Match[bytes]], a: int, b: int, u: int) -> list[Any] | None:
     """The fields of the requests ``ms[a:b]`` (``u`` matches each) as columns: slot, task,
     n_ctx_slot, depth at start, cached, prompt ms, tokens, tokens per second, decode ms,
     tokens, ms per token, tokens per second, depth at end, truncated (0/1), graphs reused; then
@@ -196,10 +210,7 @@ def _columns(ms: list[re.Match[bytes]], a: int, b: int, u: int) -> list[Any] | N
         blocks = _decode(_BLOCKS, map(_BLOCK_GROUPS, ms[a + 1:b:2]))
         if blocks is None:
             return None
-        (b_slot, b_task, p_ms, p_n, _p_mspt, p_tps, d_ms, d_n, d_mspt, d_tps, stop,
-         trunc) = zip(*blocks, strict=True)
-        return [*zip(*news, strict=True), p_ms, p_n, p_tps, d_ms, d_n, d_mspt, d_tps, stop,
-                trunc, repeat(None), b_slot, b_task]
+        return _pair_columns(news, blocks)
     prompts, evals = ms[a + 1:b:3], ms[a + 2:b:3]
     n = len(prompts)
     if (list(map(_NAME, prompts)).count(b"rompt eval") != n
@@ -209,23 +220,37 @@ def _columns(ms: list[re.Match[bytes]], a: int, b: int, u: int) -> list[Any] | N
     ev = _decode(_EVALS, map(_EVAL_GROUPS, evals))
     if pe is None or ev is None:
         return None
+    graphs = list(map(_GRAPHS, evals))
+    return _triple_columns(news, pe, ev, [None if x is None else int(x) for x in graphs])
+
+
+def _triple_columns(news: list[Any], pe: list[Any], ev: list[Any],
+                    graphs: list[int | None]) -> list[Any]:
+    """:func:`_columns` of the newer shape's requests from their decoded rows."""
     pe_slot, pe_task, p_ms, p_n, _p_mspt, p_tps = zip(*pe, strict=True)
     ev_slot, ev_task, d_ms, d_n, d_mspt, d_tps, stop, trunc = zip(*ev, strict=True)
-    graphs: Iterable[int | None] = list(map(_GRAPHS, evals))
-    graphs = (repeat(None) if graphs.count(None) == n  # type: ignore[attr-defined]
-              else [None if x is None else int(x) for x in graphs])
     return [*zip(*news, strict=True), p_ms, p_n, p_tps, d_ms, d_n, d_mspt, d_tps, stop, trunc,
-            graphs, pe_slot, pe_task, ev_slot, ev_task]
+            repeat(None) if graphs.count(None) == len(graphs) else graphs, pe_slot, pe_task,
+            ev_slot, ev_task]
 
 
-def _requests(s: PerfScanner, buf: bytes, ms: list[re.Match[bytes]], starts: list[int],
+def _pair_columns(news: list[Any], blocks: list[Any]) -> list[Any]:
+    """:func:`_columns` of pairs from their decoded rows."""
+    (b_slot, b_task, p_ms, p_n, _p_mspt, p_tps, d_ms, d_n, d_mspt, d_tps, stop,
+     trunc) = zip(*blocks, strict=True)
+    return [*zip(*news, strict=True), p_ms, p_n, p_tps, d_ms, d_n, d_mspt, d_tps, stop, trunc,
+            repeat(None), b_slot, b_task]
+
+
+def _requests(s: PerfScanner, buf: bytes, ms: Sequence[re.Match[bytes]], starts: list[int],
               a: int, b: int, u: int, rare: list[int], ri: int, lines: int,
-              counted: int) -> tuple[int, int]:
+              counted: int, pre: list[Any] | None = None) -> tuple[int, int]:
     """The requests ``ms[a:b]``, ``u`` matches each (no rare-anchor line before ``ms[b - 1]``
     but those already read): the records of those that qualify (the module's docstring) in
     bulk, the others one match at a time, in order. Returns the line count up to ``counted``
     and ``counted``."""
-    cols = _columns(ms, a, b, u)
+    cols = (_columns(ms, a, b, u) if pre is None  # else the requests' part of the columns
+            else [c[a // u:b // u] if isinstance(c, tuple | list) else c for c in pre])
     if cols is None:
         lines, counted, _ri = s._walk(buf, ms[a:b], rare, ri, lines, counted)
         return lines, counted
@@ -273,3 +298,81 @@ def _requests(s: PerfScanner, buf: bytes, ms: list[re.Match[bytes]], starts: lis
                                           counted)
             i = j + 1
     return lines, counted
+
+
+_SOURCE = Path(__file__).with_name("perfpairs.c")
+_MODULE = f"{__package__}._perfpairs"
+_Read = tuple[bytes, list[int], list[Any] | None]
+"""What the compiled pass read of a run of pairs: the kinds of its matches, their starts, the
+requests' columns (None: a number that is not JSON; the pattern's groups are read instead)."""
+_PAIR_KINDS = bytes((_NEW, _BLOCK))
+_TRIPLE_KINDS = bytes((_NEW, _PROMPT, _EVAL))
+_GRAPHS_TEXT = msgspec.json.Decoder(list[int | None])
+
+
+class _Again(Sequence[re.Match[bytes]]):
+    """The pattern's matches at offsets the compiled pass read, made where they are asked for
+    (requests the bulk step leaves to the per-match path: the pattern's own reading)."""
+
+    def __init__(self, buf: bytes, starts: list[int], end: int) -> None:
+        self._buf, self._starts, self._end = buf, starts, end
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def _at(self, start: int) -> re.Match[bytes]:
+        m = SLOT_LINES.match(self._buf, start, self._end)
+        if m is None:  # the compiled pass read a match here: it must be the pattern's
+            raise AssertionError(f"no slot-line match at {start}")
+        return m
+
+    @overload
+    def __getitem__(self, i: int) -> re.Match[bytes]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[re.Match[bytes]]: ...
+
+    def __getitem__(self, i: int | slice) -> re.Match[bytes] | list[re.Match[bytes]]:
+        if isinstance(i, slice):
+            return list(map(self._at, self._starts[i]))
+        return self._at(self._starts[i])
+
+
+def walk_compiled(s: PerfScanner, buf: bytes, starts: memoryview, end: int, lo: int,
+                  rare: list[int], ri: int, lines: int, counted: int) -> tuple[int, int, int]:
+    """:func:`walk` over the slot lines at ``starts[lo:]`` (the compiled pass's offsets,
+    :mod:`kvdiag.postmortem.perfbytes`), the runs of the usual request read in C
+    (``perfpairs.c``: each number's printed text, as the pattern's groups hold it) and the rest
+    by the pattern, in order. A pattern's match that runs into a run's first line (the C reading
+    finds a pair where finditer would not start one) sends the run to the pattern too."""
+    after = [0]  # where the pattern's last match ended (perfbytes.matches keeps it)
+    c = compiled.load(_SOURCE, _MODULE)
+    if c is None:
+        return walk(s, buf, perfbytes.matches(buf, starts[lo:], end, after), rare, ri, lines,
+                    counted)
+    seg = lo  # the first offset not yet read
+    for run_lo, run_hi, u, at_raw, news, second, third, graphs, run_end in c.pairs(
+            buf, starts.obj, end, lo):
+        if run_lo > seg:
+            lines, counted, ri = walk(s, buf, perfbytes.matches(buf, starts[seg:run_lo], end,
+                                                                after), rare, ri, lines, counted)
+            seg = run_lo
+        at: list[int] = memoryview(at_raw).cast("q").tolist()
+        if after[0] > at[0] or len(at) < u * MIN_RUN:
+            continue  # read by the pattern with what follows
+        try:
+            pre: list[Any] | None = (
+                _pair_columns(_NEWS.decode(news), _BLOCKS.decode(second)) if u == 2 else
+                _triple_columns(_NEWS.decode(news), _PROMPTS.decode(second),
+                                _EVALS.decode(third), _GRAPHS_TEXT.decode(graphs)))
+        except msgspec.DecodeError:  # (a ValidationError is one)
+            pre = None
+        kinds = (_PAIR_KINDS if u == 2 else _TRIPLE_KINDS) * (len(at) // u)
+        lines, counted, ri = _chunk(s, buf, _Again(buf, at, end), rare, ri, lines, counted,
+                                    (kinds, at, pre))
+        s._walk_end = after[0] = run_end
+        seg = run_hi
+    if seg < len(starts):
+        lines, counted, ri = walk(s, buf, perfbytes.matches(buf, starts[seg:], end, after),
+                                  rare, ri, lines, counted)
+    return lines, counted, ri

@@ -1,6 +1,7 @@
 """A request in flight on one slot while ``kvdiag perf`` reads a log: the state its lines
 build up until its timing and release are read (:mod:`kvdiag.postmortem.perfscan`, the
-late-2023 form's pairing in :mod:`kvdiag.postmortem.perflate`)."""
+late-2023 form's pairing in :mod:`kvdiag.postmortem.perflate`), and what a scanner of a later
+part of the log hands back of one begun before its part (:class:`Orphan`)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,30 @@ class Pending(msgspec.Struct, gc=False):
     late 2024 logged ``stop processing`` first (:mod:`kvdiag.postmortem.perfscan`)."""
     stopped_notes: int = 0
     """How many notes had been logged at that release: the later ones are not its own."""
+
+
+class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a scanner that starts mid-log (:mod:`kvdiag.postmortem.perfsplit`) read of a request
+    begun before its part: handed back to be joined with the request's start."""
+
+    slot: int
+    task: int | None = None
+    cached: int | None = None
+    prompt: tuple[float | None, int, float | None, float | None] | None = None
+    decode: tuple[float | None, int, float | None, float | None] | None = None
+    line: int = 0
+    graphs: int | None = None
+    notes_until: int | None = None
+    """How many notes of this part were logged before it ended (None: still in flight at the
+    end): those were logged while it was in flight."""
+    ended: str = "end"
+    """``stop`` (its release line, ``depth_end``/``truncated`` below), ``next`` (a new request
+    on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
+    depth_end: int | None = None
+    truncated: bool | None = None
+    started: int | None = None
+    """The line of its first line in this part, for the 2024 form (where a task's first line
+    opens its request): its start, if the part before did not hold one."""
+    notes: tuple[int, ...] = ()
+    """The notes of this part logged while it was in flight here: its notes, if the part
+    before did not hold its start."""

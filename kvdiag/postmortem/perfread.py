@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from kvdiag.files.logs import describe_break, open_log
 from kvdiag.model.perf import PerfRun
-from kvdiag.postmortem import perfsplit
+from kvdiag.postmortem import perfbytes, perfsplit
 from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
 from kvdiag.postmortem.perfscan import BLOCK_BYTES, PerfScanner
 from kvdiag.postmortem.scanhelper import ScanHelper
@@ -36,6 +36,8 @@ def _helper_for(name: str, stream: BinaryIO) -> ScanHelper | None:
     size = _regular_size(name, stream)
     if size is None or size < PARALLEL_MIN_BYTES or not spare_core():
         return None
+    if PerfScanner.compiled and perfbytes.module() is not None:
+        return None  # the compiled pass finds the anchors faster than a helper is asked
     try:
         return ScanHelper(name, RARE_ANCHORS)
     except OSError:

@@ -3,12 +3,15 @@ the kv-stream lines logged around it (:class:`~kvdiag.model.perf.PerfRun`).
 
 The log is read in blocks (bytes in, one bounded state out, like the post-mortem scanner
 :mod:`kvdiag.postmortem.parse`). Slot lines are recognised on the raw bytes by one pattern
-(:mod:`kvdiag.postmortem.timinglines`); the few other lines that matter — boot configuration,
-``kv_stream_adapt`` partition and trace lines, fallback warnings, ``fits=false`` — are found by
-substring, cleaned with :func:`kvdiag.postmortem.lines.clean` and parsed with the post-mortem
-grammar. On a large regular file and an idle second core the substring search runs in a helper
-process (:mod:`kvdiag.postmortem.scanhelper`), as the post-mortem scan does; opening and driving
-the scanner is :mod:`kvdiag.postmortem.perfread`.
+(:mod:`kvdiag.postmortem.timinglines`; the 2024 form's pairs in :mod:`kvdiag.postmortem.perfkv`);
+the few other lines that matter — boot configuration, ``kv_stream_adapt`` partition and trace
+lines, fallback warnings, ``fits=false`` — are found by substring, cleaned with
+:func:`kvdiag.postmortem.lines.clean` and parsed with the post-mortem grammar
+(:mod:`kvdiag.postmortem.perfnotes`). Where the pattern can match and where the substrings are
+is found in one C pass over each block (:mod:`kvdiag.postmortem.perfbytes`); without it, by
+the pattern's and the substrings' own searches, on a large regular file and an idle second core
+the substrings' in a helper process (:mod:`kvdiag.postmortem.scanhelper`), as the post-mortem
+scan does. Opening and driving the scanner is :mod:`kvdiag.postmortem.perfread`.
 
 How a request is assembled, per slot (brief §7.3): ``new prompt`` opens it (depth at start,
 slot size), the cache line says what was kept, ``print_timing`` gives the prompt and decode
@@ -25,23 +28,23 @@ from __future__ import annotations
 import heapq
 import os
 import re
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from itertools import chain
 
 import msgspec
 
 from kvdiag.model.logrecords import (
     BootConfig,
     ConfigItem,
-    FitsLine,
-    LogLine,
     Problem,
-    StreamEvent,
 )
-from kvdiag.model.perf import AdaptPages, NoteKind, PerfRun, RequestTiming, StreamNote
-from kvdiag.postmortem import grammar, perfpairs
-from kvdiag.postmortem.bootfold import RESTART_KEYS, BootAccumulator
-from kvdiag.postmortem.lines import clean
+from kvdiag.model.perf import AdaptPages, PerfRun, RequestTiming, StreamNote
+from kvdiag.postmortem import perfbytes, perfkv, perfpairs
+from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.perflate import LateForm
+from kvdiag.postmortem.perfnotes import OtherLines
+from kvdiag.postmortem.perfpending import Orphan
 from kvdiag.postmortem.perfpending import Pending as _Pending
 from kvdiag.postmortem.scanhelper import ScanHelper
 from kvdiag.postmortem.timinglines import (
@@ -58,60 +61,28 @@ from kvdiag.postmortem.timinglines import (
     TIMING,
     figure_sets,
     late_in,
-    number,
     two_sets,
 )
 
 BLOCK_BYTES = 1 << 20
-"""Bytes read at a time. Each block is passed over several times (the slot-line pattern, each
-rare anchor, the line count): a block the size of a core's L2 cache stays there between the
-passes (1 MiB read the 256 MiB bench_perf log ~10 % faster than 8 MiB, measured)."""
+"""Bytes read at a time. Each block is passed over several times (the compiled pass or the
+slot-line pattern and each rare anchor, the matches, the line count): a block the size of a
+core's L2 cache stays there between the passes (1 MiB read the 256 MiB bench_perf log ~10 %
+faster than 8 MiB, measured before the compiled pass)."""
 MAX_RAW_LINE = 1 << 20
-MAX_NOTES = 100_000
-"""Discrete kv-stream lines kept; more are counted (``notes_dropped``), not kept."""
-MAX_PROBLEMS = 100
 _RARE = [re.compile(re.escape(a)) for a in RARE_ANCHORS]
-_PAIR = re.compile(rb'"?([a-z_0-9]+)"?[=:] ?("(?:[^"\\]|\\.)*"|[^ ,}\r\n]+)')
-"""One ``key=value`` (text) or ``"key":value`` (JSON) pair of the 2024 form."""
-_NOTE_OF_STREAM: dict[str, NoteKind] = {
-    "feedback_error": "feedback", "layout_error": "layout", "warning": "warning",
-    "alloc_failure": "warning",
-}
 
 
-class Orphan(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What a scanner that starts mid-log (:mod:`kvdiag.postmortem.perfsplit`) read of a request
-    begun before its part: handed back to be joined with the request's start."""
-
-    slot: int
-    task: int | None = None
-    cached: int | None = None
-    prompt: tuple[float | None, int, float | None, float | None] | None = None
-    decode: tuple[float | None, int, float | None, float | None] | None = None
-    line: int = 0
-    graphs: int | None = None
-    notes_until: int | None = None
-    """How many notes of this part were logged before it ended (None: still in flight at the
-    end): those were logged while it was in flight."""
-    ended: str = "end"
-    """``stop`` (its release line, ``depth_end``/``truncated`` below), ``next`` (a new request
-    on its slot), ``boot`` (the server restarted) or ``end`` (still in flight at the end)."""
-    depth_end: int | None = None
-    truncated: bool | None = None
-    started: int | None = None
-    """The line of its first line in this part, for the 2024 form (where a task's first line
-    opens its request): its start, if the part before did not hold one."""
-    notes: tuple[int, ...] = ()
-    """The notes of this part logged while it was in flight here: its notes, if the part
-    before did not hold its start."""
-
-
-class PerfScanner:
+class PerfScanner(OtherLines):
     """Feed one log's bytes in order (``feed``), then ``finish`` gives the run."""
 
     pairs = True
     """Read the usual request's two matches in bulk (:mod:`kvdiag.postmortem.perfpairs`);
     False reads every match one at a time (the same records: tests compare the two)."""
+    compiled = True
+    """Find where the patterns can match in C where the helper is built
+    (:mod:`kvdiag.postmortem.perfbytes`); False searches with the patterns alone (the same
+    records: tests compare the two)."""
 
     def __init__(self, name: str, source: str | None = None, *,
                  continuation: bool = False) -> None:
@@ -276,14 +247,22 @@ class PerfScanner:
 
     def _region(self, buf: bytes, start: int, cut: int, at: int) -> None:
         """Read the lines of ``buf[start:cut]`` (``at``: the file offset of ``buf[start]``)."""
-        rare = self._rare_hits(buf, start, cut, at)
+        c = perfbytes.module() if self.compiled else None
+        matches: Iterator[re.Match[bytes]]
+        starts: memoryview | None = None
+        if c is not None:  # where the patterns can match, found in C
+            starts, rare = perfbytes.scan(c, buf, start, cut)
+            matches = perfbytes.matches(buf, starts, cut)
+        else:
+            rare = self._rare_hits(buf, start, cut, at)
+            matches = SLOT_LINES.finditer(buf, start, cut)
         late = self.late
         if late.seen:
             lines, counted, ri = self._walk_late(buf, start, cut, rare, 0, self._lines, start)
         else:
             # the late-2023 form only where the later forms' slot lines are not (a log appended
             # across an upgrade changes form once): before the first and after the last
-            first = SLOT_LINES.search(buf, start, cut)
+            first = next(matches, None)
             if late_in(buf, start, cut if first is None else first.start()):
                 late.seen = True
                 lines, counted, ri = self._walk_late(buf, start, cut, rare, 0, self._lines,
@@ -291,13 +270,16 @@ class PerfScanner:
             else:
                 lines, counted, ri, tail = self._lines, start, 0, start
                 if first is not None:
-                    if self.pairs:
-                        lines, counted, ri = perfpairs.walk(self, buf, first.start(), cut,
-                                                            rare, 0, lines, start)
+                    matches = chain((first,), matches)
+                    if self.pairs and starts is not None:
+                        lines, counted, ri = perfpairs.walk_compiled(
+                            self, buf, starts, cut, bisect_left(starts, first.start()), rare, 0,
+                            lines, start)
+                    elif self.pairs:
+                        lines, counted, ri = perfpairs.walk(self, buf, matches, rare, 0, lines,
+                                                            start)
                     else:
-                        lines, counted, ri = self._walk(
-                            buf, SLOT_LINES.finditer(buf, first.start(), cut), rare, 0, lines,
-                            start)
+                        lines, counted, ri = self._walk(buf, matches, rare, 0, lines, start)
                     tail = self._walk_end
                 if first is not None and late_in(buf, tail, cut):
                     late.seen = True
@@ -429,27 +411,23 @@ class PerfScanner:
     def _kv(self, slot: int, text: bytes, at: int, line: int) -> None:
         """A line of the 2024 form (:mod:`kvdiag.postmortem.timinglines`): its pairs after the
         message's `` | `` (text) or all of them (JSON), by name."""
-        sep = text.rfind(b" | ", 0, at)
-        pairs: dict[bytes, bytes] = dict(_PAIR.findall(text[sep + 3:] if sep >= 0 else text))
-        raw_task = pairs.get(b"id_task", pairs.get(b"task_id", b"-1"))
-        try:
-            task = int(raw_task)
-        except ValueError:
-            task = -1
+        pairs = perfkv.pairs(text, at)
+        task = perfkv.task(pairs)
         if b"t_total" in pairs or task < 0:
             return
         p = self._kv_request(slot, task, line)  # any line of the task: its first opens it
         if b"t_token_generation" in pairs and b"n_decoded" in pairs:
-            p.decode = _kvfigures(pairs, b"t_token_generation", b"n_decoded")
+            p.decode = perfkv.figures(pairs, b"t_token_generation", b"n_decoded")
             p.line = line
         elif b"t_prompt_processing" in pairs and b"n_prompt_tokens_processed" in pairs:
-            p.prompt = _kvfigures(pairs, b"t_prompt_processing", b"n_prompt_tokens_processed")
+            p.prompt = perfkv.figures(pairs, b"t_prompt_processing",
+                                      b"n_prompt_tokens_processed")
         elif b"p0" in pairs:
-            p.cached = _kv_int(pairs[b"p0"])
+            p.cached = perfkv.integer(pairs[b"p0"])
         elif b"n_past" in pairs and b"truncated" in pairs:
             del self._pending[slot]
-            self._close(slot, p, _kv_int(pairs[b"n_past"]), pairs[b"truncated"] == b"true",
-                        "stop")
+            self._close(slot, p, perfkv.integer(pairs[b"n_past"]),
+                        pairs[b"truncated"] == b"true", "stop")
 
     def _kv_request(self, slot: int, task: int, line: int) -> _Pending:
         """The request of ``task`` on ``slot``: the 2024 form prints no ``new prompt`` at the
@@ -527,115 +505,6 @@ class PerfScanner:
         self._pending.clear()
         self._opened.clear()
 
-    # -- other lines -----------------------------------------------------------------------
-
-    def _rare(self, raw: bytes, line: int) -> None:
-        text, _level = clean(raw)
-        where = LogLine(self.source, line, text)
-        for rec in grammar.classify(where, text):
-            if isinstance(rec, ConfigItem):
-                self._config(rec)
-            elif isinstance(rec, StreamEvent):
-                self._stream(rec)
-            elif isinstance(rec, FitsLine):
-                self._note(StreamNote(self.source, line, self._boot_index, "fits-false",
-                                      message=text[:200], depth=self._last_active))
-        if grammar.is_fallback_warning(text) and "fits=false" not in text:
-            self._note(StreamNote(self.source, line, self._boot_index, "fallback",
-                                  message=text[:200], depth=self._last_active,
-                                  layer=grammar.layer_of(text)))
-
-    def _config(self, item: ConfigItem) -> None:
-        if self.continuation and not self.boot.boots:
-            # the boot before this part of the log goes on, unless a new one starts here: a
-            # new context is constructed (the other restart keys start a boot only after a
-            # ready boot, which the part before knows; it is handed these lines)
-            if item.key != "construct":
-                self.carried_config.append(item)
-                return
-            self.boot_notes = len(self.notes)
-            self.boot.add(item)
-            self._end_boot()
-            self._boot_index += 1
-            self._served = False
-            self._last_active = None
-            return
-        if item.key in RESTART_KEYS and self._served and self.boot.boots:
-            # requests were served, so that boot was ready (its ready line may not be one
-            # this reader looks for: 2023's "llama server listening at"): a new context now
-            # is a new server start
-            self.boot.add(ConfigItem(where=item.where, key="ready", value=True))
-        if self.boot.add(item):
-            if self.boot.boots and len(self.boot.boots) > 1:
-                self._end_boot()
-                self._boot_index += 1
-            self._served = False
-            self._last_active = None
-
-    def _stream(self, rec: StreamEvent) -> None:
-        v = rec.values
-        line = rec.where.line
-        if rec.kind == "trace" and {"active", "resident", "ring"} <= v.keys():
-            active = int(v["active"])
-            if self.continuation and self.first_active_line is None and not self.boot.boots:
-                self.first_active_line = line
-            self._last_active = active
-            self.adapt.add(self._boot_index, line, active, int(v["resident"]), int(v["ring"]),
-                           _int(v.get("samples")), _int(v.get("misses")), v.get("copy_busy"),
-                           _int(v.get("peak")), _int(v.get("layout")))
-        elif rec.kind == "repartition":
-            self._note(StreamNote(
-                self.source, line, self._boot_index, "repartition", message=rec.message[:200],
-                depth=self._last_active,
-                resident=(int(v["resident_from"]), int(v["resident_to"])),
-                ring=(int(v["ring_from"]), int(v["ring_to"])), miss_pct=v.get("miss_pct"),
-                busy_pct=v.get("copy_busy_pct")))
-        elif rec.kind == "trace" and "resident_pages/layer" in v and "ring_slots" in v:
-            now = (int(v["resident_pages/layer"]), int(v["ring_slots"]))
-            self._note(StreamNote(self.source, line, self._boot_index, "repartition",
-                                  message=rec.message[:200], depth=self._last_active,
-                                  resident=(now[0], now[0]), ring=(now[1], now[1])))
-        elif rec.kind in _NOTE_OF_STREAM:
-            self._note(StreamNote(self.source, line, self._boot_index,
-                                  _NOTE_OF_STREAM[rec.kind], message=rec.where.text[:200],
-                                  depth=self._last_active))
-
-    def _note(self, note: StreamNote) -> None:
-        if len(self.notes) >= MAX_NOTES:
-            self.notes_dropped += 1
-            return
-        index = len(self.notes)
-        self.notes.append(note)
-        for p in self._pending.values():
-            if p.stopped is None:
-                p.notes.append(index)
-
-    def _problem(self, message: str, line: int | None) -> None:
-        if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(Problem(source=self.source, message=message, line=line))
-
 
 def _start(m: re.Match[bytes]) -> int:
     return m.start()
-
-
-def _kv_int(raw: bytes) -> int | None:
-    try:
-        return int(raw)
-    except ValueError:
-        return None
-
-
-def _kvfigures(pairs: dict[bytes, bytes], ms: bytes,
-                n: bytes) -> tuple[float | None, int, float | None, float | None]:
-    """(ms, tokens, ms per token, tokens per second) of a 2024 line: ``t_token`` and
-    ``n_tokens_second`` are the last two (a count of 0 prints them as ``null``, nlohmann's NaN)."""
-    tokens = _kv_int(pairs[n]) or 0
-    if not tokens:
-        return number(pairs[ms]), 0, None, None
-    return (number(pairs[ms]), tokens, number(pairs.get(b"t_token")),
-            number(pairs.get(b"n_tokens_second")))
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)

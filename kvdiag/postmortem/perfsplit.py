@@ -29,8 +29,10 @@ import msgspec
 from kvdiag.model.logrecords import BootConfig, ConfigItem, LogLine, Problem
 from kvdiag.model.perf import AdaptPage, AdaptPages, PerfRun, RequestTiming, StreamNote
 from kvdiag.postmortem.parse import PARALLEL_MIN_BYTES, spare_core
+from kvdiag.postmortem.perfnotes import MAX_NOTES
+from kvdiag.postmortem.perfpending import Orphan
 from kvdiag.postmortem.perfpending import Pending as _Pending
-from kvdiag.postmortem.perfscan import BLOCK_BYTES, MAX_NOTES, Orphan, PerfScanner
+from kvdiag.postmortem.perfscan import BLOCK_BYTES, PerfScanner
 from kvdiag.postmortem.timinglines import LATE_ANCHOR, OLD_HEADER
 
 _FIELDS = RequestTiming.__struct_fields__

@@ -1,4 +1,6 @@
-/* A growable array of int64, shared by the judgement's C helpers (columns.c, seqjudge.c). */
+/* A growable array of int64, shared by the C helpers (kvdiag/analysis/judgement/columns.c,
+ * seqjudge.c; kvdiag/postmortem/perfbytes.c): kvdiag.compiled builds them with this folder on
+ * the include path. */
 #ifndef KVDIAG_VEC_H
 #define KVDIAG_VEC_H
 
