@@ -31,6 +31,7 @@ from kvdiag.analysis.judgement.classes import (
     EXACT,
     FOREIGN,
     HOST,
+    LOST_EVENTS,
     MAX_PAGE,
     MAX_SLOT,
     NO_DISPATCH,
@@ -50,7 +51,7 @@ from kvdiag.analysis.judgement.columns import (
     Cols,
     column,
 )
-from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views
+from kvdiag.analysis.judgement.slots import LOST, PageTable, RingLog, SlotTable, Views
 from kvdiag.model.pages import PAGE_TOKENS
 
 __all__ = ["CODE_OF", "OTHER", "REASONS", "Chunk", "State", "ints", "judge_chunk"]
@@ -102,14 +103,35 @@ class State:
     """Per target (resident, ring): an upload is recorded (or declared)."""
     out_of_range: int = 0
     history_row: int = -1
-    """Row of the snapshot the state was taken from (:mod:`.snapshot`): ring copies before it
-    are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    """Row of the snapshot the state was taken from (:mod:`.snapshot`), or of the first event
+    after events lost from the trace (:meth:`lose`): ring copies before it are not in
+    :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    history_why: int = BEFORE_SNAPSHOT
+    """Why a page whose ring batch began before :attr:`history_row` is not judged."""
     upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 4, 8), np.int64))
     """[target, (uploads, pages, bytes, uploads of unknown bytes), reason] (reason index 5:
     another reason) — of the uploads whose pages and slots are possible."""
     dispatch: dict[int, int] = field(default_factory=dict)
     """Per layer: row of its latest ``fits`` event (the FA node's dispatch) in the chunks
     before this one — rule 3 (the Judge keeps it)."""
+
+
+    def lose(self, row: int) -> None:
+        """Events were lost from the trace before row ``row`` (a gap in seq: :mod:`.gaps`):
+        a lost upload, evict or invalidate may have changed any slot, so what every pool and
+        ring slot holds becomes unknown (:data:`~.slots.LOST`) until an upload fills it again,
+        and a ring batch that began before the gap is not walked back across it (its lost
+        copies). Host versions stay: the writes lost are missing from a slot's copy and from
+        the page's current version alike once an upload after the gap refills the slot, so
+        exact and stale are told apart by the writes that are in the trace."""
+        self.pool.lose()
+        self.ring.lose()
+        self.ring_log.clear()
+        grow_views(self)
+        self.batch_start[:] = row - 1
+        self.read_since[:] = True
+        self.history_row = row
+        self.history_why = LOST_EVENTS
 
 
 @dataclass
@@ -260,6 +282,11 @@ def prepare(state: State, cols: Cols) -> Prep:
                         _known_at(state.uploads[0], first_up[0], run_pos))
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
+    for t, table in ((POOL, state.pool), (RING, state.ring)):
+        mine = judged & (src == t)
+        if table.fill == LOST and mine.any():
+            # after a gap, a slot never seen is unknown too, not empty: the arrays must say so
+            table.grow(int((slot + length)[mine].max()))
     # an evict of an impossible slot empties nothing (it must not size the chunk's arrays)
     e_ok = (cols.e_slot >= 0) & (cols.e_slot < MAX_SLOT)
     state.out_of_range += int(e_ok.size - e_ok.sum())
@@ -437,6 +464,10 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
     cls[same & wk & (h_ver != cur)] = STALE
     cls[same & ~wk] = NOT_JUDGED
     why = np.where(same & ~wk, NO_WRITE, 0)
+    lost = h_vid == LOST
+    if lost.any():
+        cls[lost] = NOT_JUDGED
+        why[lost] = LOST_EVENTS
     lag = np.where(cls == STALE, cur - h_ver, 0)
     h_seq = np.full(m, -1, np.int64)
     h_step = np.full(m, -1, np.int64)
@@ -927,8 +958,9 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
         if verdict is None and state.ring_log.dropped and start <= oldest:
             verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)
         if verdict is None and start < state.history_row:
-            # the batch began before the segment's snapshot: its earlier copies are unknown
-            verdict = (NOT_JUDGED, 0, BEFORE_SNAPSHOT, -1, -1, -1, -1, -1)
+            # the batch began before the segment's snapshot or a gap: its earlier copies are
+            # unknown
+            verdict = (NOT_JUDGED, 0, state.history_why, -1, -1, -1, -1, -1)
         if verdict is None:
             continue  # foreign, holding the newest copy: as judged already
         cls[i], lag[i], why[i] = verdict[0], verdict[1], verdict[2]

@@ -51,6 +51,7 @@ from kvdiag.analysis.judgement.classes import (
     EXACT,
     FOREIGN,
     HOST,
+    LOST_EVENTS,
     MAX_PAGE,
     NO_DISPATCH,
     NO_SERVED,
@@ -76,6 +77,7 @@ from kvdiag.analysis.judgement.columns import (
 )
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import OUTCOME_CODE, FitsJudge, FitsVerdict, outcome_codes
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
@@ -274,6 +276,8 @@ class Judge:
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
+        self.gaps = SeqGaps(header)
+        """Events lost from the trace: jumps in seq (:mod:`.gaps`)."""
         self.snapshot_replaced: list[int] = []
         """Seqs of snapshots that replaced a state the events had built (a gap before them,
         or a writer that disagrees with the judgement): :mod:`.snapshot`."""
@@ -283,7 +287,7 @@ class Judge:
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
         """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
         self._flush()
-        self._judge([event])
+        self._judge_checked([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK, *,
                  hold: bool = False) -> Judge:
@@ -304,7 +308,7 @@ class Judge:
         if isinstance(events, list):
             self._flush()
             for chunk in batches(events, size):
-                self._judge(chunk)
+                self._judge_checked(chunk)
             return self
         blocks = getattr(events, "blocks", None)
         if callable(blocks):
@@ -320,7 +324,12 @@ class Judge:
                 # a declaration or a segment's snapshot changes how what follows is judged
                 self._flush()
                 for chunk in batches(block):
-                    self._judge(chunk)
+                    self._judge_checked(chunk)
+                continue
+            cuts = self.gaps.split(block)
+            if cuts:  # events lost: what follows is judged without the slots' contents
+                self._flush()
+                self._judge_cut(block, cuts)
                 continue
             # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
             self._waiting += block
@@ -368,6 +377,27 @@ class Judge:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
         self._flush()
         self.rows += n
+
+    def _judge_checked(self, chunk: list[Any]) -> None:
+        """:meth:`_judge` of the next events in file order, checked for lost events."""
+        cuts = self.gaps.split(chunk)
+        if cuts:
+            self._judge_cut(chunk, cuts)
+        else:
+            self._judge(chunk)
+
+    def _judge_cut(self, events: list[Any], cuts: list[tuple[Gap, int]]) -> None:
+        """Judge ``events`` with the state made unknown at each gap (``cuts``: the gap before
+        ``events[i]``): :meth:`.batch.State.lose`."""
+        start = 0
+        for gap, i in cuts:
+            for part in batches(events[start:i]):
+                self._judge(part)
+            if not gap.onto_snapshot:  # a snapshot sets the state itself
+                self.state.lose(self.rows)
+            start = i
+        for part in batches(events[start:]):
+            self._judge(part)
 
     def _judge(self, chunk: list[Any]) -> None:
         types = list(map(type, chunk))
@@ -930,7 +960,8 @@ class Judge:
             counts=counts, steps=self.steps, end=self.end, last_seq=self.last_seq,
             rows=self.rows, completeness=completeness,
             findings=tuple(self._findings(completeness)), residency=self._residency(),
-            ledger=self.ledger.snapshot() if self.ledger is not None else None)
+            ledger=self.ledger.snapshot() if self.ledger is not None else None,
+            lost=self.gaps.as_json() if self.gaps.count else None)
 
     def arisen(self) -> list[Finding]:
         """The findings that first appeared since the last call, each once (by
@@ -943,6 +974,8 @@ class Judge:
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
+        if self.gaps.count:  # no later event brings lost ones back
+            found.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
         out = []
         for f in found:
             key = fnd.identity(f)
@@ -969,6 +1002,8 @@ class Judge:
         finally:
             self.groups.not_judged = saved
         out += fnd.cross_check(self.groups)
+        if self.gaps.count:
+            out.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
         if self.end is None or self.end.status == "error":
             out.append(fnd.incomplete(self.end, self.last_seq, self._last_step))
         return out
@@ -1029,6 +1064,9 @@ class Judgement:
     findings: tuple[Finding, ...]
     residency: dict[str, Any]
     ledger: LedgerSnapshot | None = None
+    lost: dict[str, Any] | None = None
+    """Events lost from the trace (:meth:`.gaps.SeqGaps.as_json`: events, gaps, the first
+    gaps' seqs and steps); None: none."""
 
     @property
     def status(self) -> str:
@@ -1045,6 +1083,7 @@ class Judgement:
             "status": self.status,
             "residency": self.residency,
             "completeness": self.completeness.as_json(),
+            "lost_events": self.lost or {"events": 0, "gaps": 0},
         }
 
 
@@ -1057,7 +1096,8 @@ def _declares(e: object) -> bool:
 def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
     """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
-    ``records`` event alone in its list. The Judge answers (:meth:`~Judge.verdict`,
+    ``records`` event alone in its list, a ``snapshot`` or an event after a gap in seq first in
+    its list. The Judge answers (:meth:`~Judge.verdict`,
     :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
     and judges what follows a declaration with it, so a list that held one in its middle would
     leave the reads before it unanswered."""
@@ -1067,7 +1107,8 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
         if not block:
             return
         types = set(map(type, block))  # a C pass: most blocks hold neither kind
-        if ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types:
+        if (ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types
+                and block[-1].seq - block[0].seq == len(block) - 1):
             yield block
             continue
         chunk: list[ev.AnyEvent | ev.Unknown] = []
@@ -1078,9 +1119,10 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
                     chunk = []
                 yield [e]
                 continue
-            if type(e) is ev.Snapshot and chunk:
-                # a segment's snapshot starts a list: the reads after it are then the list's
-                # own, and the Judge can be asked about every one of them
+            if chunk and (type(e) is ev.Snapshot or e.seq > chunk[-1].seq + 1):
+                # a segment's snapshot, or the first event after a gap in seq (events lost),
+                # starts a list: the Judge judges from there on from another state, so the
+                # reads after it are then the list's own and can all be asked about
                 yield chunk
                 chunk = []
             chunk.append(e)

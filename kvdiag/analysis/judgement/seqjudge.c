@@ -22,7 +22,9 @@
 
 enum { EXACT, STALE, FOREIGN, NOT_JUDGED };
 enum { POOL, RING, HOST };
-enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, WHYS = 8 };
+enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, LOST_EVENTS = 8, WHYS = 9 };
+/* a slot's view after events were lost from the trace: what it holds is unknown (slots.LOST) */
+#define LOST (-2)
 enum { CAT_JUDGED, CAT_HOST, CAT_OUT_OF_RANGE, CAT_NO_UPLOAD, CAT_DROPPED };
 #define PIECE 14
 #define RINGROW 7
@@ -372,7 +374,8 @@ static PyObject *judge(PyObject *self, PyObject *args) {
                         goto finish;
                     }
                     int64_t cur = pver[f], cls, lag = 0, why = 0;
-                    if (!same) cls = FOREIGN;
+                    if (hv == LOST) cls = NOT_JUDGED, why = LOST_EVENTS;
+                    else if (!same) cls = FOREIGN;
                     else if (!wk) cls = NOT_JUDGED, why = NO_WRITE;
                     else if (hver == cur) cls = EXACT;
                     else cls = STALE, lag = cur - hver;

@@ -28,7 +28,7 @@ from kvdiag.analysis.judgement.batch import (
 )
 from kvdiag.analysis.judgement.classes import FOREIGN, STALE
 from kvdiag.analysis.judgement.columns import Cols
-from kvdiag.analysis.judgement.slots import SlotTable
+from kvdiag.analysis.judgement.slots import EMPTY, SlotTable
 
 _SOURCE = Path(__file__).with_name("seqjudge.c")
 _MODULE = f"{__package__}._seqjudge"
@@ -112,6 +112,8 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
             state.uploads[t] = True
     if cols.inv.size:
         state.ring_log.clear()
+        # the walk emptied every slot of the arrays; those beyond them are empty too
+        state.pool.fill = state.ring.fill = EMPTY
     state.ring_log.add(ring_rows.reshape(-1, 7))
     ring = u_tgt == 1
     ri = cols.r_pos
