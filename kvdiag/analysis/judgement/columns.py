@@ -172,6 +172,10 @@ class Cols:
     """Positions of the fits events (the FA nodes' dispatches: the ring's rule 3)."""
     f_layer: np.ndarray = field(default_factory=lambda: _none())
     """Per fits event: its layer."""
+    lose: np.ndarray = field(default_factory=lambda: _none())
+    """Positions of the events that follow events lost from the trace (gaps in seq, found by
+    the Judge: :mod:`.gaps`), ascending: every slot's content is unknown from just before
+    each."""
 
     def count(self, code: int) -> int:
         """Events of one kind code."""
@@ -351,4 +355,5 @@ def concat(parts: list[Cols]) -> Cols:
         a["run_src"], a["r_ann"], a["ann"],
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
         parts[0].rows0, f_pos=np.concatenate([p.f_pos for p in parts]),
-        f_layer=np.concatenate([p.f_layer for p in parts]))
+        f_layer=np.concatenate([p.f_layer for p in parts]),
+        lose=np.concatenate([p.lose for p in parts]))

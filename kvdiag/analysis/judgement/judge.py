@@ -268,6 +268,8 @@ class Judge:
         self._waiting: list[Any] = []
         """Streamed events not taken out yet, and their types."""
         self._waiting_types: list[type] = []
+        self._waiting_lose: list[int] = []
+        """Positions in :attr:`_waiting` after events lost from the trace (:mod:`.gaps`)."""
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -327,10 +329,9 @@ class Judge:
                     self._judge_checked(chunk)
                 continue
             cuts = self.gaps.split(block)
-            if cuts:  # events lost: what follows is judged without the slots' contents
-                self._flush()
-                self._judge_cut(block, cuts)
-                continue
+            if cuts:  # events lost: from each gap on, what the slots hold is unknown
+                at = len(self._waiting)
+                self._waiting_lose += [at + i for g, i in cuts if not g.onto_snapshot]
             # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
             self._waiting += block
             self._waiting_types += types
@@ -362,7 +363,11 @@ class Judge:
         if self._waiting:
             block, types = self._waiting, self._waiting_types
             self._waiting, self._waiting_types = [], []
-            self._pending.append(self._take(block, types, keep_reads=False, base=self._held))
+            cols = self._take(block, types, keep_reads=False, base=self._held)
+            if self._waiting_lose:
+                cols.lose = np.array(self._waiting_lose, np.int64) + self._held
+                self._waiting_lose = []
+            self._pending.append(cols)
             self._held += len(block)
 
     def _flush(self) -> None:
