@@ -166,8 +166,10 @@ def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
 
 def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
     """``entry`` without ``kind``: its events, its ``records`` entries (``kind`` and
-    ``kind.field``), and the End's event count made to match; None when it has no such
-    event and does not declare it."""
+    ``kind.field``), the seqs numbered again and the End's event count made to match, as a
+    writer that never calls that macro writes it (deleted lines that keep their seqs are
+    events lost: tests/test_lost_events.py); None when it has no such event and does not
+    declare it."""
     lines = entry.path.read_bytes().splitlines(keepends=True)
     header = json.loads(lines[0])
     declared = header.get("records")
@@ -191,12 +193,13 @@ def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
             continue
         if e.get("kind") == "records" and isinstance(e.get("kinds"), list):
             e["kinds"] = [r for r in e["kinds"] if not drop(r)]
-            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
         if e.get("kind") == "end":
             e["events"] = events
-            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
         else:
             events += 1
+        if isinstance(e.get("seq"), int):
+            e["seq"] = events + (e.get("kind") == "end")
+        line = json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         kept.append(line)
     if not found:
         return None

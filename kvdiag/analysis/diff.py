@@ -97,7 +97,9 @@ class DiffResult:
 
     ends: tuple[dict[str, Any], dict[str, Any]] = field(default_factory=lambda: ({}, {}))
     """How each trace ended, as its judgement says: ``status`` (completed, aborted, error,
-    incomplete) and its ``aborts`` (seq, step, message of each ``abort`` finding)."""
+    incomplete), its ``aborts`` (seq, step, message of each ``abort`` finding) and its
+    ``lost_events`` (events missing between those it holds: what was compared after the
+    first gap rests on an incomplete record)."""
 
     @property
     def nothing_compared(self) -> bool:
@@ -490,10 +492,12 @@ class Differ:
 
 
 def _end(j: Judgement) -> dict[str, Any]:
-    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them."""
+    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them,
+    and the events it lost on the way (gaps in seq: its ``lost_events`` summary)."""
     aborts = [{"seq": f.evidence[0].seq, "step": f.evidence[0].step, "message": f.title}
               for f in j.findings if f.rule == "abort"]
-    return {"status": j.status, "aborts": aborts}
+    return {"status": j.status, "aborts": aborts,
+            "lost_events": j.summary()["lost_events"]}
 
 
 def _abort_divergence(ends: tuple[dict[str, Any], dict[str, Any]],

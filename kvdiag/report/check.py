@@ -13,6 +13,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvdiag.analysis.judgement.gaps import lost_text
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.findings import SEVERITY_STYLE, findings_table, findings_to_json
@@ -210,6 +211,9 @@ def check_report(
     for p in summary.get("problems", []):
         parts.append(Text(f"trace problem at line {p['line']}: {cap(p['message'])}",
                           style="yellow"))
+    lost = lost_text(summary.get("lost_events"))
+    if lost:
+        parts.append(Text(lost, style="yellow"))
     parts.append(residency_table(summary))
     if findings:  # without findings the verdict alone says so (once)
         parts.append(findings_table(findings))
@@ -217,7 +221,7 @@ def check_report(
     return parts
 
 
-__all__ = ["Severity", "check_report", "verdict"]
+__all__ = ["Severity", "check_report", "lost_text", "verdict"]
 
 
 def _problems(path: str, summary: dict[str, Any]) -> list[InputProblem]:
@@ -259,6 +263,9 @@ def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding]
                  ("fail on", f"{threshold.label} ({failing} finding(s) at or above)")]
         facts += [(f"trace problem (line {p['line']})", str(p["message"]))
                   for p in summary.get("problems", [])]
+        lost = lost_text(summary.get("lost_events"))
+        if lost:
+            facts.append(("events lost", lost))
         sys.stdout.write(findings_markdown(f"kvdiag check {path}", facts, findings,
                                            verdict_line(findings)))
     else:

@@ -116,3 +116,16 @@ class SeqGaps:
                 "first": [{"first_seq": g.first, "last_seq": g.last, "events": g.events,
                            "step_before": g.step_before, "step_after": g.step_after,
                            "onto_snapshot": g.onto_snapshot} for g in self.gaps]}
+
+
+def lost_text(lost: dict[str, Any] | None) -> str | None:
+    """One line for the events a trace lost (the judgement's ``lost_events`` summary: gaps in
+    seq), or None when it lost none."""
+    if not lost or not lost.get("events"):
+        return None
+    first = lost["first"][0]
+    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
+            else f"seq {first['first_seq']}–{first['last_seq']}")
+    more = f" and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
+    return (f"{lost['events']} event(s) lost from the trace (gaps in seq: {seqs}{more}); "
+            f"every verdict from seq {first['first_seq']} on rests on an incomplete record")
