@@ -149,13 +149,17 @@ def import_entries(root: Path, model: dict[str, Entry]) -> list[Entry]:
 
 
 def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
-    """Traces at the edges: each base as its header and its End alone (nothing recorded), and
-    kvrt's killed run whole (no End; its last line may be cut)."""
+    """Traces at the edges: each base as its header and its End alone (nothing recorded: the
+    End numbered as a writer that wrote nothing before it numbers it, seq 1 and 0 events — kept
+    as it was, it would say the events before it were lost), and kvrt's killed run whole (no
+    End; its last line may be cut)."""
     root.mkdir(parents=True, exist_ok=True)
     out = []
     for e in bases:
         lines = e.path.read_bytes().splitlines(keepends=True)
-        end = [line for line in lines[1:] if b'"kind":"end"' in line]
+        end = [json.dumps({**json.loads(line), "seq": 1, "events": 0},
+                          separators=(",", ":")).encode() + b"\n"
+               for line in lines[1:] if b'"kind":"end"' in line]
         path = root / f"{e.path.stem}-header-and-end.kvtrace"
         path.write_bytes(lines[0] + b"".join(end))
         out.append(Entry(f"{e.name}-header-and-end", e.source, path, removed="everything"))

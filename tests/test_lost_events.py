@@ -8,14 +8,25 @@ all must give the same verdicts.
 
 from __future__ import annotations
 
+import io
+import json
 import random
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from kvdiag import compiled
 from kvdiag.analysis.judgement import Judge
 from kvdiag.model import events as ev
+from kvdiag.tui.shown import load_document, shown
+from kvdiag.tui.summaries import overview
+from tests.corpus import cli
+from tests.native_cc import CC, KERNELS, TESTS_C
+from tests.native_cc import build as build_c
+from tests.native_cc import run as run_c
 from tests.test_judgement_fastpath import _judged, _lists, _small_chunks, _trace
 
 
@@ -136,3 +147,155 @@ def test_no_gap_no_finding_and_a_lost_start_is_said() -> None:
     snap = Judge().feed_all([snapshot, _ev(ev.Write, 41, layer=0, stream=0, cells=(0, 1),
                                            rows=(0, 1))]).snapshot()
     assert snap.lost is None
+
+
+# -- the commands, on a native trace (kernels/kvtrace.h) and a model capture ----------------
+
+
+def _without(src: Path, dst: Path, drop: Callable[[int, bytes], bool]) -> int:
+    """``src`` with the lines ``drop(line number, line)`` says (the header is line 1, never
+    dropped): how many were dropped."""
+    lines = src.read_bytes().splitlines(keepends=True)
+    kept = [lines[0]] + [line for i, line in enumerate(lines[1:], 2) if not drop(i, line)]
+    dst.write_bytes(b"".join(kept))
+    return len(lines) - len(kept)
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``kvtrace_bench gen 12000`` (benchmarks/bench_native.py's workload; stream 0 reads
+    foreign pages from step 256 on) through kvtrace.h."""
+    if CC is None:
+        pytest.skip("no C compiler here")
+    root = tmp_path_factory.mktemp("native")
+    exe = root / "kvtrace_bench"
+    build_c([CC, "-std=c99", "-O2", "-I", str(KERNELS), str(TESTS_C / "kvtrace_bench.c"), "-o",
+             str(exe)])
+    proc = run_c(exe, root, "gen", "12000", trace="gen.kvtrace")
+    assert proc.returncode == 0, proc.stderr
+    return root / "gen.kvtrace"
+
+
+def _check(path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    code, out = cli("check", "--json", str(path), *args)
+    return code, json.loads(out)
+
+
+def test_a_native_trace_without_its_write_lines_says_every_event_lost(
+        native: Path, tmp_path: Path) -> None:
+    """GIVEN a kvtrace.h trace that declares writes, with every write line deleted (the case
+    that was judged exact throughout)
+    WHEN it is checked
+    THEN events-lost (warning) counts exactly the lines deleted, the pages read from slots not
+    refilled since a gap are not judged, and none is foreign any more; the whole trace has no
+    such finding and its lost_events summary is empty."""
+    code, whole = _check(native)
+    assert whole["summary"]["lost_events"] == {"events": 0, "gaps": 0}
+    assert "events-lost" not in [f["rule"] for f in whole["findings"]]
+    classes = whole["summary"]["residency"]["read_classes"]
+    assert classes["foreign"] > 0 and classes["not_judged"] == 0
+    cut = tmp_path / "nowrite.kvtrace"
+    n = _without(native, cut, lambda _i, line: b'"kind":"write"' in line)
+    assert n > 100
+    code, doc = _check(cut, "--fail-on", "warning")
+    assert code == 1
+    (f,) = [f for f in doc["findings"] if f["rule"] == "events-lost"]
+    assert f["severity"] == "warning"
+    assert f["title"].startswith(f"{n} event(s) missing from the trace: seq 4 (1 event) in "
+                                 "step 0;")
+    assert f["details"]["events"] == n and f["details"]["gaps"] == n
+    assert f["details"]["evidence_shown"] == 20 and f["details"]["evidence_left_out"] == n - 20
+    lost = doc["summary"]["lost_events"]
+    assert lost["events"] == n and lost["first"][0]["first_seq"] == 4
+    res = doc["summary"]["residency"]
+    assert res["read_classes"]["foreign"] == 0
+    assert res["read_classes"]["not_judged"] == res["not_judged"]["lost-events"] > 0
+    assert res["read_classes"]["not_judged"] + res["read_classes"]["exact"] == sum(
+        classes.values())
+    assert "foreign-page-read" not in [f["rule"] for f in doc["findings"]]
+
+
+def test_a_run_of_lines_deleted_mid_trace_is_one_gap_on_every_surface(
+        native: Path, tmp_path: Path) -> None:
+    """GIVEN the native trace with lines 1001-1100 deleted (seqs 1000-1099)
+    THEN check (JSON and text), trace validate, trace info, diff against the whole trace and
+    the Chrome export say the same 100 events, seq 1000-1099."""
+    cut = tmp_path / "cut.kvtrace"
+    assert _without(native, cut, lambda i, _line: 1001 <= i <= 1100) == 100
+    code, doc = _check(cut)
+    (f,) = [f for f in doc["findings"] if f["rule"] == "events-lost"]
+    assert "100 event(s) missing from the trace: seq 1000–1099 (100 events)" in f["title"]
+    assert f["evidence"][0]["seq"] == 1100
+    assert doc["summary"]["lost_events"]["first"] == [
+        {"first_seq": 1000, "last_seq": 1099, "events": 100,
+         "step_before": f["details"]["first"][0]["step_before"],
+         "step_after": f["evidence"][0]["step"], "onto_snapshot": False}]
+    said = ("100 event(s) lost from the trace (gaps in seq: seq 1000–1099); every verdict "
+            "from seq 1000 on rests on an incomplete record")
+    _, text = cli("check", str(cut))
+    assert said in " ".join(text.split())
+    code, out = cli("trace", "validate", str(cut))
+    assert code == 1  # the End's event count: a format problem of its own
+    assert f"{cut}: {said} (not a format problem" in out
+    _, out = cli("trace", "info", "--json", str(cut))
+    assert json.loads(out)["judgement"]["lost_events"]["events"] == 100
+    # the lines lost held step events: the schedules differ there (compared with --force)
+    code, out = cli("diff", "--json", "--force", str(native), str(cut))
+    ends = json.loads(out)["ends"]
+    assert ends["a"]["lost_events"]["events"] == 0 and ends["b"]["lost_events"]["events"] == 100
+    _, out = cli("diff", "--force", str(native), str(cut))
+    assert f"B: {said}" in out
+    chrome = tmp_path / "cut.json"
+    cli("trace", "export", str(cut), "-o", str(chrome))
+    marks = [e for e in json.loads(chrome.read_text())
+             if e.get("cat") == "events-lost"]
+    assert [m["name"] for m in marks] == [said]
+    assert marks[0]["args"]["first"][0]["first_seq"] == 1000
+
+
+def test_a_valid_trace_validates_without_a_lost_line(native: Path) -> None:
+    code, out = cli("trace", "validate", str(native))
+    assert code == 0 and "lost" not in out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model capture of slot1-first (shared layout: stream 1 reads foreign pages)."""
+    path = tmp_path_factory.mktemp("model") / "m.kvtrace"
+    code, _ = cli("capture", "--scenario", "slot1-first", "--preset", "small", "--layers", "2",
+                  "--n-head", "4", "--prompt-tokens", "300", "--steps", "4", "--executor",
+                  "numpy", "-o", str(path))
+    assert code == 0
+    return path
+
+
+def test_a_model_capture_that_lost_half_its_uploads_calls_no_page_foreign(
+        model: Path, tmp_path: Path) -> None:
+    """GIVEN a model capture (10 foreign pages) with every other upload line deleted
+    THEN no page is called foreign on a lost copy's account: the pages read from slots whose
+    last copy went before a gap are not judged (lost-events; a read before the first upload
+    left: upload), the rest judged; events-lost counts the uploads; the TUI's Overview and
+    findings say the same."""
+    _, whole = _check(model)
+    before = whole["summary"]["residency"]
+    assert before["read_classes"]["foreign"] == 10
+    assert whole["summary"]["lost_events"]["events"] == 0
+    cut = tmp_path / "half.kvtrace"
+    lines = model.read_bytes().splitlines()
+    ups = [i for i, line in enumerate(lines, 1) if b'"kind":"upload"' in line]
+    gone = set(ups[1::2])
+    n = _without(model, cut, lambda i, _line: i in gone)
+    assert n == len(gone) == 17
+    _, doc = _check(cut)
+    res = doc["summary"]["residency"]
+    assert res["read_classes"] == {"exact": 13, "stale": 0, "foreign": 0, "not_judged": 47}
+    assert res["not_judged"] == {"upload": 2, "lost-events": 45}
+    assert doc["summary"]["lost_events"]["events"] == n
+    rules = [f["rule"] for f in doc["findings"]]
+    assert "events-lost" in rules and "foreign-page-read" not in rules
+    seen = shown(str(cut), steps=[0])
+    assert seen.lost_events == n and "events-lost" in seen.findings
+    console = Console(width=200, file=io.StringIO())
+    console.print(overview(load_document(str(cut))))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"{n} event(s) lost from the trace (gaps in seq: seq " in text

@@ -1,4 +1,5 @@
-"""Compare two traces of one schedule and explain their first divergence (exit 1), or say they
+"""Compare two traces of one schedule and explain their first divergence (exit 1; a run that
+crashed, or stopped without completing, is not equivalent to one that completed), or say they
 are equivalent (exit 0); bad input, different schedules (without --force) or traces with
 nothing in common to compare exit 2."""
 

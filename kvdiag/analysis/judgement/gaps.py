@@ -71,12 +71,10 @@ class SeqGaps:
         self.count = 0
         self.lost = 0
 
-    def split(self, events: Sequence[Any]) -> list[tuple[Gap | None, int]]:
+    def split(self, events: Sequence[Any]) -> list[tuple[Gap, int]]:
         """Where ``events`` (the next ones in file order) lose events: ``(gap, i)`` for each
-        gap found before ``events[i]`` (``gap`` None: a jump that is no loss, yet the page
-        state must be taken from the snapshot at ``i`` — never returned today), in order. An
-        empty list when their seqs go on one by one (the usual case, decided from the first
-        and last event alone)."""
+        gap found before ``events[i]``, in order. An empty list when their seqs go on one by
+        one (the usual case, decided from the first and last event alone)."""
         n = len(events)
         if not n:
             return []
@@ -85,7 +83,7 @@ class SeqGaps:
             self.next = last + 1
             self.step = events[-1].step
             return []
-        out: list[tuple[Gap | None, int]] = []
+        out: list[tuple[Gap, int]] = []
         for i, e in enumerate(events):
             seq = e.seq
             expect = self.next
