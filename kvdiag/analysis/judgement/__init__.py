@@ -19,6 +19,8 @@ Modules, one idea each:
   held / failed with its logged value / unknown and why (predicate: :mod:`kvdiag.model.fits`);
 - :mod:`.completeness` — which kinds the trace records (declared or inferred) and what a
   missing one hides;
+- :mod:`.gaps` — events lost from the trace (jumps in seq): where, how many, and from where
+  on what every slot holds is unknown;
 - :mod:`.judge` — the streaming :class:`Judge` and its :class:`Judgement` snapshot;
 - :mod:`.ledger` — compact per-read tables for viewers;
 - :mod:`.findings` — verdicts grouped into findings (rule ids as ``kvdiag check`` prints them);

@@ -18,7 +18,9 @@ Per event kind:
   every decision that makes a finding;
 - ``output``: diverged / within tolerance / no reference;
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
-- ``abort``, ``end``, ``adapt``, ``repartition``: as recorded.
+- ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
+- every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
+  from there on what every slot holds is unknown until an upload fills it again.
 
 The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
 :meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
