@@ -324,11 +324,11 @@ class Differ:
         self.result.lengths = (n_a, n_b)
         ja, jb = self.a.judge.snapshot(), self.b.judge.snapshot()
         self.result.ends = (_end(ja), _end(jb))
-        last = (ja.steps.last, jb.steps.last)
-        crash = _abort_divergence(self.result.ends, last)
+        last_steps = (ja.steps.last, jb.steps.last)
+        crash = _abort_divergence(self.result.ends, last_steps)
         if crash is not None:
             self._found(crash, cause=False)
-        stop = _end_divergence(self.result.ends, last)
+        stop = _end_divergence(self.result.ends, last_steps)
         if stop is not None and self.result.first is None:
             self._found(stop, cause=False)
         return self.result
