@@ -21,6 +21,7 @@ from rich.console import Console
 from kvdiag import compiled
 from kvdiag.analysis.judgement import Judge
 from kvdiag.model import events as ev
+from kvdiag.trace import make_header
 from kvdiag.tui.shown import load_document, shown
 from kvdiag.tui.summaries import overview
 from tests.corpus import cli
@@ -299,3 +300,27 @@ def test_a_model_capture_that_lost_half_its_uploads_calls_no_page_foreign(
     console.print(overview(load_document(str(cut))))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert f"{n} event(s) lost from the trace (gaps in seq: seq " in text
+
+
+def test_a_flight_recorder_that_dropped_events_is_said_to_have_lost_them() -> None:
+    """GIVEN a flight recorder's window whose header counts 2 events dropped (kvtrace.h's
+    ``extra.segment.dropped``: the window's snapshot did not fit, and events that no longer
+    fit were left out with their seqs used) and a gap of 2 in it
+    THEN events-lost says the 2 events and that the writer declares them dropped; a jump onto
+    a snapshot inside a rotated set is the set's gap problem, not this finding."""
+    segment = {"run": "1-2", "first_seq": 1, "mode": "flight-recorder", "dropped": 2}
+    header = make_header("native", ev.Device(name="cpu"), extra={"segment": segment})
+    w = [_ev(ev.Write, s, layer=0, stream=0, cells=(0, 1), rows=(0, 1)) for s in (1, 2, 5)]
+    snap = Judge(header).feed_all(iter(w)).snapshot()
+    (f,) = [f for f in snap.findings if f.rule == "events-lost"]
+    assert f.title.startswith("2 event(s) missing from the trace (the writer declares 2 "
+                              "event(s) dropped: its flight recorder was full): seq 3–4")
+    assert f.details["declared_dropped"] == 2
+    rotated = make_header("native", ev.Device(name="cpu"), extra={"segment": {
+        "run": "1-2", "first_seq": 1, "mode": "rotate", "index": 1}})
+    events = [w[0], w[1], _ev(ev.Snapshot, 9, reason="rotate"),
+              _ev(ev.Write, 10, layer=0, stream=0, cells=(0, 1), rows=(0, 1))]
+    assert Judge(rotated).feed_all(iter(events)).snapshot().lost is None
+    # in a file that is no rotated set, the same jump onto a snapshot lost 6 events
+    lost = Judge(header).feed_all(iter(events)).snapshot().lost
+    assert lost is not None and lost["first"][0]["onto_snapshot"] is True

@@ -287,8 +287,10 @@ def prepare(state: State, cols: Cols) -> Prep:
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
     for t, table in ((POOL, state.pool), (RING, state.ring)):
+        if table.fill != LOST and not cols.lose.size:
+            continue
         mine = judged & (src == t)
-        if (table.fill == LOST or cols.lose.size) and mine.any():
+        if mine.any():
             # after a gap, a slot never seen is unknown too, not empty: the arrays must say so
             table.grow(int((slot + length)[mine].max()))
     # an evict of an impossible slot empties nothing (it must not size the chunk's arrays)
