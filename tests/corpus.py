@@ -68,6 +68,8 @@ class Entry:
     schedule: tuple[str, str, bool] | None = None
     """model: (scenario, dispatch, unified) — the shared and per-stream captures of one
     schedule, for diff."""
+    seqs: dict[int, int] = field(default_factory=dict)
+    """A kind removed (:func:`strip`): each event's seq here → its seq in the base trace."""
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -149,16 +151,26 @@ def import_entries(root: Path, model: dict[str, Entry]) -> list[Entry]:
 
 
 def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
-    """Traces at the edges: each base as its header and its End alone (nothing recorded), and
-    kvrt's killed run whole (no End; its last line may be cut)."""
+    """Traces at the edges: each base with a tenth of its lines deleted from the middle (events
+    lost), each as its header and its End alone (nothing recorded: the
+    End numbered as a writer that wrote nothing before it numbers it, seq 1 and 0 events — kept
+    as it was, it would say the events before it were lost), and kvrt's killed run whole (no
+    End; its last line may be cut)."""
     root.mkdir(parents=True, exist_ok=True)
     out = []
     for e in bases:
         lines = e.path.read_bytes().splitlines(keepends=True)
-        end = [line for line in lines[1:] if b'"kind":"end"' in line]
+        end = [json.dumps({**json.loads(line), "seq": 1, "events": 0},
+                          separators=(",", ":")).encode() + b"\n"
+               for line in lines[1:] if b'"kind":"end"' in line]
         path = root / f"{e.path.stem}-header-and-end.kvtrace"
         path.write_bytes(lines[0] + b"".join(end))
         out.append(Entry(f"{e.name}-header-and-end", e.source, path, removed="everything"))
+        # a run of lines deleted from the middle, seqs kept (a grep -v, an edit): events lost
+        n = len(lines)
+        cut = root / f"{e.path.stem}-lines-lost.kvtrace"
+        cut.write_bytes(b"".join(lines[:n * 2 // 5] + lines[n // 2:]))
+        out.append(Entry(f"{e.name}-lines-lost", e.source, cut, removed="lines"))
         if e.name == "kvrt/kill":
             out.append(Entry("kvrt/kill-whole", "kvrt", root.parent / "kvrt" / "kill.kvtrace"))
     return out
@@ -166,8 +178,10 @@ def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
 
 def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
     """``entry`` without ``kind``: its events, its ``records`` entries (``kind`` and
-    ``kind.field``), and the End's event count made to match; None when it has no such
-    event and does not declare it."""
+    ``kind.field``), the seqs numbered again and the End's event count made to match, as a
+    writer that never calls that macro writes it (deleted lines that keep their seqs are
+    events lost: tests/test_lost_events.py); None when it has no such event and does not
+    declare it."""
     lines = entry.path.read_bytes().splitlines(keepends=True)
     header = json.loads(lines[0])
     declared = header.get("records")
@@ -180,6 +194,7 @@ def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
         header["records"] = [r for r in declared if not drop(r)]
     kept: list[bytes] = [json.dumps(header, separators=(",", ":")).encode() + b"\n"]
     events = 0
+    seqs: dict[int, int] = {}
     for line in lines[1:]:
         try:
             e = json.loads(line)
@@ -191,19 +206,22 @@ def strip(entry: Entry, kind: str, root: Path) -> Entry | None:
             continue
         if e.get("kind") == "records" and isinstance(e.get("kinds"), list):
             e["kinds"] = [r for r in e["kinds"] if not drop(r)]
-            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
         if e.get("kind") == "end":
             e["events"] = events
-            line = json.dumps(e, separators=(",", ":")).encode() + b"\n"
         else:
             events += 1
+        if isinstance(e.get("seq"), int):
+            new = events + (e.get("kind") == "end")
+            seqs[new] = e["seq"]
+            e["seq"] = new
+        line = json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         kept.append(line)
     if not found:
         return None
     path = root / f"{entry.path.stem}-no-{kind}.kvtrace"
     path.write_bytes(b"".join(kept))
     return Entry(f"{entry.name}-no-{kind}", entry.source, path, truth=entry.truth,
-                 base=entry.name, removed=kind)
+                 base=entry.name, removed=kind, seqs=seqs)
 
 
 def stripped(entries: Iterable[Entry], root: Path,

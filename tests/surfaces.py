@@ -33,6 +33,8 @@ def check_disagreements(entries: Iterable[Entry]) -> list[str]:
             bad.append(f"{e.name}: steps: judgement {j.steps.count}, check {s['steps']}")
         if s["status"] != j.status:
             bad.append(f"{e.name}: status: judgement {j.status}, check {s['status']}")
+        if s["lost_events"] != j.summary()["lost_events"]:
+            bad.append(f"{e.name}: events lost: judgement {j.lost}, check {s['lost_events']}")
         want = sorted((f.rule, f.severity.label, f.title) for f in j.findings)
         got = sorted((f["rule"], f["severity"], f["title"]) for f in doc["findings"])
         if got != want:
@@ -243,16 +245,21 @@ def removed_kind_disagreements(entries: Iterable[Entry], by: dict[str, Entry]
         assert e.base is not None and e.removed is not None
         base, j = judged(by[e.base].path), judged(e.path)
         missing = {k.kind for k in j.judgement.completeness.missing}
-        hidden = [k for k, (cls, _) in base.pages.items() if cls != "not judged"
-                  and j.pages.get(k, ("not judged", 0))[0] == "not judged"]
         gone = Counter(f.rule for f in base.judgement.findings if f.rule != "not-recorded")
         gone -= Counter(f.rule for f in j.judgement.findings)
         declared = j.judgement.completeness.source == "declared"
+        if j.judgement.lost:
+            bad.append(f"{e.name}: {j.judgement.lost['events']} event(s) lost, where the "
+                       "kind was removed as a writer that never calls it writes")
+        # the stripped trace numbers its events again: its reads by their seq in the base
+        renumbered = {(e.seqs.get(s, s), p): v for (s, p), v in j.pages.items()}
+        hidden = [k for k, (cls, _) in base.pages.items() if cls != "not judged"
+                  and renumbered.get(k, ("not judged", 0))[0] == "not judged"]
         if e.removed not in missing and (declared or hidden or gone):
             bad.append(f"{e.name}: {e.removed} removed ({len(hidden)} page(s) no longer "
                        f"judged, findings gone {dict(gone)}), the judgement's completeness "
                        f"says missing {sorted(missing)}")
-        for key, (cls, lag) in j.pages.items():
+        for key, (cls, lag) in renumbered.items():
             if cls == "not judged":
                 continue
             was = base.pages.get(key)
@@ -260,7 +267,7 @@ def removed_kind_disagreements(entries: Iterable[Entry], by: dict[str, Entry]
                 bad.append(f"{e.name}: read #{key[0]} page {key[1]}: {cls} (lag {lag}) without "
                            f"{e.removed}, {was} with it")
         for t in e.truth:
-            got = j.pages.get((t.seq, t.page))
+            got = renumbered.get((t.seq, t.page))
             if got is not None and got[0] not in ("not judged", t.cls):
                 bad.append(f"{e.name}: read #{t.seq} page {t.page}: truth {t.cls}, judged "
                            f"{got[0]} without {e.removed}")
@@ -345,6 +352,8 @@ def tui_disagreements(entries: Iterable[Entry]) -> list[str]:
             bad.append(f"{e.name}: events per kind: judgement {j.counts}, TUI {view.counts}")
         if view.steps != j.steps.count:
             bad.append(f"{e.name}: steps: judgement {j.steps.count}, TUI {view.steps}")
+        if view.lost_events != (j.lost["events"] if j.lost else 0):
+            bad.append(f"{e.name}: events lost: judgement {j.lost}, TUI {view.lost_events}")
         missing = [k.kind for k in j.completeness.missing]
         if list(view.not_recorded) != missing:
             bad.append(f"{e.name}: not recorded: judgement {missing}, TUI "

@@ -313,9 +313,11 @@ def test_a_gap_between_segments_is_reported_not_joined(tmp_path: Path,
     truth = truth_of(truth_path)
     assert keyed and all(truth[(s, p)] == c for s, p, c in keyed)
     assert len(judge.snapshot_replaced) == 1
+    # the set's gap problem says the seqs lost; the judgement does not say them twice
+    assert judge.snapshot().lost is None
     assert main(["trace", "validate", str(tmp_path / "s.kvtrace")]) == 1
     out = capsys.readouterr().out
-    assert ": gap: segment 000002 missing" in out
+    assert ": gap: segment 000002 missing" in out and "event(s) lost" not in out
     assert main(["check", str(tmp_path / "s.kvtrace")]) == 1
     out = capsys.readouterr().out
     assert "segment 000002 missing" in out
@@ -373,8 +375,9 @@ def test_the_flight_recorder_writes_its_window(tmp_path: Path, how: str, args: l
     trace, and every page it judges equals kvrt's verdict from the bytes."""
     trace, truth_path = tmp_path / "f.kvtrace", tmp_path / "f.truth"
     rc, _err = run_with(args, trace, truth_path, {"KVTRACE_RING_MB": "0.125"}, BUILT)
-    keyed, _, reader, _ = judged(trace)
+    keyed, _, reader, judge = judged(trace)
     assert reader.problems == [], reader.problems
+    assert judge.snapshot().lost is None  # a window from its snapshot on loses nothing
     end = reader.end
     assert end is not None
     if signal_name:

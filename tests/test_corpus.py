@@ -117,6 +117,8 @@ def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) ->
         assert {e.removed for e in g["kvrt-stripped"]} == set(removed)
     assert {e.removed for e in g["import-stripped"]} >= {"fits"}
     assert {e.name for e in g["edge"]} >= {"model/single-slot-shared-membership-header-and-end"}
+    lost = [e for e in g["edge"] if e.removed == "lines"]
+    assert lost and all(judged(e.path).judgement.lost for e in lost)
 
 
 def test_a_header_and_an_end_judge_nothing_and_say_so(corpus: Corpus) -> None:

@@ -322,3 +322,52 @@ def test_a_run_that_crashed_is_not_equivalent_to_one_that_completed(
     code, doc = diff_json(capsys, str(crashed), str(other))
     assert code == 1 and doc["first"]["kind"] == "abort"
     assert "B aborted at step 2" in doc["first"]["text"] or "A aborted" in doc["first"]["text"]
+
+
+def _cut_at(src: Path, dst: Path, step: int, end: ev.End | None = None) -> Path:
+    """``src`` as a run that stopped at ``step``: its events before that step, then ``end``
+    (None: no End event, a killed run)."""
+    with TraceReader.open(src) as r, dst.open("wb") as out:
+        out.write(msgspec.json.encode(r.header) + b"\n")
+        out.writelines(msgspec.json.encode(e) + b"\n" for e in r
+                       if e.step < step and not isinstance(e, ev.End))
+        if end is not None:
+            out.write(msgspec.json.encode(end) + b"\n")
+    return dst
+
+
+def test_a_run_that_stopped_early_is_not_equivalent_to_one_that_completed(
+        captured: Capture, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """GIVEN the same schedule run to completion, and killed mid-run (no End event; every
+    step it holds agrees) WHEN diffed either way round THEN the verdict is divergent, exit 1,
+    the divergence ``end`` at the first step the killed run lacks, in text and JSON; a run
+    interrupted with an End of status error says its reason; two killed runs say nothing."""
+    done, _ = captured("single-slot", "per-stream", "fits", *STEPS)
+    with TraceReader.open(done) as r:
+        last = max(e.step for e in r)
+    killed = _cut_at(done, tmp_path / "killed.kvtrace", last)
+    code, doc = diff_json(capsys, str(done), str(killed))
+    assert (code, doc["verdict"], doc["equivalent"]) == (1, "divergent", False)
+    first = doc["first"]
+    assert (first["kind"], first["step"]) == ("end", last)
+    assert first["text"] == (f"B stopped after step {last - 1} without completing (no End "
+                             f"event: killed, or still running); A completed (last step "
+                             f"{last}): a run that stops early is not equivalent to one that "
+                             "completes")
+    assert first["a"] == {"status": "completed", "last_step": last}
+    assert first["b"] == {"status": "incomplete", "last_step": last - 1}
+    assert doc["ends"]["b"]["status"] == "incomplete" and doc["ends"]["b"]["last_step"] == last - 1
+    assert main(["diff", str(killed), str(done)]) == 1
+    out = capsys.readouterr().out
+    assert f"first divergence (end) at step {last}: A stopped after step {last - 1}" in out
+    assert "equivalent: no divergence" not in out
+    # interrupted: an End with status error and the reason the writer knew
+    stopped = _cut_at(done, tmp_path / "stopped.kvtrace", 2, ev.End(
+        10_000, 0, 1, status="error", steps=2, events=9_999, reason="interrupted by SIGINT"))
+    code, doc = diff_json(capsys, str(done), str(stopped), "--force")
+    assert code == 1 and doc["first"]["kind"] == "end" and doc["first"]["step"] == 2
+    assert "(End status error: interrupted by SIGINT)" in doc["first"]["text"]
+    # neither completed: what one would have done where the other stopped is not recorded
+    code, doc = diff_json(capsys, str(killed), str(stopped), "--force")
+    assert (code, doc["first"]) == (0, None)
+    assert main(["diff", str(done), str(done)]) == 0

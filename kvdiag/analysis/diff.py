@@ -19,6 +19,10 @@ stream), the first of these that differs is the divergence:
 - ``abort``: one trace aborted where the other did not (or with another assert): found at the
   end, once each trace's judgement says how it ended; the other trace must have completed or
   reached that step, else whether it would have aborted too is not recorded.
+- ``end``: with no other divergence, one run completed and the other stopped without
+  completing (killed or cut: no End event; or an End with status error or aborted and no
+  abort event): the steps both hold may agree, but a run that stops early is not equivalent to
+  one that completes. Its step is the first one the stopped run lacks.
 
 A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first effect (a
 ``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
@@ -64,8 +68,9 @@ Key = tuple[int, int | None, int]
 @dataclass(frozen=True)
 class Divergence:
     kind: str
-    """``key``, ``route``, ``provenance``, ``output`` or ``abort`` (one trace aborted where
-    the other did not, or with another assert)."""
+    """``key``, ``route``, ``provenance``, ``output``, ``abort`` (one trace aborted where
+    the other did not, or with another assert) or ``end`` (one run completed, the other
+    stopped without completing)."""
     step: int
     layer: int | None
     stream: int | None
@@ -97,7 +102,9 @@ class DiffResult:
 
     ends: tuple[dict[str, Any], dict[str, Any]] = field(default_factory=lambda: ({}, {}))
     """How each trace ended, as its judgement says: ``status`` (completed, aborted, error,
-    incomplete) and its ``aborts`` (seq, step, message of each ``abort`` finding)."""
+    incomplete), the End's ``reason``, its ``last_step``, its ``aborts`` (seq, step, message of each ``abort`` finding) and its
+    ``lost_events`` (events missing between those it holds: what was compared after the
+    first gap rests on an incomplete record)."""
 
     @property
     def nothing_compared(self) -> bool:
@@ -317,9 +324,13 @@ class Differ:
         self.result.lengths = (n_a, n_b)
         ja, jb = self.a.judge.snapshot(), self.b.judge.snapshot()
         self.result.ends = (_end(ja), _end(jb))
-        crash = _abort_divergence(self.result.ends, (ja.steps.last, jb.steps.last))
+        last_steps = (ja.steps.last, jb.steps.last)
+        crash = _abort_divergence(self.result.ends, last_steps)
         if crash is not None:
             self._found(crash, cause=False)
+        stop = _end_divergence(self.result.ends, last_steps)
+        if stop is not None and self.result.first is None:
+            self._found(stop, cause=False)
         return self.result
 
     def _block(self, pairs: list[tuple[list[Any], list[Any]]]) -> None:
@@ -490,10 +501,41 @@ class Differ:
 
 
 def _end(j: Judgement) -> dict[str, Any]:
-    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them."""
+    """How a judged trace ended: its status and its aborts, as ``kvdiag check`` reports them,
+    and the events it lost on the way (gaps in seq: its ``lost_events`` summary)."""
     aborts = [{"seq": f.evidence[0].seq, "step": f.evidence[0].step, "message": f.title}
               for f in j.findings if f.rule == "abort"]
-    return {"status": j.status, "aborts": aborts}
+    return {"status": j.status, "reason": j.end.reason if j.end is not None else "",
+            "last_step": j.steps.last, "aborts": aborts,
+            "lost_events": j.summary()["lost_events"]}
+
+
+_HOW = {"incomplete": "no End event: killed, or still running",
+        "error": "End status error", "aborted": "End status aborted"}
+
+
+def _end_divergence(ends: tuple[dict[str, Any], dict[str, Any]],
+                    last: tuple[int | None, int | None]) -> Divergence | None:
+    """``end``: one run completed and the other did not (killed, cut, ended with an error):
+    a run that stops early is not equivalent to one that completes, however well the steps
+    both hold agree. None when both completed or neither did (then what the one would have
+    done where the other stopped is not recorded; an abort is :func:`_abort_divergence`'s)."""
+    done = [e["status"] == "completed" for e in ends]
+    if done[0] == done[1]:
+        return None
+    side = done.index(False)
+    stopped = ends[side]
+    name, o_name = "AB"[side], "AB"[1 - side]
+    at = last[side]
+    where = f"after step {at}" if at is not None else "before its first step"
+    why = _HOW.get(stopped["status"], stopped["status"])
+    if stopped.get("reason"):
+        why += f": {stopped['reason']}"
+    text = (f"{name} stopped {where} without completing ({why}); {o_name} completed "
+            f"(last step {last[1 - side]}): a run that stops early is not equivalent to one "
+            "that completes")
+    sides = [{"status": e["status"], "last_step": s} for e, s in zip(ends, last, strict=True)]
+    return Divergence("end", 0 if at is None else at + 1, None, None, text, *sides)
 
 
 def _abort_divergence(ends: tuple[dict[str, Any], dict[str, Any]],

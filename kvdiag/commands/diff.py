@@ -1,4 +1,5 @@
-"""Compare two traces of one schedule and explain their first divergence (exit 1), or say they
+"""Compare two traces of one schedule and explain their first divergence (exit 1; a run that
+crashed, or stopped without completing, is not equivalent to one that completed), or say they
 are equivalent (exit 0); bad input, different schedules (without --force) or traces with
 nothing in common to compare exit 2."""
 
@@ -67,6 +68,8 @@ def _where(d: dict[str, Any]) -> str:
 
 
 def _text(doc: dict[str, Any]) -> str:
+    from kvdiag.analysis.judgement.gaps import lost_text
+
     lines = []
     for side in ("a", "b"):
         end = doc["ends"][side]
@@ -74,6 +77,9 @@ def _text(doc: dict[str, Any]) -> str:
                      f"{end['status']})")
         lines += [f"{side.upper()}: abort at step {a['step']} (#{a['seq']}): {a['message']}"
                   for a in end["aborts"]]
+        lost = lost_text(end["lost_events"])
+        if lost:
+            lines.append(f"{side.upper()}: {lost}")
     for side, found in doc["problems"].items():
         lines += [f"{side}: trace problem at {p}" for p in found]
     if doc["schedule_differs"]:
@@ -93,7 +99,9 @@ def _text(doc: dict[str, Any]) -> str:
                      "sides), so they are not shown equivalent")
         return "\n".join(lines) + "\n"
     if first is None:
-        lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)")
+        lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)"
+                     + ("; over what both traces hold: events lost (above) are not compared"
+                        if any(doc["ends"][s]["lost_events"]["events"] for s in "ab") else ""))
         return "\n".join(lines) + "\n"
     lines.append(f"first divergence ({first['kind']}) at {_where(first)}: {first['text']}")
     if doc["effect"]:

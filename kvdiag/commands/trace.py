@@ -7,7 +7,9 @@ what the trace does not record).
 trace pages FILE [--json] prints every judged read page.
 
 trace validate FILE prints one line per problem and exits 0 when the file is valid (no
-problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace.
+problems, has an End event), 1 when it has problems, and 2 when it is not a readable trace;
+events lost between those it holds (gaps in seq) are said in a line of their own, not a format
+problem (a file with lines deleted fails on its End's event count).
 
 trace export FILE -o OUT writes Chrome trace-event JSON for chrome://tracing or Perfetto, or
 (--format llama-log) the llama-server log the modelled run would print; an existing OUT is
@@ -80,12 +82,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _validate(path: str) -> int:
+    from kvdiag.analysis.judgement.gaps import SeqGaps, lost_text
     from kvdiag.trace.reader import TraceReader
 
     with TraceReader.open(path) as reader:
-        events = sum(1 for _ in reader)
+        # events lost between those the file holds (gaps in seq) are no format error, yet
+        # said: the judgement's own finder, which checks a block by its first and last seq
+        gaps = SeqGaps(reader.header)
+        events = 0
+        for block in reader.blocks():
+            events += len(block)
+            gaps.split(block)
         for problem in reader.problems:
             print(f"{path}:{problem.line}: {problem.kind}: {cap(problem.message)}")
+        lost = lost_text(gaps.as_json() if gaps.count else None)
+        if lost:
+            print(f"{path}: {lost} (not a format problem: kvdiag check reports it as "
+                  "events-lost)")
         if reader.problems:
             print(
                 f"{path}: invalid: {_plural(len(reader.problems), 'problem')}, {events} events read"
@@ -281,6 +294,8 @@ def _judgement_table(j: Judgement) -> RenderableType:
     """What the judgement counted (``kvdiag check`` lists the findings)."""
     from rich.table import Table
 
+    from kvdiag.analysis.judgement.gaps import lost_text
+
     t = Table(show_header=False, title="judgement (kvdiag check lists the findings)",
               title_justify="left")
     t.add_column("field", style="bold", no_wrap=True)
@@ -294,6 +309,9 @@ def _judgement_table(j: Judgement) -> RenderableType:
     missing = [k.kind for k in j.completeness.missing]
     t.add_row(f"recorded ({j.completeness.source})",
               "every judged kind" if not missing else f"not recorded: {', '.join(missing)}")
+    lost = lost_text(j.lost)
+    if lost:
+        t.add_row("events lost", lost)
     return t
 
 

@@ -26,7 +26,9 @@ every read:
 - a fits slice of a bad decision names the judgement's outcome (mismatch, fallback) and the
   failed conditions;
 - at the end, one global instant ``judgement`` with the page classes, flows and completeness,
-  and one ``not recorded: KIND`` instant per judged kind the trace lacks (what it hides).
+  one ``not recorded: KIND`` instant per judged kind the trace lacks (what it hides), and one
+  ``events-lost`` instant when events are missing between those the trace holds (gaps in
+  seq: how many, the first gaps' seqs and steps).
 
 Events are written as they are read, a chunk at a time (judged together, then drawn): memory
 holds one chunk, one pending slice per track, the Judge's page and slot tables, and the time and
@@ -42,6 +44,7 @@ import msgspec
 
 from kvdiag.analysis.judgement import CLASSES, SOURCES, WHY, Judge, Judgement
 from kvdiag.analysis.judgement.fits import BAD
+from kvdiag.analysis.judgement.gaps import lost_text
 from kvdiag.analysis.judgement.judge import batches
 from kvdiag.model import events as ev
 
@@ -350,7 +353,11 @@ class ChromeExporter:
             "args": {"read_classes": j.residency["read_classes"], "flows": self.flows,
                      "steps": j.steps.count, "status": j.status,
                      "completeness": j.completeness.as_json(),
+                     "lost_events": j.summary()["lost_events"],
                      "findings": [f.rule for f in j.findings]}}]
+        if j.lost:
+            out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID, "ts": ts,
+                        "cat": "events-lost", "name": lost_text(j.lost), "args": j.lost})
         for k in j.completeness.missing:
             out.append({"ph": "i", "s": "g", "pid": RUNTIME_PID, "tid": GLOBAL_TID, "ts": ts,
                         "cat": "not-recorded", "name": f"not recorded: {k.kind}",

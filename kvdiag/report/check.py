@@ -11,6 +11,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvdiag.analysis.judgement.gaps import lost_text
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check_formats import steps_text, verdict_line
@@ -182,6 +183,9 @@ def check_report(
     for p in summary.get("problems", []):
         parts.append(Text(f"trace problem at line {p['line']}: {cap(p['message'])}",
                           style="yellow"))
+    lost = lost_text(summary.get("lost_events"))
+    if lost:
+        parts.append(Text(lost, style="yellow"))
     parts.append(residency_table(summary))
     if findings:  # without findings the verdict alone says so (once)
         parts.append(findings_table(findings))
@@ -189,4 +193,4 @@ def check_report(
     return parts
 
 
-__all__ = ["Severity", "check_report", "steps_text", "verdict", "verdict_line"]
+__all__ = ["Severity", "check_report", "lost_text", "steps_text", "verdict", "verdict_line"]

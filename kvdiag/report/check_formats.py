@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvdiag.analysis.judgement.gaps import lost_text
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.findings_plain import findings_to_json
@@ -85,6 +86,9 @@ def write_check(fmt: str, path: str, header: Header, findings: Sequence[Finding]
                  ("fail on", f"{threshold.label} ({failing} finding(s) at or above)")]
         facts += [(f"trace problem (line {p['line']})", str(p["message"]))
                   for p in summary.get("problems", [])]
+        lost = lost_text(summary.get("lost_events"))
+        if lost:
+            facts.append(("events lost", lost))
         sys.stdout.write(findings_markdown(f"kvdiag check {path}", facts, findings,
                                            verdict_line(findings)))
     else:

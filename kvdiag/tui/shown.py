@@ -48,6 +48,8 @@ class Shown:
     """How the run ended (status line, Overview)."""
     aborts: tuple[tuple[int, int, str], ...] = ()
     """(seq, step, message) of each abort the Backtrace screen lists."""
+    lost_events: int = 0
+    """Events missing between those the trace holds (Overview, "Recorded")."""
 
 
 def load_document(path: str) -> TraceDoc:
@@ -84,7 +86,8 @@ def shown(path: str, steps: list[int] | None = None) -> Shown:
         steps=j.steps.count, not_recorded=tuple(k.kind for k in j.completeness.missing),
         reads=counts, marks=marks, scrubber=scrubber,
         pages={s: pages_marked(doc, s) for s in steps}, status=j.status,
-        aborts=tuple((a.seq, a.step, a.message) for a in digest.aborts))
+        aborts=tuple((a.seq, a.step, a.message) for a in digest.aborts),
+        lost_events=j.lost["events"] if j.lost else 0)
 
 
 def pages_marked(doc: TraceDoc, step: int) -> list[Cell]:

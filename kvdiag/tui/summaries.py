@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvdiag.analysis.judgement import Completeness
+from kvdiag.analysis.judgement.gaps import lost_text
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, steps_text, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
@@ -193,6 +194,9 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
                       style="dim" if j.status == "completed" else "yellow"))
     parts.append(_section("Recorded"))
     parts += recorded_lines(j.completeness)
+    lost = lost_text(j.lost)
+    if lost:  # events missing between those the trace holds (the judgement's gaps in seq)
+        parts.append(Text(lost, style="yellow"))
     parts.append(_section("Findings"))
     parts.append(severity_counts(d.findings))
     parts.append(findings_list(d.findings))

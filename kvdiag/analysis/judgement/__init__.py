@@ -19,6 +19,8 @@ Modules, one idea each:
   held / failed with its logged value / unknown and why (predicate: :mod:`kvdiag.model.fits`);
 - :mod:`.completeness` — which kinds the trace records (declared or inferred) and what a
   missing one hides;
+- :mod:`.gaps` — events lost from the trace (jumps in seq): where, how many, and from where
+  on what every slot holds is unknown;
 - :mod:`.judge` — the streaming :class:`Judge` and its :class:`Judgement` snapshot;
 - :mod:`.ledger` — compact per-read tables for viewers;
 - :mod:`.findings` — verdicts grouped into findings (rule ids as ``kvdiag check`` prints them);
@@ -73,22 +75,49 @@ What every verdict means is in the modules' docstrings and docs/trace-format.md,
 
 from __future__ import annotations
 
-from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
-from kvdiag.analysis.judgement.completeness import Completeness, KindStatus
-from kvdiag.analysis.judgement.fits import FitsVerdict, outcome
-from kvdiag.analysis.judgement.judge import (
-    CHUNK,
-    Judge,
-    Judgement,
-    PageVerdict,
-    ReadVerdict,
-    Steps,
-    Trace,
-    batches,
-    trace_judge,
-)
-from kvdiag.analysis.judgement.ledger import LedgerSnapshot
-from kvdiag.analysis.judgement.slots import Copy
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvdiag.analysis.judgement.classes import CLASSES, SOURCES, WHY
+    from kvdiag.analysis.judgement.completeness import Completeness, KindStatus
+    from kvdiag.analysis.judgement.fits import FitsVerdict, outcome
+    from kvdiag.analysis.judgement.judge import (
+        CHUNK,
+        Judge,
+        Judgement,
+        PageVerdict,
+        ReadVerdict,
+        Steps,
+        Trace,
+        batches,
+        trace_judge,
+    )
+    from kvdiag.analysis.judgement.ledger import LedgerSnapshot
+    from kvdiag.analysis.judgement.slots import Copy
+
+_WHERE = {
+    "CLASSES": "classes", "SOURCES": "classes", "WHY": "classes",
+    "Completeness": "completeness", "KindStatus": "completeness",
+    "FitsVerdict": "fits", "outcome": "fits",
+    "CHUNK": "judge", "Judge": "judge", "Judgement": "judge", "PageVerdict": "judge",
+    "ReadVerdict": "judge", "Steps": "judge", "Trace": "judge", "batches": "judge",
+    "trace_judge": "judge",
+    "LedgerSnapshot": "ledger", "Copy": "slots",
+}
+"""Where each name is defined: imported on first use (PEP 562), so that a command that needs
+one light module of the package (``trace validate``: :mod:`.gaps`) does not load numpy and
+the whole judgement."""
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CHUNK",

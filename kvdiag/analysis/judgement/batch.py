@@ -31,6 +31,7 @@ from kvdiag.analysis.judgement.classes import (
     EXACT,
     FOREIGN,
     HOST,
+    LOST_EVENTS,
     MAX_PAGE,
     MAX_SLOT,
     NO_DISPATCH,
@@ -50,7 +51,14 @@ from kvdiag.analysis.judgement.columns import (
     Cols,
     column,
 )
-from kvdiag.analysis.judgement.slots import PageTable, RingLog, SlotTable, Views, sorted_unique
+from kvdiag.analysis.judgement.slots import (
+    LOST,
+    PageTable,
+    RingLog,
+    SlotTable,
+    Views,
+    sorted_unique,
+)
 from kvdiag.model.pages import PAGE_TOKENS
 
 __all__ = ["CODE_OF", "OTHER", "REASONS", "Chunk", "State", "ints", "judge_chunk"]
@@ -91,14 +99,39 @@ class State:
     """Per target (resident, ring): an upload is recorded (or declared)."""
     out_of_range: int = 0
     history_row: int = -1
-    """Row of the snapshot the state was taken from (:mod:`.snapshot`): ring copies before it
-    are not in :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    """Row of the snapshot the state was taken from (:mod:`.snapshot`), or of the first event
+    after events lost from the trace (:meth:`lose`): ring copies before it are not in
+    :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    history_why: int = BEFORE_SNAPSHOT
+    """Why a page whose ring batch began before :attr:`history_row` is not judged."""
     upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 4, 8), np.int64))
     """[target, (uploads, pages, bytes, uploads of unknown bytes), reason] (reason index 5:
     another reason) — of the uploads whose pages and slots are possible."""
     dispatch: dict[int, int] = field(default_factory=dict)
     """Per layer: row of its latest ``fits`` event (the FA node's dispatch) in the chunks
     before this one — rule 3 (the Judge keeps it)."""
+
+
+    def lose(self, row: int) -> None:
+        """Events were lost from the trace before row ``row`` (a gap in seq: :mod:`.gaps`):
+        a lost upload, evict or invalidate may have changed any slot, so what every pool and
+        ring slot holds becomes unknown (:data:`~.slots.LOST`) until an upload fills it again,
+        and a ring batch that began before the gap is not walked back across it (its lost
+        copies). Host versions stay: the writes lost are missing from a slot's copy and from
+        the page's current version alike once an upload after the gap refills the slot, so
+        exact and stale are told apart by the writes that are in the trace."""
+        self.pool.lose()
+        self.ring.lose()
+        self.ring_log.clear()
+        self.lose_history(row)
+
+    def lose_history(self, row: int) -> None:
+        """:meth:`lose`'s ring batches: every view's begins again at its next ring copy."""
+        grow_views(self)
+        self.batch_start[:] = row - 1
+        self.read_since[:] = True
+        self.history_row = row
+        self.history_why = LOST_EVENTS
 
 
 @dataclass
@@ -249,6 +282,13 @@ def prepare(state: State, cols: Cols) -> Prep:
                         _known_at(state.uploads[0], first_up[0], run_pos))
     no_upload = keep & ~host & ~slot_bad & ~up_known
     judged = keep & ~host & ~slot_bad & up_known
+    for t, table in ((POOL, state.pool), (RING, state.ring)):
+        if table.fill != LOST and not cols.lose.size:
+            continue
+        mine = judged & (src == t)
+        if mine.any():
+            # after a gap, a slot never seen is unknown too, not empty: the arrays must say so
+            table.grow(int((slot + length)[mine].max()))
     # an evict of an impossible slot empties nothing (it must not size the chunk's arrays)
     e_ok = (cols.e_slot >= 0) & (cols.e_slot < MAX_SLOT)
     state.out_of_range += int(e_ok.size - e_ok.sum())
@@ -304,6 +344,8 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
     # -- evicts, invalidates -----------------------------------------------------------------
     e_pos, e_slot = prep.e_pos, prep.e_slot
     inv_pos = cols.inv
+    lose_pos = cols.lose
+    """Events lost before these positions (gaps in seq): every slot's content unknown."""
 
     # -- reads ---------------------------------------------------------------------------------
     rc = cols.r
@@ -338,7 +380,8 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
     else:
         p_run, p_page, quick = _quick_runs(
             state, jr, b, length, src, slot, run_pos, r_vid[run_read[jr]],
-            _Copies(u_tgt, u_slot, u_pos, u_vid, u_page), e_slot, e_pos, inv_pos,
+            _Copies(u_tgt, u_slot, u_pos, u_vid, u_page), e_slot, e_pos,
+            inv_pos if not lose_pos.size else np.sort(np.concatenate([inv_pos, lose_pos])),
             _known_at(state.writes, first_write, run_pos[jr]), w_flat, wkey, R)
     p_read = run_read[p_run]
     p_pos = run_pos[p_run]
@@ -375,6 +418,8 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
         evicts = e_slot if target == 0 else e_slot[:0]
         # a page whose slot this chunk neither fills nor empties before it holds what came in
         busy = t > inv_pos[0] if inv_pos.size else np.zeros(sel.size, bool)
+        if lose_pos.size:
+            busy |= t >= lose_pos[0]
         if tu.size or evicts.size:
             top = int(max(q.max(), u_slot[tu].max() if tu.size else 0,
                           evicts.max() if evicts.size else 0)) + 1
@@ -406,8 +451,16 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
         if inv_pos.size:
             li = np.searchsorted(inv_pos, t) - 1
             at = np.maximum(at, np.where(li >= 0, inv_pos[np.maximum(li, 0)], -1))
-        from_up = hit & (u_at == at)
-        carried = at < 0
+        if lose_pos.size:
+            # lost events before position L came after every event at a position < L, and
+            # before the event at L
+            lj = np.searchsorted(lose_pos, t, side="right") - 1
+            lost_here = np.where(lj >= 0, lose_pos[np.maximum(lj, 0)], -1) > at
+            h_vid[sel[lost_here]] = LOST
+        else:
+            lost_here = np.zeros(sel.size, bool)
+        from_up = hit & (u_at == at) & ~lost_here
+        carried = (at < 0) & ~lost_here
         if from_up.any():
             src_i = tu[uorder[jc[from_up]]]
             dst = sel[from_up]
@@ -426,6 +479,10 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
     cls[same & wk & (h_ver != cur)] = STALE
     cls[same & ~wk] = NOT_JUDGED
     why = np.where(same & ~wk, NO_WRITE, 0)
+    lost = h_vid == LOST
+    if lost.any():
+        cls[lost] = NOT_JUDGED
+        why[lost] = LOST_EVENTS
     lag = np.where(cls == STALE, cur - h_ver, 0)
     h_seq = np.full(m, -1, np.int64)
     h_step = np.full(m, -1, np.int64)
@@ -447,7 +504,7 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
     dispatched = list(zip((rows0 + cols.f_pos).tolist(), cols.f_layer.tolist(), strict=True))
     if rule3.size:
         _rule3(state, rule3, rows0, dispatched, p_vid, p_page, p_slot, p_pos, cur, wk, r_vid, ri,
-               u_tgt, u_pos, u_slot, u_vid, u_page, u_ver, u_seq, u_step, inv_pos,
+               u_tgt, u_pos, u_slot, u_vid, u_page, u_ver, u_seq, u_step, inv_pos, lose_pos,
                cls, lag, why, h_vid, h_page, h_ver, h_seq, h_step, h_row)
     # the latest dispatch of each layer, for the chunks after this one (the fits events are
     # in file order): set here, once the chunk is judged, so a later dispatch in the chunk is
@@ -549,20 +606,26 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
         pages.wrow[w_flat[last]] = rows0 + w_pos[last]
         if state.writes is None:
             state.writes = True
+    last_inv_pos = int(inv_pos[-1]) if inv_pos.size else -1
+    last_lose = int(lose_pos[-1]) if lose_pos.size else -1
+    lost_last = last_lose > last_inv_pos
+    """The chunk's last wholesale change is a loss (an invalidate at its position follows it)."""
     for target, table in ((0, state.pool), (1, state.ring)):
         tu = np.flatnonzero(u_tgt == target)
         if state.uploads[target] is None and tu.size:
             state.uploads[target] = True
-        last_inv_pos = int(inv_pos[-1]) if inv_pos.size else -1
-        if last_inv_pos >= 0:
+        if lost_last:
+            table.lose()
+        elif last_inv_pos >= 0:
             table.clear()
         if target == 0 and e_slot.size:
-            ev_slots = e_slot[(e_slot >= 0) & (e_slot < table.view.size)]
-            ev_at = e_pos[(e_slot >= 0) & (e_slot < table.view.size)]
+            ev_in = (e_slot >= 0) & (e_slot < table.view.size)
+            if lost_last:  # an evict before the loss says nothing of the slot now
+                ev_in &= e_pos >= last_lose
+            ev_slots = e_slot[ev_in]
             table.view[ev_slots] = -1
             table.row[ev_slots] = -1
             # an upload after the evict refills the slot below
-            del ev_at
         if tu.size:
             last = tu[_last_of(u_slot[tu])]
             if target == 0 and e_slot.size:
@@ -573,6 +636,8 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
                     (ekey[kc] % R > u_pos[last])
                 last = last[~evicted_after]
             last = last[u_pos[last] > last_inv_pos]
+            if lost_last:
+                last = last[u_pos[last] >= last_lose]
             if last.size:
                 table.grow(int(u_slot[last].max()) + 1)
                 qs = u_slot[last]
@@ -582,16 +647,18 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
                 table.seq[qs] = u_seq[last]
                 table.step[qs] = u_step[last]
                 table.row[qs] = rows0 + u_pos[last]
-    if inv_pos.size:
+    if inv_pos.size or lose_pos.size:
         state.ring_log.clear()
     ring_up = ring_up_all = np.flatnonzero(u_tgt == 1)
     if inv_pos.size:
         ring_up = ring_up[u_pos[ring_up] > inv_pos[-1]]
+    if lose_pos.size:
+        ring_up = ring_up[u_pos[ring_up] >= last_lose]
     if ring_up.size:
         state.ring_log.add(np.stack([rows0 + u_pos[ring_up], u_slot[ring_up], u_vid[ring_up],
                                      u_page[ring_up], u_ver[ring_up], u_seq[ring_up],
                                      u_step[ring_up]], axis=1))
-    _advance_batches(state, u_vid[ring_up_all], rows0 + u_pos[ring_up_all], r_vid, rows0 + ri)
+    after_loss(state, rows0, last_lose, u_vid[ring_up_all], u_pos[ring_up_all], r_vid, ri)
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
     return Chunk(rows0, cols, ri, r_counts, pieces, page_cls, not_judged, found, info,
@@ -830,13 +897,17 @@ def _advance_batches(state: State, c_vid: np.ndarray, c_row: np.ndarray, r_vid: 
     state.read_since = np.where(has_copy, read_after, since | any_read)
 
 
-def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray
-                 ) -> tuple[int, bool]:
+def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray,
+                 carried: tuple[int, bool] | None = None) -> tuple[int, bool]:
     """The row where a view's current ring batch starts, given its copies and reads in this
     chunk before the moment asked about (both ascending), and whether a read of the view came
-    since (the batch was another read's: the one asked about made no copy of its own)."""
-    start = int(state.batch_start[view]) if view < state.batch_start.size else -1
-    since = bool(state.read_since[view]) if view < state.read_since.size else False
+    since (the batch was another read's: the one asked about made no copy of its own).
+    ``carried``: (start, read since) to start from instead of the state's."""
+    if carried is not None:
+        start, since = carried
+    else:
+        start = int(state.batch_start[view]) if view < state.batch_start.size else -1
+        since = bool(state.read_since[view]) if view < state.read_since.size else False
     events = sorted([(int(r), 0) for r in c_row] + [(int(r), 1) for r in r_row])
     for row, is_read in events:
         if is_read:
@@ -844,6 +915,18 @@ def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray
         elif start < 0 or since:
             start, since = row, False
     return start, since
+
+
+def after_loss(state: State, rows0: int, last_lose: int, c_vid: np.ndarray,
+               c_pos: np.ndarray, r_vid: np.ndarray, r_pos: np.ndarray) -> None:
+    """Each view's ring batch after a chunk's ring copies (``c_*``) and reads (``r_*``), and
+    where the chunk lost events last (``last_lose``, -1: none), what :meth:`State.lose` does
+    at that position: the batches start again after it (both judgements of a chunk)."""
+    if last_lose >= 0:
+        state.lose_history(rows0 + last_lose)
+        c_keep, r_keep = c_pos >= last_lose, r_pos >= last_lose
+        c_vid, c_pos, r_vid, r_pos = c_vid[c_keep], c_pos[c_keep], r_vid[r_keep], r_pos[r_keep]
+    _advance_batches(state, c_vid, rows0 + c_pos, r_vid, rows0 + r_pos)
 
 
 def _last_of(keys: np.ndarray) -> np.ndarray:
@@ -859,7 +942,8 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
            p_slot: np.ndarray, p_pos: np.ndarray, cur: np.ndarray, wk: np.ndarray,
            r_vid: np.ndarray, ri: np.ndarray, u_tgt: np.ndarray, u_pos: np.ndarray,
            u_slot: np.ndarray, u_vid: np.ndarray, u_page: np.ndarray, u_ver: np.ndarray,
-           u_seq: np.ndarray, u_step: np.ndarray, inv_pos: np.ndarray, cls: np.ndarray,
+           u_seq: np.ndarray, u_step: np.ndarray, inv_pos: np.ndarray, lose_pos: np.ndarray,
+           cls: np.ndarray,
            lag: np.ndarray,
            why: np.ndarray, h_vid: np.ndarray, h_page: np.ndarray, h_ver: np.ndarray,
            h_seq: np.ndarray, h_step: np.ndarray, h_row: np.ndarray) -> None:
@@ -884,9 +968,19 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
         # V's batch: its ring copies since a read of V was followed by a copy
         mine_c = chunk_log[(chunk_log[:, 2] == view) & (chunk_log[:, 0] < t), 0]
         mine_r = rows0 + ri[(r_vid == view) & (ri < p_pos[i])]
-        start, earlier = _batch_start(state, view, np.unique(mine_c), mine_r)
+        lost = rows0 + lose_pos[lose_pos <= p_pos[i]]
+        if lost.size:  # events lost in this chunk before the read: the batch began after
+            loss = int(lost[-1])
+            start, earlier = _batch_start(state, view, np.unique(mine_c[mine_c >= loss]),
+                                          mine_r[mine_r >= loss], (loss - 1, True))
+        else:
+            loss = -1
+            start, earlier = _batch_start(state, view, np.unique(mine_c), mine_r)
         if start < 0:
             start = t
+        began_before_loss = start < loss
+        if began_before_loss:
+            start = loss
         cleared = inv_rows[inv_rows < t]
         if cleared.size:  # an invalidate emptied every slot: nothing before it is in one
             start = max(start, int(cleared[-1]) + 1)
@@ -915,9 +1009,12 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
                 break
         if verdict is None and state.ring_log.dropped and start <= oldest:
             verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)
-        if verdict is None and start < state.history_row:
-            # the batch began before the segment's snapshot: its earlier copies are unknown
-            verdict = (NOT_JUDGED, 0, BEFORE_SNAPSHOT, -1, -1, -1, -1, -1)
+        if verdict is None and began_before_loss:
+            verdict = (NOT_JUDGED, 0, LOST_EVENTS, -1, -1, -1, -1, -1)
+        if verdict is None and loss < 0 and start < state.history_row:
+            # the batch began before the segment's snapshot or a gap: its earlier copies are
+            # unknown
+            verdict = (NOT_JUDGED, 0, state.history_why, -1, -1, -1, -1, -1)
         if verdict is None:
             continue  # foreign, holding the newest copy: as judged already
         cls[i], lag[i], why[i] = verdict[0], verdict[1], verdict[2]

@@ -10,8 +10,9 @@ A page read from a pool or ring slot is judged by the copy the slot held
   or emptied by ``evict`` / ``invalidate``);
 - *not judged*: a fact the verdict needs is not recorded — the read has no ``served`` runs,
   no upload into that kind of slot is recorded (what a slot holds is unknown), no write is
-  recorded (a slot holding the right page cannot be told current from old), or the page or
-  slot is out of any believable range. The reason is kept with the verdict (:data:`WHY`).
+  recorded (a slot holding the right page cannot be told current from old), events were lost
+  from the trace since the slot's last known copy (a gap in ``seq``), or the page or slot is
+  out of any believable range. The reason is kept with the verdict (:data:`WHY`).
 
 Classes are small integers so that verdicts can be stored in compact columns
 (:mod:`~kvdiag.analysis.judgement.ledger`).
@@ -43,6 +44,7 @@ OUT_OF_RANGE: Final = 4
 RING_HISTORY: Final = 5
 BEFORE_SNAPSHOT: Final = 6
 NO_DISPATCH: Final = 7
+LOST_EVENTS: Final = 8
 WHY: dict[int, str] = {
     0: "",
     NO_SERVED: "read.served not recorded: where each page came from is unknown",
@@ -54,10 +56,13 @@ WHY: dict[int, str] = {
                      "(an earlier segment)",
     NO_DISPATCH: "no fits decision of this layer recorded before the read: whether the ring "
                  "copy that replaced the page in its slot waited for the read is unknown",
+    LOST_EVENTS: "events are lost from the trace (a gap in seq) since the slot's last known "
+                 "copy: a lost upload, evict or invalidate may have changed what it held",
 }
 WHY_KEY: dict[int, str] = {NO_SERVED: "read.served", NO_UPLOAD: "upload", NO_WRITE: "write",
                            OUT_OF_RANGE: "out-of-range", RING_HISTORY: "ring-history",
-                           BEFORE_SNAPSHOT: "before-snapshot", NO_DISPATCH: "fits"}
+                           BEFORE_SNAPSHOT: "before-snapshot", NO_DISPATCH: "fits",
+                           LOST_EVENTS: "lost-events"}
 """Short keys of the reasons, for JSON summaries."""
 
 MAX_PAGE: Final = 1 << 20

@@ -187,6 +187,10 @@ class Cols:
     o_stream: np.ndarray = field(default_factory=lambda: _none())
     o_div: np.ndarray = field(default_factory=lambda: _none())
     """Per output: ``diverged`` (1, 0; -1 without a reference)."""
+    lose: np.ndarray = field(default_factory=lambda: _none())
+    """Positions of the events that follow events lost from the trace (gaps in seq, found by
+    the Judge: :mod:`.gaps`), ascending: every slot's content is unknown from just before
+    each."""
 
     def count(self, code: int) -> int:
         """Events of one kind code."""
@@ -395,7 +399,8 @@ def concat(parts: list[Cols]) -> Cols:
                                  else np.zeros((p.r.shape[0], 3), np.int64) for p in parts])
     keep = all(p.reads is not None for p in parts)
     a = arrays
-    f = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _TAIL_ARRAYS}
+    f = {name: np.concatenate([getattr(p, name) for p in parts])
+         for name in (*_TAIL_ARRAYS, "lose")}
     return Cols(
         int(sum(p.n for p in parts)), a["code"], a["step"], a["w_pos"], a["w"], a["w_cells"],
         a["w_vlen"], a["w_vers"], a["u_pos"], a["u"], a["u_pages"], a["u_key"], a["e_pos"],
@@ -404,4 +409,4 @@ def concat(parts: list[Cols]) -> Cols:
         list(_chain(p.reads for p in parts if p.reads is not None)) if keep else None,
         parts[0].rows0, f_pos=f["f_pos"], f_layer=f["f_layer"], f_seq=f["f_seq"],
         f_route=f["f_route"], f_result=f["f_result"], o_pos=f["o_pos"], o_seq=f["o_seq"],
-        o_stream=f["o_stream"], o_div=f["o_div"])
+        o_stream=f["o_stream"], o_div=f["o_div"], lose=f["lose"])

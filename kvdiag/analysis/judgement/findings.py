@@ -7,7 +7,8 @@ verdicts by the reading stream (titles count pages and say whether they came fro
 pool slots or ring slots); ``stream-divergence`` groups outputs by stream; ``not-recorded``
 (``info``) says what the trace does not record and what that hides; ``annotation-mismatch``
 (``info``) says where the model's own annotation disagrees with the judgement (a cross-check);
-``trace-incomplete`` says the run did not complete; the adaptive partition's rules are in
+``trace-incomplete`` says the run did not complete; ``events-lost`` (``warning``) that events
+are missing between those the trace holds (gaps in ``seq``); the adaptive partition's rules are in
 :mod:`~kvdiag.analysis.judgement.adapt`.
 
 Evidence is capped at :data:`MAX_EVIDENCE` items per finding; ``details`` say how many were
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
 
@@ -414,3 +416,46 @@ def incomplete(end: ev.End | None, last_seq: int, last_step: int | None) -> Find
         details={"status": end.status if end else "incomplete", "reason": end.reason if end
                  else "", "last_step": last_step, "last_seq": last_seq})
 
+
+
+def _seqs(g: Gap) -> str:
+    if g.events == 1:
+        return f"seq {g.first} (1 event)"
+    return f"seq {g.first}–{g.last} ({g.events} events)"
+
+
+def lost_events(gaps: SeqGaps, not_judged: Group | None) -> Finding:
+    """``events-lost`` (warning): seqs missing between events the trace holds
+    (:mod:`~kvdiag.analysis.judgement.gaps`), one evidence item per gap. Evidence is missing,
+    so every verdict after the first gap rests on an incomplete record; the pages that need a
+    slot's content from before a gap are not judged (``not_judged``: their reads, counted
+    here and listed by the ``not-recorded`` finding of that reason)."""
+    first = gaps.gaps[0]
+    if first.step_before is None:
+        between = f"before the first event (step {first.step_after})"
+    elif first.step_before == first.step_after:
+        between = f"in step {first.step_after}"
+    else:
+        between = f"between step {first.step_before} and step {first.step_after}"
+    more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
+    pages = not_judged.pages if not_judged is not None else 0
+    reads = not_judged.count if not_judged is not None else 0
+    tail = (f"; {pages} page(s) in {reads} read(s) from slots whose content the lost events "
+            "may have changed not judged" if pages else "")
+    said = (f" (the writer declares {gaps.declared_dropped} event(s) dropped: its flight "
+            "recorder was full)" if gaps.declared_dropped else "")
+    title = (f"{gaps.lost} event(s) missing from the trace{said}: {_seqs(first)} {between}"
+             f"{more}; every verdict from there on rests on an incomplete record{tail}")
+    evidence = [Evidence(seq=g.last + 1, step=g.step_after,
+                         text=(f"{_seqs(g)} missing before this event" + (" (a snapshot: the page state goes on from it)"
+                                               if g.onto_snapshot else "")))
+                for g in gaps.gaps]
+    shown = min(gaps.count, MAX_EVIDENCE)
+    return Finding(
+        rule="events-lost", severity=Severity.WARNING, title=title, evidence=tuple(evidence),
+        fix="judge the whole trace as written: lines removed (grep -v, an edit), a copy cut in "
+            "the middle or damaged lines (the trace's problems) lose events; for kvtrace.h's "
+            "flight recorder, a larger KVTRACE_RING_MB",
+        details={"what": "events", **gaps.as_json(), "pages_not_judged": pages,
+                 "reads_not_judged": reads, "evidence_shown": shown,
+                 "evidence_total": gaps.count, "evidence_left_out": gaps.count - shown})

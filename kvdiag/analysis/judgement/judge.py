@@ -18,7 +18,9 @@ Per event kind:
   every decision that makes a finding;
 - ``output``: diverged / within tolerance / no reference;
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
-- ``abort``, ``end``, ``adapt``, ``repartition``: as recorded.
+- ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
+- every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
+  from there on what every slot holds is unknown until an upload fills it again.
 
 The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
 :meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
@@ -52,6 +54,7 @@ from kvdiag.analysis.judgement.classes import (
     EXACT,
     FOREIGN,
     HOST,
+    LOST_EVENTS,
     MAX_PAGE,
     NO_DISPATCH,
     NO_SERVED,
@@ -86,6 +89,7 @@ from kvdiag.analysis.judgement.fits import (
     outcome_codes,
     outcome_of,
 )
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
@@ -276,6 +280,8 @@ class Judge:
         self._waiting: list[Any] = []
         """Streamed events not taken out yet, and their types."""
         self._waiting_types: list[type] = []
+        self._waiting_lose: list[int] = []
+        """Positions in :attr:`_waiting` after events lost from the trace (:mod:`.gaps`)."""
         self._acc: Any = None
         """The C accumulator of a stream's columns (:meth:`_accumulator`; False: none here)."""
         self._acc_from = (0, 0)
@@ -284,6 +290,8 @@ class Judge:
         self._acc_failed: dict[int, int] = {}
         self._acc_unreferenced = 0
         """Outputs without a reference the accumulator handed over since its last take."""
+        self._acc_lose: list[int] = []
+        """Positions of what the accumulator holds after events lost from the trace."""
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Abort: self._abort, ev.Warn: self._warn,
             ev.End: self._end, ev.Repartition: self.adapt.feed,
@@ -292,6 +300,8 @@ class Judge:
         }
         if keep_writes:
             self._handlers[ev.Mark] = self._mark
+        self.gaps = SeqGaps(header)
+        """Events lost from the trace: jumps in seq (:mod:`.gaps`)."""
         self.snapshot_replaced: list[int] = []
         """Seqs of snapshots that replaced a state the events had built (a gap before them,
         or a writer that disagrees with the judgement): :mod:`.snapshot`."""
@@ -301,7 +311,7 @@ class Judge:
     def feed(self, event: ev.AnyEvent | ev.Unknown) -> None:
         """One event (a chunk of one: :meth:`feed_all` is much faster for many)."""
         self._flush()
-        self._judge([event])
+        self._judge_checked([event])
 
     def feed_all(self, events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK, *,
                  hold: bool = False) -> Judge:
@@ -322,7 +332,7 @@ class Judge:
         if isinstance(events, list):
             self._flush()
             for chunk in batches(events, size):
-                self._judge(chunk)
+                self._judge_checked(chunk)
             return self
         blocks = getattr(events, "blocks", None)
         if callable(blocks):
@@ -344,8 +354,12 @@ class Judge:
                 # a declaration or a segment's snapshot changes how what follows is judged
                 self._flush()
                 for chunk in batches(block):
-                    self._judge(chunk)
+                    self._judge_checked(chunk)
                 continue
+            cuts = self.gaps.split(block)
+            if cuts:  # events lost: from each gap on, what the slots hold is unknown
+                at = len(self._waiting)
+                self._waiting_lose += [at + i for g, i in cuts if not g.onto_snapshot]
             # a reader's blocks can be small (a pipe gives what was written): gathered to SUB
             self._take_acc()
             self._waiting += block
@@ -387,6 +401,9 @@ class Judge:
             return False
         if not local:
             self._acc_from = (rows0, base)
+        cuts = self.gaps.split(block)
+        if cuts:  # events lost: from each gap on, what the slots hold is unknown
+            self._acc_lose += [base + i for g, i in cuts if not g.onto_snapshot]
         n = len(block)
         self._held += n
         if handed:
@@ -422,6 +439,9 @@ class Judge:
         cols = taken(acc)
         rows0, base = self._acc_from
         cols.rows0 = rows0
+        if self._acc_lose:
+            cols.lose = np.array(self._acc_lose, np.int64)
+            self._acc_lose = []
         others, self._acc_others = self._acc_others, []
         failed, self._acc_failed = self._acc_failed, {}
         self._count(cols, others)
@@ -460,7 +480,11 @@ class Judge:
         if self._waiting:
             block, types = self._waiting, self._waiting_types
             self._waiting, self._waiting_types = [], []
-            self._pending.append(self._take(block, types, keep_reads=False, base=self._held))
+            cols = self._take(block, types, keep_reads=False, base=self._held)
+            if self._waiting_lose:
+                cols.lose = np.array(self._waiting_lose, np.int64) + self._held
+                self._waiting_lose = []
+            self._pending.append(cols)
             self._held += len(block)
 
     def _flush(self) -> None:
@@ -476,6 +500,27 @@ class Judge:
         """Rows that are not events (an index's corrupt lines): keeps ledger rows aligned."""
         self._flush()
         self.rows += n
+
+    def _judge_checked(self, chunk: list[Any]) -> None:
+        """:meth:`_judge` of the next events in file order, checked for lost events."""
+        cuts = self.gaps.split(chunk)
+        if cuts:
+            self._judge_cut(chunk, cuts)
+        else:
+            self._judge(chunk)
+
+    def _judge_cut(self, events: list[Any], cuts: list[tuple[Gap, int]]) -> None:
+        """Judge ``events`` with the state made unknown at each gap (``cuts``: the gap before
+        ``events[i]``): :meth:`.batch.State.lose`."""
+        start = 0
+        for gap, i in cuts:
+            for part in batches(events[start:i]):
+                self._judge(part)
+            if not gap.onto_snapshot:  # a snapshot sets the state itself
+                self.state.lose(self.rows)
+            start = i
+        for part in batches(events[start:]):
+            self._judge(part)
 
     def _judge(self, chunk: list[Any]) -> None:
         types = list(map(type, chunk))
@@ -1068,7 +1113,8 @@ class Judge:
             counts=counts, steps=self.steps, end=self.end, last_seq=self.last_seq,
             rows=self.rows, completeness=completeness,
             findings=tuple(self._findings(completeness)), residency=self._residency(),
-            ledger=self.ledger.snapshot() if self.ledger is not None else None)
+            ledger=self.ledger.snapshot() if self.ledger is not None else None,
+            lost=self.gaps.as_json() if self.gaps.count else None)
 
     def arisen(self) -> list[Finding]:
         """The findings that first appeared since the last call, each once (by
@@ -1081,6 +1127,8 @@ class Judge:
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
+        if self.gaps.count:  # no later event brings lost ones back
+            found.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
         out = []
         for f in found:
             key = fnd.identity(f)
@@ -1107,6 +1155,8 @@ class Judge:
         finally:
             self.groups.not_judged = saved
         out += fnd.cross_check(self.groups)
+        if self.gaps.count:
+            out.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
         if self.end is None or self.end.status == "error":
             out.append(fnd.incomplete(self.end, self.last_seq, self._last_step))
         return out
@@ -1167,6 +1217,9 @@ class Judgement:
     findings: tuple[Finding, ...]
     residency: dict[str, Any]
     ledger: LedgerSnapshot | None = None
+    lost: dict[str, Any] | None = None
+    """Events lost from the trace (:meth:`.gaps.SeqGaps.as_json`: events, gaps, the first
+    gaps' seqs and steps); None: none."""
 
     @property
     def status(self) -> str:
@@ -1183,6 +1236,7 @@ class Judgement:
             "status": self.status,
             "residency": self.residency,
             "completeness": self.completeness.as_json(),
+            "lost_events": self.lost or {"events": 0, "gaps": 0},
         }
 
 
@@ -1195,7 +1249,8 @@ def _declares(e: object) -> bool:
 def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
     """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
-    ``records`` event alone in its list. The Judge answers (:meth:`~Judge.verdict`,
+    ``records`` event alone in its list, a ``snapshot`` or an event after a gap in seq first in
+    its list. The Judge answers (:meth:`~Judge.verdict`,
     :meth:`~Judge.pages`, :meth:`~Judge.missed`) about the reads of the last list it was fed,
     and judges what follows a declaration with it, so a list that held one in its middle would
     leave the reads before it unanswered."""
@@ -1205,7 +1260,8 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
         if not block:
             return
         types = set(map(type, block))  # a C pass: most blocks hold neither kind
-        if ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types:
+        if (ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types
+                and block[-1].seq - block[0].seq == len(block) - 1):
             yield block
             continue
         chunk: list[ev.AnyEvent | ev.Unknown] = []
@@ -1216,9 +1272,10 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
                     chunk = []
                 yield [e]
                 continue
-            if type(e) is ev.Snapshot and chunk:
-                # a segment's snapshot starts a list: the reads after it are then the list's
-                # own, and the Judge can be asked about every one of them
+            if chunk and (type(e) is ev.Snapshot or e.seq > chunk[-1].seq + 1):
+                # a segment's snapshot, or the first event after a gap in seq (events lost),
+                # starts a list: the Judge judges from there on from another state, so the
+                # reads after it are then the list's own and can all be asked about
                 yield chunk
                 chunk = []
             chunk.append(e)

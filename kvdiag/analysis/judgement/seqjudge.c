@@ -22,7 +22,9 @@
 
 enum { EXACT, STALE, FOREIGN, NOT_JUDGED };
 enum { POOL, RING, HOST };
-enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, WHYS = 8 };
+enum { NO_UPLOAD = 2, NO_WRITE = 3, OUT_OF_RANGE = 4, LOST_EVENTS = 8, WHYS = 9 };
+/* a slot's view after events were lost from the trace: what it holds is unknown (slots.LOST) */
+#define LOST (-2)
 enum { CAT_JUDGED, CAT_HOST, CAT_OUT_OF_RANGE, CAT_NO_UPLOAD, CAT_DROPPED };
 #define PIECE 14
 #define RINGROW 7
@@ -104,7 +106,7 @@ static void undo_all(Undo *u, Pages *p, Table *tables) {
 enum {
     A_WPOS, A_WVID, A_WP0, A_WP1, A_WSEQ,
     A_UPOS, A_UVID, A_UP0, A_UCNT, A_USLOT, A_UTGT, A_USEQ, A_USTEP,
-    A_EPOS, A_ESLOT, A_INV,
+    A_EPOS, A_ESLOT, A_INV, A_LOSE,
     A_RPOS, A_RVID, A_RRUN0,
     A_B, A_E, A_SLOT, A_SRC, A_CAT,
     A_VLAYER, A_VSTREAM,
@@ -118,11 +120,12 @@ enum {
 #define WRITABLE(i) ((i) == A_PVER || (i) == A_PWSEQ || (i) == A_PWROW || (i) >= A_POOL)
 #define VERSIONS 4
 
-static int clear_table(Undo *u, Table *t, int kind) {
+/* Every slot of a table set to ``view`` (-1: empty, an invalidate; LOST: events lost). */
+static int clear_table(Undo *u, Table *t, int kind, int64_t view) {
     for (Py_ssize_t q = 0; q < t->size; q++) {
-        if (t->view[q] == -1 && t->row[q] == -1) continue;
+        if (t->view[q] == view && t->row[q] == -1) continue;
         if (save_slot(u, t, kind, q)) return -1;
-        t->view[q] = -1;
+        t->view[q] = view;
         t->row[q] = -1;
     }
     return 0;
@@ -170,6 +173,7 @@ static PyObject *judge(PyObject *self, PyObject *args) {
 #define ARR(i) ((int64_t *)buf[i].buf)
 #define LEN(i) (buf[i].len / 8)
     Py_ssize_t nw = LEN(A_WPOS), nu = LEN(A_UPOS), ne = LEN(A_EPOS), ni = LEN(A_INV),
+               nl = LEN(A_LOSE),
                nr = LEN(A_RPOS), nviews = LEN(A_VLAYER), npages = LEN(A_PVER);
     for (int t = 0; t < 2; t++) {
         int base = t ? A_RING : A_POOL;
@@ -227,7 +231,7 @@ static PyObject *judge(PyObject *self, PyObject *args) {
         if ((out) < 0 || (out) >= npages) goto bad_index;                                    \
     } while (0)
 
-    Py_ssize_t iw = 0, iu = 0, ie = 0, ii = 0, ir = 0;
+    Py_ssize_t iw = 0, iu = 0, ie = 0, ii = 0, ir = 0, il = 0;
     /* the open piece of non-exact pages: the last page added */
     int64_t last_run = -1, last_page = 0, last_cls = 0, last_lag = 0, last_hv = 0,
             last_off = 0, last_why = 0;
@@ -235,6 +239,8 @@ static PyObject *judge(PyObject *self, PyObject *args) {
         /* the next event by position */
         int64_t best = INT64_MAX;
         int kind = -1;
+        /* first: a loss at a position comes before the event at that position */
+        if (il < nl && ARR(A_LOSE)[il] < best) best = ARR(A_LOSE)[il], kind = 5;
         if (iw < nw && ARR(A_WPOS)[iw] < best) best = ARR(A_WPOS)[iw], kind = 0;
         if (iu < nu && ARR(A_UPOS)[iu] < best) best = ARR(A_UPOS)[iu], kind = 1;
         if (ie < ne && ARR(A_EPOS)[ie] < best) best = ARR(A_EPOS)[ie], kind = 2;
@@ -307,11 +313,18 @@ static PyObject *judge(PyObject *self, PyObject *args) {
             break;
         }
         case 3: /* invalidate: no slot of either kind holds anything */
-            if (clear_table(&undo, &tables[POOL], U_POOL) ||
-                clear_table(&undo, &tables[RING], U_RING))
+            if (clear_table(&undo, &tables[POOL], U_POOL, -1) ||
+                clear_table(&undo, &tables[RING], U_RING, -1))
                 goto done;
             ring_rows.n = 0; /* the ring log restarts after it */
             ii++;
+            break;
+        case 5: /* events lost before this position: what every slot holds is unknown */
+            if (clear_table(&undo, &tables[POOL], U_POOL, LOST) ||
+                clear_table(&undo, &tables[RING], U_RING, LOST))
+                goto done;
+            ring_rows.n = 0;
+            il++;
             break;
         case 4: { /* read: every page of its runs judged */
             int64_t vid = ARR(A_RVID)[ir];
@@ -372,7 +385,8 @@ static PyObject *judge(PyObject *self, PyObject *args) {
                         goto finish;
                     }
                     int64_t cur = pver[f], cls, lag = 0, why = 0;
-                    if (!same) cls = FOREIGN;
+                    if (hv == LOST) cls = NOT_JUDGED, why = LOST_EVENTS;
+                    else if (!same) cls = FOREIGN;
                     else if (!wk) cls = NOT_JUDGED, why = NO_WRITE;
                     else if (hver == cur) cls = EXACT;
                     else cls = STALE, lag = cur - hver;

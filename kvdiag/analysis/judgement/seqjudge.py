@@ -21,13 +21,13 @@ from kvdiag import compiled
 from kvdiag.analysis.judgement.batch import (
     Chunk,
     State,
-    _advance_batches,
+    after_loss,
     judge_prepared,
     prepare,
 )
 from kvdiag.analysis.judgement.classes import FOREIGN, STALE
 from kvdiag.analysis.judgement.columns import Cols
-from kvdiag.analysis.judgement.slots import SlotTable, sorted_unique
+from kvdiag.analysis.judgement.slots import EMPTY, LOST, SlotTable, sorted_unique
 
 _SOURCE = Path(__file__).with_name("seqjudge.c")
 _MODULE = f"{__package__}._seqjudge"
@@ -74,7 +74,7 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
         cols.w_pos[w_ok], prep.w_vid, prep.w_p0[w_ok], prep.w_p1[w_ok], cols.w[w_ok, 0],
         u_pos, prep.u_vid, prep.u_p0[u_ok], u_cnt, u_slot, u_tgt, cols.u[u_ok, 0],
         cols.step[u_pos],
-        prep.e_pos, prep.e_slot, cols.inv,
+        prep.e_pos, prep.e_slot, cols.inv, cols.lose,
         cols.r_pos, prep.r_vid, np.concatenate([[0], np.cumsum(cols.r_runs)]),
         b, e, slot, cols.run_src, cat,
         views.layer, views.stream))
@@ -109,12 +109,16 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
     for t in (0, 1):
         if state.uploads[t] is None and bool((u_tgt == t).any()):
             state.uploads[t] = True
-    if cols.inv.size:
+    last_inv = int(cols.inv[-1]) if cols.inv.size else -1
+    last_lose = int(cols.lose[-1]) if cols.lose.size else -1
+    if last_inv >= 0 or last_lose >= 0:
         state.ring_log.clear()
+        # the walk emptied (or made unknown) every slot of the arrays; those beyond them too
+        state.pool.fill = state.ring.fill = LOST if last_lose > last_inv else EMPTY
     state.ring_log.add(ring_rows.reshape(-1, 7))
     ring = u_tgt == 1
     ri = cols.r_pos
-    _advance_batches(state, prep.u_vid[ring], rows0 + u_pos[ring], prep.r_vid, rows0 + ri)
+    after_loss(state, rows0, last_lose, prep.u_vid[ring], u_pos[ring], prep.r_vid, ri)
     # the latest dispatch of each layer (batch.judge_chunk sets it once the chunk is judged)
     if cols.f_layer.size:
         # the last of each layer (a chunk has thousands of decisions over a few dozen layers)

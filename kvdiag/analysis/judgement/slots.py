@@ -61,6 +61,13 @@ DENSE_LAYERS, DENSE_STREAMS = 1025, 64
 RING_LOG = 1 << 16
 """Ring copies (pages) kept for rule 3 (a read's own batch is a few dozen)."""
 
+EMPTY = -1
+"""A slot's view id when it holds nothing (never filled, evicted, invalidated)."""
+LOST = -2
+"""A slot's view id when what it holds is unknown: events were lost from the trace after its
+last known copy (a gap in ``seq``: :mod:`.gaps`), and a lost upload, evict or invalidate may
+have changed it. Its pages are not judged until an upload fills it again."""
+
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -225,8 +232,10 @@ class SlotTable:
     COLUMNS = ("view", "page", "version", "seq", "step", "row")
 
     def __init__(self) -> None:
-        self.view = np.full(0, -1, np.int64)
-        """View id of the copy held (-1: empty)."""
+        self.view = np.full(0, EMPTY, np.int64)
+        """View id of the copy held (:data:`EMPTY`, :data:`LOST`)."""
+        self.fill = EMPTY
+        """What a slot beyond the arrays holds: :data:`LOST` after a gap (:meth:`lose`)."""
         self.page = np.zeros(0, np.int64)
         self.version = np.zeros(0, np.int64)
         self.seq = np.zeros(0, np.int64)
@@ -237,15 +246,23 @@ class SlotTable:
         n = end - self.view.size
         if n > 0:
             n = max(n, self.view.size)  # doubling
-            self.view = np.concatenate([self.view, np.full(n, -1, np.int64)])
+            self.view = np.concatenate([self.view, np.full(n, self.fill, np.int64)])
             for name in ("page", "version", "seq", "step"):
                 setattr(self, name, np.concatenate([getattr(self, name),
                                                      np.zeros(n, np.int64)]))
             self.row = np.concatenate([self.row, np.full(n, -1, np.int64)])
 
     def clear(self) -> None:
-        self.view[:] = -1
+        """An invalidate: every slot empty, those beyond the arrays too."""
+        self.view[:] = EMPTY
         self.row[:] = -1
+        self.fill = EMPTY
+
+    def lose(self) -> None:
+        """Events were lost: what every slot holds is unknown (:data:`LOST`)."""
+        self.view[:] = LOST
+        self.row[:] = -1
+        self.fill = LOST
 
 
 class RingLog:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvdiag.analysis.judgement.batch import State, grow_views
-from kvdiag.analysis.judgement.classes import MAX_PAGE, MAX_SLOT
+from kvdiag.analysis.judgement.classes import BEFORE_SNAPSHOT, MAX_PAGE, MAX_SLOT
 from kvdiag.analysis.judgement.slots import PageTable, SlotTable
 from kvdiag.model import events as ev
 
@@ -124,3 +124,4 @@ def seed(state: State, e: ev.Snapshot, row: int) -> None:
     for layer, stream in e.ring_pending:
         state.read_since[state.views.ids[(layer, stream)]] = False
     state.history_row = row
+    state.history_why = BEFORE_SNAPSHOT
