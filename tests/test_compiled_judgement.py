@@ -209,3 +209,34 @@ def test_what_the_accumulator_hands_back_is_judged_alike(monkeypatch: pytest.Mon
 
 def json_has(doc: bytes, word: str) -> bool:
     return word.encode() in doc
+
+
+@needs_c
+def test_a_block_the_c_pass_declines_keeps_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a stream where one small block holds an integer beyond ±2^62 (the C pass declines
+    it: the Python path takes its columns) and the blocks after it are accumulated in C
+    WHEN it is judged with and without C
+    THEN the ledger and the summary are equal (the declined block's events keep their rows)."""
+    from kvdiag.model import events as ev
+
+    events = _trace(3)
+    k = next(i for i, e in enumerate(events) if isinstance(e, ev.Write) and i > 200)
+    w = events[k]
+    events[k] = ev.Write(w.seq, w.t_ns, w.step, layer=w.layer, stream=w.stream,
+                         cells=(1 << 63, (1 << 63) + 1), rows=w.rows)
+
+    class Blocks:
+        def blocks(self) -> Any:
+            for at in range(0, len(events), 50):
+                yield events[at:at + 50]
+
+    def run() -> tuple[Any, ...]:
+        judge = Judge(ledger=True)
+        judge.feed_all(Blocks())
+        return _judged(judge)
+
+    _small_chunks(monkeypatch)
+    with_c = run()
+    monkeypatch.setenv("KVDIAG_COMPILED", "0")
+    monkeypatch.setattr(compiled, "_loaded", {})
+    assert run() == with_c

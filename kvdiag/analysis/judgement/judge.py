@@ -392,6 +392,8 @@ class Judge:
         the decoder and the deallocator their cache), and handle the few Python must see.
         False: the block holds a kind that changes how what follows is judged, or a value the
         C pass declines; nothing was taken."""
+        if self._waiting:  # a block before was declined: its columns come first
+            self._take_waiting()
         local, base, rows0 = acc.count, self._held, self.rows
         try:
             handed = acc.add(block, base, not self.groups.no_reference.full)
