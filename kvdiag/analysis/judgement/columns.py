@@ -351,17 +351,19 @@ def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base:
         r, r_runs, runs, run_src = _none(3), _none(), _none(3), _none()
         ranges, annotated = [], False
     r_ann, ann = annotation(ranges) if annotated else (np.zeros(nr, np.int64), _none(6))
-    lo, hi = bounds[FITS]
-    f_idx = order[lo:hi]
-    fs = list(map(events.__getitem__, f_idx.tolist()))
+
+    def others(k: int) -> tuple[np.ndarray, list[Any]]:
+        lo, hi = bounds[k]
+        idx = order[lo:hi]
+        return idx, list(map(events.__getitem__, idx.tolist()))
+
+    f_idx, fs = others(FITS)
     nf = len(fs)
     f_layer = column(lambda: map(_LAYER, fs), nf)
     f_seq = column(lambda: map(_SEQ, fs), nf)
     f_route = np.fromiter(map(ROUTE_CODE.__getitem__, map(_ROUTE, fs)), np.int64, nf)
     f_result = np.fromiter(map(bool, map(_RESULT, fs)), np.int64, nf)
-    lo, hi = bounds[OUTPUT]
-    o_idx = order[lo:hi]
-    outs = list(map(events.__getitem__, o_idx.tolist()))
+    o_idx, outs = others(OUTPUT)
     no = len(outs)
     o_seq = column(lambda: map(_SEQ, outs), no)
     o_stream = column(lambda: map(_STREAM, outs), no)
