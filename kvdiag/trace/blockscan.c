@@ -1,0 +1,58 @@
+/* One pass over a block of trace lines for what the reader checks before decoding it whole:
+ * how many lines end in it, and whether it holds a run of 19 or more digits (an integer that
+ * may lie outside 64 bits: kvdiag/trace/reader.py decodes such a block line by line).
+ *
+ * reader.py does the same with bytes.count and bytes.translate + find (the reference, and the
+ * path without a C compiler); tests/test_trace_blockscan.py holds the two equal. Nothing here
+ * reads outside the buffer it is given.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define RUN 19
+
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* scan(block) -> (newlines, long_digits) */
+static PyObject *scan(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *s = view.buf, *end = s + view.len;
+    Py_ssize_t n = view.len, lines = 0;
+    for (const unsigned char *p = s; p < end;) {
+        const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
+        if (!q) break;
+        lines++;
+        p = q + 1;
+    }
+    /* a window of RUN digits: where its last byte is not a digit, no window holding that byte
+     * is one, so the search skips past it; else it looks back for the nearest non-digit */
+    int found = 0;
+    for (Py_ssize_t i = 0; i + RUN <= n;) {
+        if (!is_digit(s[i + RUN - 1])) {
+            i += RUN;
+            continue;
+        }
+        Py_ssize_t j = i + RUN - 2;
+        while (j >= i && is_digit(s[j])) j--;
+        if (j < i) {
+            found = 1;
+            break;
+        }
+        i = j + 1;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nO)", lines, found ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_O, "(newlines, holds a run of 19 digits) of a block of bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_blockscan", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__blockscan(void) { return PyModule_Create(&module); }

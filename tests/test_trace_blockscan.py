@@ -1,0 +1,86 @@
+"""The reader's block check in C (``kvdiag/trace/blockscan.c``) against its Python reference.
+
+Before decoding a block of lines whole, :mod:`kvdiag.trace.reader` counts the lines that end in
+it and looks for a run of 19 digits (an integer that may lie outside 64 bits, issue 11 #19).
+Where a C compiler is at hand one pass does both; ``bytes.count`` and ``translate`` + ``find``
+stay the reference. Both must agree on any bytes: digit runs of every length at every place,
+runs cut by a block's end, NULs and high bytes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvdiag import compiled
+from kvdiag.trace import reader
+
+C = compiled.load(reader._BLOCKSCAN, "kvdiag.trace._blockscan")
+needs_c = pytest.mark.skipif(C is None, reason="no C compiler here: " + str(compiled.status()))
+
+
+def _reference(block: bytes) -> tuple[int, bool]:
+    return block.count(b"\n"), reader._long_digits(block)
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_one_pass_counts_lines_and_finds_long_digit_runs_as_python_does(seed: int) -> None:
+    """GIVEN random blocks of JSON-like text with digit runs of 0-40 digits anywhere
+    WHEN they are scanned in C and by the Python reference
+    THEN the line counts and the long-run answers are equal, both answers occurring."""
+    rng = random.Random(seed)
+    seen = set()
+    for _ in range(400):
+        parts = []
+        for _ in range(rng.randint(0, 30)):
+            parts.append(rng.choice([b'{"seq":', b"\n", b",", b"\x00", b"\xff", b" ", b'"a"']))
+            parts.append(b"7" * rng.choice([0, 1, 5, 17, 18, 19, 20, 25, 40]))
+        block = b"".join(parts)
+        got = C.scan(block)
+        assert got == _reference(block)
+        seen.add(got[1])
+    assert seen == {True, False}
+
+
+@needs_c
+def test_a_run_of_19_is_found_at_every_place_and_18_never() -> None:
+    """GIVEN a run of exactly 19 (or 18) digits at every offset of a short block, also at its
+    very start and end
+    THEN 19 is always found and 18 never."""
+    for length, want in ((19, True), (18, False)):
+        for at in range(0, 60):
+            block = b"x" * at + b"1" * length + b"y" * (59 - at)
+            assert C.scan(block) == (0, want)
+            assert C.scan(block[: at + length]) == (0, want)
+    assert C.scan(b"") == (0, False)
+    assert C.scan(b"\n" * 5) == (5, False)
+
+
+def test_the_reader_reads_alike_without_the_c_pass(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: pytest.TempPathFactory) -> None:
+    """GIVEN a trace with an integer beyond 64 bits in one line
+    WHEN it is read with and without the C pass
+    THEN the same events and the same problem (that line) come out."""
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "t.jsonl"
+    head = (b'{"format":"kvtrace","version":"1.2","kvdiag_version":"0","created":"x",'
+            b'"backend":"synthetic","device":{"name":"d"},"scenario":{"name":"s"}}\n')
+    lines = [b'{"kind":"step","seq":%d,"t_ns":1,"step":%d,"phase":"decode","streams":[0],'
+             b'"tokens":1,"n_kv":1}' % (i + 1, i) for i in range(50)]
+    lines[20] = lines[20].replace(b'"n_kv":1', b'"n_kv":123456789012345678901234')
+    path.write_bytes(head + b"\n".join(lines) + b"\n")
+
+    def read() -> tuple[list[int], list[tuple[int, str]]]:
+        with reader.TraceReader.open(path) as r:
+            seqs = [e.seq for e in r]
+            return seqs, [(p.line, p.kind) for p in r.problems]
+
+    with_c = read()
+    monkeypatch.setenv("KVDIAG_COMPILED", "0")
+    monkeypatch.setattr(compiled, "_loaded", {})
+    assert read() == with_c
+    assert 21 not in with_c[0] and len(with_c[0]) == 49
+    assert (22, "corrupt") in with_c[1]  # the header is line 1
