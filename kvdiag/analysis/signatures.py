@@ -300,23 +300,37 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         )
 
 
-@rule("segfault", "fatal signal without an assert", "see the first in-app frame")
+@rule("segfault", "fatal signal without an assert (or a death of unknown cause)",
+      "see the first in-app frame")
 def segfault(scan: LogScan) -> Iterable[Finding]:
-    for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal")):
+    for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal", "unknown")):
         crash = group[0]
         sig = crash.signal.signal if crash.signal is not None else "fatal signal"
         frame = _first_app_frame(crash)
+        has_frames = crash.backtrace is not None and bool(crash.backtrace.frames)
+        if crash.kind == "unknown":
+            # only a stack was printed before the output ended: the cause is not in the log
+            title = "a death of unknown cause (a backtrace; no signal, abort or error line)"
+        else:
+            title = f"{sig} without an assert"
+        if sig == "SIGKILL":
+            # SIGKILL cannot be caught: no process prints its own stack for it
+            fix = ("the process was killed from outside (the kernel's OOM killer: journalctl "
+                   "-k; a supervisor's timeout; a user): see what killed it and how much "
+                   "memory the host had")
+        else:
+            fix = ("symbolize the backtrace (--binary) and inspect the first in-app frame"
+                   if has_frames else
+                   # nothing to symbolize: say how to get the frames the log lacks
+                   "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
+                   "bt; or the server run under gdb) and read it with kvdiag postmortem "
+                   "--binary") + ("; a crash inside a GPU library usually means a bad pointer "
+                                  "or size passed to it")
         yield Finding(
             rule="segfault", severity=Severity.ERROR,
-            title=f"{sig} without an assert" + (f" in {frame}" if frame else ""),
+            title=title + (f" in {frame}" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
-            fix=("symbolize the backtrace (--binary) and inspect the first in-app frame"
-                 if crash.backtrace is not None and crash.backtrace.frames else
-                 # nothing to symbolize: say how to get the frames the log lacks
-                 "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
-                 "bt; or the server run under gdb) and read it with kvdiag postmortem "
-                 "--binary") + "; a crash inside a GPU library usually means a bad pointer or "
-                "size passed to it",
+            fix=fix,
             details={"crashes": len(group), "fingerprint": crash.fingerprint},
         )
 

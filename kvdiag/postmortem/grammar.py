@@ -101,12 +101,28 @@ _CHECK_TRY = re.compile(r"^CHECK_TRY_ERROR\((.*)\): (.*)$")
 
 _SIGNAL = re.compile(
     r"\b(SIGSEGV|SIGBUS|SIGILL|SIGFPE|SIGABRT|SIGTRAP)\b|(Segmentation fault|Bus error|"
-    r"Illegal instruction|Floating point exception)|status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT)|"
+    r"Illegal instruction|Floating point exception)|"
+    r"status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT|5/TRAP|31/SYS|9/KILL)|"
     # how shells and IDEs report an abort(): bash/sh "Aborted (core dumped)" or
     # "<pid> Aborted  <cmd>", zsh "zsh: abort", macOS "Abort trap: 6", exit status 134
     r"(Aborted \(core dumped\)|^Aborted$|\b\d+ Aborted\b|^zsh: abort\b|Abort trap: 6|"
-    r"exit code 134\b)"
+    r"exit code 134\b)|"
+    # the shell's words for the other fatal signals (bash's strsignal text, alone or after a
+    # job's pid)
+    r"(Trace/breakpoint trap|Bad system call|^Killed$|\b\d+ Killed(?: {2,}|$))"
 )
+# A signal handler's own line, by number ("caught signal 11", "received signal 6", "Fatal
+# signal 8"); the numbers are Linux's (signal(7)). Only the signals that end a process without
+# being asked to count: 2 (SIGINT) and 15 (SIGTERM) are a stop someone asked for.
+_SIGNAL_NUMBER = re.compile(
+    r"\b(?:[Cc]aught|[Rr]eceived|[Gg]ot|[Ff]atal|[Tt]erminated by|[Kk]illed by)(?: the)? "
+    r"signal:? (\d{1,2})\b"
+)
+_FATAL_NUMBERS = {4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+                  9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
+# The kernel's OOM killer (mm/oom_kill.c): "Out of memory: Killed process <pid> (<comm>) …",
+# in a cgroup "Memory cgroup out of memory: Killed process …"; comm is at most 15 characters.
+_OOM_KILL = re.compile(r"[Oo]ut of memory: Killed process (\d+) \(([^)]{0,64})\)")
 # systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
 # newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
 _BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-9a-fA-F]{8,80})\b")
@@ -496,18 +512,43 @@ def parse_failed_op(text: str) -> str | None:
 
 
 def parse_signal(where: LogLine, text: str) -> SignalLine | None:
+    """A line that says the process died of a signal, in any of the words above; an OOM kill
+    only when the killed process is the server's (:func:`parse_oom_kill`)."""
     m = _SIGNAL.search(text)
     if m is None:
+        n = _SIGNAL_NUMBER.search(text)
+        if n is not None:
+            name = _FATAL_NUMBERS.get(int(n.group(1)))
+            return SignalLine(where=where, signal=name) if name is not None else None
+        oom = parse_oom_kill(text)
+        if oom is not None and is_server_process(oom[1]):
+            return SignalLine(where=where, signal="SIGKILL")
         return None
     if m.group(4):
         return SignalLine(where=where, signal="SIGABRT")
-    name = m.group(1) or m.group(2) or m.group(3)
+    name = m.group(1) or m.group(2) or m.group(3) or m.group(5)
     canon = {
         "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Illegal instruction": "SIGILL",
         "Floating point exception": "SIGFPE", "11/SEGV": "SIGSEGV", "7/BUS": "SIGBUS",
         "4/ILL": "SIGILL", "8/FPE": "SIGFPE", "6/ABRT": "SIGABRT",
-    }.get(name, name)
+        "Trace/breakpoint trap": "SIGTRAP", "Bad system call": "SIGSYS", "5/TRAP": "SIGTRAP",
+        "31/SYS": "SIGSYS", "9/KILL": "SIGKILL",
+    }.get(name, "SIGKILL" if "Killed" in name else name)
     return SignalLine(where=where, signal=canon)
+
+
+def parse_oom_kill(text: str) -> tuple[int, str] | None:
+    """``(pid, process name)`` of a kernel OOM-killer line."""
+    m = _OOM_KILL.search(text)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def is_server_process(comm: str) -> bool:
+    """Whether a process name the kernel printed is a llama.cpp server's: ``llama-server``,
+    ollama's runner (``ollama_llama_se``, cut to 15 characters), older ``server`` builds
+    named ``llama-*``. Another name (``python3`` running llama-cpp-python included) is not
+    taken for the server: the log does not say it was."""
+    return "llama" in comm.lower()
 
 
 def parse_build_id(text: str) -> tuple[str, str] | None:
