@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from postmortem_helpers import findings_of, run_command, run_json, scan_bytes
+from server_logs import ServerLog, Turn
 
 from kvdiag.model.logrecords import Crash, LogScan
 from kvdiag.postmortem import parse
-from postmortem_helpers import findings_of, run_command, run_json, scan_bytes
-from server_logs import ServerLog, Turn
 
 GLIBC_FOREIGN = (
     "/lib/x86_64-linux-gnu/libc.so.6(+0x42520)[0x7f3b8a242520]",
@@ -220,6 +220,7 @@ def test_a_backtrace_the_log_goes_on_after_is_a_problem_not_a_crash() -> None:
 def test_block_boundaries_do_not_change_what_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     data, first = _tail(_served(), "caught signal 11", *GLIBC_FOREIGN)
     whole = _one(scan_bytes(data))
+    assert whole.where.line == first and whole.timeline
     for block in (97, 4096):
         monkeypatch.setattr(parse, "BLOCK", block)
         cut = _one(scan_bytes(data))
@@ -259,3 +260,22 @@ def test_a_backtrace_only_as_evidence_exits_0_and_says_so(tmp_path: Path, capsys
     assert code == 0 and out["crashes"] == []
     (p,) = [p for p in out["problems"] if p.get("code") == "backtrace-no-cause"]
     assert p["line"] == first and "(4 glibc frames)" in p["message"]
+
+
+def test_a_death_while_loading_then_a_restart_is_found_in_the_boot_window() -> None:
+    """Killed during the boot (the OOM killer while the model loads), the frames of a
+    handler's stack inside the boot window, then a restart that comes up."""
+    log = ServerLog()
+    log.boot(np=2)
+    del log.lines[-2:]  # never said it was listening
+    first = len(log.lines) + 1
+    log.raw("caught signal 11")
+    for text in GDB_UNKNOWN:
+        log.raw(text)
+    log.raw("Killed")
+    log.boot(np=2)
+    scan = scan_bytes(log.text().encode())
+    crash = _one(scan)
+    assert crash.where.line == first and crash.boot_index == 0
+    assert crash.signal is not None and crash.signal.signal == "SIGSEGV"
+    assert crash.backtrace is not None and len(crash.backtrace.frames) == 3
