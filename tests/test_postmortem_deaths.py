@@ -97,6 +97,8 @@ def test_received_signal_6_is_sigabrt_and_a_llama_frame_keeps_the_signal_line() 
     ("llama-server: caught signal 4, dumping stack", "SIGILL"),
     ("Illegal instruction (core dumped)", "SIGILL"),
     ("Trace/breakpoint trap (core dumped)", "SIGTRAP"),
+    ("Fatal Python error: Aborted", "SIGABRT"),
+    ("Fatal Python error: Segmentation fault", "SIGSEGV"),
 ])
 def test_signal_lines_in_other_words_name_their_signal(line: str, signal: str) -> None:
     data, first = _tail(_served(), line, *GDB_UNKNOWN)
@@ -236,6 +238,17 @@ def test_json_text_and_exit_code_agree(tmp_path: Path, capsys: Any) -> None:
     assert code == 1
     (crash,) = out["crashes"]
     assert crash["kind"] == "unknown" and len(crash["frames"]) == 3
+    assert (crash["line"], crash["signal"]) == (first, None)
+    data, first = _tail(_served(), "received signal 7", *GLIBC_FOREIGN)
+    log.write_bytes(data)
+    code, out = run_json([str(log)], capsys)
+    (crash,) = out["crashes"]
+    assert code == 1 and crash["kind"] == "signal" and crash["line"] == first
+    assert crash["signal"] == {"source": str(log), "line": first, "signal": "SIGBUS"}
+    assert [f["function"] for f in crash["frames"]] == [None, "foo_step", None,
+                                                        "__libc_start_main"]
+    data, first = _tail(_served(), *GDB_UNKNOWN)
+    log.write_bytes(data)
     (f,) = [f for f in out["findings"] if f["rule"] == "segfault"]
     assert f["severity"] == "error"
     code, text = run_command([str(log)], capsys)

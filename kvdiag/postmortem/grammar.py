@@ -105,7 +105,9 @@ _SIGNAL = re.compile(
     r"status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT|5/TRAP|31/SYS|9/KILL)|"
     # how shells and IDEs report an abort(): bash/sh "Aborted (core dumped)" or
     # "<pid> Aborted  <cmd>", zsh "zsh: abort", macOS "Abort trap: 6", exit status 134
+    # Python's faulthandler (llama-cpp-python's server) "Fatal Python error: Aborted"
     r"(Aborted \(core dumped\)|^Aborted$|\b\d+ Aborted\b|^zsh: abort\b|Abort trap: 6|"
+    r"Fatal Python error: Aborted|"
     r"exit code 134\b)|"
     # the shell's words for the other fatal signals (bash's strsignal text, alone or after a
     # job's pid)

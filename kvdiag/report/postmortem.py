@@ -61,8 +61,14 @@ def crash_to_json(crash: Crash) -> dict[str, Any]:
     ab = crash.abort
     err = crash.error
     frames = crash.backtrace.frames if crash.backtrace is not None else ()
+    sig = crash.signal
     return {
         "kind": crash.kind,
+        "source": crash.where.source,
+        "line": crash.where.line,
+        "signal": None if sig is None else {
+            "source": sig.where.source, "line": sig.where.line, "signal": sig.signal,
+        },
         "assert": None if ab is None else {
             "file": ab.file, "line": ab.line,
             "condition": ab.condition if ab.condition is not None else ab.message,
