@@ -253,6 +253,7 @@ def test_json_text_and_exit_code_agree(tmp_path: Path, capsys: Any) -> None:
     assert f["severity"] == "error"
     code, text = run_command([str(log)], capsys)
     assert code == 1 and "Crash 1 of 1: unknown" in text
+    assert "cause not in the log: a backtrace, then the output ends" in text
     code, text = run_command([str(log), "--format", "markdown"], capsys)
     assert code == 1 and "- **crashes**: 1" in text
     assert "| a death of unknown cause (a backtrace; no signal, abort or error line) |" in text
@@ -292,3 +293,15 @@ def test_a_death_while_loading_then_a_restart_is_found_in_the_boot_window() -> N
     assert crash.where.line == first and crash.boot_index == 0
     assert crash.signal is not None and crash.signal.signal == "SIGSEGV"
     assert crash.backtrace is not None and len(crash.backtrace.frames) == 3
+
+
+def test_numbered_headings_and_signal_talk_at_the_end_are_not_a_death() -> None:
+    """Lines a prompt or an operator may leave at the end of a log that only look like a
+    frame or a signal: a gdb frame needs an address or a location, a signal number only
+    counts for the signals that end a process unasked."""
+    data, _ = _tail(_served(), "#1 Introduction", "#2  Setup (optional)",
+                    "received signal 15, shutting down", "srv    operator(): cleaning up",
+                    "main: exiting due to HTTP server error")
+    scan = scan_bytes(data)
+    assert scan.crashes == ()
+    assert not [p for p in scan.problems if p.code == "backtrace-no-cause"]

@@ -619,13 +619,18 @@ class LogParser:
 def _opens_with_frame(text: str) -> bool:
     """A frame line that can open a crash: one that names a function or a module, or a gdb
     frame with only its address (``#0  0x… in ?? ()``: gdb's own syntax, nothing else prints
-    it); a bare address or an Android-style ``N: 0x…`` line alone is too weak."""
+    it); a bare address or an Android-style ``N: 0x…`` line alone is too weak. A gdb frame
+    needs an address or a location (``at file:line`` / ``from lib``): ``#1 Introduction`` is
+    a heading in a prompt, not gdb."""
     parsed = parse_frame(text)
     if parsed is None:
         return False
     fr = parsed.frame
-    return bool(fr.function or fr.module) or (
-        parsed.form == "gdb" and fr.address is not None and " in " in text)
+    if parsed.form == "gdb":
+        if fr.address is None and fr.file is None and fr.module is None:
+            return False
+        return bool(fr.function or fr.module) or " in " in text
+    return bool(fr.function or fr.module)
 
 
 def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:

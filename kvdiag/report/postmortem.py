@@ -204,7 +204,11 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
-        parts.append(Text(f"  signal: {crash.signal.signal}", style="red"))
+        parts.append(Text(f"  signal: {crash.signal.signal} (line {crash.signal.where.line})",
+                          style="red"))
+    elif crash.kind == "unknown":
+        parts.append(Text("  cause not in the log: a backtrace, then the output ends (no "
+                          "signal, abort, error or exception line)", style="red"))
     if crash.timeline:
         parts.append(timeline_table(crash.timeline, crash.active_slots))
     if crash.backtrace is not None and crash.backtrace.frames:
