@@ -305,3 +305,24 @@ def test_numbered_headings_and_signal_talk_at_the_end_are_not_a_death() -> None:
     scan = scan_bytes(data)
     assert scan.crashes == ()
     assert not [p for p in scan.problems if p.code == "backtrace-no-cause"]
+
+
+@pytest.mark.parametrize("message", [
+    "double free or corruption (out)",
+    "free(): invalid pointer",
+    "malloc(): corrupted top size",
+    "corrupted size vs. prev_size",
+    "*** stack smashing detected ***: terminated",
+    "*** buffer overflow detected ***: ./llama-server terminated",
+])
+def test_glibcs_own_fatal_message_names_the_abort(message: str) -> None:
+    data, first = _tail(_served(), message, *GLIBC_FOREIGN, "Aborted (core dumped)")
+    scan = scan_bytes(data)
+    crash = _one(scan)
+    assert crash.kind == "abort" and crash.where.line == first
+    assert crash.abort is not None and crash.abort.message == message
+    assert crash.signal is not None and crash.signal.signal == "SIGABRT"
+    assert crash.backtrace is not None and len(crash.backtrace.frames) == 4
+    (finding,) = [f for f in findings_of(scan) if f.rule == "ggml-assert"]
+    assert finding.title.startswith(f"glibc aborted: {message}")
+    assert "AddressSanitizer" in finding.fix

@@ -282,7 +282,10 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         crash = group[0]
         ab = crash.abort
         assert ab is not None
-        if ab.condition is not None:
+        if ab.file is None and ab.form == "libc" and ab.condition is None:
+            # glibc's own fatal message: it names the cause, there is no source line
+            what = f"glibc aborted: {ab.message}"
+        elif ab.condition is not None:
             what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
         elif crash.kind == "ggml_abort":
             what = f"GGML_ABORT: {ab.message} at {_short(ab.file)}:{ab.line}"
@@ -293,8 +296,12 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
             rule="ggml-assert", severity=Severity.ERROR,
             title=what + (f" (in {frame})" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
-            fix="unknown signature: read the condition at that line and the in-app frames; "
-                "report it upstream with this fingerprint if it is not yours",
+            fix=("glibc found the heap or stack corrupted (or a _FORTIFY_SOURCE overflow) "
+                 "where the frames show, which is not where it was corrupted: run the server "
+                 "under AddressSanitizer or valgrind to find the write"
+                 if ab.file is None and ab.form == "libc" and ab.condition is None else
+                 "unknown signature: read the condition at that line and the in-app frames; "
+                 "report it upstream with this fingerprint if it is not yours"),
             details={"crashes": len(group), "fingerprint": crash.fingerprint,
                      "file": ab.file, "line": ab.line, "condition": ab.condition},
         )

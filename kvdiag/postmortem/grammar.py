@@ -42,6 +42,16 @@ _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
 _LEGACY_ASSERT = re.compile(
     rf"GGML_ASSERT: ((?:[A-Za-z]:[\\/])?[^:\n]*?\.{_EXT}):(\d+): (.*)$"
     r"|GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
+# glibc's own fatal messages, each followed by abort() (glibc malloc/malloc.c malloc_printerr,
+# debug/fortify_fail.c, debug/stack_chk_fail.c): heap corruption found by malloc/free, a
+# _FORTIFY_SOURCE overflow, a smashed stack canary. Older glibc names the program before
+# "terminated".
+_LIBC_FATAL = re.compile(
+    r"^(\*\*\* (?:stack smashing|buffer overflow) detected \*\*\*:.{0,200}terminated|"
+    r"(?:free|malloc|calloc|realloc|munmap_chunk|malloc_consolidate|_int_malloc|_int_free|"
+    r"tcache_thread_shutdown)\(\): [a-z][\w .,()-]{2,80}|double free or corruption \(\w+\)|"
+    r"corrupted (?:size vs\. prev_size|double-linked list)[\w ()-]{0,40})\s*$"
+)
 _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
 # GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
@@ -448,6 +458,9 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 condition=m.group(3), message=f"Assertion `{m.group(3)}' failed",
             ))
             return out
+    lf = parse_libc_fatal(where, text)
+    if lf is not None:
+        return [lf]
     m = _ABORT_AT_START.match(text)
     if m is None or not _is_ggml_source(m.group(1)):
         glued = _ABORT_GLUED.search(text)
@@ -463,6 +476,15 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                              message=msg[:500],
                              condition=None if own is None else own.group(1)[:500]))
     return out
+
+
+def parse_libc_fatal(where: LogLine, text: str) -> Abort | None:
+    """One of glibc's fatal messages (``double free or corruption (out)``, ``*** stack
+    smashing detected ***: terminated``): an abort whose cause glibc names, without a file."""
+    if "***" not in text and "(): " not in text and "corrupt" not in text:
+        return None
+    m = _LIBC_FATAL.match(text.strip())
+    return Abort(where=where, form="libc", message=m.group(1)) if m is not None else None
 
 
 def parse_gpu_error(where: LogLine, text: str) -> GpuError | None:

@@ -469,7 +469,8 @@ class LogParser:
             if self._crash is not None:
                 self._crash_feed(where, text)
             elif (grammar.parse_signal(where, text) is not None or _opens_with_frame(text)
-                  or grammar.parse_terminate(text) is not None):
+                  or grammar.parse_terminate(text) is not None
+                  or grammar.parse_libc_fatal(where, text) is not None):
                 self._open_crash_after(where, before[:max(0, off)])
                 self._crash_feed(where, text)
             else:
