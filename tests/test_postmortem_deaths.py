@@ -326,3 +326,18 @@ def test_glibcs_own_fatal_message_names_the_abort(message: str) -> None:
     (finding,) = [f for f in findings_of(scan) if f.rule == "ggml-assert"]
     assert finding.title.startswith(f"glibc aborted: {message}")
     assert "AddressSanitizer" in finding.fix
+
+
+def test_googles_failure_signal_handler_lines() -> None:
+    """glog/absl's handler: a headline, then the signal line, then its own frame format
+    (not read as frames: ggml never prints it), then the death."""
+    data, first = _tail(
+        _served(), '*** Aborted at 1700000000 (unix time) try "date -d @1700000000" if you are '
+        "using GNU date ***",
+        "*** SIGABRT received at time=1700000000 on cpu 3 ***",
+        "PC: @     0x7f3b8a29e9fc  (unknown)  pthread_kill",
+        "    @     0x7f3b8a242520  (unknown)  (unknown)")
+    crash = _one(scan_bytes(data))
+    assert crash.kind == "signal" and crash.where.line == first + 1
+    assert crash.signal is not None and crash.signal.signal == "SIGABRT"
+    assert crash.backtrace is None
