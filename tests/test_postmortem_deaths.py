@@ -11,6 +11,7 @@ that the log goes on after is evidence, said as a problem line, not a crash.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from server_logs import ServerLog, Turn
 
 from kvdiag.model.logrecords import Crash, LogScan
 from kvdiag.postmortem import parse
+from kvdiag.postmortem.parse import LogParser
 
 GLIBC_FOREIGN = (
     "/lib/x86_64-linux-gnu/libc.so.6(+0x42520)[0x7f3b8a242520]",
@@ -341,3 +343,16 @@ def test_googles_failure_signal_handler_lines() -> None:
     assert crash.kind == "signal" and crash.where.line == first + 1
     assert crash.signal is not None and crash.signal.signal == "SIGABRT"
     assert crash.backtrace is None
+
+
+def test_each_logs_end_is_read_back_on_its_own() -> None:
+    """Two logs in one run: the first ends in a death without anchor words, the second runs
+    on; the death is the first log's, at its own line."""
+    dead, first = _tail(_served(), "received signal 11", *GDB_UNKNOWN)
+    alive = _served().text().encode()
+    parser = LogParser()
+    parser.feed("a.log", io.BytesIO(dead))
+    parser.feed("b.log", io.BytesIO(alive))
+    crash = _one(parser.result())
+    assert (crash.where.source, crash.where.line) == ("a.log", first)
+    assert crash.signal is not None and crash.signal.signal == "SIGSEGV"
