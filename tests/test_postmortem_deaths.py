@@ -218,7 +218,7 @@ def test_a_backtrace_the_log_goes_on_after_is_a_problem_not_a_crash() -> None:
     (p,) = [p for p in scan.problems if p.code == "backtrace-no-cause"]
     assert p.line == first
     assert p.message == (f"a backtrace without a known cause at line {first} (3 gdb frames); "
-                         "the log goes on after it, so it is not counted as a crash")
+                         "the server's output goes on after it, so it is not counted as a crash")
 
 
 def test_block_boundaries_do_not_change_what_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -356,3 +356,18 @@ def test_each_logs_end_is_read_back_on_its_own() -> None:
     crash = _one(parser.result())
     assert (crash.where.source, crash.where.line) == ("a.log", first)
     assert crash.signal is not None and crash.signal.signal == "SIGSEGV"
+
+
+def test_only_other_programs_lines_after_a_stack_do_not_make_the_server_go_on() -> None:
+    """A host journal: the server's stack, then 250 lines of the kernel and other services
+    (no restart, nothing of the server's own): the server's output ended with the stack."""
+    log = _served("journald")
+    first = len(log.lines) + 1
+    for text in GLIBC_FOREIGN:
+        log.raw(text)
+    for i in range(250):
+        log.lines.append(f"Mar 03 10:12:{i % 60:02d} gpu-host kernel: usb 1-{i}: new device")
+    scan = scan_bytes(log.text().encode())
+    crash = _one(scan)
+    assert crash.kind == "unknown" and crash.where.line == first
+    assert not [p for p in scan.problems if p.code == "backtrace-no-cause"]

@@ -120,6 +120,7 @@ class LogParser:
         self._crash_meta: tuple[tuple[SlotEvent, ...], tuple[int, ...]] = ((), ())
         self._crash_quiet = 0
         self._crash_lines = 0
+        self._server_went_on = False
         self._boot_lines = 0
         self._seen_to = 0
         self._cur: tuple[bytes, int] = (b"", 0)
@@ -339,14 +340,14 @@ class LogParser:
             self._fast_line(data[ls:nl], data, ls)
             pos = nl + 1
 
-    def _where(self, raw: bytes) -> tuple[LogLine, str]:
-        text, _level = clean(raw)
+    def _where(self, raw: bytes) -> tuple[LogLine, str, str | None]:
+        text, level = clean(raw)
         if not self._long_reported and len(raw) > MAX_LINE_CHARS * 4:
             self._long_line()
-        return LogLine(self._name, self._lineno, text), text
+        return LogLine(self._name, self._lineno, text), text, level
 
     def _fast_line(self, raw: bytes, data: bytes, ls: int) -> None:
-        where, text = self._where(raw)
+        where, text, _level = self._where(raw)
         recs = grammar.classify(where, text)
         if not recs:
             if _opens_with_frame(text):
@@ -362,10 +363,10 @@ class LogParser:
             self._dispatch(rec)
 
     def _window_line(self, raw: bytes, data: bytes, ls: int) -> None:
-        where, text = self._where(raw)
+        where, text, level = self._where(raw)
         if "build-id" in text:
             self._build_id(text)
-        if self._crash is not None and self._crash_feed(where, text):
+        if self._crash is not None and self._crash_feed(where, text, level):
             return
         recs = grammar.classify(where, text)
         self._cur = (data, ls)
@@ -439,6 +440,7 @@ class LogParser:
         self._crash = CrashBlock(where)
         self._crash_quiet = 0
         self._crash_lines = 0
+        self._server_went_on = False
         self._seen_to = max(self._seen_to, where.line)
         self._crash_meta, stack = self._lookback(before, where.line)
         for w, text in stack:
@@ -464,10 +466,10 @@ class LogParser:
         line = last - n
         for raw in raws[skip:]:
             line += 1
-            text, _ = clean(raw)
+            text, level = clean(raw)
             where = LogLine(self._name, line, text)
             if self._crash is not None:
-                self._crash_feed(where, text)
+                self._crash_feed(where, text, level)
             elif (grammar.parse_signal(where, text) is not None or _opens_with_frame(text)
                   or grammar.parse_terminate(text) is not None
                   or grammar.parse_libc_fatal(where, text) is not None):
@@ -485,20 +487,25 @@ class LogParser:
                           f"{line}; the log does not say it was the server, so it is not "
                           "counted as a crash", line, "oom-kill-other")
 
-    def _crash_feed(self, where: LogLine, text: str) -> bool:
+    def _crash_feed(self, where: LogLine, text: str, level: str | None = None) -> bool:
         block = self._crash
         if block is None:
             return False
         self._crash_lines += 1
         used = block.feed(where, text)
         self._crash_quiet = 0 if used else self._crash_quiet + 1
+        if not used and not self._server_went_on and _server_line(text, level):
+            self._server_went_on = True
         if self._crash_quiet > CRASH_QUIET or self._crash_lines > CRASH_MAX_LINES:
-            self._close_crash(ended=False)
+            # quiet: the log went on; it is the server's output that went on past the crash
+            # only when one of those lines is the server's own
+            self._close_crash(ended=not self._server_went_on)
         return used
 
     def _close_crash(self, *, ended: bool = True) -> None:
-        """End the crash block; ``ended`` when the output ended with it (the log's end, a
-        restart, a followed log gone quiet) rather than going on past it."""
+        """End the crash block; ``ended`` when the server's output ended with it (the log's
+        end, a restart, a followed log gone quiet, only other programs' lines after it) rather
+        than going on past it."""
         block = self._crash
         if block is None:
             return
@@ -514,8 +521,8 @@ class LogParser:
                 n = len(bt.frames) if bt is not None else 0
                 form = bt.form if bt is not None else "?"
                 self._problem(f"a backtrace without a known cause at line {crash.where.line} "
-                              f"({n} {form} frames); the log goes on after it, so it is not "
-                              "counted as a crash", crash.where.line, "backtrace-no-cause")
+                              f"({n} {form} frames); the server's output goes on after it, so it "
+                              "is not counted as a crash", crash.where.line, "backtrace-no-cause")
                 continue
             if len(self.crashes) >= MAX_CRASHES:
                 self._problem(f"more than {MAX_CRASHES} crashes; later ones not kept", None)
@@ -632,6 +639,13 @@ def _opens_with_frame(text: str) -> bool:
             return False
         return bool(fr.function or fr.module) or " in " in text
     return bool(fr.function or fr.module)
+
+
+def _server_line(text: str, level: str | None) -> bool:
+    """A line llama-server itself printed: common/log.cpp's level letter, a slot, server or
+    queue line (domain brief §7.1, §7.3), or the 2024 ``server_log`` form."""
+    return level is not None or text.startswith(("slot ", "srv ", "que ")) or (
+        serverlog.mentions(text))
 
 
 def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
