@@ -23,7 +23,7 @@ from kvdiag.model.logrecords import (
     SlotEventKind,
     StreamEvent,
 )
-from kvdiag.postmortem import serverlog
+from kvdiag.postmortem import deathlines, serverlog
 
 Record = ConfigItem | SlotEvent | StreamEvent | FitsLine | Abort | GpuError | SignalLine
 
@@ -42,16 +42,6 @@ _GGML_ASSERT_BARE = re.compile(r"([^\s:]+):(\d+): GGML_ASSERT\((.*?)\) failed")
 _LEGACY_ASSERT = re.compile(
     rf"GGML_ASSERT: ((?:[A-Za-z]:[\\/])?[^:\n]*?\.{_EXT}):(\d+): (.*)$"
     r"|GGML_ASSERT: ([^\s]+?):(\d+): (.*)$")
-# glibc's own fatal messages, each followed by abort() (glibc malloc/malloc.c malloc_printerr,
-# debug/fortify_fail.c, debug/stack_chk_fail.c): heap corruption found by malloc/free, a
-# _FORTIFY_SOURCE overflow, a smashed stack canary. Older glibc names the program before
-# "terminated".
-_LIBC_FATAL = re.compile(
-    r"^(\*\*\* (?:stack smashing|buffer overflow) detected \*\*\*:.{0,200}terminated|"
-    r"(?:free|malloc|calloc|realloc|munmap_chunk|malloc_consolidate|_int_malloc|_int_free|"
-    r"tcache_thread_shutdown)\(\): [a-z][\w .,()-]{2,80}|double free or corruption \(\w+\)|"
-    r"corrupted (?:size vs\. prev_size|double-linked list)[\w ()-]{0,40})\s*$"
-)
 _MSVC_ASSERT = re.compile(r"Assertion failed: (.*), file (.+), line (\d+)")
 _LIBC_ASSERT = re.compile(r"(?:^|: )(?:(\S+?):(\d+): )?(?:[^:]*: )?Assertion [`'](.*)' failed\.?")
 # GGML_ABORT (upstream ggml.c ggml_abort): fflush(stdout), then "<__FILE__>:<line>: <message>"
@@ -123,18 +113,6 @@ _SIGNAL = re.compile(
     # job's pid)
     r"(Trace/breakpoint trap|Bad system call|^Killed$|\b\d+ Killed(?: {2,}|$))"
 )
-# A signal handler's own line, by number ("caught signal 11", "received signal 6", "Fatal
-# signal 8"); the numbers are Linux's (signal(7)). Only the signals that end a process without
-# being asked to count: 2 (SIGINT) and 15 (SIGTERM) are a stop someone asked for.
-_SIGNAL_NUMBER = re.compile(
-    r"\b(?:[Cc]aught|[Rr]eceived|[Gg]ot|[Ff]atal|[Tt]erminated by|[Kk]illed by)(?: the)? "
-    r"signal:? (\d{1,2})\b"
-)
-_FATAL_NUMBERS = {4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-                  9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
-# The kernel's OOM killer (mm/oom_kill.c): "Out of memory: Killed process <pid> (<comm>) …",
-# in a cgroup "Memory cgroup out of memory: Killed process …"; comm is at most 15 characters.
-_OOM_KILL = re.compile(r"[Oo]ut of memory: Killed process (\d+) \(([^)]{0,64})\)")
 # systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
 # newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
 _BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-9a-fA-F]{8,80})\b")
@@ -458,7 +436,7 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 condition=m.group(3), message=f"Assertion `{m.group(3)}' failed",
             ))
             return out
-    lf = parse_libc_fatal(where, text)
+    lf = deathlines.parse_libc_fatal(where, text)
     if lf is not None:
         return [lf]
     m = _ABORT_AT_START.match(text)
@@ -476,15 +454,6 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                              message=msg[:500],
                              condition=None if own is None else own.group(1)[:500]))
     return out
-
-
-def parse_libc_fatal(where: LogLine, text: str) -> Abort | None:
-    """One of glibc's fatal messages (``double free or corruption (out)``, ``*** stack
-    smashing detected ***: terminated``): an abort whose cause glibc names, without a file."""
-    if "***" not in text and "(): " not in text and "corrupt" not in text:
-        return None
-    m = _LIBC_FATAL.match(text.strip())
-    return Abort(where=where, form="libc", message=m.group(1)) if m is not None else None
 
 
 def parse_gpu_error(where: LogLine, text: str) -> GpuError | None:
@@ -537,15 +506,15 @@ def parse_failed_op(text: str) -> str | None:
 
 def parse_signal(where: LogLine, text: str) -> SignalLine | None:
     """A line that says the process died of a signal, in any of the words above; an OOM kill
-    only when the killed process is the server's (:func:`parse_oom_kill`)."""
+    only when the killed process is the server's (:func:`deathlines.parse_oom_kill`)."""
     m = _SIGNAL.search(text)
     if m is None:
-        n = _SIGNAL_NUMBER.search(text)
-        if n is not None:
-            name = _FATAL_NUMBERS.get(int(n.group(1)))
+        number = deathlines.signal_number(text)
+        if number is not None:
+            name = deathlines.FATAL_NUMBERS.get(number)
             return SignalLine(where=where, signal=name) if name is not None else None
-        oom = parse_oom_kill(text)
-        if oom is not None and is_server_process(oom[1]):
+        oom = deathlines.parse_oom_kill(text)
+        if oom is not None and deathlines.is_server_process(oom[1]):
             return SignalLine(where=where, signal="SIGKILL")
         return None
     if m.group(4):
@@ -559,20 +528,6 @@ def parse_signal(where: LogLine, text: str) -> SignalLine | None:
         "31/SYS": "SIGSYS", "9/KILL": "SIGKILL",
     }.get(name, "SIGKILL" if "Killed" in name else name)
     return SignalLine(where=where, signal=canon)
-
-
-def parse_oom_kill(text: str) -> tuple[int, str] | None:
-    """``(pid, process name)`` of a kernel OOM-killer line."""
-    m = _OOM_KILL.search(text)
-    return (int(m.group(1)), m.group(2)) if m else None
-
-
-def is_server_process(comm: str) -> bool:
-    """Whether a process name the kernel printed is a llama.cpp server's: ``llama-server``,
-    ollama's runner (``ollama_llama_se``, cut to 15 characters), older ``server`` builds
-    named ``llama-*``. Another name (``python3`` running llama-cpp-python included) is not
-    taken for the server: the log does not say it was."""
-    return "llama" in comm.lower()
 
 
 def parse_build_id(text: str) -> tuple[str, str] | None:

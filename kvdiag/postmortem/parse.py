@@ -41,7 +41,7 @@ from kvdiag.model.logrecords import (
     SlotEvent,
     StreamEvent,
 )
-from kvdiag.postmortem import grammar, serverlog
+from kvdiag.postmortem import deathlines, grammar, serverlog
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
@@ -350,7 +350,7 @@ class LogParser:
         where, text, _level = self._where(raw)
         recs = grammar.classify(where, text)
         if not recs:
-            if _opens_with_frame(text):
+            if deathlines.opens_with_frame(text):
                 self._open_crash(where, data, ls)
                 self._crash_feed(where, text)
             return
@@ -376,7 +376,7 @@ class LogParser:
                 self._crash_feed(where, text)
                 return
             self._dispatch(rec)
-        if not recs and self._crash is None and _opens_with_frame(text):
+        if not recs and self._crash is None and deathlines.opens_with_frame(text):
             self._open_crash(where, data, ls)
             self._crash_feed(where, text)
             return
@@ -470,9 +470,10 @@ class LogParser:
             where = LogLine(self._name, line, text)
             if self._crash is not None:
                 self._crash_feed(where, text, level)
-            elif (grammar.parse_signal(where, text) is not None or _opens_with_frame(text)
+            elif (grammar.parse_signal(where, text) is not None
+                  or deathlines.opens_with_frame(text)
                   or grammar.parse_terminate(text) is not None
-                  or grammar.parse_libc_fatal(where, text) is not None):
+                  or deathlines.parse_libc_fatal(where, text) is not None):
                 self._open_crash_after(where, before[:max(0, off)])
                 self._crash_feed(where, text)
             else:
@@ -481,8 +482,8 @@ class LogParser:
         self._seen_to = max(self._seen_to, last)
 
     def _oom_kill_other(self, line: int, text: str) -> None:
-        oom = grammar.parse_oom_kill(text)
-        if oom is not None and not grammar.is_server_process(oom[1]):
+        oom = deathlines.parse_oom_kill(text)
+        if oom is not None and not deathlines.is_server_process(oom[1]):
             self._problem(f"the kernel's OOM killer killed process {oom[0]} ({oom[1]}) at line "
                           f"{line}; the log does not say it was the server, so it is not "
                           "counted as a crash", line, "oom-kill-other")
@@ -494,7 +495,7 @@ class LogParser:
         self._crash_lines += 1
         used = block.feed(where, text)
         self._crash_quiet = 0 if used else self._crash_quiet + 1
-        if not used and not self._server_went_on and _server_line(text, level):
+        if not used and not self._server_went_on and deathlines.server_line(text, level):
             self._server_went_on = True
         if self._crash_quiet > CRASH_QUIET or self._crash_lines > CRASH_MAX_LINES:
             # quiet: the log went on; it is the server's output that went on past the crash
@@ -622,30 +623,6 @@ class LogParser:
             replaced=tuple(self.replaced),
             build_ids=tuple(self.build_ids),
         )
-
-
-def _opens_with_frame(text: str) -> bool:
-    """A frame line that can open a crash: one that names a function or a module, or a gdb
-    frame with only its address (``#0  0x… in ?? ()``: gdb's own syntax, nothing else prints
-    it); a bare address or an Android-style ``N: 0x…`` line alone is too weak. A gdb frame
-    needs an address or a location (``at file:line`` / ``from lib``): ``#1 Introduction`` is
-    a heading in a prompt, not gdb."""
-    parsed = parse_frame(text)
-    if parsed is None:
-        return False
-    fr = parsed.frame
-    if parsed.form == "gdb":
-        if fr.address is None and fr.file is None and fr.module is None:
-            return False
-        return bool(fr.function or fr.module) or " in " in text
-    return bool(fr.function or fr.module)
-
-
-def _server_line(text: str, level: str | None) -> bool:
-    """A line llama-server itself printed: common/log.cpp's level letter, a slot, server or
-    queue line (domain brief §7.1, §7.3), or the 2024 ``server_log`` form."""
-    return level is not None or text.startswith(("slot ", "srv ", "que ")) or (
-        serverlog.mentions(text))
 
 
 def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
