@@ -19,8 +19,8 @@ import pytest
 from postmortem_helpers import findings_of, run_command, run_json, scan_bytes
 from server_logs import ServerLog, Turn
 
-from kvdiag.model.logrecords import Crash, LogScan
-from kvdiag.postmortem import parse
+from kvdiag.model.logrecords import Crash, LogLine, LogScan
+from kvdiag.postmortem import deathlines, grammar, parse
 from kvdiag.postmortem.parse import LogParser
 
 GLIBC_FOREIGN = (
@@ -371,3 +371,36 @@ def test_only_other_programs_lines_after_a_stack_do_not_make_the_server_go_on() 
     crash = _one(scan)
     assert crash.kind == "unknown" and crash.where.line == first
     assert not [p for p in scan.problems if p.code == "backtrace-no-cause"]
+
+
+DEATH_LINES = (
+    "caught signal 11", "received signal 6", "Got signal 7", "Fatal signal 8 (SIGFPE), code 1",
+    "llama-server: caught signal 4, dumping stack", "Segmentation fault", "Bus error",
+    "Illegal instruction (core dumped)", "Floating point exception",
+    "Trace/breakpoint trap (core dumped)", "Bad system call", "Aborted (core dumped)",
+    "Aborted", "zsh: abort      ./llama-server", "Abort trap: 6", "exit code 134",
+    "Killed", "./run.sh: line 9: 23186 Killed                  ./llama-server",
+    "Fatal Python error: Aborted", "Fatal Python error: Segmentation fault",
+    "llama.service: Main process exited, code=dumped, status=6/ABRT",
+    "llama.service: Main process exited, code=killed, status=9/KILL",
+    "Out of memory: Killed process 4242 (llama-server) total-vm:1kB",
+    "*** SIGABRT received at time=1700000000 on cpu 3 ***",
+    "terminate called after throwing an instance of 'std::bad_alloc'",
+    "double free or corruption (out)", "free(): invalid pointer",
+    "*** stack smashing detected ***: terminated", "corrupted size vs. prev_size",
+    *GLIBC_FOREIGN, *GDB_UNKNOWN, *LLDB_FOREIGN[1:],
+    "#0  ggml_vec_dot (n=4) at ggml.c:12", "./llama-server[0x4a1f00]",
+    "3   libggml.dylib   0x0000000102a4f000 ggml_abort + 20",
+    "#0  0x00007f3b8a242520 ggml_abort (libggml-base.so + 0x1f520)",
+)
+
+
+@pytest.mark.parametrize("line", DEATH_LINES)
+def test_every_death_line_holds_a_substring_the_read_back_looks_for(line: str) -> None:
+    """Reading back parses only the lines that hold one of MAY_SHOW_DEATH: each shape that
+    can open a crash must hold one (and does open one)."""
+    where = LogLine("t.log", 1, line)
+    assert (grammar.parse_signal(where, line) is not None or deathlines.opens_with_frame(line)
+            or grammar.parse_terminate(line) is not None
+            or grammar.parse_abort(where, line) != [])
+    assert any(n.decode() in line for n in deathlines.MAY_SHOW_DEATH)

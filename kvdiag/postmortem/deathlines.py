@@ -12,6 +12,16 @@ from kvdiag.model.logrecords import Abort, LogLine
 from kvdiag.postmortem import serverlog
 from kvdiag.postmortem.backtrace import parse_frame
 
+#: Substrings one of which every line that may show a death holds (a signal line in any of the
+#: words of ``grammar._SIGNAL`` and below, a frame in any form (all but an inlined gdb frame #0
+#: carry ``0x``), an uncaught exception, glibc's fatal messages, an OOM kill): reading back
+#: finds these with ``bytes.find`` and parses only their lines, not every line.
+MAY_SHOW_DEATH: tuple[bytes, ...] = (
+    b"0x", b"#0 ", b"SIG", b"ignal", b"fault", b"error", b"nstruction", b"xception",
+    b"status=", b"bort", b"exit code", b"trap", b"system call", b"Killed", b"terminate",
+    b"***", b"(): ", b"corrupt",
+)
+
 # A signal handler's own line, by number ("caught signal 11", "received signal 6", "Fatal
 # signal 8"); the numbers are Linux's (signal(7)). Only the signals that end a process without
 # being asked to count: 2 (SIGINT) and 15 (SIGTERM) are a stop someone asked for.

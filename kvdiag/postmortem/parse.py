@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import gzip
 import os
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 from typing import BinaryIO
 
 from kvdiag.files.logs import READ_ERRORS, describe_break
@@ -450,9 +452,10 @@ class LogParser:
         """Deaths no anchor marked, read back where the server's output ends (the end of a
         log, a restart): ``before`` are the complete lines up to line ``last``, the first one
         partial when ``cut``. Lines up to ``_seen_to`` were parsed one by one already (crash
-        and boot windows) and are not read again; at most ``LOOKBACK_LINES`` are. A line that
-        shows a death opens a crash block as an anchor hit does, and the lines after it
-        feed it."""
+        and boot windows) and are not read again; at most ``LOOKBACK_LINES`` are. Only lines
+        that hold one of ``deathlines.MAY_SHOW_DEATH`` are parsed; one that shows a death opens
+        a crash block as an anchor hit does, and every line after it feeds the block until it
+        closes."""
         if last <= self._seen_to or not before:
             return
         raws = before.split(b"\n")
@@ -461,24 +464,31 @@ class LogParser:
         if cut and raws:
             raws.pop(0)
         n = min(len(raws), last - self._seen_to, LOOKBACK_LINES)
-        skip = len(raws) - n
-        off = len(before) - sum(len(r) + 1 for r in raws[skip:])
-        line = last - n
-        for raw in raws[skip:]:
-            line += 1
-            text, level = clean(raw)
-            where = LogLine(self._name, line, text)
+        raws = raws[len(raws) - n:]
+        starts = list(accumulate((len(r) + 1 for r in raws), initial=len(before) - sum(
+            len(r) + 1 for r in raws)))
+        candidates = _lines_holding(before, starts, deathlines.MAY_SHOW_DEATH)
+        first = last - n + 1
+        i = 0
+        while i < n:
+            if self._crash is None:
+                k = bisect_left(candidates, i)
+                if k == len(candidates):
+                    break
+                i = candidates[k]
+            text, level = clean(raws[i])
+            where = LogLine(self._name, first + i, text)
             if self._crash is not None:
                 self._crash_feed(where, text, level)
             elif (grammar.parse_signal(where, text) is not None
                   or deathlines.opens_with_frame(text)
                   or grammar.parse_terminate(text) is not None
                   or deathlines.parse_libc_fatal(where, text) is not None):
-                self._open_crash_after(where, before[:max(0, off)])
+                self._open_crash_after(where, before[:starts[i]])
                 self._crash_feed(where, text)
             else:
                 self._oom_kill_other(where.line, text)
-            off += len(raw) + 1
+            i += 1
         self._seen_to = max(self._seen_to, last)
 
     def _oom_kill_other(self, line: int, text: str) -> None:
@@ -623,6 +633,17 @@ class LogParser:
             replaced=tuple(self.replaced),
             build_ids=tuple(self.build_ids),
         )
+
+
+def _lines_holding(data: bytes, starts: list[int], needles: tuple[bytes, ...]) -> list[int]:
+    """Indexes of the lines (``starts``: their offsets in ``data``, then the end) that hold
+    any of ``needles``, in order."""
+    found: set[int] = set()
+    lo, hi = starts[0], starts[-1]
+    for needle in needles:
+        for p in _all(data, needle, lo, hi):
+            found.add(bisect_right(starts, p) - 1)
+    return sorted(found)
 
 
 def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
