@@ -404,3 +404,24 @@ def test_every_death_line_holds_a_substring_the_read_back_looks_for(line: str) -
             or grammar.parse_terminate(line) is not None
             or grammar.parse_abort(where, line) != [])
     assert any(n.decode() in line for n in deathlines.MAY_SHOW_DEATH)
+
+
+def test_a_followed_log_finds_the_death_at_the_restart() -> None:
+    """A log read as it grows (begin/feed_lines, what --follow and the TUI use): a death with
+    no anchor word is not seen while the log is quiet, and is found when the server restarts,
+    at its own line and boot."""
+    log = _served()
+    first = len(log.lines) + 1
+    log.raw("caught signal 7")
+    for text in GLIBC_FOREIGN:
+        log.raw(text)
+    dead = log.text().encode()
+    parser = LogParser()
+    parser.begin("f.log")
+    parser.feed_lines(dead)
+    assert parser.crashes == [] and parser.open_crash_line is None
+    log.boot(np=2)
+    parser.feed_lines(log.text().encode()[len(dead):])
+    (crash,) = parser.crashes
+    assert crash.where.line == first and crash.boot_index == 0
+    assert crash.signal is not None and crash.signal.signal == "SIGBUS"
