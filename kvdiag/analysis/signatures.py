@@ -282,7 +282,10 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         crash = group[0]
         ab = crash.abort
         assert ab is not None
-        if ab.condition is not None:
+        if ab.file is None and ab.form == "libc" and ab.condition is None:
+            # glibc's own fatal message: it names the cause, there is no source line
+            what = f"glibc aborted: {ab.message}"
+        elif ab.condition is not None:
             what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
         elif crash.kind == "ggml_abort":
             what = f"GGML_ABORT: {ab.message} at {_short(ab.file)}:{ab.line}"
@@ -293,30 +296,48 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
             rule="ggml-assert", severity=Severity.ERROR,
             title=what + (f" (in {frame})" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
-            fix="unknown signature: read the condition at that line and the in-app frames; "
-                "report it upstream with this fingerprint if it is not yours",
+            fix=("glibc found the heap or stack corrupted (or a _FORTIFY_SOURCE overflow) "
+                 "where the frames show, which is not where it was corrupted: run the server "
+                 "under AddressSanitizer or valgrind to find the write"
+                 if ab.file is None and ab.form == "libc" and ab.condition is None else
+                 "unknown signature: read the condition at that line and the in-app frames; "
+                 "report it upstream with this fingerprint if it is not yours"),
             details={"crashes": len(group), "fingerprint": crash.fingerprint,
                      "file": ab.file, "line": ab.line, "condition": ab.condition},
         )
 
 
-@rule("segfault", "fatal signal without an assert", "see the first in-app frame")
+@rule("segfault", "fatal signal without an assert (or a death of unknown cause)",
+      "see the first in-app frame")
 def segfault(scan: LogScan) -> Iterable[Finding]:
-    for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal")):
+    for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal", "unknown")):
         crash = group[0]
         sig = crash.signal.signal if crash.signal is not None else "fatal signal"
         frame = _first_app_frame(crash)
+        has_frames = crash.backtrace is not None and bool(crash.backtrace.frames)
+        if crash.kind == "unknown":
+            # only a stack was printed before the output ended: the cause is not in the log
+            title = "a death of unknown cause (a backtrace; no signal, abort or error line)"
+        else:
+            title = f"{sig} without an assert"
+        if sig == "SIGKILL":
+            # SIGKILL cannot be caught: no process prints its own stack for it
+            fix = ("the process was killed from outside (the kernel's OOM killer: journalctl "
+                   "-k; a supervisor's timeout; a user): see what killed it and how much "
+                   "memory the host had")
+        else:
+            fix = ("symbolize the backtrace (--binary) and inspect the first in-app frame"
+                   if has_frames else
+                   # nothing to symbolize: say how to get the frames the log lacks
+                   "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
+                   "bt; or the server run under gdb) and read it with kvdiag postmortem "
+                   "--binary") + ("; a crash inside a GPU library usually means a bad pointer "
+                                  "or size passed to it")
         yield Finding(
             rule="segfault", severity=Severity.ERROR,
-            title=f"{sig} without an assert" + (f" in {frame}" if frame else ""),
+            title=title + (f" in {frame}" if frame else ""),
             evidence=tuple(_crash_evidence(crash)),
-            fix=("symbolize the backtrace (--binary) and inspect the first in-app frame"
-                 if crash.backtrace is not None and crash.backtrace.frames else
-                 # nothing to symbolize: say how to get the frames the log lacks
-                 "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
-                 "bt; or the server run under gdb) and read it with kvdiag postmortem "
-                 "--binary") + "; a crash inside a GPU library usually means a bad pointer or "
-                "size passed to it",
+            fix=fix,
             details={"crashes": len(group), "fingerprint": crash.fingerprint},
         )
 

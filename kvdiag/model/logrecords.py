@@ -28,7 +28,9 @@ SlotEventKind = Literal[
 ]
 AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message"]
 CrashKind = Literal["assert", "abort", "ggml_abort", "cuda_error", "segfault", "signal",
-                    "exception"]
+                    "exception", "unknown"]
+"""``unknown``: a process death the log shows only by a backtrace (no signal, abort, error or
+exception line, and no frame of the abort machinery): its cause is not in the log."""
 BacktraceForm = Literal["gdb", "glibc", "lldb", "macos", "coredump", "android"]
 StreamEventKind = Literal[
     "repartition", "trace", "feedback_error", "layout_error", "latency", "config_failure",

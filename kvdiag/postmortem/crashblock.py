@@ -168,8 +168,10 @@ class CrashBlock:
                 out.append(Crash(where=sig.where, kind=kind, signal=sig))
             elif traces:
                 names = {base_name(f.function or "") for f in traces[0].frames}
+                # frames through abort() say how it died; any other stack says only that it
+                # did (a handler may print one for any signal): the cause is not guessed
                 kind = "abort" if names & {"abort", "raise", "ggml_abort", "__GI_abort"} else (
-                    "segfault")
+                    "unknown")
                 out.append(Crash(where=traces[0].where, kind=kind))
         elif self.signals:
             out[0] = msgspec.structs.replace(out[0], signal=self.signals[0])

@@ -23,7 +23,7 @@ from kvdiag.model.logrecords import (
     SlotEventKind,
     StreamEvent,
 )
-from kvdiag.postmortem import serverlog
+from kvdiag.postmortem import deathlines, serverlog
 
 Record = ConfigItem | SlotEvent | StreamEvent | FitsLine | Abort | GpuError | SignalLine
 
@@ -101,11 +101,17 @@ _CHECK_TRY = re.compile(r"^CHECK_TRY_ERROR\((.*)\): (.*)$")
 
 _SIGNAL = re.compile(
     r"\b(SIGSEGV|SIGBUS|SIGILL|SIGFPE|SIGABRT|SIGTRAP)\b|(Segmentation fault|Bus error|"
-    r"Illegal instruction|Floating point exception)|status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT)|"
+    r"Illegal instruction|Floating point exception)|"
+    r"status=(11/SEGV|7/BUS|4/ILL|8/FPE|6/ABRT|5/TRAP|31/SYS|9/KILL)|"
     # how shells and IDEs report an abort(): bash/sh "Aborted (core dumped)" or
     # "<pid> Aborted  <cmd>", zsh "zsh: abort", macOS "Abort trap: 6", exit status 134
+    # Python's faulthandler (llama-cpp-python's server) "Fatal Python error: Aborted"
     r"(Aborted \(core dumped\)|^Aborted$|\b\d+ Aborted\b|^zsh: abort\b|Abort trap: 6|"
-    r"exit code 134\b)"
+    r"Fatal Python error: Aborted|"
+    r"exit code 134\b)|"
+    # the shell's words for the other fatal signals (bash's strsignal text, alone or after a
+    # job's pid)
+    r"(Trace/breakpoint trap|Bad system call|^Killed$|\b\d+ Killed(?: {2,}|$))"
 )
 # systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
 # newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
@@ -430,6 +436,9 @@ def parse_abort(where: LogLine, text: str) -> list[Abort]:
                 condition=m.group(3), message=f"Assertion `{m.group(3)}' failed",
             ))
             return out
+    lf = deathlines.parse_libc_fatal(where, text)
+    if lf is not None:
+        return [lf]
     m = _ABORT_AT_START.match(text)
     if m is None or not _is_ggml_source(m.group(1)):
         glued = _ABORT_GLUED.search(text)
@@ -496,17 +505,28 @@ def parse_failed_op(text: str) -> str | None:
 
 
 def parse_signal(where: LogLine, text: str) -> SignalLine | None:
+    """A line that says the process died of a signal, in any of the words above; an OOM kill
+    only when the killed process is the server's (:func:`deathlines.parse_oom_kill`)."""
     m = _SIGNAL.search(text)
     if m is None:
+        number = deathlines.signal_number(text)
+        if number is not None:
+            name = deathlines.FATAL_NUMBERS.get(number)
+            return SignalLine(where=where, signal=name) if name is not None else None
+        oom = deathlines.parse_oom_kill(text)
+        if oom is not None and deathlines.is_server_process(oom[1]):
+            return SignalLine(where=where, signal="SIGKILL")
         return None
     if m.group(4):
         return SignalLine(where=where, signal="SIGABRT")
-    name = m.group(1) or m.group(2) or m.group(3)
+    name = m.group(1) or m.group(2) or m.group(3) or m.group(5)
     canon = {
         "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Illegal instruction": "SIGILL",
         "Floating point exception": "SIGFPE", "11/SEGV": "SIGSEGV", "7/BUS": "SIGBUS",
         "4/ILL": "SIGILL", "8/FPE": "SIGFPE", "6/ABRT": "SIGABRT",
-    }.get(name, name)
+        "Trace/breakpoint trap": "SIGTRAP", "Bad system call": "SIGSYS", "5/TRAP": "SIGTRAP",
+        "31/SYS": "SIGSYS", "9/KILL": "SIGKILL",
+    }.get(name, "SIGKILL" if "Killed" in name else name)
     return SignalLine(where=where, signal=canon)
 
 

@@ -7,6 +7,11 @@ parsing every line: a boot window (from the first configuration line until the s
 is ready) and a crash window (from the first crash line until the log is quiet again). When a
 crash window opens, the bytes just before it are read backwards for the slot timeline.
 
+A death needs no anchor word to be found: a dying process prints its last lines and stops, so
+where a server's output ends (the end of each log, and each restart) the lines since the last
+window are read back (:meth:`LogParser._read_back`) for a signal line in any words, a stack of
+any library, an uncaught exception. That costs no search pass over the routine lines.
+
 Memory stays bounded: one block, the tail of the previous block, and capped lists of records.
 """
 
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import gzip
 import os
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 from typing import BinaryIO
 
 from kvdiag.files.logs import READ_ERRORS, describe_break
@@ -36,7 +43,7 @@ from kvdiag.model.logrecords import (
     SlotEvent,
     StreamEvent,
 )
-from kvdiag.postmortem import grammar, serverlog
+from kvdiag.postmortem import deathlines, grammar, serverlog
 from kvdiag.postmortem.backtrace import is_noise, is_thread_header, parse_frame
 from kvdiag.postmortem.bootfold import BootAccumulator
 from kvdiag.postmortem.crashblock import CrashBlock
@@ -115,7 +122,10 @@ class LogParser:
         self._crash_meta: tuple[tuple[SlotEvent, ...], tuple[int, ...]] = ((), ())
         self._crash_quiet = 0
         self._crash_lines = 0
+        self._server_went_on = False
         self._boot_lines = 0
+        self._seen_to = 0
+        self._cur: tuple[bytes, int] = (b"", 0)
         self._awaiting_launch = False
         self._damage = Damage()
         self._long_reported = False
@@ -144,6 +154,9 @@ class LogParser:
             if self._helper is not None:
                 self._helper.close()
                 self._helper = None
+        if self._crash is None:
+            tail = self._prev_tail
+            self._read_back(tail, self._lineno, len(tail) >= LOOKBACK_BYTES)
         self._close_crash()
         self.lines += self._lineno
         self._report_damage()
@@ -237,7 +250,9 @@ class LogParser:
             carry = tail
         if carry:
             self._problem("last line has no line end (truncated log?)", self._lineno + 1)
-            self._region(carry + b"\n", 0, len(carry) + 1)
+            last = carry + b"\n"
+            self._region(last, 0, len(last))
+            self._remember(last, 0, len(last))
 
     def _remember(self, data: bytes, start: int, end: int) -> None:
         """Keep the last ``LOOKBACK_BYTES`` of complete lines for looking back from a crash."""
@@ -297,6 +312,7 @@ class LogParser:
                 self._lineno += 1
                 counted += 1
                 self._window_line(data[pos:nl], data, pos)
+                self._seen_to = self._lineno
                 pos = nl + 1
                 continue
             if self._anchors(helped) is not anchors:
@@ -326,21 +342,21 @@ class LogParser:
             self._fast_line(data[ls:nl], data, ls)
             pos = nl + 1
 
-    def _where(self, raw: bytes) -> tuple[LogLine, str]:
-        text, _level = clean(raw)
+    def _where(self, raw: bytes) -> tuple[LogLine, str, str | None]:
+        text, level = clean(raw)
         if not self._long_reported and len(raw) > MAX_LINE_CHARS * 4:
             self._long_line()
-        return LogLine(self._name, self._lineno, text), text
+        return LogLine(self._name, self._lineno, text), text, level
 
     def _fast_line(self, raw: bytes, data: bytes, ls: int) -> None:
-        where, text = self._where(raw)
+        where, text, _level = self._where(raw)
         recs = grammar.classify(where, text)
         if not recs:
-            parsed = parse_frame(text)
-            if parsed is not None and (parsed.frame.function or parsed.frame.module):
+            if deathlines.opens_with_frame(text):
                 self._open_crash(where, data, ls)
                 self._crash_feed(where, text)
             return
+        self._cur = (data, ls)
         for rec in recs:
             if isinstance(rec, Abort | GpuError | SignalLine):
                 self._open_crash(where, data, ls)
@@ -349,18 +365,23 @@ class LogParser:
             self._dispatch(rec)
 
     def _window_line(self, raw: bytes, data: bytes, ls: int) -> None:
-        where, text = self._where(raw)
+        where, text, level = self._where(raw)
         if "build-id" in text:
             self._build_id(text)
-        if self._crash is not None and self._crash_feed(where, text):
+        if self._crash is not None and self._crash_feed(where, text, level):
             return
         recs = grammar.classify(where, text)
+        self._cur = (data, ls)
         for rec in recs:
             if isinstance(rec, Abort | GpuError | SignalLine):
                 self._open_crash(where, data, ls)
                 self._crash_feed(where, text)
                 return
             self._dispatch(rec)
+        if not recs and self._crash is None and deathlines.opens_with_frame(text):
+            self._open_crash(where, data, ls)
+            self._crash_feed(where, text)
+            return
         if self._boot_lines > 0:
             self._boot_lines += 1
             if self._boot_lines > BOOT_MAX_LINES:
@@ -368,7 +389,11 @@ class LogParser:
 
     def _dispatch(self, rec: grammar.Record) -> None:
         if isinstance(rec, ConfigItem):
-            if self._crash is not None and rec.key in ("construct", "n_ctx"):
+            if rec.key in ("construct", "n_ctx"):
+                # a (re)start: whatever ran before it ended here
+                if self._crash is None:
+                    before, cut = self._bytes_before(*self._cur)
+                    self._read_back(before, rec.where.line - 1, cut)
                 self._close_crash()
             started = self.boot.add(rec)
             if started:
@@ -398,28 +423,100 @@ class LogParser:
 
     # -- crashes ----------------------------------------------------------------------------
 
+    def _bytes_before(self, data: bytes, ls: int) -> tuple[bytes, bool]:
+        """Up to ``LOOKBACK_BYTES`` of complete lines before ``data[ls]`` (this block's, then
+        the previous blocks'), and whether the limit cut them (the first line is partial)."""
+        lo = max(self._region_start, ls - LOOKBACK_BYTES)
+        before = data[lo:ls]
+        if len(before) < LOOKBACK_BYTES and self._prev_tail and data is not self._prev_tail:
+            before = self._prev_tail[-(LOOKBACK_BYTES - len(before)):] + before
+        return before, len(before) >= LOOKBACK_BYTES
+
     def _open_crash(self, where: LogLine, data: bytes, ls: int) -> None:
         if self._crash is not None:
             return
+        self._open_crash_after(where, self._bytes_before(data, ls)[0])
+
+    def _open_crash_after(self, where: LogLine, before: bytes) -> None:
+        """A crash block from ``where``; ``before`` are the lines just before it."""
         self._crash = CrashBlock(where)
         self._crash_quiet = 0
         self._crash_lines = 0
-        self._crash_meta, before = self._lookback(data, ls, where.line)
-        for w, text in before:
+        self._server_went_on = False
+        self._seen_to = max(self._seen_to, where.line)
+        self._crash_meta, stack = self._lookback(before, where.line)
+        for w, text in stack:
             self._crash.feed(w, text)
 
-    def _crash_feed(self, where: LogLine, text: str) -> bool:
+    def _read_back(self, before: bytes, last: int, cut: bool) -> None:
+        """Deaths no anchor marked, read back where the server's output ends (the end of a
+        log, a restart): ``before`` are the complete lines up to line ``last``, the first one
+        partial when ``cut``. Lines up to ``_seen_to`` were parsed one by one already (crash
+        and boot windows) and are not read again; at most ``LOOKBACK_LINES`` are. Only lines
+        that hold one of ``deathlines.MAY_SHOW_DEATH`` are parsed; one that shows a death opens
+        a crash block as an anchor hit does, and every line after it feeds the block until it
+        closes."""
+        if last <= self._seen_to or not before:
+            return
+        raws = before.split(b"\n")
+        if raws[-1] == b"":
+            raws.pop()
+        if cut and raws:
+            raws.pop(0)
+        n = min(len(raws), last - self._seen_to, LOOKBACK_LINES)
+        raws = raws[len(raws) - n:]
+        starts = list(accumulate((len(r) + 1 for r in raws), initial=len(before) - sum(
+            len(r) + 1 for r in raws)))
+        candidates = _lines_holding(before, starts, deathlines.MAY_SHOW_DEATH)
+        first = last - n + 1
+        i = 0
+        while i < n:
+            if self._crash is None:
+                k = bisect_left(candidates, i)
+                if k == len(candidates):
+                    break
+                i = candidates[k]
+            text, level = clean(raws[i])
+            where = LogLine(self._name, first + i, text)
+            if self._crash is not None:
+                self._crash_feed(where, text, level)
+            elif (grammar.parse_signal(where, text) is not None
+                  or deathlines.opens_with_frame(text)
+                  or grammar.parse_terminate(text) is not None
+                  or deathlines.parse_libc_fatal(where, text) is not None):
+                self._open_crash_after(where, before[:starts[i]])
+                self._crash_feed(where, text)
+            else:
+                self._oom_kill_other(where.line, text)
+            i += 1
+        self._seen_to = max(self._seen_to, last)
+
+    def _oom_kill_other(self, line: int, text: str) -> None:
+        oom = deathlines.parse_oom_kill(text)
+        if oom is not None and not deathlines.is_server_process(oom[1]):
+            self._problem(f"the kernel's OOM killer killed process {oom[0]} ({oom[1]}) at line "
+                          f"{line}; the log does not say it was the server, so it is not "
+                          "counted as a crash", line, "oom-kill-other")
+
+    def _crash_feed(self, where: LogLine, text: str, level: str | None = None) -> bool:
         block = self._crash
         if block is None:
             return False
         self._crash_lines += 1
         used = block.feed(where, text)
         self._crash_quiet = 0 if used else self._crash_quiet + 1
+        if not used and not self._server_went_on and deathlines.server_line(text, level):
+            self._server_went_on = True
         if self._crash_quiet > CRASH_QUIET or self._crash_lines > CRASH_MAX_LINES:
-            self._close_crash()
+            # quiet: the log went on; it is the server's output that went on past the crash
+            # only when one of those lines is the server's own
+            self._close_crash(ended=not self._server_went_on)
         return used
 
-    def _close_crash(self) -> None:
+    def _close_crash(self, *, ended: bool = True) -> None:
+        """End the crash block; ``ended`` when the server's output ended with it (the log's
+        end, a restart, a followed log gone quiet, only other programs' lines after it) rather
+        than going on past it."""
         block = self._crash
         if block is None:
             return
@@ -429,6 +526,15 @@ class LogParser:
         fits = tuple(f for f in self.fits if f.where.source == self._name
                      and f.where.line >= first)
         for crash in block.crashes():
+            if crash.kind == "unknown" and not ended:
+                # a stack and nothing else, and the log goes on: a death is not shown
+                bt = crash.backtrace
+                n = len(bt.frames) if bt is not None else 0
+                form = bt.form if bt is not None else "?"
+                self._problem(f"a backtrace without a known cause at line {crash.where.line} "
+                              f"({n} {form} frames); the server's output goes on after it, so it "
+                              "is not counted as a crash", crash.where.line, "backtrace-no-cause")
+                continue
             if len(self.crashes) >= MAX_CRASHES:
                 self._problem(f"more than {MAX_CRASHES} crashes; later ones not kept", None)
                 return
@@ -440,15 +546,12 @@ class LogParser:
             ))
 
     def _lookback(
-        self, data: bytes, ls: int, line: int
+        self, before: bytes, line: int
     ) -> tuple[tuple[tuple[SlotEvent, ...], tuple[int, ...]], list[tuple[LogLine, str]]]:
-        """Slot lines just before a crash, read backwards from the bytes still in memory, and
-        a backtrace printed just before the crash line (a stack dumped before the shell or
-        systemd reports the signal)."""
-        lo = max(self._region_start, ls - LOOKBACK_BYTES)
-        before = data[lo:ls]
-        if len(before) < LOOKBACK_BYTES and self._prev_tail and data is not self._prev_tail:
-            before = self._prev_tail[-(LOOKBACK_BYTES - len(before)):] + before
+        """Slot lines just before a crash, read backwards from the bytes still in memory
+        (``before``, which ends with line ``line - 1``), and a backtrace printed just before
+        the crash line (a stack dumped before the shell or systemd reports the signal), with
+        the signal handler's own line before that stack."""
         raws = before.split(b"\n")
         if raws and raws[-1] == b"":
             raws.pop()
@@ -464,6 +567,7 @@ class LogParser:
             if stack_open and k < PRE_STACK_LINES:
                 text, _ = clean(raw)
                 if (parse_frame(text) is not None or is_thread_header(text)
+                        or grammar.parse_signal(LogLine(self._name, n, text), text) is not None
                         or grammar.parse_terminate(text) is not None
                         or text.lstrip().startswith("what():")
                         or grammar.parse_native_api(text) is not None
@@ -512,9 +616,10 @@ class LogParser:
             self._problem(f"very long line cut to {MAX_LINE_CHARS} characters (first here)",
                           self._lineno + 1)
 
-    def _problem(self, message: str, line: int | None) -> None:
+    def _problem(self, message: str, line: int | None, code: str | None = None) -> None:
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(Problem(source=self._name, message=message, line=line))
+            self.problems.append(Problem(source=self._name, message=message, line=line,
+                                         code=code))
 
     def result(self) -> LogScan:
         boots: tuple[BootConfig, ...] = tuple(self.boot.boots_final())
@@ -528,6 +633,17 @@ class LogParser:
             replaced=tuple(self.replaced),
             build_ids=tuple(self.build_ids),
         )
+
+
+def _lines_holding(data: bytes, starts: list[int], needles: tuple[bytes, ...]) -> list[int]:
+    """Indexes of the lines (``starts``: their offsets in ``data``, then the end) that hold
+    any of ``needles``, in order."""
+    found: set[int] = set()
+    lo, hi = starts[0], starts[-1]
+    for needle in needles:
+        for p in _all(data, needle, lo, hi):
+            found.add(bisect_right(starts, p) - 1)
+    return sorted(found)
 
 
 def _all(data: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:

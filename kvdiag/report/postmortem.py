@@ -61,8 +61,14 @@ def crash_to_json(crash: Crash) -> dict[str, Any]:
     ab = crash.abort
     err = crash.error
     frames = crash.backtrace.frames if crash.backtrace is not None else ()
+    sig = crash.signal
     return {
         "kind": crash.kind,
+        "source": crash.where.source,
+        "line": crash.where.line,
+        "signal": None if sig is None else {
+            "source": sig.where.source, "line": sig.where.line, "signal": sig.signal,
+        },
         "assert": None if ab is None else {
             "file": ab.file, "line": ab.line,
             "condition": ab.condition if ab.condition is not None else ab.message,
@@ -198,7 +204,11 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
-        parts.append(Text(f"  signal: {crash.signal.signal}", style="red"))
+        parts.append(Text(f"  signal: {crash.signal.signal} (line {crash.signal.where.line})",
+                          style="red"))
+    elif crash.kind == "unknown":
+        parts.append(Text("  cause not in the log: a backtrace, then the output ends (no "
+                          "signal, abort, error or exception line)", style="red"))
     if crash.timeline:
         parts.append(timeline_table(crash.timeline, crash.active_slots))
     if crash.backtrace is not None and crash.backtrace.frames:
