@@ -168,6 +168,7 @@ def _run(args_list: list[str]) -> int:
         if not getattr(args, "command", None):
             parser.print_help()
             return EXIT_USAGE
+        _one_blas_thread(str(args.command))
         code: int = args._run(args)
         return code
     except SystemExit as exc:  # --help and --version end here; their output is checked
@@ -201,6 +202,18 @@ def _internal(exc: Exception, debug: bool) -> int:
     print(f"kvdiag: internal error: {type(exc).__name__}: {exc}"
           f"{'' if debug else ' (rerun with --debug)'}", file=sys.stderr)
     return EXIT_INTERNAL
+
+
+_LINEAR_ALGEBRA = frozenset({"capture", "sweep", "demo", "native", "devices"})
+"""Commands that may run an executor's attention (numpy's matmul on BLAS threads)."""
+
+
+def _one_blas_thread(command: str) -> None:
+    """Numpy's OpenBLAS starts a thread per core when numpy is imported, and they cost CPU
+    (0.2 against 0.1 s for ``import numpy`` on the 2-core VM, measured) for commands that never
+    multiply a matrix: those ask for one, unless the user chose a number."""
+    if command not in _LINEAR_ALGEBRA and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _required_modules() -> set[str]:

@@ -20,6 +20,17 @@ C = compiled.load(reader._BLOCKSCAN, "kvdiag.trace._blockscan")
 needs_c = pytest.mark.skipif(C is None, reason="no C compiler here: " + str(compiled.status()))
 
 
+HEADER = (b'{"format":"kvtrace","version":"1.2","kvdiag_version":"0","created":"x",'
+          b'"backend":"synthetic","device":{"name":"d"},"scenario":{"name":"s"}}\n')
+"""A minimal trace header (tests that need a small trace of their own)."""
+
+
+def step_lines(n: int) -> list[bytes]:
+    """``n`` step events, seq 1..n."""
+    return [b'{"kind":"step","seq":%d,"t_ns":1,"step":%d,"phase":"decode","streams":[0],'
+            b'"tokens":1,"n_kv":1}' % (i + 1, i) for i in range(n)]
+
+
 def _reference(block: bytes) -> tuple[int, bool]:
     return block.count(b"\n"), reader._long_digits(block)
 
@@ -66,12 +77,9 @@ def test_the_reader_reads_alike_without_the_c_pass(monkeypatch: pytest.MonkeyPat
     from pathlib import Path
 
     path = Path(str(tmp_path)) / "t.jsonl"
-    head = (b'{"format":"kvtrace","version":"1.2","kvdiag_version":"0","created":"x",'
-            b'"backend":"synthetic","device":{"name":"d"},"scenario":{"name":"s"}}\n')
-    lines = [b'{"kind":"step","seq":%d,"t_ns":1,"step":%d,"phase":"decode","streams":[0],'
-             b'"tokens":1,"n_kv":1}' % (i + 1, i) for i in range(50)]
+    lines = step_lines(50)
     lines[20] = lines[20].replace(b'"n_kv":1', b'"n_kv":123456789012345678901234')
-    path.write_bytes(head + b"\n".join(lines) + b"\n")
+    path.write_bytes(HEADER + b"\n".join(lines) + b"\n")
 
     def read() -> tuple[list[int], list[tuple[int, str]]]:
         with reader.TraceReader.open(path) as r:
