@@ -63,6 +63,11 @@ JUDGING_PUBLISH_S = 1.0
 """Once the index is complete, the judged prefix is published this often: each snapshot makes
 the screens draw again, CPU the judging process on another core could use (bench_tui: a tenth
 of a core while the Judge finished alone)."""
+CHILD_DELTA_S = 1.0
+"""How often a judging process sends what it judged. Each delta carries the ledger rows not
+sealed into a block yet, whole (they may still change): on bench_tui's 5M-event trace a delta
+was up to 3.6 MB, and at one every 0.2 s the process spent half its time blocked on the pipe
+while the viewer, busy indexing, read and unpickled them."""
 YIELD_CHUNK = 1 << 20
 PROCESS_MIN_BYTES = 64 << 20
 """Traces this big are judged in a child process (starting one costs a few tenths of a
@@ -122,7 +127,7 @@ class _Judging:
             self.builder.add(cached.delta)
         elif child:
             assert ledger is not None
-            self.remote = JudgeProcess(path, PUBLISH_EVERY_S, ledger[0], key)
+            self.remote = JudgeProcess(path, CHILD_DELTA_S, ledger[0], key)
         else:
             self.local = JudgingPass(path)
 
