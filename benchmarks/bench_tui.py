@@ -444,7 +444,8 @@ def main() -> int:
     judge_cpu = costs.get("cpu_s", float("nan"))
     print(f"judged    {res['judged_s']:.2f} s  findings ready: the Judge behind the indexer, in a "
           f"child process ({judge_cpu:.1f} s CPU there: wall / Judge CPU "
-          f"{res['judged_s'] / judge_cpu:.2f}; the viewer's CPU by then "
+          f"{res['judged_s'] / judge_cpu:.2f}, {costs.get('pipe_wait_s', float('nan')):.2f} s "
+          f"waiting for the pipe; the viewer's CPU by then "
           f"{res['judged_cpu_s']:.1f} s){check}")
     print(f"          findings {', '.join(res['findings'])}; pages "
           + ", ".join(f"{k} {v:,}" for k, v in res["read_classes"].items()))

@@ -213,25 +213,28 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
         "3.kvjudge", "4.kvjudge", "5.kvjudge", "b.kvjudge.y.part"]
 
 
+@pytest.mark.parametrize("block_rows", [3, 1 << 30])
 def test_blocks_written_as_they_gather_give_the_thread_s_ledger(
-        trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_rows: int) -> None:
     """GIVEN the judging pass fed a few lines at a time, its deltas written through a
-    LedgerWriter that writes a block every 3 rows (rows not written yet travel as open rows)
-    and mapped back WHEN folded into digests THEN every prefix's tables hold the rows the
-    pass judged, and the last equals the judgement of a pass fed the same blocks in this
-    process (no file between)."""
+    LedgerWriter that writes a block every 3 rows, or none before the end (sealed rows not
+    written yet travel as pending rows, each once) and mapped back WHEN folded into digests
+    THEN every prefix's tables hold the rows the pass judged, no row travels twice, and the
+    last equals the judgement of a pass fed the same blocks in this process (no file
+    between)."""
     from kvdiag.analysis.linesource import LineSource
     from kvdiag.analysis.trace_index import header_end, line_blocks
     from kvdiag.tui.digest import BlockRef, DigestBuilder
     from kvdiag.tui.judgecache import LedgerMap, LedgerWriter
     from kvdiag.tui.judging import JudgingPass
 
-    monkeypatch.setattr(judgecache, "BLOCK_ROWS", 3)
+    monkeypatch.setattr(judgecache, "BLOCK_ROWS", block_rows)
     source = LineSource.open(trace)
     judging = JudgingPass(trace, hand_over=True)
     reference = JudgingPass(trace)
     builder = DigestBuilder()
     written = 0
+    pending: list[list[object]] = [[] for _ in TABLES]
     with open(tmp_path / "ledger", "w+b") as fh:
         writer, ledger = LedgerWriter(fh.fileno(), key_of(trace)), LedgerMap(fh.fileno())
         for offset, block in line_blocks(source, header_end(source), 300):
@@ -239,14 +242,28 @@ def test_blocks_written_as_they_gather_give_the_thread_s_ledger(
             reference.feed(block, offset)
             sent = writer.put(judging.delta())
             written += sum(isinstance(b, BlockRef) for t in sent.tables for b in t.sealed)
+            for i, t in enumerate(sent.tables):
+                pending[i] += [r for p in t.pending for r in p.tolist()]
             digest = builder.add(ledger.resolve(sent))
             assert len(digest.ledger.reads) == digest.ledger.reads.n
             assert len(digest.ledger.reads.array) == sum(
                 1 for r in digest.ledger.reads.array if r["row"] < digest.rows)
         judging.finish()
-        last = builder.add(ledger.resolve(writer.finish(judging.delta(done=True))))
+        sent = writer.finish(judging.delta(done=True))
+        last = builder.add(ledger.resolve(sent))
         ledger.close()
-    assert written >= 3  # blocks did reach the file before the end
+    for i, t in enumerate(sent.tables):
+        pending[i] += [r for p in t.pending for r in p.tolist()]
+        # the pending rows, over all deltas, are rows of the table in its order, each once
+        rows = iter(getattr(last.ledger, TABLES[i]).array.tolist())
+        assert all(any(r == x for x in rows) for r in pending[i]), TABLES[i]
+    if block_rows == 3:
+        assert written >= 3  # blocks did reach the file before the end
+    else:  # nothing written before the end: every sealed row travelled as pending, once
+        assert written == 0
+        for i, t in enumerate(sent.tables):
+            assert len(pending[i]) == t.n - (0 if t.open is None else len(t.open)), TABLES[i]
+        assert sum(map(len, pending)) > 20
     reference.finish()
     here = DigestBuilder().add(reference.delta(done=True))
     for name in TABLES:

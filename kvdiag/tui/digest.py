@@ -139,11 +139,18 @@ class BlockRef:
 class TableDelta:
     """Ledger rows of one table added since the previous delta: the blocks sealed since (final;
     from a judging process, :class:`BlockRef` values until the viewer maps them), a copy of the
-    rows still open, and the table's row count."""
+    rows still open, and the table's row count.
+
+    A judging process writes sealed rows to its ledger file only once enough have gathered
+    (:class:`~kvdiag.tui.judgecache.LedgerWriter`); until then each delta carries the sealed
+    rows new since the previous one as ``pending`` (final, sent once), which the viewer keeps
+    after its mapped blocks. A written block holds every row pending before it: a delta whose
+    ``sealed`` is not empty ends what the viewer keeps pending for the table."""
 
     sealed: tuple[np.ndarray | BlockRef, ...]
     open: np.ndarray | None
     n: int
+    pending: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,6 +246,7 @@ class DigestBuilder:
 
     def __init__(self) -> None:
         self._sealed: list[list[np.ndarray]] = [[] for _ in TABLES]
+        self._pending: list[list[np.ndarray]] = [[] for _ in TABLES]
         self._marks: dict[str, np.ndarray] = {m: np.zeros(0, np.int64) for m in MARKS}
         self._aborts: list[ev.Abort] = []
         self._aborts_total = 0
@@ -251,12 +259,16 @@ class DigestBuilder:
     def add(self, delta: Delta) -> TraceDigest:
         tables = []
         for i, t in enumerate(delta.tables):
+            pending = self._pending[i]
+            if t.sealed:
+                pending.clear()  # a written block holds them (TableDelta)
             for b in t.sealed:
                 if isinstance(b, BlockRef):
                     raise ValueError("a ledger block not mapped yet")
                 self._sealed[i].append(b)
-            blocks = [*self._sealed[i], *(() if t.open is None else (t.open,))]
-            tables.append(TableSnapshot(DTYPES[i], blocks, t.n, len(self._sealed[i])))
+            pending += t.pending
+            blocks = [*self._sealed[i], *pending, *(() if t.open is None else (t.open,))]
+            tables.append(TableSnapshot(DTYPES[i], blocks, t.n, len(self._sealed[i]) + len(pending)))
         # Marks of the rows this delta adds: sealed ones are final, open ones are asked
         # again until they are sealed.
         empty = np.zeros(0, np.int64)

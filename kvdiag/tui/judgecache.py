@@ -228,20 +228,21 @@ class LedgerWriter:
 
     def _table(self, i: int, t: TableDelta) -> TableDelta:
         """Table ``i``'s rows of a delta: what it seals is written once :data:`BLOCK_ROWS` rows
-        have gathered, and travels with the open rows until then. (The Judge seals a block
-        per chunk of events, a few hundred rows; a viewer's lookups touch the first row of
-        every block, and the pages around it — thousands of small blocks meant most of the
-        file's pages in its resident memory, bench_tui.)"""
+        have gathered, and until then travels once as pending rows (:class:`TableDelta`: the
+        rows are final, so only those new since the previous delta are sent; sent whole each
+        time, they were up to 3.6 MB a delta on bench_tui's trace and the process waited on
+        the pipe while the viewer read them). (The Judge seals a block per chunk of events, a
+        few hundred rows; a viewer's lookups touch the first row of every block, and the pages
+        around it — thousands of small blocks meant most of the file's pages in its resident
+        memory, bench_tui.)"""
         pending = self._pending[i]
-        pending += [b for b in t.sealed if not isinstance(b, BlockRef) and len(b)]
-        refs: tuple[BlockRef, ...] = ()
+        new = [b for b in t.sealed if not isinstance(b, BlockRef) and len(b)]
+        pending += new
         if sum(len(b) for b in pending) >= BLOCK_ROWS:
-            refs = (self._block(i, _joined(pending)),)
+            ref = self._block(i, _joined(pending))
             pending.clear()
-        if not pending:
-            return TableDelta(refs, t.open, t.n)
-        rest = [*pending, *(() if t.open is None else (t.open,))]
-        return TableDelta(refs, _joined(rest), t.n)
+            return TableDelta((ref,), t.open, t.n)
+        return TableDelta((), t.open, t.n, tuple(new))
 
     def put(self, delta: Delta) -> Delta:
         """Write the blocks ``delta`` seals (once enough have gathered); the same delta with
@@ -264,11 +265,14 @@ class LedgerWriter:
         return _with_tables(delta, tables)
 
     def finish(self, delta: Delta) -> Delta:
-        """:meth:`put` the last delta, then its open rows as final blocks and the footer."""
+        """:meth:`put` the last delta, then the rows still pending and its open rows as final
+        blocks, and the footer."""
         sent = self.put(delta)
         for i, t in enumerate(sent.tables):
-            if t.open is not None and len(t.open):
-                self._block(i, t.open)
+            rest = [*self._pending[i], *(() if t.open is None else (t.open,))]
+            self._pending[i].clear()
+            if sum(len(b) for b in rest):
+                self._block(i, _joined(rest))
         for m in MARKS:
             self._marks[m] = np.union1d(self._marks[m], delta.marks_open.get(m, ()))
         if self._key is not None:
@@ -357,7 +361,7 @@ class LedgerMap:
                 if isinstance(r, BlockRef)]
         mapped = iter(self.arrays(refs))
         tables = tuple(TableDelta(tuple(next(mapped) if isinstance(r, BlockRef) else r
-                                        for r in t.sealed), t.open, t.n)
+                                        for r in t.sealed), t.open, t.n, t.pending)
                        for t in delta.tables)
         return _with_tables(delta, tables)
 

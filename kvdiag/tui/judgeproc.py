@@ -17,16 +17,17 @@ process with threads copies locks other threads hold).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
 import pickle
 import resource
-import selectors
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ from kvdiag.tui.judgecache import CacheKey, LedgerMap, LedgerWriter
 from kvdiag.tui.judging import JudgingPass
 
 _LENGTH = struct.Struct("<Q")
+PIPE_BYTES = 1 << 20
+"""The pipe's buffer asked for (Linux's default most a user may ask, ``pipe-max-size``), and
+the most read at once."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,20 @@ class Failed:
     message: str
 
 
-def _send(out: BinaryIO, item: Delta | Failed) -> None:
-    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-    out.write(_LENGTH.pack(len(data)))
-    out.write(data)
-    out.flush()
+class _Sender:
+    """Length-prefixed pickles to the viewer, and the time spent waiting for the pipe."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.waited = 0.0
+
+    def send(self, item: Delta | Failed) -> None:
+        data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        t0 = time.perf_counter()
+        self.out.write(_LENGTH.pack(len(data)))
+        self.out.write(data)
+        self.out.flush()
+        self.waited += time.perf_counter() - t0
 
 
 def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -> None:
@@ -63,6 +76,7 @@ def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -
     # the cyclic GC would only re-scan them (a fifth of the pass, measured); a young
     # collection per delta keeps anything unexpected bounded.
     gc.disable()
+    sender = _Sender(out)
     try:
         judging = JudgingPass(path, hand_over=True)
         ledger = LedgerWriter(fd, key)
@@ -71,16 +85,17 @@ def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -
         for offset, block in line_blocks(source, header_end(source), CHUNK):
             judging.feed(block, offset)
             if time.monotonic() - last >= every:
-                _send(out, ledger.put(judging.delta()))
+                sender.send(ledger.put(judging.delta()))
                 gc.collect(0)
                 last = time.monotonic()
         judging.finish()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         last_delta = dataclasses.replace(judging.delta(done=True), costs={
-            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": _peak_rss_mib(usage)})
-        _send(out, ledger.finish(last_delta))
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": _peak_rss_mib(usage),
+            "pipe_wait_s": sender.waited})
+        sender.send(ledger.finish(last_delta))
     except Exception as exc:  # reported to the viewer, which says so and carries on
-        _send(out, Failed(f"{type(exc).__name__}: {exc}"))
+        sender.send(Failed(f"{type(exc).__name__}: {exc}"))
 
 
 def _peak_rss_mib(usage: resource.struct_rusage) -> float:
@@ -99,7 +114,12 @@ def _peak_rss_mib(usage: resource.struct_rusage) -> float:
 
 class JudgeProcess:
     """A child process judging ``path`` into the ledger file ``fd`` (the cache ``key`` written
-    in its footer); :meth:`receive` collects what it has sent, its blocks mapped."""
+    in its footer); :meth:`receive` collects what it has sent, its blocks mapped.
+
+    A thread of this process reads the pipe as the child writes (a blocking read, without the
+    GIL): read only when the loader asked, between the indexer's blocks, a delta bigger than
+    the pipe's buffer kept the child waiting for several of those turns (bench_tui: wall ÷ CPU
+    1.5 with an idle core for it)."""
 
     def __init__(self, path: str, every: float, fd: int, key: CacheKey | None = None) -> None:
         env = dict(os.environ)
@@ -116,40 +136,48 @@ class JudgeProcess:
             env=env, pass_fds=(fd,))
         assert self._proc.stdout is not None
         self._out = self._proc.stdout
-        os.set_blocking(self._out.fileno(), False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._out, selectors.EVENT_READ)
+        with contextlib.suppress(ImportError, AttributeError, OSError):
+            import fcntl  # Linux: fewer, larger reads
+
+            fcntl.fcntl(self._out.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._buffer = bytearray()
         self._ended = False
+        self._arrived = threading.Condition()
+        self._reader = threading.Thread(target=self._pump, name="kvdiag-judge-pipe",
+                                        daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        fileno = self._out.fileno()
+        while True:
+            try:
+                data = os.read(fileno, PIPE_BYTES)
+            except OSError:
+                data = b""
+            with self._arrived:
+                if data:
+                    self._buffer += data
+                else:
+                    self._ended = True
+                self._arrived.notify_all()
+            if not data:
+                return
 
     def receive(self, timeout: float) -> list[Delta | Failed]:
         """Everything sent so far, waiting up to ``timeout`` seconds when nothing is."""
-        out = self._frames()
-        if out or self._ended:
-            return out
-        if self._selector.select(timeout):
-            self._read()
+        with self._arrived:
             out = self._frames()
-        if self._ended and not (out and (isinstance(out[-1], Failed) or out[-1].done)):
+            if not out and not self._ended and timeout > 0:
+                self._arrived.wait(timeout)
+                out = self._frames()
+            ended = self._ended and not self._buffer
+        if ended and not (out and (isinstance(out[-1], Failed) or out[-1].done)) \
+                and not self.completed:
             code = self._proc.wait(timeout=5)
             out.append(Failed(f"the judging process ended early (exit code {code})"))
         return out
 
-    def _read(self) -> None:
-        while True:
-            try:
-                data = os.read(self._out.fileno(), 1 << 20)
-            except BlockingIOError:
-                return
-            if not data:
-                self._ended = True
-                self._selector.unregister(self._out)
-                return
-            self._buffer += data
-
     def _frames(self) -> list[Delta | Failed]:
-        if not self._ended:
-            self._read()
         items: list[Delta | Failed] = []
         buf = self._buffer
         while len(buf) >= _LENGTH.size:
@@ -173,7 +201,7 @@ class JudgeProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._selector.close()
+        self._reader.join(timeout=5)  # the pipe's end reached: the child is gone
         self._out.close()
         self._ledger.close()
 

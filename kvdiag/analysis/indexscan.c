@@ -1,0 +1,445 @@
+/* The trace index's row fields read straight from a block of event lines, without decoding
+ * them into objects (kvdiag/analysis/trace_index.py: IndexBuilder._scanned).
+ *
+ * Each line must be one JSON object, alone on its line, whose fields the index keeps (kind,
+ * seq, step, layer, stream, slot, page, pages, cells, target, key_stream, result, route,
+ * relearn) have the types trace_index._Row declares; every other value is checked against
+ * JSON's grammar and skipped. The Python path (msgspec into _Row, then numpy) stays the
+ * reference: a block holding any line this pass is not sure of — malformed, a field of
+ * another type, a number outside its column, a string with a non-ASCII byte or a \u escape,
+ * nesting deeper than MAX_DEPTH, a blank line — is declined whole (None) and indexed there.
+ * tests/test_trace_indexscan.py holds the two equal on random, hostile and real lines.
+ * Nothing here reads outside the buffer it is given.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vec.h"
+
+#define MAX_DEPTH 32
+#define MAX_NAMES 64
+#define NAME_LEN 32
+#define INT_DIGITS 18 /* |value| < 10**18: no overflow in int64 */
+
+enum { F_KIND, F_SEQ, F_STEP, F_LAYER, F_STREAM, F_SLOT, F_PAGE, F_PAGES, F_CELLS, F_TARGET,
+       F_KEY_STREAM, F_RESULT, F_ROUTE, F_RELEARN, F_OTHER };
+static const char *FIELDS[] = {"kind", "seq", "step", "layer", "stream", "slot", "page",
+                               "pages", "cells", "target", "key_stream", "result", "route",
+                               "relearn"};
+static const Py_ssize_t FIELD_LEN[] = {4, 3, 4, 5, 6, 4, 4, 5, 5, 6, 10, 6, 5, 7};
+
+/* names and codes handed over by configure() (trace_index.py's KINDS, ROUTES, flags) */
+static char kinds[MAX_NAMES][NAME_LEN];
+static Py_ssize_t kind_len[MAX_NAMES], n_kinds = 0, unknown_code = -1;
+static char routes[MAX_NAMES][NAME_LEN];
+static Py_ssize_t route_len[MAX_NAMES], n_routes = 0;
+
+/* bytes a string's scan stops at: the quote, a backslash, control and non-ASCII bytes */
+static unsigned char STOP[256];
+static long code_upload = -1, code_write = -1, code_evict = -1, code_fits = -1, code_learn = -1;
+static long flag_ring = 0, flag_fits_false = 0, flag_relearn = 0;
+
+typedef struct {
+    const unsigned char *p, *end; /* the line, without its newline */
+} Cur;
+
+static void ws(Cur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r')) c->p++;
+}
+
+static int is_digit(unsigned char ch) { return ch >= '0' && ch <= '9'; }
+
+/* A string at c->p (the opening quote): its bytes between the quotes as [*s, *s + *n);
+ * ``plain``: no backslash allowed (a field the index keeps). 0: declined. */
+static int string(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
+    if (c->p >= c->end || *c->p != '"') return 0;
+    const unsigned char *q = ++c->p;
+    while (q < c->end) {
+        if (!STOP[*q]) {
+            q++;
+            continue;
+        }
+        unsigned char ch = *q;
+        if (ch == '"') break;
+        if (ch < 0x20 || ch >= 0x80) return 0;
+        if (ch == '\\') {
+            if (plain || q + 1 >= c->end) return 0;
+            unsigned char e = q[1];
+            /* \u escapes are declined: a lone surrogate is an error to the decoder */
+            if (!(e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                  e == 'r' || e == 't'))
+                return 0;
+            q += 2;
+            continue;
+        }
+        q++;
+    }
+    if (q >= c->end) return 0;
+    *s = c->p;
+    *n = q - c->p;
+    c->p = q + 1;
+    return 1;
+}
+
+/* A JSON number, checked against the grammar and skipped. */
+static int number(Cur *c) {
+    const unsigned char *q = c->p;
+    if (q < c->end && *q == '-') q++;
+    if (q >= c->end || !is_digit(*q)) return 0;
+    if (*q == '0') q++;
+    else
+        while (q < c->end && is_digit(*q)) q++;
+    if (q < c->end && *q == '.') {
+        q++;
+        if (q >= c->end || !is_digit(*q)) return 0;
+        while (q < c->end && is_digit(*q)) q++;
+    }
+    if (q < c->end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < c->end && (*q == '+' || *q == '-')) q++;
+        if (q >= c->end || !is_digit(*q)) return 0;
+        while (q < c->end && is_digit(*q)) q++;
+    }
+    c->p = q;
+    return 1;
+}
+
+/* An integer the index keeps: no fraction or exponent (the decoder's int refuses a float),
+ * at most INT_DIGITS digits. */
+static int integer(Cur *c, int64_t *out) {
+    const unsigned char *q = c->p;
+    int neg = 0;
+    if (q < c->end && *q == '-') {
+        neg = 1;
+        q++;
+    }
+    if (q >= c->end || !is_digit(*q)) return 0;
+    int64_t v = 0;
+    int digits = 0;
+    if (*q == '0') {
+        q++;
+        digits = 1;
+    } else {
+        while (q < c->end && is_digit(*q)) {
+            if (++digits > INT_DIGITS) return 0;
+            v = v * 10 + (*q - '0');
+            q++;
+        }
+    }
+    if (q < c->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
+    c->p = q;
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static int literal(Cur *c, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) return 0;
+    c->p += n;
+    return 1;
+}
+
+/* Any JSON value, checked and skipped. */
+static int value(Cur *c, int depth) {
+    if (c->p >= c->end) return 0;
+    unsigned char ch = *c->p;
+    if (ch == '"') {
+        const unsigned char *s;
+        Py_ssize_t n;
+        return string(c, &s, &n, 0);
+    }
+    if (ch == '-' || is_digit(ch)) return number(c);
+    if (ch == 't') return literal(c, "true");
+    if (ch == 'f') return literal(c, "false");
+    if (ch == 'n') return literal(c, "null");
+    if (depth >= MAX_DEPTH) return 0;
+    if (ch == '[') {
+        c->p++;
+        ws(c);
+        if (c->p < c->end && *c->p == ']') {
+            c->p++;
+            return 1;
+        }
+        for (;;) {
+            ws(c);
+            if (!value(c, depth + 1)) return 0;
+            ws(c);
+            if (c->p >= c->end) return 0;
+            if (*c->p == ',') {
+                c->p++;
+                continue;
+            }
+            if (*c->p == ']') {
+                c->p++;
+                return 1;
+            }
+            return 0;
+        }
+    }
+    if (ch == '{') {
+        c->p++;
+        ws(c);
+        if (c->p < c->end && *c->p == '}') {
+            c->p++;
+            return 1;
+        }
+        for (;;) {
+            const unsigned char *s;
+            Py_ssize_t n;
+            ws(c);
+            if (!string(c, &s, &n, 0)) return 0;
+            ws(c);
+            if (c->p >= c->end || *c->p != ':') return 0;
+            c->p++;
+            ws(c);
+            if (!value(c, depth + 1)) return 0;
+            ws(c);
+            if (c->p >= c->end) return 0;
+            if (*c->p == ',') {
+                c->p++;
+                continue;
+            }
+            if (*c->p == '}') {
+                c->p++;
+                return 1;
+            }
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static int field_of(const unsigned char *s, Py_ssize_t n) {
+    for (int i = 0; i < F_OTHER; i++)
+        if (FIELD_LEN[i] == n && FIELDS[i][0] == (char)s[0] && memcmp(FIELDS[i], s, (size_t)n) == 0)
+            return i;
+    return F_OTHER;
+}
+
+static int pair(Cur *c, int64_t out[2]) {
+    if (c->p >= c->end || *c->p != '[') return 0;
+    c->p++;
+    ws(c);
+    if (!integer(c, &out[0])) return 0;
+    ws(c);
+    if (c->p >= c->end || *c->p != ',') return 0;
+    c->p++;
+    ws(c);
+    if (!integer(c, &out[1])) return 0;
+    ws(c);
+    if (c->p >= c->end || *c->p != ']') return 0;
+    c->p++;
+    return 1;
+}
+
+static int boolean(Cur *c, int *out) {
+    if (literal(c, "true")) *out = 1;
+    else if (literal(c, "false")) *out = 0;
+    else return 0;
+    return 1;
+}
+
+static int in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
+
+static Py_ssize_t name_code(char names[][NAME_LEN], const Py_ssize_t *lens, Py_ssize_t count,
+                            const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (lens[i] == n && memcmp(names[i], s, (size_t)n) == 0) return i;
+    return -1;
+}
+
+/* One line into its 11 row values (trace_index.COLUMNS' order, the offset first). */
+static int line(Cur *c, int64_t off, int64_t row[11]) {
+    int64_t seq = 0, step = 0, layer = -1, stream = -1, slot = -1, page = -1;
+    int64_t pages[2] = {-1, -1}, cells[2] = {-1, -1}, key = -1;
+    int have_kind = 0, have_seq = 0, have_step = 0, result = 1, relearn = 0;
+    const unsigned char *kind = NULL, *target = NULL, *route = NULL;
+    Py_ssize_t kind_n = 0, target_n = 0, route_n = 0;
+    ws(c);
+    if (c->p >= c->end || *c->p != '{') return 0;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') return 0; /* no kind */
+    for (;;) {
+        const unsigned char *s;
+        Py_ssize_t n;
+        ws(c);
+        if (!string(c, &s, &n, 1)) return 0;
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return 0;
+        c->p++;
+        ws(c);
+        int ok;
+        switch (field_of(s, n)) {
+        case F_KIND: ok = string(c, &kind, &kind_n, 1); have_kind = 1; break;
+        case F_SEQ: ok = integer(c, &seq); have_seq = 1; break;
+        case F_STEP: ok = integer(c, &step); have_step = 1; break;
+        case F_LAYER: ok = integer(c, &layer); break;
+        case F_STREAM: ok = integer(c, &stream); break;
+        case F_SLOT: ok = integer(c, &slot); break;
+        case F_PAGE: ok = integer(c, &page); break;
+        case F_PAGES: ok = pair(c, pages); break;
+        case F_CELLS: ok = pair(c, cells); break;
+        case F_TARGET: ok = string(c, &target, &target_n, 1); break;
+        case F_KEY_STREAM:
+            if (literal(c, "null")) {
+                key = -1;
+                ok = 1;
+            } else {
+                ok = integer(c, &key);
+            }
+            break;
+        case F_RESULT: ok = boolean(c, &result); break;
+        case F_ROUTE: ok = string(c, &route, &route_n, 1); break;
+        case F_RELEARN: ok = boolean(c, &relearn); break;
+        default: ok = value(c, 1);
+        }
+        if (!ok) return 0;
+        ws(c);
+        if (c->p >= c->end) return 0;
+        if (*c->p == ',') {
+            c->p++;
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            break;
+        }
+        return 0;
+    }
+    ws(c);
+    if (c->p != c->end || !have_kind || !have_seq || !have_step) return 0;
+    Py_ssize_t code = name_code(kinds, kind_len, n_kinds, kind, kind_n);
+    if (code < 0) code = unknown_code;
+    int64_t a = -1, b = -1, flags = 0, k = -1;
+    if (code == code_upload) {
+        a = pages[0];
+        b = pages[1];
+        flags = (target_n == 4 && memcmp(target, "ring", 4) == 0) ? flag_ring : 0;
+        k = key;
+    } else if (code == code_write) {
+        a = cells[0];
+        b = cells[1];
+    } else if (code == code_evict) {
+        a = page;
+    } else if (code == code_fits) {
+        a = route ? name_code(routes, route_len, n_routes, route, route_n) : -1;
+        flags = result ? 0 : flag_fits_false;
+    } else if (code == code_learn) {
+        flags = relearn ? flag_relearn : 0;
+    }
+    /* the columns' types (trace_index.COLUMNS): a value outside one is the reference's */
+    const int64_t I32 = INT32_MAX, I16 = INT16_MAX;
+    if (!in_range(step, -I32 - 1, I32) || !in_range(layer, -I16 - 1, I16) ||
+        !in_range(stream, -I16 - 1, I16) || !in_range(slot, -I32 - 1, I32) ||
+        !in_range(a, -I32 - 1, I32) || !in_range(b, -I32 - 1, I32) || !in_range(k, -I16 - 1, I16))
+        return 0;
+    row[0] = off;
+    row[1] = seq;
+    row[2] = step;
+    row[3] = code;
+    row[4] = layer;
+    row[5] = stream;
+    row[6] = slot;
+    row[7] = a;
+    row[8] = b;
+    row[9] = k;
+    row[10] = flags;
+    return 1;
+}
+
+/* scan(block) -> bytes of n x 11 int64 (offset in the block, seq, step, kind, layer, stream,
+ * slot, a, b, key, flags), or None: a line this pass declines (the block is the reference's) */
+static PyObject *scan(PyObject *self, PyObject *arg) {
+    if (unknown_code < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *s = view.buf, *end = s + view.len;
+    Vec out = {0};
+    int declined = 0;
+    for (const unsigned char *p = s; p < end;) {
+        const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
+        const unsigned char *stop = q ? q : end;
+        Cur c = {p, stop};
+        int64_t row[11];
+        if (!line(&c, (int64_t)(p - s), row)) {
+            declined = 1;
+            break;
+        }
+        if (vec_reserve(&out, 11) < 0) {
+            PyBuffer_Release(&view);
+            PyMem_Free(out.v);
+            return NULL;
+        }
+        memcpy(out.v + out.n, row, sizeof row);
+        out.n += 11;
+        p = q ? q + 1 : end;
+    }
+    PyBuffer_Release(&view);
+    PyObject *res;
+    if (declined) {
+        res = Py_NewRef(Py_None);
+    } else {
+        res = PyBytes_FromStringAndSize((const char *)out.v, out.n * (Py_ssize_t)sizeof(int64_t));
+    }
+    PyMem_Free(out.v);
+    return res;
+}
+
+static int names(PyObject *seq, char dst[][NAME_LEN], Py_ssize_t *lens, Py_ssize_t *count) {
+    PyObject *fast = PySequence_Fast(seq, "names: a sequence of str");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_NAMES) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "too many names");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        const char *u = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fast, i), &len);
+        if (!u || len >= NAME_LEN) {
+            Py_DECREF(fast);
+            if (u) PyErr_SetString(PyExc_ValueError, "a name too long");
+            return -1;
+        }
+        memcpy(dst[i], u, (size_t)len + 1);
+        lens[i] = len;
+    }
+    *count = n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* configure(kinds, routes, unknown, upload, write, evict, fits, learn, ring, fits_false,
+ * relearn): the names and codes trace_index.py defines */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *k, *r;
+    long unknown;
+    if (!PyArg_ParseTuple(args, "OOlllllllll", &k, &r, &unknown, &code_upload, &code_write,
+                          &code_evict, &code_fits, &code_learn, &flag_ring, &flag_fits_false,
+                          &flag_relearn))
+        return NULL;
+    if (names(k, kinds, kind_len, &n_kinds) < 0 || names(r, routes, route_len, &n_routes) < 0)
+        return NULL;
+    for (int ch = 0; ch < 256; ch++) STOP[ch] = ch == '"' || ch == '\\' || ch < 0x20 || ch >= 0x80;
+    unknown_code = unknown;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_O, "The index rows of a block of event lines, or None (declined)."},
+    {"configure", configure, METH_VARARGS, "The kind and route names, codes and flags."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_indexscan", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__indexscan(void) { return PyModule_Create(&module); }
