@@ -350,8 +350,9 @@ static int line(Cur *c, int64_t off, int64_t row[11]) {
     return 1;
 }
 
-/* scan(block) -> bytes of n x 11 int64 (offset in the block, seq, step, kind, layer, stream,
- * slot, a, b, key, flags), or None: a line this pass declines (the block is the reference's) */
+/* scan(block) -> bytes of 11 columns of n int64 each (offset in the block, seq, step, kind,
+ * layer, stream, slot, a, b, key, flags), or None: a line this pass declines (the block is the
+ * reference's) */
 static PyObject *scan(PyObject *self, PyObject *arg) {
     if (unknown_code < 0) {
         PyErr_SetString(PyExc_RuntimeError, "configure() first");
@@ -385,7 +386,14 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     if (declined) {
         res = Py_NewRef(Py_None);
     } else {
-        res = PyBytes_FromStringAndSize((const char *)out.v, out.n * (Py_ssize_t)sizeof(int64_t));
+        /* column by column: each column's values lie together, as the index stores them */
+        Py_ssize_t rows = out.n / 11;
+        res = PyBytes_FromStringAndSize(NULL, out.n * (Py_ssize_t)sizeof(int64_t));
+        if (res) {
+            int64_t *cols = (int64_t *)PyBytes_AS_STRING(res);
+            for (Py_ssize_t r = 0; r < rows; r++)
+                for (int k = 0; k < 11; k++) cols[k * rows + r] = out.v[r * 11 + k];
+        }
     }
     PyMem_Free(out.v);
     return res;

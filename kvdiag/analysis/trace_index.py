@@ -306,8 +306,8 @@ class IndexBuilder:
         out = c.scan(block)
         if out is None:
             return False
-        rows = np.frombuffer(out, np.int64).reshape(-1, 11)
-        self._append(base + rows[:, 0], *(rows[:, i] for i in range(1, 11)))
+        cols = np.frombuffer(out, np.int64).reshape(11, -1)
+        self._append(base + cols[0], *cols[1:])
         return True
 
     def _fast(self, block: bytes, starts: np.ndarray, ends: np.ndarray, base: int) -> None:

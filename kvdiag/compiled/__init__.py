@@ -3,7 +3,9 @@
 Each helper is one C file beside the Python module it speeds up, which stays the reference
 (``analysis/judgement/*.c``: the judgement's columns, its walk of a streamed chunk, the
 annotation cross-check; ``postmortem/perfbytes.c`` and ``perfpairs.c``: where ``kvdiag
-perf``'s patterns can match in a log, and the usual request read there), with the headers
+perf``'s patterns can match in a log, and the usual request read there;
+``trace/blockscan.c``: the reader's block check; ``analysis/indexscan.c``: the viewer's index
+rows read from a block's bytes), with the headers
 beside it and this package's
 (``vec.h``); :func:`build` also builds the NumPy executor's ctypes kernel
 (``kernels/cpu_attend.c``, :mod:`kvdiag.executors.cpu_kernels`).
