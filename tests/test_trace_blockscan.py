@@ -92,3 +92,35 @@ def test_the_reader_reads_alike_without_the_c_pass(monkeypatch: pytest.MonkeyPat
     assert read() == with_c
     assert 21 not in with_c[0] and len(with_c[0]) == 49
     assert (22, "corrupt") in with_c[1]  # the header is line 1
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(4))
+def test_what_a_decoded_block_holds_is_found_as_python_finds_it(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN lists of events of several types, None entries (lines that are not events) and
+    other objects, at every place WHEN asked whether they hold a None and an event of some
+    types THEN the C pass answers as ``None in`` and a set of their types do (the Python path,
+    KVDIAG_COMPILED=0), all four answers occurring."""
+    import msgspec
+
+    from kvdiag.model import events as ev
+
+    step = msgspec.json.decode(step_lines(1)[0], type=ev.AnyEvent)
+
+    class Other:
+        pass
+
+    pool: list[object] = [step, None, 0, "x", Other(), step]
+    rng = random.Random(seed)
+    seen = set()
+    for _ in range(300):
+        items = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+        types = tuple(rng.sample([ev.Step, Other, ev.End, ev.Abort, int], rng.randint(0, 3)))
+        got = reader.holds(items, types)
+        with monkeypatch.context() as m:
+            m.setattr(reader.compiled, "load", lambda *a, **k: None)
+            want = reader.holds(items, types)
+        assert got == want == (None in items, any(type(i) in types for i in items))
+        seen.add(got)
+    assert len(seen) == 4

@@ -46,8 +46,31 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     return Py_BuildValue("(nO)", lines, found ? Py_True : Py_False);
 }
 
+/* holds(items, types) -> (a None among items, an item of one of types): what a decoded block
+ * holds, by pointer (kvdiag/tui/judging.py asks it of every slice it decodes; ``None in
+ * items`` and a set of their types cost 0.5 us per event there, measured) */
+static PyObject *holds(PyObject *self, PyObject *args) {
+    PyObject *items, *types;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyTuple_Type, &types))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items), k = PyTuple_GET_SIZE(types);
+    int none = 0, typed = 0;
+    for (Py_ssize_t i = 0; i < n && !(none && typed); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (item == Py_None) {
+            none = 1;
+            continue;
+        }
+        PyObject *t = (PyObject *)Py_TYPE(item);
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (PyTuple_GET_ITEM(types, j) == t) typed = 1;
+    }
+    return Py_BuildValue("(OO)", none ? Py_True : Py_False, typed ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O, "(newlines, holds a run of 19 digits) of a block of bytes."},
+    {"holds", holds, METH_VARARGS, "(holds None, holds an item of one of types) of a list."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvdiag.analysis.judgement import trace_judge
 from kvdiag.model import events as ev
-from kvdiag.trace.reader import TraceReader
+from kvdiag.trace.reader import TraceReader, holds
 from kvdiag.tui.digest import (
     TABLES,
     Delta,
@@ -43,7 +43,7 @@ reader's own chunk size, kvdiag/trace/reader.py)."""
 _SIDE: dict[type, str] = {ev.Telemetry: "telemetry", ev.Adapt: "partition",
                           ev.Repartition: "partition", ev.Abort: "abort"}
 """Events kept beside the Judge, by list (adapt and repartition in one, in file order)."""
-_SIDE_TYPES = frozenset(_SIDE)
+_SIDE_TYPES = tuple(_SIDE)
 
 
 def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
@@ -128,10 +128,11 @@ class JudgingPass:
             decoded = decode(piece)
             # the kinds kept beside are rare: a slice's types are looked at in C, and its
             # events one by one only where one of them is among them
-            if not _SIDE_TYPES.isdisjoint(map(type, decoded)):
+            nones, kept = holds(decoded, _SIDE_TYPES)
+            if kept:
                 for e in [e for e in decoded if type(e) in _SIDE]:
                     side[_SIDE[type(e)]].append(e)
-            if None not in decoded:
+            if not nones:
                 yield decoded  # type: ignore[misc]
                 continue
             run: list[Any] = []
