@@ -124,3 +124,50 @@ def test_what_a_decoded_block_holds_is_found_as_python_finds_it(
         assert got == want == (None in items, any(type(i) in types for i in items))
         seen.add(got)
     assert len(seen) == 4
+
+
+class _Seq:
+    def __init__(self, seq: object) -> None:
+        self.seq = seq
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(4))
+def test_rising_seqs_are_accepted_as_python_accepts_them(seed: int) -> None:
+    """GIVEN runs of events whose seqs rise, repeat, fall, jump, start at or below the last
+    seq accepted, hold an End, or are beyond 64 bits WHEN the reader's
+    fast path accepts them in C THEN it answers as its Python reference does, and the reader's
+    last seq follows; where a seq is not a 64-bit integer the C pass leaves it to Python."""
+    import msgspec
+
+    from kvdiag.model import events as ev
+
+    end = msgspec.json.decode(b'{"kind":"end","seq":5,"t_ns":1,"step":0,"steps":1,"events":5,"status":"completed"}',
+                              type=ev.AnyEvent)
+    rng = random.Random(seed)
+    seen = set()
+    for _ in range(400):
+        last = rng.choice([0, 3, 10, -5, 1 << 62])
+        start = last + rng.choice([-1, 0, 1, 2])
+        seqs: list[object] = [start + i * rng.choice([1, 1, 1, 2])
+                              for i in range(rng.randint(1, 9))]
+        if rng.random() < 0.2:
+            seqs[rng.randrange(len(seqs))] = rng.choice([start, 1 << 70, -3, start + 100])
+        items: list[object] = [_Seq(s) for s in seqs]
+        if rng.random() < 0.15:
+            items.insert(rng.randrange(len(items) + 1), end)
+        got = C.rising(items, last, type(end))
+        if got is None:
+            assert any(not isinstance(q, int) or q >= 1 << 63 for q in seqs)
+            seen.add(None)
+            continue
+        r = reader.TraceReader.__new__(reader.TraceReader)
+        r._last_seq = last
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(reader.compiled, "load", lambda *a, **k: None)
+            want = r._fast_accept(items)  # type: ignore[arg-type]
+        assert (got is not False) == want, (last, seqs)
+        if want:
+            assert got == r._last_seq
+        seen.add(want)
+    assert seen == {True, False, None}

@@ -68,7 +68,48 @@ static PyObject *holds(PyObject *self, PyObject *args) {
     return Py_BuildValue("(OO)", none ? Py_True : Py_False, typed ? Py_True : Py_False);
 }
 
+/* rising(items, last, end_type) -> the last item's seq where every item's seq is a 64-bit int
+ * above the one before it (the first above ``last``) and none is an ``end_type``; False where
+ * not; None where it cannot tell (a seq that is not such an int: the caller asks Python).
+ * reader.py's TraceReader._fast_accept, the reference. */
+static PyObject *rising(PyObject *self, PyObject *args) {
+    PyObject *items, *end_type, *name = NULL;
+    long long last;
+    if (!PyArg_ParseTuple(args, "O!LO", &PyList_Type, &items, &last, &end_type)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if ((PyObject *)Py_TYPE(item) == end_type) Py_RETURN_FALSE;
+    }
+    name = PyUnicode_InternFromString("seq");
+    if (!name) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyObject_GetAttr(PyList_GET_ITEM(items, i), name);
+        if (!v) {
+            Py_DECREF(name);
+            return NULL;
+        }
+        int overflow = 0;
+        long long seq = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
+        int is_int = PyLong_Check(v) && !overflow && !(seq == -1 && PyErr_Occurred());
+        Py_DECREF(v);
+        if (!is_int) {
+            PyErr_Clear();
+            Py_DECREF(name);
+            Py_RETURN_NONE;
+        }
+        if (seq <= last) {
+            Py_DECREF(name);
+            Py_RETURN_FALSE;
+        }
+        last = seq;
+    }
+    Py_DECREF(name);
+    return PyLong_FromLongLong(last);
+}
+
 static PyMethodDef methods[] = {
+    {"rising", rising, METH_VARARGS, "The last seq of events in rising seq order without End."},
     {"scan", scan, METH_O, "(newlines, holds a run of 19 digits) of a block of bytes."},
     {"holds", holds, METH_VARARGS, "(holds None, holds an item of one of types) of a list."},
     {NULL, NULL, 0, NULL},

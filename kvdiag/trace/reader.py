@@ -58,6 +58,7 @@ def _long_digits(text: bytes) -> bool:
 
 
 _BLOCKSCAN = Path(__file__).with_name("blockscan.c")
+_I64 = -(1 << 63)
 
 
 def _lines_and_digits(block: bytes) -> tuple[int, bool | None]:
@@ -392,7 +393,17 @@ class TraceReader:
         self._finished = True
 
     def _fast_accept(self, events: Sequence[TraceItem]) -> bool:
-        """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End."""
+        """Accept a cleanly decoded chunk: seq strictly rising from the last one, no End (in
+        one C pass, ``blockscan.c`` ``rising``, where a compiler is at hand and the seqs are
+        64-bit integers; a tenth of decoding a block, measured)."""
+        c = compiled.load(_BLOCKSCAN, f"{__package__}._blockscan")
+        if c is not None and events and isinstance(events, list) and _I64 <= self._last_seq < -_I64:
+            got = c.rising(events, self._last_seq, End)
+            if got is not None:
+                if got is False:
+                    return False
+                self._last_seq = got
+                return True
         seqs = list(map(_SEQ, events))
         first = seqs[0]
         if first <= self._last_seq:
