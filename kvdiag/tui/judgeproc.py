@@ -42,6 +42,9 @@ from kvdiag.tui.judgecache import CacheKey, LedgerMap, LedgerWriter
 from kvdiag.tui.judging import JudgingPass
 
 _LENGTH = struct.Struct("<Q")
+FIRST_DELTA_S = 0.25
+"""The first delta comes this soon (the viewer shows a judged prefix), the others every
+``EVERY`` seconds."""
 PIPE_BYTES = 1 << 20
 """The pipe's buffer asked for (Linux's default most a user may ask, ``pipe-max-size``), and
 the most read at once."""
@@ -81,13 +84,13 @@ def run(path: str, out: BinaryIO, every: float, fd: int, key: CacheKey | None) -
         judging = JudgingPass(path, hand_over=True)
         ledger = LedgerWriter(fd, key)
         source = trace_source(path)  # a plain file, a segment set or a .zst
-        last = time.monotonic()
+        last, wait = time.monotonic(), min(every, FIRST_DELTA_S)
         for offset, block in line_blocks(source, header_end(source), CHUNK):
             judging.feed(block, offset)
-            if time.monotonic() - last >= every:
+            if time.monotonic() - last >= wait:
                 sender.send(ledger.put(judging.delta()))
                 gc.collect(0)
-                last = time.monotonic()
+                last, wait = time.monotonic(), every
         judging.finish()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         last_delta = dataclasses.replace(judging.delta(done=True), costs={
