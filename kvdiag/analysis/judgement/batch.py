@@ -132,8 +132,8 @@ class State:
         (the copies before it are forgotten), and the dispatch the read's own FA node made
         is either recorded after the gap (the rule takes the latest) or lies before the gap's
         end, lost or not, like the one remembered — so both are older than every copy the
-        walk meets and the verdict is the one the whole trace gives (tests/test_lost_events.py
-        holds both)."""
+        walk meets and the verdict is the one the whole trace gives
+        (tests/test_lost_events_ring.py holds both)."""
         self.pool.lose()
         self.ring.lose()
         self.ring_log.clear()
@@ -886,10 +886,10 @@ def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray
 
 
 def fresh_batch(state: State) -> int:
-    """Where the ring batch of a view not seen before starts: at its first copy (-1), except
-    after events lost from the trace, which may hold its first copies (:meth:`State.lose_history`:
-    it began before the gap). A snapshot names the views whose copies wait (``ring_pending``),
-    so a view it does not name has none."""
+    """Where the ring batch of a view not seen before starts: at its first copy
+    (:data:`NO_BATCH`), except after events lost from the trace, which may hold its first
+    copies (it began before the gap: :meth:`State.lose_history`). A snapshot names the views
+    whose copies wait (``ring_pending``), so a view it does not name has none."""
     if state.history_why == LOST_EVENTS and state.history_row >= 0:
         return state.history_row - 1
     return NO_BATCH
