@@ -130,16 +130,28 @@ def export_command_disagreements(entries: Iterable[Entry], out_dir: Path
 def self_diff_disagreements(entries: Iterable[Entry]) -> list[str]:
     """``diff A A``: a trace is equivalent to itself — unless it holds nothing diff compares
     (no read, write, fits or output event: a header and End, an imported log without them),
-    which diff refuses to call equivalent (exit 2, verdict ``nothing-compared``)."""
+    which diff refuses to call equivalent (exit 2, verdict ``nothing-compared``), or it lost
+    events (gaps in seq, as its judgement says): what they held is not compared, so neither
+    is it shown equivalent (exit 2, verdict ``lost-events``)."""
     bad: list[str] = []
     for e in entries:
         code, out = cli("diff", str(e.path), str(e.path), "--json")
         doc = json.loads(out) if out.startswith("{") else {}
-        counts = judged(e.path).judgement.counts
+        j = judged(e.path).judgement
+        counts = j.counts
         if not any(counts.get(k) for k in ("read", "write", "fits", "output")):
             if code != 2 or doc.get("verdict") != "nothing-compared":
                 bad.append(f"{e.name}: holds nothing to compare, diff with itself: exit {code}, "
                            f"{doc.get('verdict')}")
+            continue
+        lost = j.summary()["lost_events"]["events"]
+        if lost:
+            said = [doc.get("ends", {}).get(s, {}).get("lost_events", {}).get("events")
+                    for s in "ab"]
+            if (code, doc.get("verdict"), doc.get("equivalent"), said) != (
+                    2, "lost-events", None, [lost, lost]):
+                bad.append(f"{e.name}: lost {lost} event(s), diff with itself: exit {code}, "
+                           f"{doc.get('verdict')}, lost {said}")
             continue
         if code != 0 or not doc.get("equivalent"):
             bad.append(f"{e.name}: diff with itself: exit {code}, "

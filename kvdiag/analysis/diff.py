@@ -24,6 +24,13 @@ stream), the first of these that differs is the divergence:
   abort event): the steps both hold may agree, but a run that stops early is not equivalent to
   one that completes. Its step is the first one the stopped run lacks.
 
+Events lost from either trace (gaps in seq: docs/trace-format.md, "Lost events") are not
+compared: each side's judgement leaves what needs them not judged, and diff compares what both
+traces hold. With no divergence there, the verdict is ``lost-events``, not equivalence: what
+the lost events held may differ. A divergence found is reported as one (the events both hold
+differ), and where events lost in a trace come before it, an earlier divergence may be among
+them (:meth:`DiffResult.lost_before_first`).
+
 A ``key`` or ``route`` divergence is a cause; the walk then goes on to its first effect (a
 ``provenance`` or ``output`` divergence) and explains it as a chain: the rows, the key they
 marked in each trace, the upload the resident copy came from, the read.
@@ -115,8 +122,54 @@ class DiffResult:
                                            or c["outputs"])
 
     @property
+    def lost(self) -> tuple[bool, bool]:
+        """Per trace: events are missing from it (gaps in seq: its judgement's
+        ``lost_events``, docs/trace-format.md "Lost events")."""
+        a, b = (bool(e.get("lost_events", {}).get("events")) for e in self.ends)
+        return a, b
+
+    @property
+    def verdict(self) -> str:
+        """``divergent`` (a divergence found), ``nothing-compared`` (nothing in common),
+        ``lost-events`` (no divergence in what both traces hold, but events are missing from
+        one or both: what they held is not compared, so equivalence is not shown), or
+        ``equivalent``."""
+        if self.first is not None:
+            return "divergent"
+        if self.nothing_compared:
+            return "nothing-compared"
+        if any(self.lost):
+            return "lost-events"
+        return "equivalent"
+
+    @property
     def equivalent(self) -> bool:
-        return self.first is None and not self.nothing_compared
+        return self.verdict == "equivalent"
+
+    def lost_before_first(self) -> list[str]:
+        """The traces (``a``, ``b``) whose lost events may come before the first divergence:
+        an earlier divergence may be among them (the first gap is the earliest; it is before
+        the divergence when its first seq is below the divergence's event in that trace, or,
+        for a divergence without one, when it is at or before the divergence's step)."""
+        d = self.first
+        if d is None:
+            return []
+        out = []
+        for name, end, mine in zip("ab", self.ends, (d.a, d.b), strict=True):
+            lost = end.get("lost_events", {})
+            if not lost.get("events"):
+                continue
+            gap = lost["first"][0]
+            seq = mine.get("seq")
+            if seq is None and isinstance(mine.get("abort"), dict):
+                seq = mine["abort"].get("seq")
+            if isinstance(seq, int):
+                before = gap["first_seq"] < seq
+            else:
+                before = gap["step_before"] is None or gap["step_before"] <= d.step
+            if before:
+                out.append(name)
+        return out
 
 
 class ScheduleMismatch(ValueError):

@@ -1,7 +1,9 @@
 """Compare two traces of one schedule and explain their first divergence (exit 1; a run that
 crashed, or stopped without completing, is not equivalent to one that completed), or say they
-are equivalent (exit 0); bad input, different schedules (without --force) or traces with
-nothing in common to compare exit 2."""
+are equivalent (exit 0); bad input, different schedules (without --force), traces with
+nothing in common to compare, and traces that agree in what both hold but lost events (gaps
+in seq: verdict ``lost-events``, for what the lost events held is not compared) exit 2 —
+neither verdict, as ``check`` leaves unjudged what a trace does not record."""
 
 from __future__ import annotations
 
@@ -31,12 +33,12 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
         problems = {"A": [f"line {p.line}: {p.message}" for p in ra.problems],
                     "B": [f"line {p.line}: {p.message}" for p in rb.problems]}
-    verdict = ("nothing-compared" if result.nothing_compared else
-               "equivalent" if result.equivalent else "divergent")
+    verdict = result.verdict
     doc: dict[str, Any] = {
         "a": args.a, "b": args.b, "verdict": verdict,
-        # null, not false, when nothing was compared: that is neither verdict
-        "equivalent": None if result.nothing_compared else result.equivalent,
+        # null, not false, when nothing was compared or events are lost: neither verdict
+        "equivalent": None if verdict in _NO_VERDICT else result.equivalent,
+        "lost_before_first": result.lost_before_first(),
         "steps_compared": result.steps_compared,
         "steps": {"a": result.lengths[0], "b": result.lengths[1]},
         "ends": {"a": result.ends[0], "b": result.ends[1]},
@@ -53,9 +55,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_text(doc))
-    if result.nothing_compared:
+    if verdict in _NO_VERDICT:
         return EXIT_USAGE
     return EXIT_OK if result.equivalent else EXIT_FINDINGS
+
+
+_NO_VERDICT = ("nothing-compared", "lost-events")
+"""Verdicts that are neither equivalent nor divergent (exit 2)."""
 
 
 def _where(d: dict[str, Any]) -> str:
@@ -68,7 +74,7 @@ def _where(d: dict[str, Any]) -> str:
 
 
 def _text(doc: dict[str, Any]) -> str:
-    from kvdiag.analysis.judgement.gaps import lost_text
+    from kvdiag.analysis.judgement.gaps import lost_text, lost_where
 
     lines = []
     for side in ("a", "b"):
@@ -77,9 +83,9 @@ def _text(doc: dict[str, Any]) -> str:
                      f"{end['status']})")
         lines += [f"{side.upper()}: abort at step {a['step']} (#{a['seq']}): {a['message']}"
                   for a in end["aborts"]]
-        lost = lost_text(end["lost_events"])
-        if lost:
-            lines.append(f"{side.upper()}: {lost}")
+        lost_line = lost_text(end["lost_events"])
+        if lost_line:
+            lines.append(f"{side.upper()}: {lost_line}")
     for side, found in doc["problems"].items():
         lines += [f"{side}: trace problem at {p}" for p in found]
     if doc["schedule_differs"]:
@@ -98,12 +104,22 @@ def _text(doc: dict[str, Any]) -> str:
                      "route, read with served pages or output with a reference on both "
                      "sides), so they are not shown equivalent")
         return "\n".join(lines) + "\n"
+    lost = {s.upper(): doc["ends"][s]["lost_events"] for s in "ab"
+            if doc["ends"][s]["lost_events"]["events"]}
+    if doc["verdict"] == "lost-events":
+        said = "; ".join(f"{side} lost {lost_where(v)}" for side, v in lost.items())
+        lines.append(f"not shown equivalent (events lost): no divergence in "
+                     f"{doc['steps_compared']} aligned step(s) over what both traces hold, but "
+                     f"{said}: what they held is not compared")
+        return "\n".join(lines) + "\n"
     if first is None:
-        lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)"
-                     + ("; over what both traces hold: events lost (above) are not compared"
-                        if any(doc["ends"][s]["lost_events"]["events"] for s in "ab") else ""))
+        lines.append(f"equivalent: no divergence in {doc['steps_compared']} aligned step(s)")
         return "\n".join(lines) + "\n"
     lines.append(f"first divergence ({first['kind']}) at {_where(first)}: {first['text']}")
+    if doc["lost_before_first"]:
+        sides = " and ".join(s.upper() for s in doc["lost_before_first"])
+        lines.append(f"events lost in {sides} come before it (above): an earlier divergence "
+                     "may be among them")
     if doc["effect"]:
         e = doc["effect"]
         lines.append(f"first effect ({e['kind']}) at {_where(e)}: {e['text']}")

@@ -66,6 +66,10 @@ __all__ = ["CODE_OF", "OTHER", "REASONS", "Chunk", "State", "ints", "judge_chunk
 _TARGET_OF_KEY = 8
 """An upload's key is target * 8 + reason (:mod:`.columns`)."""
 
+NO_BATCH = -(1 << 62)
+"""A view's ring batch start when it has none (its next copy starts one). Not -1: a batch
+that began before a gap or snapshot at row 0 starts at row -1 (:meth:`State.lose_history`)."""
+
 
 def ints(objs: Sequence[Any], getter: Any) -> np.ndarray:
     """One integer field of each object, as an array (clipped: :data:`.columns.BOUND`)."""
@@ -90,7 +94,8 @@ class State:
     ring: SlotTable = field(default_factory=SlotTable)
     ring_log: RingLog = field(default_factory=RingLog)
     batch_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Per view: row of the first ring copy of its current batch (-1: none) — rule 3."""
+    """Per view: row of the first ring copy of its current batch (:data:`NO_BATCH`: none;
+    :attr:`history_row` - 1: it began before that row) — rule 3."""
     read_since: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     """Per view: a read came since its batch started (its next ring copy starts a new one)."""
     writes: bool | None = None
@@ -101,7 +106,8 @@ class State:
     history_row: int = -1
     """Row of the snapshot the state was taken from (:mod:`.snapshot`), or of the first event
     after events lost from the trace (:meth:`lose`): ring copies before it are not in
-    :attr:`ring_log` (-1: the log goes back to the trace's start)."""
+    :attr:`ring_log` (-1: the log goes back to the trace's start, or to an invalidate after
+    that row, before which no copy matters: :func:`after_loss`)."""
     history_why: int = BEFORE_SNAPSHOT
     """Why a page whose ring batch began before :attr:`history_row` is not judged."""
     upload_stats: np.ndarray = field(default_factory=lambda: np.zeros((2, 4, 8), np.int64))
@@ -109,27 +115,41 @@ class State:
     another reason) — of the uploads whose pages and slots are possible."""
     dispatch: dict[int, int] = field(default_factory=dict)
     """Per layer: row of its latest ``fits`` event (the FA node's dispatch) in the chunks
-    before this one — rule 3 (the Judge keeps it)."""
-
+    before this one — rule 3 (the Judge keeps it). A gap keeps it (:meth:`lose`)."""
 
     def lose(self, row: int) -> None:
         """Events were lost from the trace before row ``row`` (a gap in seq: :mod:`.gaps`):
         a lost upload, evict or invalidate may have changed any slot, so what every pool and
         ring slot holds becomes unknown (:data:`~.slots.LOST`) until an upload fills it again,
         and a ring batch that began before the gap is not walked back across it (its lost
-        copies). Host versions stay: the writes lost are missing from a slot's copy and from
-        the page's current version alike once an upload after the gap refills the slot, so
-        exact and stale are told apart by the writes that are in the trace."""
+        copies: :meth:`lose_history`). Host versions stay: the writes lost are missing from a
+        slot's copy and from the page's current version alike once an upload after the gap
+        refills the slot, so exact and stale are told apart by the writes that are in the
+        trace.
+
+        Each layer's last dispatch (:attr:`dispatch`) stays too, and rule 3 may still use one
+        from before the gap: it only compares a dispatch with ring copies made after the gap
+        (the copies before it are forgotten), and the dispatch the read's own FA node made
+        is either recorded after the gap (the rule takes the latest) or lies before the gap's
+        end, lost or not, like the one remembered — so both are older than every copy the
+        walk meets and the verdict is the one the whole trace gives
+        (tests/test_lost_events_ring.py holds both)."""
         self.pool.lose()
         self.ring.lose()
         self.ring_log.clear()
         self.lose_history(row)
 
     def lose_history(self, row: int) -> None:
-        """:meth:`lose`'s ring batches: every view's begins again at its next ring copy."""
+        """:meth:`lose`'s ring batches: every view's is open and began before the gap. The
+        lost events may hold a read of the view (its next copy would start a new batch) or
+        copies its next read consumes; which is not known, so the copies after the gap
+        continue the batch until a read of the view is recorded, and a walk that reaches the
+        gap without finding the page's copy judges nothing (``lost-events``) rather than
+        calling the page foreign. A view first seen after the gap starts the same way
+        (:func:`fresh_batch`)."""
         grow_views(self)
         self.batch_start[:] = row - 1
-        self.read_since[:] = True
+        self.read_since[:] = False
         self.history_row = row
         self.history_why = LOST_EVENTS
 
@@ -658,7 +678,8 @@ def judge_prepared(state: State, cols: Cols, rows0: int, flows: bool, detail: bo
         state.ring_log.add(np.stack([rows0 + u_pos[ring_up], u_slot[ring_up], u_vid[ring_up],
                                      u_page[ring_up], u_ver[ring_up], u_seq[ring_up],
                                      u_step[ring_up]], axis=1))
-    after_loss(state, rows0, last_lose, u_vid[ring_up_all], u_pos[ring_up_all], r_vid, ri)
+    after_loss(state, rows0, last_lose, last_inv_pos, u_vid[ring_up_all], u_pos[ring_up_all],
+               r_vid, ri)
     r_pages = np.bincount(run_read[keep] * 3 + src[keep], weights=length[keep],
                           minlength=nr * 3).astype(np.int64).reshape(nr, 3)
     return Chunk(rows0, cols, ri, r_counts, pieces, page_cls, not_judged, found, info,
@@ -864,11 +885,22 @@ def _carried(table: SlotTable, dst: np.ndarray, q: np.ndarray, h_vid: np.ndarray
     carried_slot[dst] = q
 
 
+def fresh_batch(state: State) -> int:
+    """Where the ring batch of a view not seen before starts: at its first copy
+    (:data:`NO_BATCH`), except after events lost from the trace, which may hold its first
+    copies (it began before the gap: :meth:`State.lose_history`). A snapshot names the views
+    whose copies wait (``ring_pending``), so a view it does not name has none."""
+    if state.history_why == LOST_EVENTS and state.history_row >= 0:
+        return state.history_row - 1
+    return NO_BATCH
+
+
 def grow_views(state: State) -> None:
     n = len(state.views.ids)
     if n > state.batch_start.size:
         grow = n - state.batch_start.size
-        state.batch_start = np.concatenate([state.batch_start, np.full(grow, -1, np.int64)])
+        state.batch_start = np.concatenate([state.batch_start,
+                                            np.full(grow, fresh_batch(state), np.int64)])
         state.read_since = np.concatenate([state.read_since, np.zeros(grow, bool)])
 
 
@@ -890,7 +922,7 @@ def _advance_batches(state: State, c_vid: np.ndarray, c_row: np.ndarray, r_vid: 
     np.minimum.at(first, c_vid[after], c_row[after])
     has_copy = last_copy >= 0
     start, since = state.batch_start, state.read_since
-    renew = (last_read >= 0) | since | (start < 0)
+    renew = (last_read >= 0) | since | (start == NO_BATCH)
     state.batch_start = np.where(has_copy, np.where(renew, first, start), start)
     read_after = np.bincount(r_vid[r_row > last_copy[r_vid]], minlength=nv) > 0
     any_read = np.bincount(r_vid, minlength=nv) > 0
@@ -905,27 +937,33 @@ def _batch_start(state: State, view: int, c_row: np.ndarray, r_row: np.ndarray,
     ``carried``: (start, read since) to start from instead of the state's."""
     if carried is not None:
         start, since = carried
+    elif view < state.batch_start.size:
+        start, since = int(state.batch_start[view]), bool(state.read_since[view])
     else:
-        start = int(state.batch_start[view]) if view < state.batch_start.size else -1
-        since = bool(state.read_since[view]) if view < state.read_since.size else False
+        start, since = fresh_batch(state), False
     events = sorted([(int(r), 0) for r in c_row] + [(int(r), 1) for r in r_row])
     for row, is_read in events:
         if is_read:
             since = True
-        elif start < 0 or since:
+        elif start == NO_BATCH or since:
             start, since = row, False
     return start, since
 
 
-def after_loss(state: State, rows0: int, last_lose: int, c_vid: np.ndarray,
+def after_loss(state: State, rows0: int, last_lose: int, last_inv: int, c_vid: np.ndarray,
                c_pos: np.ndarray, r_vid: np.ndarray, r_pos: np.ndarray) -> None:
     """Each view's ring batch after a chunk's ring copies (``c_*``) and reads (``r_*``), and
     where the chunk lost events last (``last_lose``, -1: none), what :meth:`State.lose` does
-    at that position: the batches start again after it (both judgements of a chunk)."""
+    at that position: the batches are open across it (both judgements of a chunk). An
+    invalidate after it (``last_inv``: the chunk's last, -1: none) emptied every slot, so the
+    copies before it, lost or summarised by a snapshot, can no longer be what a read consumes:
+    the history ends there."""
     if last_lose >= 0:
         state.lose_history(rows0 + last_lose)
         c_keep, r_keep = c_pos >= last_lose, r_pos >= last_lose
         c_vid, c_pos, r_vid, r_pos = c_vid[c_keep], c_pos[c_keep], r_vid[r_keep], r_pos[r_keep]
+    if last_inv >= 0 and last_inv >= last_lose:
+        state.history_row = -1
     _advance_batches(state, c_vid, rows0 + c_pos, r_vid, rows0 + r_pos)
 
 
@@ -969,14 +1007,15 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
         mine_c = chunk_log[(chunk_log[:, 2] == view) & (chunk_log[:, 0] < t), 0]
         mine_r = rows0 + ri[(r_vid == view) & (ri < p_pos[i])]
         lost = rows0 + lose_pos[lose_pos <= p_pos[i]]
-        if lost.size:  # events lost in this chunk before the read: the batch began after
+        if lost.size:  # events lost in this chunk before the read: the batch is open across
+            # the gap (State.lose_history) until a read of the view after it
             loss = int(lost[-1])
             start, earlier = _batch_start(state, view, np.unique(mine_c[mine_c >= loss]),
-                                          mine_r[mine_r >= loss], (loss - 1, True))
+                                          mine_r[mine_r >= loss], (loss - 1, False))
         else:
             loss = -1
             start, earlier = _batch_start(state, view, np.unique(mine_c), mine_r)
-        if start < 0:
+        if start == NO_BATCH:
             start = t
         began_before_loss = start < loss
         if began_before_loss:
@@ -984,6 +1023,8 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
         cleared = inv_rows[inv_rows < t]
         if cleared.size:  # an invalidate emptied every slot: nothing before it is in one
             start = max(start, int(cleared[-1]) + 1)
+            # the copies lost before it were emptied too: the walk ends at a known state
+            began_before_loss &= int(cleared[-1]) < loss
         walk = log[(log[:, 1] == slot) & (log[:, 0] >= start) & (log[:, 0] < t)]
         verdict: tuple[int, ...] | None = None
         for c in walk[::-1]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
-from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
 
@@ -431,12 +431,7 @@ def lost_events(gaps: SeqGaps, not_judged: Group | None) -> Finding:
     slot's content from before a gap are not judged (``not_judged``: their reads, counted
     here and listed by the ``not-recorded`` finding of that reason)."""
     first = gaps.gaps[0]
-    if first.step_before is None:
-        between = f"before the first event (step {first.step_after})"
-    elif first.step_before == first.step_after:
-        between = f"in step {first.step_after}"
-    else:
-        between = f"between step {first.step_before} and step {first.step_after}"
+    where = between(first.step_before, first.step_after)
     more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
     pages = not_judged.pages if not_judged is not None else 0
     reads = not_judged.count if not_judged is not None else 0
@@ -444,7 +439,7 @@ def lost_events(gaps: SeqGaps, not_judged: Group | None) -> Finding:
             "may have changed not judged" if pages else "")
     said = (f" (the writer declares {gaps.declared_dropped} event(s) dropped: its flight "
             "recorder was full)" if gaps.declared_dropped else "")
-    title = (f"{gaps.lost} event(s) missing from the trace{said}: {_seqs(first)} {between}"
+    title = (f"{gaps.lost} event(s) missing from the trace{said}: {_seqs(first)} {where}"
              f"{more}; every verdict from there on rests on an incomplete record{tail}")
     evidence = [Evidence(seq=g.last + 1, step=g.step_after,
                          text=(f"{_seqs(g)} missing before this event" + (" (a snapshot: the page state goes on from it)"

@@ -116,6 +116,28 @@ class SeqGaps:
                            "onto_snapshot": g.onto_snapshot} for g in self.gaps]}
 
 
+def between(step_before: int | None, step_after: int) -> str:
+    """Where a gap lies, by the steps of the events on either side of it."""
+    if step_before is None:
+        return f"before the first event (step {step_after})"
+    if step_before == step_after:
+        return f"in step {step_after}"
+    return f"between step {step_before} and step {step_after}"
+
+
+def lost_where(lost: dict[str, Any]) -> str:
+    """The events a trace lost (its ``lost_events`` summary, some lost), in a few words: how
+    many, the first gap's seqs and steps, how many more gaps, what the writer declares."""
+    first = lost["first"][0]
+    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
+            else f"seq {first['first_seq']}–{first['last_seq']}")
+    more = f", and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
+    said = (f"; its writer declares {lost['declared_dropped']} event(s) dropped"
+            if lost.get("declared_dropped") else "")
+    return (f"{lost['events']} event(s) ({seqs} "
+            f"{between(first['step_before'], first['step_after'])}{more}{said})")
+
+
 def lost_text(lost: dict[str, Any] | None) -> str | None:
     """One line for the events a trace lost (the judgement's ``lost_events`` summary: gaps in
     seq), or None when it lost none."""

@@ -118,7 +118,7 @@ def judge_streamed(state: State, cols: Cols, rows0: int, flows: bool) -> Chunk:
     state.ring_log.add(ring_rows.reshape(-1, 7))
     ring = u_tgt == 1
     ri = cols.r_pos
-    after_loss(state, rows0, last_lose, prep.u_vid[ring], u_pos[ring], prep.r_vid, ri)
+    after_loss(state, rows0, last_lose, last_inv, prep.u_vid[ring], u_pos[ring], prep.r_vid, ri)
     # the latest dispatch of each layer (batch.judge_chunk sets it once the chunk is judged)
     if cols.f_layer.size:
         # the last of each layer (a chunk has thousands of decisions over a few dozen layers)

@@ -35,7 +35,9 @@ before the read. The rule, for page p of view V (layer, stream) served from ring
 So a slot overwritten by another layer before the read gives that layer's bytes, and a ring
 that cycles within one read still judges each page by the copy it consumed. A read split into
 several events (kvtrace.h's ``KVTRACE_READ_RUNS``) is one batch: the batch starts at V's first
-ring copy after a read of V.
+ring copy after a read of V. After events lost from the trace (a gap in ``seq``) every view's
+batch is open and began before the gap until a read of it is recorded: a walk that reaches the
+gap judges nothing (:meth:`.batch.State.lose_history`).
 
 The state is numpy arrays (:class:`PageTable`, :class:`SlotTable`, :class:`RingLog`) so that
 a chunk of events is judged with array operations (:mod:`~kvdiag.analysis.judgement.batch`);
