@@ -141,6 +141,43 @@ static int literal(Cur *c, const char *word) {
     return 1;
 }
 
+/* After an opening bracket: the container is empty (its closing bracket taken). */
+static int empty(Cur *c, unsigned char close) {
+    ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* After an item: 1 another follows (the comma taken), 2 the container ends (its bracket
+ * taken), 0 malformed. */
+static int after_item(Cur *c, unsigned char close) {
+    ws(c);
+    if (c->p >= c->end) return 0;
+    if (*c->p == ',') {
+        c->p++;
+        return 1;
+    }
+    if (*c->p == close) {
+        c->p++;
+        return 2;
+    }
+    return 0;
+}
+
+/* An object's key and its colon. */
+static int member(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
+    ws(c);
+    if (!string(c, s, n, plain)) return 0;
+    ws(c);
+    if (c->p >= c->end || *c->p != ':') return 0;
+    c->p++;
+    ws(c);
+    return 1;
+}
+
 /* Any JSON value, checked and skipped. */
 static int value(Cur *c, int depth) {
     if (c->p >= c->end) return 0;
@@ -155,60 +192,21 @@ static int value(Cur *c, int depth) {
     if (ch == 'f') return literal(c, "false");
     if (ch == 'n') return literal(c, "null");
     if (depth >= MAX_DEPTH) return 0;
-    if (ch == '[') {
-        c->p++;
-        ws(c);
-        if (c->p < c->end && *c->p == ']') {
-            c->p++;
-            return 1;
-        }
-        for (;;) {
-            ws(c);
-            if (!value(c, depth + 1)) return 0;
-            ws(c);
-            if (c->p >= c->end) return 0;
-            if (*c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (*c->p == ']') {
-                c->p++;
-                return 1;
-            }
-            return 0;
-        }
-    }
-    if (ch == '{') {
-        c->p++;
-        ws(c);
-        if (c->p < c->end && *c->p == '}') {
-            c->p++;
-            return 1;
-        }
-        for (;;) {
+    if (ch != '[' && ch != '{') return 0;
+    unsigned char close = ch == '[' ? ']' : '}';
+    c->p++;
+    if (empty(c, close)) return 1;
+    for (;;) {
+        if (close == '}') {
             const unsigned char *s;
             Py_ssize_t n;
-            ws(c);
-            if (!string(c, &s, &n, 0)) return 0;
-            ws(c);
-            if (c->p >= c->end || *c->p != ':') return 0;
-            c->p++;
-            ws(c);
-            if (!value(c, depth + 1)) return 0;
-            ws(c);
-            if (c->p >= c->end) return 0;
-            if (*c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (*c->p == '}') {
-                c->p++;
-                return 1;
-            }
-            return 0;
+            if (!member(c, &s, &n, 0)) return 0;
         }
+        ws(c);
+        if (!value(c, depth + 1)) return 0;
+        int more = after_item(c, close);
+        if (more != 1) return more == 2;
     }
-    return 0;
 }
 
 static int field_of(const unsigned char *s, Py_ssize_t n) {
@@ -260,17 +258,11 @@ static int line(Cur *c, int64_t off, int64_t row[11]) {
     ws(c);
     if (c->p >= c->end || *c->p != '{') return 0;
     c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') return 0; /* no kind */
+    if (empty(c, '}')) return 0; /* no kind */
     for (;;) {
         const unsigned char *s;
         Py_ssize_t n;
-        ws(c);
-        if (!string(c, &s, &n, 1)) return 0;
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return 0;
-        c->p++;
-        ws(c);
+        if (!member(c, &s, &n, 1)) return 0;
         int ok;
         switch (field_of(s, n)) {
         case F_KIND: ok = string(c, &kind, &kind_n, 1); have_kind = 1; break;
@@ -297,17 +289,9 @@ static int line(Cur *c, int64_t off, int64_t row[11]) {
         default: ok = value(c, 1);
         }
         if (!ok) return 0;
-        ws(c);
-        if (c->p >= c->end) return 0;
-        if (*c->p == ',') {
-            c->p++;
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            break;
-        }
-        return 0;
+        int more = after_item(c, '}');
+        if (more == 0) return 0;
+        if (more == 2) break;
     }
     ws(c);
     if (c->p != c->end || !have_kind || !have_seq || !have_step) return 0;
