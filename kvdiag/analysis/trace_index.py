@@ -5,8 +5,10 @@ events without keeping them decoded: each row holds the line's byte offset and t
 filters and the page replay need (seq, step, kind, layer, stream, pool slot, a page or cell
 range, flags). Everything else is decoded again from the bytes, for the few rows on screen.
 
-The pass decodes each chunk of complete lines with ``msgspec`` into a small Struct that declares
-only those fields (msgspec skips the rest, tensors included, in C) and turns the chunk into
+Where a C compiler is at hand, one C pass (``indexscan.c``) reads each chunk's row fields
+straight from its bytes; the reference path, and the one for any chunk holding a line that pass
+is not sure of, decodes the chunk of complete lines with ``msgspec`` into a small Struct that
+declares only those fields (msgspec skips the rest, tensors included, in C) and turns it into
 numpy columns. A chunk that does not decode cleanly is indexed line by line, and a line that is
 not an event becomes a ``corrupt`` row, so damage is visible where it is (the line-numbered
 problem report comes from :class:`kvdiag.trace.reader.TraceReader`, which the digest pass runs).
