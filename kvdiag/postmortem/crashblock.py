@@ -24,6 +24,7 @@ from kvdiag.model.logrecords import (
 from kvdiag.postmortem import grammar
 from kvdiag.postmortem.backtrace import BacktraceBuilder, base_name, is_noise
 from kvdiag.postmortem.fingerprint import fingerprint
+from kvdiag.postmortem.pystack import PythonStackBuilder
 
 MAX_ITEMS = 64
 
@@ -40,6 +41,9 @@ class CrashBlock:
         self.backtraces: list[Backtrace] = []
         self.notes: list[str] = []
         self._bt = BacktraceBuilder()
+        # a Python embedding's faulthandler stacks: read beside the native ones, since both
+        # may be printed for one death (ggml's gdb backtrace, then abort() and faulthandler)
+        self._py = PythonStackBuilder()
         self._want_statement = False
         self._failed_op: str | None = None
         self._native: str | None = None
@@ -50,6 +54,8 @@ class CrashBlock:
             sig = grammar.parse_signal(where, text)
             if sig is not None:
                 self.signals.append(sig)
+        if self._py.feed(where, text):
+            return True
         if self._bt.feed(where, text):
             self._collect_backtraces()
             return True
@@ -175,6 +181,11 @@ class CrashBlock:
                 out.append(Crash(where=traces[0].where, kind=kind))
         elif self.signals:
             out[0] = msgspec.structs.replace(out[0], signal=self.signals[0])
+        python = self._py.stacks()
+        if out and python:
+            # faulthandler runs once per death, in the signal's handler: its stacks go with
+            # the crash that carries the signal
+            out[0] = msgspec.structs.replace(out[0], python=python)
         for i, crash in enumerate(out):
             bt = traces[i] if i < len(traces) else None
             if bt is not None and self.notes:

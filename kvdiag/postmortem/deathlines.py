@@ -46,10 +46,14 @@ _LIBC_FATAL = re.compile(
 )
 
 
+# CPython's faulthandler for a signal it has no name for (Modules/faulthandler.c, 3.11+).
+_PY_SIGNUM = re.compile(r"^Fatal Python error from unexpected signum: (\d{1,2})\b")
+
+
 def signal_number(text: str) -> int | None:
     """The number of a handler's ``caught signal N`` line (fatal or not: see
     ``FATAL_NUMBERS``)."""
-    m = _SIGNAL_NUMBER.search(text)
+    m = _SIGNAL_NUMBER.search(text) or _PY_SIGNUM.match(text)
     return int(m.group(1)) if m else None
 
 

@@ -542,7 +542,7 @@ class LogParser:
                 where=crash.where, kind=crash.kind, abort=crash.abort, error=crash.error,
                 signal=crash.signal, backtrace=crash.backtrace, fingerprint=crash.fingerprint,
                 boot_index=len(self.boot.boots) - 1 if self.boot.boots else None,
-                active_slots=active, timeline=timeline, fits=fits[-8:],
+                active_slots=active, timeline=timeline, fits=fits[-8:], python=crash.python,
             ))
 
     def _lookback(
