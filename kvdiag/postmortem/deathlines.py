@@ -13,7 +13,7 @@ from kvdiag.postmortem import serverlog
 from kvdiag.postmortem.backtrace import parse_frame
 
 #: Substrings one of which every line that may show a death holds (a signal line in any of the
-#: words of ``grammar._SIGNAL`` and below, a frame in any form (all but an inlined gdb frame #0
+#: words of ``crashlines._SIGNAL`` and below, a frame in any form (all but an inlined gdb frame #0
 #: carry ``0x``), an uncaught exception, glibc's fatal messages, an OOM kill): reading back
 #: finds these with ``bytes.find`` and parses only their lines, not every line.
 MAY_SHOW_DEATH: tuple[bytes, ...] = (

@@ -5,7 +5,7 @@ An embedding of llama.cpp in Python (llama-cpp-python's server, any script with
 (CPython ``Modules/faulthandler.c`` ``faulthandler_fatal_error``, ``Python/traceback.c``
 ``_Py_DumpTracebackThreads``, ``dump_traceback``, ``dump_frame``; the same from 3.8 to 3.14)::
 
-    Fatal Python error: Segmentation fault          (the signal: grammar.parse_signal)
+    Fatal Python error: Segmentation fault          (the signal: crashlines.parse_signal)
 
     Current thread 0x00007f3b8a242740 (most recent call first):
       Garbage-collecting                            (3.9+, when the collector was running)
