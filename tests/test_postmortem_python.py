@@ -297,3 +297,35 @@ def test_backtrace_screen_shows_a_python_only_crash(tmp_path: Path) -> None:
     assert (f"4 frame(s), 3 in-app (highlighted); all the Python stack of thread {MAIN_THREAD}"
             in screen)
     assert "llama_decode" in screen and "llama_cpp/llama_cpp.py:1473" in screen
+
+
+def test_python_3_8_prints_no_python_frame_at_the_line_start() -> None:
+    """3.8 and 3.9 wrote ``<no Python frame>`` without the two spaces later versions put
+    before it (Python/traceback.c ``dump_traceback``)."""
+    crash = _one(scan_bytes(_log(
+        "Fatal Python error: Illegal instruction", "",
+        f"Current thread {MAIN_THREAD} (most recent call first):", "<no Python frame>")))
+    assert crash.signal is not None and crash.signal.signal == "SIGILL"
+    (st,) = crash.python
+    assert st.current and st.frames == ()
+    assert st.notes == ("no Python frame (the thread ran only C code)",)
+
+
+def test_the_python_stack_s_header_is_marked_and_leads_to_its_crash(tmp_path: Path) -> None:
+    """The Timeline marks a Python stack's header line as a backtrace, and the Findings
+    screen's evidence at that line opens its crash."""
+    from kvdiag.analysis.linesource import LineSource
+    from kvdiag.analysis.log_index import LOG_KINDS, build_log_index
+    from kvdiag.tui.screens.findings import crash_at_line
+
+    log = tmp_path / "py.log"
+    log.write_bytes(_log(*GDB_ABORT, *PY_SEGV))
+    scan = scan_bytes(log.read_bytes(), str(log))
+    crash = _one(scan)
+    header = crash.python[0].where.line
+    index = build_log_index(LineSource.open(log), scan, str(log))
+    kinds = [LOG_KINDS[k] for k in index.columns["kind"]]
+    assert kinds[header - 1] == "backtrace" and kinds[crash.python[1].where.line - 1] == "backtrace"
+    assert kinds[header] == "line"  # a frame line is not a mark of its own
+    assert crash_at_line(scan.crashes, str(log), header) == 0
+    assert crash_at_line(scan.crashes, str(log), header + 1) is None
