@@ -233,7 +233,7 @@ def test_json_and_text_reports_show_the_python_stacks(tmp_path: Path,
     current, other = crash["python_stacks"]
     assert current == {
         "source": str(log), "line": len(BOOT) + len(GDB_ABORT) + 3, "thread": MAIN_THREAD,
-        "current": True, "notes": [],
+        "name": None, "current": True, "notes": [],
         "frames": [{"index": 0, "function": "decode", "file": f"{SITE}/llama_cpp/_internals.py",
                     "line": 312, "in_app": True},
                    {"index": 1, "function": "eval", "file": f"{SITE}/llama_cpp/llama.py",
@@ -329,3 +329,42 @@ def test_the_python_stack_s_header_is_marked_and_leads_to_its_crash(tmp_path: Pa
     assert kinds[header] == "line"  # a frame line is not a mark of its own
     assert crash_at_line(scan.crashes, str(log), header) == 0
     assert crash_at_line(scan.crashes, str(log), header + 1) is None
+
+
+PY_FATAL = (
+    "Fatal Python error: PyThreadState_Get: the function must be called with the GIL held, "
+    "but the GIL is released (the current Python thread state is NULL)",
+    "Python runtime state: initialized",
+    "",
+    f"Thread {WORKER} [llama-decode] (most recent call first):",
+    f'  File "{SITE}/llama_cpp/_internals.py", line 312 in decode',
+    '  File "/usr/lib/python3.14/threading.py", line 1024 in run',
+    "",
+    f"Current thread {MAIN_THREAD} [MainThread] (most recent call first):",
+    f'  File "{SITE}/uvicorn/server.py", line 69 in serve',
+    "",
+    "Extension modules: numpy._core._multiarray_umath (total: 1)",
+)
+
+
+@pytest.mark.parametrize("shell", [(), ("Aborted (core dumped)",)])
+def test_a_python_fatal_error_is_an_abort_with_the_threads_stacks(shell: tuple[str, ...]) -> None:
+    """Py_FatalError (an extension calling the C API without the GIL): its message line is
+    the abort, the stacks after it are the crash's, with 3.14's thread names; the shell's
+    line after it is the same death's signal."""
+    scan = scan_bytes(_log(*PY_FATAL, *shell))
+    crash = _one(scan)
+    assert crash.kind == "abort" and crash.abort is not None
+    assert crash.abort.form == "python" and crash.abort.file is None
+    assert crash.abort.message.startswith("PyThreadState_Get: the function must be called")
+    assert (crash.signal.signal if crash.signal is not None else None) == (
+        "SIGABRT" if shell else None)
+    assert [(s.thread, s.name, s.current) for s in crash.python] == [
+        (MAIN_THREAD, "MainThread", True), (WORKER, "llama-decode", False)]
+    (finding,) = findings_of(scan)
+    assert finding.rule == "ggml-assert"
+    assert finding.title.startswith("Fatal Python error: PyThreadState_Get: ")
+    assert finding.title.endswith("(in serve server.py:69 (Python))")
+    assert "Py_FatalError" in finding.fix
+    # faulthandler's own line for a signal is a signal, never this abort
+    assert _one(scan_bytes(_log(*PY_SEGV))).abort is None

@@ -298,6 +298,8 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         if ab.file is None and ab.form == "libc" and ab.condition is None:
             # glibc's own fatal message: it names the cause, there is no source line
             what = f"glibc aborted: {ab.message}"
+        elif ab.form == "python":
+            what = f"Fatal Python error: {ab.message}"
         elif ab.condition is not None:
             what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
         elif crash.kind == "ggml_abort":
@@ -305,6 +307,9 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         else:
             what = f"{ab.message} failed at {_short(ab.file)}:{ab.line}"
         frame = _first_app_frame(crash)
+        if frame is None and ab.form == "python":
+            py_frame = _first_python_frame(crash)
+            frame = f"{py_frame} (Python)" if py_frame is not None else None
         yield Finding(
             rule="ggml-assert", severity=Severity.ERROR,
             title=what + (f" (in {frame})" if frame else ""),
@@ -313,6 +318,11 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
                  "where the frames show, which is not where it was corrupted: run the server "
                  "under AddressSanitizer or valgrind to find the write"
                  if ab.file is None and ab.form == "libc" and ab.condition is None else
+                 # CPython stops a process so when the C API is misused (Py_FatalError)
+                 "CPython stopped the process (Py_FatalError, then abort()): most often an "
+                 "extension module calling the C API wrongly (without holding the GIL, a "
+                 "reference count gone wrong); the Python stack shows the call that was "
+                 "running, the native backtrace where" if ab.form == "python" else
                  "unknown signature: read the condition at that line and the in-app frames; "
                  "report it upstream with this fingerprint if it is not yours"),
             details={"crashes": len(group), "fingerprint": crash.fingerprint,

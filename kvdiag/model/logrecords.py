@@ -26,7 +26,7 @@ SlotEventKind = Literal[
     "idle",
     "request_done",
 ]
-AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message"]
+AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message", "python"]
 CrashKind = Literal["assert", "abort", "ggml_abort", "cuda_error", "segfault", "signal",
                     "exception", "unknown"]
 """``unknown``: a process death the log shows only by a backtrace (no signal, abort, error or
@@ -186,6 +186,8 @@ class PythonStack(msgspec.Struct, frozen=True, omit_defaults=True):
     thread: str | None = None
     #: ``Current thread`` (or the one-thread ``Stack``): the thread the signal hit
     current: bool = False
+    #: the thread's name, which 3.14 prints after the id (``Thread 0x… [Thread-8]``)
+    name: str | None = None
     frames: tuple[Frame, ...] = ()
     #: what faulthandler said instead of or beside frames (``Garbage-collecting``, ``<no Python
     #: frame>``, a cut after 100 frames)

@@ -102,12 +102,21 @@ _SIGNAL = re.compile(
 # systemd-coredump's module list before its stacks: "Module <path> with build-id <hex>",
 # newer versions with the package in between ("Module libc.so.6 from rpm glibc-2.38 with …").
 _BUILD_ID = re.compile(r"^\s*Module (\S+) (?:from .{1,200}? )?with build-id ([0-9a-fA-F]{8,80})\b")
+_PY_FATAL = "Fatal Python error: "
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']*)'")
 
 
 def parse_abort(where: LogLine, text: str) -> list[Abort]:
     """Every abort in the line (two threads' aborts can be glued onto one line)."""
     out: list[Abort] = []
+    if text.startswith(_PY_FATAL):
+        # CPython's Py_FatalError (Python/pylifecycle.c fatal_error): "Fatal Python error:
+        # <function>: <message>", the threads' stacks, then abort(); faulthandler's line for
+        # a signal has the same start and is a signal, not an abort
+        message = text[len(_PY_FATAL):].strip()
+        if not message or parse_signal(where, text) is not None:
+            return out
+        return [Abort(where=where, form="python", message=message[:500])]
     if "GGML_ASSERT" in text:
         m = _GGML_ASSERT_START.match(text)
         if m is not None and ") failed" not in m.group(3):

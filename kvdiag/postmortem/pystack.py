@@ -18,7 +18,8 @@ An embedding of llama.cpp in Python (llama-cpp-python's server, any script with
 
     Extension modules: numpy.core._multiarray_umath, ... (total: 12)   (3.10+)
 
-``Stack (most recent call first):`` heads the single thread of ``all_threads=False``, and a
+3.14 prints a thread's name after its id (``Thread 0x00006754 [Thread-8] (most recent call
+first):``). ``Stack (most recent call first):`` heads the single thread of ``all_threads=False``, and a
 free-threaded build prints ``<Cannot show all threads while the GIL is disabled>`` before it.
 3.14 adds ``Current thread's C stack trace`` with ``Binary file "…", at sym+0xOFF [0xADDR]``
 lines: those are native frames (``backtrace.parse_frame``), not Python ones. A frame line has
@@ -39,8 +40,9 @@ from kvdiag.model.logrecords import LogLine, PythonStack
 MAX_FRAMES = 100
 MAX_STACKS = 100
 
+# 3.14 prints the thread's name after its id: "Thread 0x00006754 [Thread-8] (most …)"
 _HEADER = re.compile(
-    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)\b.{0,80}? \(most recent call first\):\s*$"
+    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.{1,80})\])? \(most recent call first\):\s*$"
 )
 _STACK = "Stack (most recent call first):"
 _FRAME = re.compile(r'^\s+File (?:"(.*)"|\?\?\?), line (\d+|\?\?\?) in (.*?)\s*$')
@@ -86,6 +88,7 @@ class PythonStackBuilder:
         self._where: LogLine | None = None
         self._thread: str | None = None
         self._current = False
+        self._name: str | None = None
         self._frames: list[Frame] = []
         self._notes: list[str] = []
         self._gil_note: str | None = None
@@ -97,7 +100,7 @@ class PythonStackBuilder:
             if parsed is None:
                 return False
             if self._where is None:
-                self._open(where, None, False)
+                self._open(where, None, False, None)
             if len(self._frames) < MAX_FRAMES:
                 file, line, func = parsed
                 self._frames.append(Frame(index=len(self._frames), function=func, file=file,
@@ -106,11 +109,11 @@ class PythonStackBuilder:
         s = text.strip()
         if s.endswith("(most recent call first):"):
             if s == _STACK:
-                self._open(where, None, True)
+                self._open(where, None, True, None)
                 return True
             m = _HEADER.match(s)
             if m is not None:
-                self._open(where, m.group(2), m.group(1) == "Current thread")
+                self._open(where, m.group(2), m.group(1) == "Current thread", m.group(3))
                 return True
             return False
         if s == _GIL_DISABLED:
@@ -128,9 +131,10 @@ class PythonStackBuilder:
             return True
         return False
 
-    def _open(self, where: LogLine, thread: str | None, current: bool) -> None:
+    def _open(self, where: LogLine, thread: str | None, current: bool,
+              name: str | None) -> None:
         self.flush()
-        self._where, self._thread, self._current = where, thread, current
+        self._where, self._thread, self._current, self._name = where, thread, current, name
         if current and self._gil_note is not None:
             self._notes.append(self._gil_note)
 
@@ -138,10 +142,11 @@ class PythonStackBuilder:
         if self._where is not None and len(self.done) < MAX_STACKS:
             self.done.append(PythonStack(
                 where=self._where, thread=self._thread, current=self._current,
-                frames=tuple(self._frames), notes=tuple(self._notes)))
+                name=self._name, frames=tuple(self._frames), notes=tuple(self._notes)))
         self._where = None
         self._thread = None
         self._current = False
+        self._name = None
         self._frames = []
         self._notes = []
 

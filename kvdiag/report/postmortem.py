@@ -93,7 +93,7 @@ def crash_to_json(crash: Crash) -> dict[str, Any]:
 def python_stack_to_json(st: PythonStack) -> dict[str, Any]:
     return {
         "source": st.where.source, "line": st.where.line, "thread": st.thread,
-        "current": st.current, "notes": list(st.notes),
+        "name": st.name, "current": st.current, "notes": list(st.notes),
         "frames": [{"index": fr.index, "function": fr.function, "file": fr.file,
                     "line": fr.line, "in_app": fr.in_app} for fr in st.frames],
     }
@@ -244,6 +244,8 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
 def python_stack_title(st: PythonStack) -> str:
     """``Python stack, thread 0x… (the thread the signal hit)``."""
     thread = f", thread {st.thread}" if st.thread else ""
+    if st.name:
+        thread += f" [{st.name}]"
     return f"Python stack{thread}" + (" (the thread the signal hit)" if st.current else "")
 
 
