@@ -368,3 +368,17 @@ def test_a_python_fatal_error_is_an_abort_with_the_threads_stacks(shell: tuple[s
     assert "Py_FatalError" in finding.fix
     # faulthandler's own line for a signal is a signal, never this abort
     assert _one(scan_bytes(_log(*PY_SEGV))).abort is None
+
+
+def test_stacks_interleaved_line_by_line_stay_two_whole_stacks_of_one_crash() -> None:
+    """Two writers on one stderr (the debugger ggml started, faulthandler) can mix their
+    lines: each stack still comes out whole, and the death is one crash."""
+    gdb = GDB_ABORT[2:]
+    python = PY_ABORT[2:5]
+    mixed = [line for pair in zip(gdb, python, strict=False) for line in pair]
+    mixed += [*gdb[len(python):]]
+    crash = _one(scan_bytes(_log(GDB_ABORT[0], PY_ABORT[0], *mixed)))
+    assert crash.kind == "assert"
+    assert crash.backtrace is not None
+    assert [f.index for f in crash.backtrace.frames] == [0, 1, 2, 3, 4]
+    assert [f.function for f in crash.python[0].frames] == ["decode", "eval"]
