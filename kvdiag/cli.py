@@ -184,13 +184,12 @@ def _run(args_list: list[str]) -> int:
         print("kvdiag: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as exc:
-        missing = (exc.name or "").partition(".")[0]
-        if missing not in _required_modules():
+        said = _missing_dependency(exc)
+        if said is None:
             return _internal(exc, debug)
         if debug:
             traceback.print_exc()
-        print(f"kvdiag: error: {missing} is not installed, and kvdiag needs it: the "
-              f"installation is incomplete (pip install kvdiag installs it)", file=sys.stderr)
+        print(f"kvdiag: error: {said}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except Exception as exc:
         return _internal(exc, debug)
@@ -214,6 +213,68 @@ def _one_blas_thread(command: str) -> None:
     multiply a matrix: those ask for one, unless the user chose a number."""
     if command not in _LINEAR_ALGEBRA and "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _missing_dependency(exc: ModuleNotFoundError) -> str | None:
+    """The line for an import that failed because the installation lacks a package, else None
+    (an internal error). kvdiag's own import of a package it requires is one; so is any
+    import that another package made (textual importing ``markdown_it``, rich ``pygments``):
+    kvdiag runs that package's code only because it needs it, so what it needs is missing
+    from the installation too. kvdiag's own import of a module it does not require is a bug
+    in kvdiag."""
+    missing = (exc.name or "").partition(".")[0]
+    if not missing or missing == "kvdiag":
+        return None
+    importer = _importer(exc)
+    dist = _distribution(importer) if importer not in (None, "kvdiag") else None
+    if dist is None:
+        # kvdiag's own import (or code that no installed package holds)
+        if missing not in _required_modules():
+            return None
+        return (f"{missing} is not installed, and kvdiag needs it: the installation is "
+                "incomplete (pip install kvdiag installs it)")
+    package = _requirement_for(dist, missing)
+    return (f"{missing} is not installed, and {dist}, which kvdiag uses, needs it: the "
+            f"installation is incomplete (pip install {package or 'kvdiag'} installs it)")
+
+
+def _importer(exc: BaseException) -> str | None:
+    """The top-level package whose code ran the failed import (the innermost frame of the
+    traceback outside importlib), or None when there is none."""
+    name = None
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__")
+        if isinstance(module, str) and not module.startswith("importlib"):
+            name = module.partition(".")[0]
+        tb = tb.tb_next
+    return name
+
+
+def _distribution(module: str | None) -> str | None:
+    """The installed distribution that holds the top-level ``module``."""
+    from importlib.metadata import packages_distributions
+
+    dists = packages_distributions().get(module or "")
+    return dists[0] if dists else None
+
+
+def _requirement_for(dist: str, module: str) -> str | None:
+    """The requirement of ``dist`` that provides ``module``, by name: the same name, or one
+    that starts with it (``markdown-it-py`` for ``markdown_it``)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires(dist) or []
+    except PackageNotFoundError:
+        return None
+    want = module.lower()
+    for req in reqs:
+        name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]
+        norm = re.sub(r"[-_.]+", "_", name.lower())
+        if norm == want or norm.startswith(want + "_"):
+            return name
+    return None
 
 
 def _required_modules() -> set[str]:

@@ -121,3 +121,54 @@ def test_check_imports_neither_textual_nor_cupy_nor_pynvml(tmp_path: Path) -> No
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "LOADED []" in proc.stdout
+
+
+def test_a_package_a_dependency_imports_is_a_missing_dependency_not_a_bug(
+        tmp_path: Path) -> None:
+    """GIVEN an installation where textual's own dependency pygments is missing (kvdiag does
+    not import it; textual does, on the TUI's path)
+    WHEN the TUI runs
+    THEN exit 69 and one line naming pygments, the package that needs it and the install
+    command, not "internal error" (70)."""
+    out = tmp_path / "x.svg"
+    trace = Path(__file__).parent.parent / "traces" / "single-slot.kvtrace"
+    code = ("import sys; sys.modules['pygments'] = None\n"
+            "from kvdiag.cli import main\n"
+            f"sys.exit(main(['tui', {str(trace)!r}, '--export-svg', {str(out)!r}, "
+            "'--screen', '6']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert_one_line_error(proc, 69, "pygments is not installed, and textual, which kvdiag "
+                          "uses, needs it: the installation is incomplete (pip install pygments "
+                          "installs it)")
+    assert not out.exists()
+
+
+def test_which_missing_module_is_the_installation_s_and_which_a_bug(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The importing code decides: a package's import of a module it requires names that
+    requirement's distribution (markdown-it-py's ``mdurl``; textual's ``markdown_it``, whose
+    distribution is ``markdown-it-py``); one it does not declare still says the installation
+    is incomplete; kvdiag's own import of a module it does not require is a bug."""
+    from kvdiag import cli
+
+    def failed(module: str, missing: str) -> ModuleNotFoundError:
+        monkeypatch.setitem(sys.modules, missing, None)
+        try:
+            exec(f"import {missing}", {"__name__": module})
+        except ModuleNotFoundError as exc:
+            return exc
+        raise AssertionError("the import did not fail")
+
+    assert cli._missing_dependency(failed("markdown_it.main", "mdurl")) == (
+        "mdurl is not installed, and markdown-it-py, which kvdiag uses, needs it: the "
+        "installation is incomplete (pip install mdurl installs it)")
+    assert "(pip install markdown-it-py installs it)" in str(
+        cli._missing_dependency(failed("textual.widgets._markdown", "markdown_it")))
+    assert cli._missing_dependency(failed("rich.console", "no_such_module_kv")) == (
+        "no_such_module_kv is not installed, and rich, which kvdiag uses, needs it: the "
+        "installation is incomplete (pip install kvdiag installs it)")
+    assert cli._missing_dependency(failed("kvdiag.report.sweep", "no_such_module_kv")) is None
+    assert cli._missing_dependency(failed("kvdiag.report.sweep", "plotext")) == (
+        "plotext is not installed, and kvdiag needs it: the installation is incomplete "
+        "(pip install kvdiag installs it)")

@@ -45,7 +45,8 @@ PIECES = (b"id", b"id ", b"id  0 | task 7 | ", b"id 12 | task -1 | ", b" | task 
           b"stop processing: n_past = 12", b"print_timing: ", b"| ", b"|", b"\n", b"\r\n", b"\r",
           b" ", b"  ", b"-", b"0", b"99999999999999999999999999", b"-nan", b"inf", b"\x00",
           b"\xff", b"\xffid", *RARE_ANCHORS, b"llama", b"trea", b"fit", b"listening", b"model ",
-          b"lla", b"ma_", b"x" * 40)
+          b"lla", b"ma_", b"x" * 40, b"TREA", b"REAM", b"KV_STREAM", b"KV-STREAM FALLBACK",
+          b"Stream", b"TREAMTREAM", b"treaTREAM")
 
 
 @st.composite
@@ -180,6 +181,10 @@ def read(data: bytes, size: int, c: bool, continuation: bool = False
     return read_pairs(data, size, True, continuation, c)
 
 
+#: a kv-stream fallback warning that spells kv-stream only in capitals (no "tream")
+UPPER_FALLBACK = "ggml_cuda_compute_forward: KV-STREAM FALLBACK on layer 7 (ne[3] = 2)"
+
+
 def shape_logs() -> dict[str, bytes]:
     """A log of each shape the reader knows (tests/server_logs.py and the 2023/2024 tests')."""
     out: dict[str, bytes] = {}
@@ -193,6 +198,8 @@ def shape_logs() -> dict[str, bytes]:
                              Turn((k + 1) % 2, 2 * k + 1, 300, 0, 9, 20.0, truncated=k == 2))
                 if k == 4:
                     log.line(partition_line(40, 32, 8, 16, 2.5, 80.0), "W")
+                if k == 5:
+                    log.line(UPPER_FALLBACK, "W")
             out[f"{shape}-{outer}"] = log.text().encode()
             out[f"{shape}-{outer}-crlf"] = log.text().replace("\n", "\r\n").encode()
     out["release-first"] = late_2024_log()
@@ -224,6 +231,9 @@ def test_every_shape_gives_the_same_run_both_ways(name: str, size: int) -> None:
     slow, slow_orphans = read(data, size, False)
     assert fast == slow and fast_orphans == slow_orphans
     assert len(fast.requests) >= 4 and not fast.problems
+    if name.startswith(("older", "newer")):
+        # the capitals-only fallback line is read both ways (the "TREAM" anchor)
+        assert [(n.kind, n.layer) for n in fast.notes if n.kind == "fallback"] == [("fallback", 7)]
 
 
 @needs_c

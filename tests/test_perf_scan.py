@@ -8,7 +8,9 @@ import io
 import pytest
 from server_logs import ServerLog, Turn, adapt_line, partition_line
 
+from kvdiag import compiled
 from kvdiag.model.perf import PerfRun
+from kvdiag.postmortem import perfbytes
 from kvdiag.postmortem.perfread import scan_paths, scan_stream
 from kvdiag.postmortem.perfscan import PerfScanner
 
@@ -116,6 +118,29 @@ def test_kv_stream_lines_belong_to_the_requests_in_flight() -> None:
     assert (page.page, page.evaluations, page.resident_min, page.resident_max) == (36, 2, 29, 30)
     assert (page.below, page.samples, page.misses, page.starved) == (2, 80, 8, 1)
     assert page.busy_max == 91.0 and page.peak_max == 12
+
+
+@pytest.mark.parametrize("compiled_on", ["1", "0"])
+def test_kv_stream_lines_in_capitals_are_read(compiled_on: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line the grammar reads in any case (a fallback warning in kv-stream's words, the
+    port's LLAMA_KV_STREAM_ALLOW_MULTISEQ warning) that spells kv-stream only in capitals is
+    found by the anchors, the C pass and the patterns' own search alike."""
+    monkeypatch.setattr(compiled, "_loaded", {})
+    monkeypatch.setenv("KVDIAG_COMPILED", compiled_on)
+    if compiled_on == "0":
+        assert perfbytes.module() is None
+    log = ServerLog()
+    log.boot(np=2)
+    log.line("LLAMA_KV_STREAM_ALLOW_MULTISEQ=1: accepting 2 sequences without a unified "
+             "KV cache", "W")
+    log.requests(Turn(0, 1, 9000, 0, 200, 12.0, during=(
+        "ggml_backend_cuda_graph_compute: KV_STREAM FALLS BACK on layer 11 (ne[3] = 2)",)),
+                 Turn(1, 2, 3000, 0, 60, 20.0))
+    run = scan(log.text())
+    assert [(n.kind, n.layer) for n in run.notes] == [("fallback", 11)]
+    assert {r.task: r.notes for r in run.requests}[1] == (0,)
+    assert [b.multiseq_optin for b in run.boots] == [True]
 
 
 def test_zero_prompt_tokens_print_nan_and_still_read() -> None:

@@ -14,7 +14,8 @@ from postmortem_helpers import FIXTURES, run_command, run_json
 
 from kvdiag.errors import InputError
 
-CRASH_KEYS = {"kind", "source", "line", "signal", "assert", "error", "frames", "fingerprint"}
+CRASH_KEYS = {"kind", "source", "line", "signal", "assert", "error", "frames", "python_stacks",
+              "fingerprint"}
 FRAME_KEYS = {"index", "module", "offset", "address", "function", "file", "line", "inlined",
               "in_app", "unverified"}
 

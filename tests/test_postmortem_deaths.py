@@ -20,7 +20,7 @@ from postmortem_helpers import findings_of, run_command, run_json, scan_bytes
 from server_logs import ServerLog, Turn
 
 from kvdiag.model.logrecords import Crash, LogLine, LogScan
-from kvdiag.postmortem import deathlines, grammar, parse
+from kvdiag.postmortem import crashlines, deathlines, parse
 from kvdiag.postmortem.parse import LogParser
 
 GLIBC_FOREIGN = (
@@ -400,9 +400,9 @@ def test_every_death_line_holds_a_substring_the_read_back_looks_for(line: str) -
     """Reading back parses only the lines that hold one of MAY_SHOW_DEATH: each shape that
     can open a crash must hold one (and does open one)."""
     where = LogLine("t.log", 1, line)
-    assert (grammar.parse_signal(where, line) is not None or deathlines.opens_with_frame(line)
-            or grammar.parse_terminate(line) is not None
-            or grammar.parse_abort(where, line) != [])
+    assert (crashlines.parse_signal(where, line) is not None or deathlines.opens_with_frame(line)
+            or crashlines.parse_terminate(line) is not None
+            or crashlines.parse_abort(where, line) != [])
     assert any(n.decode() in line for n in deathlines.MAY_SHOW_DEATH)
 
 

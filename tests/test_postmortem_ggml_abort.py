@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvdiag.model.logrecords import LogLine
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import crashlines
 from tests import native_ggml
 from tests.postmortem_helpers import run_json, scan_bytes
 
@@ -38,7 +38,7 @@ W = LogLine("t.log", 1, "")
      "/w/src/llama-model.cpp", 14021, "unknown architecture 'qwen9'"),
 ])
 def test_ggml_abort_lines(text: str, file: str, line: int, message: str) -> None:
-    (ab,) = grammar.parse_abort(W, text)
+    (ab,) = crashlines.parse_abort(W, text)
     assert (ab.form, ab.file, ab.line, ab.message, ab.condition) == (
         "message", file, line, message, None)
 
@@ -62,7 +62,7 @@ def test_ggml_abort_lines(text: str, file: str, line: int, message: str) -> None
     "cudaMalloc failed in /s/ggml/src/ggml-cuda.cu:512: out of memory",
 ])
 def test_compiler_linker_and_python_lines_are_not_aborts(text: str) -> None:
-    assert grammar.parse_abort(W, text) == []
+    assert crashlines.parse_abort(W, text) == []
 
 
 COMPILER_LOG = b"""\

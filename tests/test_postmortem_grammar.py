@@ -12,54 +12,54 @@ from kvdiag.model.logrecords import (
     SlotEvent,
     StreamEvent,
 )
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import crashlines, grammar
 from kvdiag.postmortem.backtrace import base_name, is_in_app, parse_frame
 
 W = LogLine("t", 1, "")
 
 
 def test_abort_forms() -> None:
-    (a,) = grammar.parse_abort(W, "ggml/src/ggml.c:1554: GGML_ASSERT(a->ne[2] == (b)->ne[0]) failed")
+    (a,) = crashlines.parse_abort(W, "ggml/src/ggml.c:1554: GGML_ASSERT(a->ne[2] == (b)->ne[0]) failed")
     assert (a.form, a.file, a.line, a.condition) == ("ggml", "ggml/src/ggml.c", 1554,
                                                      "a->ne[2] == (b)->ne[0]")
-    (b,) = grammar.parse_abort(W, "GGML_ASSERT: /x/ggml.c:77: n > 0")
+    (b,) = crashlines.parse_abort(W, "GGML_ASSERT: /x/ggml.c:77: n > 0")
     assert (b.form, b.line, b.condition) == ("legacy", 77, "n > 0")
-    (c,) = grammar.parse_abort(W, r"Assertion failed: x != 0, file C:\s\ggml.c, line 12")
+    (c,) = crashlines.parse_abort(W, r"Assertion failed: x != 0, file C:\s\ggml.c, line 12")
     assert (c.form, c.file, c.line, c.condition) == ("msvc", r"C:\s\ggml.c", 12, "x != 0")
-    (d,) = grammar.parse_abort(W, "llama-server: /s/a.cpp:9: void f(): Assertion `p' failed.")
+    (d,) = crashlines.parse_abort(W, "llama-server: /s/a.cpp:9: void f(): Assertion `p' failed.")
     assert (d.form, d.file, d.line, d.condition) == ("libc", "/s/a.cpp", 9, "p")
-    (e,) = grammar.parse_abort(W, "/s/ggml-cuda/ggml-cuda.cu:102: CUDA error")
+    (e,) = crashlines.parse_abort(W, "/s/ggml-cuda/ggml-cuda.cu:102: CUDA error")
     assert (e.form, e.line, e.message, e.condition) == ("message", 102, "CUDA error", None)
-    glued = grammar.parse_abort(W, "tokens!/a/b.cpp:3: GGML_ASSERT(x) failed/a/b.cpp:4: GGML_ASSERT(y) failed")
+    glued = crashlines.parse_abort(W, "tokens!/a/b.cpp:3: GGML_ASSERT(x) failed/a/b.cpp:4: GGML_ASSERT(y) failed")
     assert [(g.file, g.line, g.condition) for g in glued] == [("/a/b.cpp", 3, "x"),
                                                                ("/a/b.cpp", 4, "y")]
-    assert grammar.parse_abort(W, "src/a.c:12: warning: unused") == []
+    assert crashlines.parse_abort(W, "src/a.c:12: warning: unused") == []
 
 
 def test_a_forks_own_assert_macro_from_any_source_file() -> None:
     """A runtime built without ggml aborts with its own macro in ggml_abort's shape (what
     KVTRACE_ABORT records): read as an abort with its condition, from any source file; a
     message that only looks like it (lower case, no parentheses, a diagnostic) is not."""
-    (a,) = grammar.parse_abort(W, "src/kv_pool.cc:214: KV_ASSERT(slot < pool->n_slots) failed")
+    (a,) = crashlines.parse_abort(W, "src/kv_pool.cc:214: KV_ASSERT(slot < pool->n_slots) failed")
     assert (a.form, a.file, a.line, a.condition) == ("message", "src/kv_pool.cc", 214,
                                                      "slot < pool->n_slots")
-    (b,) = grammar.parse_abort(W, r"C:\rt\stream.cpp:9: RT_CHECK_MSG(n > 0) failed")
+    (b,) = crashlines.parse_abort(W, r"C:\rt\stream.cpp:9: RT_CHECK_MSG(n > 0) failed")
     assert (b.file, b.line, b.condition) == (r"C:\rt\stream.cpp", 9, "n > 0")
-    assert grammar.parse_abort(W, "src/kv_pool.cc:214: request failed") == []
-    assert grammar.parse_abort(W, "src/kv_pool.cc:214: check(x) failed") == []
-    assert grammar.parse_abort(W, "src/kv_pool.cc:214: error: KV_ASSERT(x) failed") == []
+    assert crashlines.parse_abort(W, "src/kv_pool.cc:214: request failed") == []
+    assert crashlines.parse_abort(W, "src/kv_pool.cc:214: check(x) failed") == []
+    assert crashlines.parse_abort(W, "src/kv_pool.cc:214: error: KV_ASSERT(x) failed") == []
 
 
 def test_gpu_errors_and_details() -> None:
-    e = grammar.parse_gpu_error(W, "ROCm error: out of memory")
+    e = crashlines.parse_gpu_error(W, "ROCm error: out of memory")
     assert isinstance(e, GpuError) and (e.backend, e.message) == ("ROCm", "out of memory")
-    old = grammar.parse_gpu_error(W, "CUDA error 2 at /s/ggml-cuda.cu:6210: out of memory")
+    old = crashlines.parse_gpu_error(W, "CUDA error 2 at /s/ggml-cuda.cu:6210: out of memory")
     assert old is not None and (old.location, old.message) == ("/s/ggml-cuda.cu:6210",
                                                                "out of memory")
-    assert grammar.parse_current_device(
+    assert crashlines.parse_current_device(
         "  current device: -1, in function ggml_cuda_set_device at /s/common.cuh:90"
     ) == (-1, "ggml_cuda_set_device", "/s/common.cuh:90")
-    assert grammar.parse_failed_op("ggml_cuda_compute_forward: SCALE failed") == "SCALE"
+    assert crashlines.parse_failed_op("ggml_cuda_compute_forward: SCALE failed") == "SCALE"
 
 
 def test_slot_lines() -> None:
@@ -202,13 +202,13 @@ def test_lldb_inlined_frame_names_the_callee() -> None:
      "INT_MAX) failed", "/srv/llama.cpp/ggml/src/ggml.c"),
 ])
 def test_ggml_assert_paths_with_spaces(text: str, file: str) -> None:
-    (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
+    (ab,) = crashlines.parse_abort(LogLine("t.log", 1, text), text)
     assert (ab.form, ab.file, ab.condition) == ("ggml", file, "ggml_nbytes(src0) <= INT_MAX")
 
 
 def test_ggml_abort_after_a_posix_path_with_spaces() -> None:
     text = "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:70: CUDA error"
-    (ab,) = grammar.parse_abort(LogLine("t.log", 1, text), text)
+    (ab,) = crashlines.parse_abort(LogLine("t.log", 1, text), text)
     assert (ab.form, ab.file, ab.line, ab.message) == (
         "message", "/home/kim/My Models/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu", 70,
         "CUDA error")

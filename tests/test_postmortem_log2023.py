@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import crashlines, grammar
 from tests.postmortem_helpers import run_command, scan_bytes
 
 BEFORE = ["llama_new_context_with_model: n_ctx      = 4096",
@@ -41,10 +41,10 @@ def test_a_2023_cuda_error_gives_its_device_and_place(tmp_path: Path, capsys: An
 
 
 def test_the_device_line_alone_is_only_2023s() -> None:
-    assert grammar.parse_device_alone("current device: 0") == 0
-    assert grammar.parse_device_alone(
+    assert crashlines.parse_device_alone("current device: 0") == 0
+    assert crashlines.parse_device_alone(
         "  current device: 0, in function ggml_cuda_op at ggml-cuda.cu:10") is None
-    assert grammar.parse_device_alone("the current device: 3 is busy") is None
+    assert crashlines.parse_device_alone("the current device: 3 is busy") is None
 
 
 def test_a_2023_assert_with_gdb_source_lines_and_no_signal() -> None:

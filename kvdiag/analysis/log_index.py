@@ -116,6 +116,8 @@ def build_log_index(source: LineSource, scan: LogScan, name: str | None = None) 
             mark(fl.where, "fits")
         if crash.backtrace is not None:
             mark(crash.backtrace.where, "backtrace")
+        for stack in crash.python:
+            mark(stack.where, "backtrace")
         for part in (crash.abort, crash.error, crash.signal):
             if part is not None:
                 mark(part.where, "crash")

@@ -82,13 +82,21 @@ def _first_app_frame(crash: Crash) -> str | None:
     """``function file:line`` of the first in-app frame (file without folders), e.g.
     ``ggml_compute_forward_dup ggml.c:4531``: the frame to blame, past libc and the abort
     machinery (``postmortem.backtrace.is_in_app`` sets ``in_app``)."""
-    if crash.backtrace is None:
-        return None
-    for fr in crash.backtrace.frames:
+    for fr in crash.backtrace.frames if crash.backtrace is not None else ():
         if fr.in_app and fr.function:
             loc = f" {_short(fr.file)}:{fr.line}" if fr.file else ""
             unverified = " [unverified]" if fr.unverified else ""
             return f"{fr.function}{loc}{unverified}"
+    return None
+
+
+def _first_python_frame(crash: Crash) -> str | None:
+    """The same from the Python stack of the thread the signal hit (``postmortem.pystack``),
+    for a Python embedding's death that printed no native in-app frame."""
+    stack = crash.python[0] if crash.python and crash.python[0].current else None
+    for fr in stack.frames if stack is not None else ():
+        if fr.in_app and fr.function:
+            return f"{fr.function} {_short(fr.file)}:{fr.line if fr.line is not None else '?'}"
     return None
 
 
@@ -100,6 +108,11 @@ def _crash_evidence(crash: Crash) -> list[Evidence]:
     if frame is not None and crash.backtrace is not None:
         out.append(Evidence(source=crash.backtrace.where.source,
                             line=crash.backtrace.where.line, text=f"first in-app frame: {frame}"))
+    py_frame = _first_python_frame(crash) if frame is None else None
+    if py_frame is not None:
+        where = crash.python[0].where
+        out.append(Evidence(source=where.source, line=where.line,
+                            text=f"first in-app Python frame: {py_frame}"))
     return out
 
 
@@ -285,6 +298,8 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         if ab.file is None and ab.form == "libc" and ab.condition is None:
             # glibc's own fatal message: it names the cause, there is no source line
             what = f"glibc aborted: {ab.message}"
+        elif ab.form == "python":
+            what = f"Fatal Python error: {ab.message}"
         elif ab.condition is not None:
             what = f"assert {ab.condition} failed at {_short(ab.file)}:{ab.line}"
         elif crash.kind == "ggml_abort":
@@ -292,6 +307,9 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
         else:
             what = f"{ab.message} failed at {_short(ab.file)}:{ab.line}"
         frame = _first_app_frame(crash)
+        if frame is None and ab.form == "python":
+            py_frame = _first_python_frame(crash)
+            frame = f"{py_frame} (Python)" if py_frame is not None else None
         yield Finding(
             rule="ggml-assert", severity=Severity.ERROR,
             title=what + (f" (in {frame})" if frame else ""),
@@ -300,6 +318,11 @@ def ggml_assert(scan: LogScan) -> Iterable[Finding]:
                  "where the frames show, which is not where it was corrupted: run the server "
                  "under AddressSanitizer or valgrind to find the write"
                  if ab.file is None and ab.form == "libc" and ab.condition is None else
+                 # CPython stops a process so when the C API is misused (Py_FatalError)
+                 "CPython stopped the process (Py_FatalError, then abort()): most often an "
+                 "extension module calling the C API wrongly (without holding the GIL, a "
+                 "reference count gone wrong); the Python stack shows the call that was "
+                 "running, the native backtrace where" if ab.form == "python" else
                  "unknown signature: read the condition at that line and the in-app frames; "
                  "report it upstream with this fingerprint if it is not yours"),
             details={"crashes": len(group), "fingerprint": crash.fingerprint,
@@ -315,6 +338,9 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
         sig = crash.signal.signal if crash.signal is not None else "fatal signal"
         frame = _first_app_frame(crash)
         has_frames = crash.backtrace is not None and bool(crash.backtrace.frames)
+        py_frame = _first_python_frame(crash) if frame is None else None
+        if py_frame is not None:
+            frame = f"{py_frame} (Python)"
         if crash.kind == "unknown":
             # only a stack was printed before the output ended: the cause is not in the log
             title = "a death of unknown cause (a backtrace; no signal, abort or error line)"
@@ -329,10 +355,13 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
             fix = ("symbolize the backtrace (--binary) and inspect the first in-app frame"
                    if has_frames else
                    # nothing to symbolize: say how to get the frames the log lacks
-                   "the log holds no backtrace: get one (the core dump: coredumpctl gdb, then "
-                   "bt; or the server run under gdb) and read it with kvdiag postmortem "
-                   "--binary") + ("; a crash inside a GPU library usually means a bad pointer "
-                                  "or size passed to it")
+                   f"the log holds no {'native ' if crash.python else ''}backtrace: get one "
+                   "(the core dump: coredumpctl gdb, then bt; or the server run under gdb) and "
+                   "read it with kvdiag postmortem --binary" + (
+                       "; the Python stack shows only the call that entered native code"
+                       if py_frame is not None else "")) + (
+                "; a crash inside a GPU library usually means a bad pointer or size passed to "
+                "it")
         yield Finding(
             rule="segfault", severity=Severity.ERROR,
             title=title + (f" in {frame}" if frame else ""),

@@ -26,7 +26,7 @@ SlotEventKind = Literal[
     "idle",
     "request_done",
 ]
-AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message"]
+AbortForm = Literal["ggml", "legacy", "msvc", "libc", "message", "python"]
 CrashKind = Literal["assert", "abort", "ggml_abort", "cuda_error", "segfault", "signal",
                     "exception", "unknown"]
 """``unknown``: a process death the log shows only by a backtrace (no signal, abort, error or
@@ -175,6 +175,25 @@ class Backtrace(msgspec.Struct, frozen=True, omit_defaults=True):
     symrefs: tuple[tuple[str, int] | None, ...] = ()
 
 
+class PythonStack(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One thread's Python stack as CPython's faulthandler prints it on a fatal signal
+    (``postmortem.pystack``): ``frames`` innermost first, each with ``file``, ``line`` and
+    ``function`` and no module or address (nothing to symbolize)."""
+
+    where: LogLine
+    #: the thread id as printed (``0x00007f3b8a242740``); None for ``Stack (most recent call
+    #: first):``, faulthandler's form for one thread
+    thread: str | None = None
+    #: ``Current thread`` (or the one-thread ``Stack``): the thread the signal hit
+    current: bool = False
+    #: the thread's name, which 3.14 prints after the id (``Thread 0x… [Thread-8]``)
+    name: str | None = None
+    frames: tuple[Frame, ...] = ()
+    #: what faulthandler said instead of or beside frames (``Garbage-collecting``, ``<no Python
+    #: frame>``, a cut after 100 frames)
+    notes: tuple[str, ...] = ()
+
+
 class Crash(msgspec.Struct, frozen=True, omit_defaults=True):
     """One process death: the abort and/or error and/or signal, and the stack it printed."""
 
@@ -189,6 +208,9 @@ class Crash(msgspec.Struct, frozen=True, omit_defaults=True):
     active_slots: tuple[int, ...] = ()
     timeline: tuple[SlotEvent, ...] = ()
     fits: tuple[FitsLine, ...] = ()
+    #: the Python threads' stacks of the same death (an embedding such as llama-cpp-python
+    #: with faulthandler on), the thread the signal hit first
+    python: tuple[PythonStack, ...] = ()
 
 
 class Problem(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -10,6 +10,9 @@
 * macOS ``backtrace_symbols``: ``N   module   0xADDR func + off``.
 * systemd-coredump: ``#N  0xADDR func (module + 0xOFF)``.
 * Android (``Unwind``): ``N: 0xADDR symbol``.
+* CPython 3.14 faulthandler's C stack (``Python/traceback.c`` ``_Py_backtrace_symbols_fd``):
+  ``Binary file "module", at sym+0xOFF [0xADDR]`` / ``at +0xOFF [0xADDR]``, glibc's frame in
+  other words (its Python stacks: ``pystack``).
 
 ``BacktraceBuilder`` gathers consecutive frame lines into one ``Backtrace`` and ends it when a
 Go runtime trace (ollama) starts, so only the native part is kept.
@@ -45,11 +48,13 @@ _LLDB = re.compile(
 _MACOS = re.compile(r"^(\d+) +(\S+) +(0x[0-9a-fA-F]+) (.+?)(?: \+ (\d+))?\s*$")
 _ANDROID = re.compile(r"^\s*(\d+): (0x[0-9a-fA-F]+) (.*)$")
 _BARE_ADDR = re.compile(r"^0x[0-9a-fA-F]+$")
+_PY_C_STACK = re.compile(r'^Binary file "(.+)", at (\S*?)\+(0x[0-9a-fA-F]+) \[(0x[0-9a-fA-F]+)\]$')
 _GDB_AT = re.compile(r"^(.*) at (\S.*?):(\d+)$")
 _GDB_FROM = re.compile(r"^(.*) from (\S+)$")
 _GDB_CONT = re.compile(r"^\s+(?:at (\S.*?):(\d+)|from (\S+))\s*$")
 _THREAD_HDR = re.compile(
-    r"^(?:Thread \d+ \(.*\):|\* thread #\d+.*|  thread #\d+.*|Stack trace of thread \d+:)$"
+    r"^(?:Thread \d+ \(.*\):|\* thread #\d+.*|  thread #\d+.*|Stack trace of thread \d+:|"
+    r"Current thread's C stack trace \(most recent call first\):)$"
 )
 _GO_START = re.compile(r"^(?:goroutine \d+ (?:gp=\S+ )?\S*\s*\[|SIG[A-Z]+: |PC=0x|"
                        r"signal arrived during cgo execution|runtime\.\w+\()")
@@ -231,20 +236,14 @@ def parse_frame(text: str) -> Parsed | None:
                 in_app=is_in_app(function, module, m.group(6)),
             ), True)
     if s.endswith("]"):
+        if s.startswith("Binary file "):
+            m = _PY_C_STACK.match(s)
+            if m is None:
+                return None
+            return _glibc_frame(m.group(1), m.group(2), m.group(3), m.group(4))
         m = _GLIBC.match(s)
         if m is not None and (m.group(1) or m.group(3)):
-            module = (m.group(1) or "").strip() or None
-            # a versioned dynamic symbol (``memcpy@GLIBC_2.14``, ``f@@V1``): the name is before "@"
-            sym = (m.group(2) or "").split("@", 1)[0] or None
-            function = _clean_function(sym)
-            off = int(m.group(3), 16) if m.group(3) else None
-            frame = Frame(
-                index=-1, module=module, offset=off if sym is None else None,
-                address=int(m.group(4), 16), function=function,
-                in_app=is_in_app(function, module),
-            )
-            ref = (sym, off) if sym is not None and off is not None else None
-            return Parsed("glibc", frame, True, ref)
+            return _glibc_frame(m.group(1), m.group(2), m.group(3), m.group(4))
         m = _GLIBC_BARE.match(s)
         if m is not None:
             return Parsed("glibc", Frame(index=-1, address=int(m.group(1), 16)), True)
@@ -269,6 +268,22 @@ def parse_frame(text: str) -> Parsed | None:
                                            function=function, in_app=is_in_app(function, None)),
                           True)
     return None
+
+
+def _glibc_frame(module_text: str | None, sym_text: str | None, off_text: str | None,
+                 addr: str) -> Parsed:
+    """glibc's ``module(sym+0xOFF) [0xADDR]`` from its parts (also CPython's C stack)."""
+    module = (module_text or "").strip() or None
+    # a versioned dynamic symbol (``memcpy@GLIBC_2.14``, ``f@@V1``): the name is before "@"
+    sym = (sym_text or "").split("@", 1)[0] or None
+    function = _clean_function(sym)
+    off = int(off_text, 16) if off_text else None
+    frame = Frame(
+        index=-1, module=module, offset=off if sym is None else None,
+        address=int(addr, 16), function=function, in_app=is_in_app(function, module),
+    )
+    ref = (sym, off) if sym is not None and off is not None else None
+    return Parsed("glibc", frame, True, ref)
 
 
 def _strip_lldb_args(func: str | None) -> str | None:
@@ -345,6 +360,9 @@ def is_noise(text: str) -> bool:
         "Downloading", "[Switching to", "(gdb)", "(lldb)", "Process ", "Executable module",
         "Core file", "Current executable", "Architecture set", "[Nuevo LWP", "[Nouveau",
         "WARNING: Using native backtrace", "WARNING: GGML_BACKTRACE_LLDB", "See: https://",
+        # CPython 3.14 faulthandler's C stack, when it has none to show
+        "<system returned no stack trace>", "<truncated rest of calls>",
+        "<cannot get C stack on this system>",
     )) or _is_localized_lwp(s)
 
 

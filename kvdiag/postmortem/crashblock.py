@@ -21,9 +21,10 @@ from kvdiag.model.logrecords import (
     LogLine,
     SignalLine,
 )
-from kvdiag.postmortem import grammar
+from kvdiag.postmortem import crashlines, grammar
 from kvdiag.postmortem.backtrace import BacktraceBuilder, base_name, is_noise
 from kvdiag.postmortem.fingerprint import fingerprint
+from kvdiag.postmortem.pystack import PythonStackBuilder
 
 MAX_ITEMS = 64
 
@@ -40,6 +41,9 @@ class CrashBlock:
         self.backtraces: list[Backtrace] = []
         self.notes: list[str] = []
         self._bt = BacktraceBuilder()
+        # a Python embedding's faulthandler stacks: read beside the native ones, since both
+        # may be printed for one death (ggml's gdb backtrace, then abort() and faulthandler)
+        self._py = PythonStackBuilder()
         self._want_statement = False
         self._failed_op: str | None = None
         self._native: str | None = None
@@ -47,9 +51,11 @@ class CrashBlock:
     def feed(self, where: LogLine, text: str) -> bool:
         """One line of the block; True when it was crash-related (keeps the block open)."""
         if "signal SIG" in text and len(self.signals) < MAX_ITEMS:
-            sig = grammar.parse_signal(where, text)
+            sig = crashlines.parse_signal(where, text)
             if sig is not None:
                 self.signals.append(sig)
+        if self._py.feed(where, text):
+            return True
         if self._bt.feed(where, text):
             self._collect_backtraces()
             return True
@@ -59,30 +65,30 @@ class CrashBlock:
             if stmt and self.errors and not grammar.classify(where, text):
                 self.errors[-1] = msgspec.structs.replace(self.errors[-1], statement=stmt[:500])
                 return True
-        detail = grammar.parse_current_device(text)
+        detail = crashlines.parse_current_device(text)
         if detail is not None:
             self._attach_detail(where, *detail)
             self._want_statement = True
             return True
-        device = grammar.parse_device_alone(text)
+        device = crashlines.parse_device_alone(text)
         if device is not None and self.errors and self.errors[-1].device is None:
             self.errors[-1] = msgspec.structs.replace(self.errors[-1], device=device)
             return True
-        op = grammar.parse_failed_op(text)
+        op = crashlines.parse_failed_op(text)
         if op is not None:
             self._failed_op = op
             return True
-        infn = grammar.parse_in_function(text)
+        infn = crashlines.parse_in_function(text)
         if infn is not None and self.errors:
             self._attach_detail(where, None, *infn)
             return True
-        native = grammar.parse_native_api(text)
+        native = crashlines.parse_native_api(text)
         if native is not None:
             self._native = native[:300]
             return True
         if text.startswith("Exception caught at file:"):
             return True
-        exc = grammar.parse_terminate(text)
+        exc = crashlines.parse_terminate(text)
         if exc is not None:
             self.exceptions.append((where, exc, None))
             return True
@@ -175,6 +181,11 @@ class CrashBlock:
                 out.append(Crash(where=traces[0].where, kind=kind))
         elif self.signals:
             out[0] = msgspec.structs.replace(out[0], signal=self.signals[0])
+        python = self._py.stacks()
+        if out and python:
+            # faulthandler runs once per death, in the signal's handler: its stacks go with
+            # the crash that carries the signal
+            out[0] = msgspec.structs.replace(out[0], python=python)
         for i, crash in enumerate(out):
             bt = traces[i] if i < len(traces) else None
             if bt is not None and self.notes:

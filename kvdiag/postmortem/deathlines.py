@@ -13,7 +13,7 @@ from kvdiag.postmortem import serverlog
 from kvdiag.postmortem.backtrace import parse_frame
 
 #: Substrings one of which every line that may show a death holds (a signal line in any of the
-#: words of ``grammar._SIGNAL`` and below, a frame in any form (all but an inlined gdb frame #0
+#: words of ``crashlines._SIGNAL`` and below, a frame in any form (all but an inlined gdb frame #0
 #: carry ``0x``), an uncaught exception, glibc's fatal messages, an OOM kill): reading back
 #: finds these with ``bytes.find`` and parses only their lines, not every line.
 MAY_SHOW_DEATH: tuple[bytes, ...] = (
@@ -46,10 +46,14 @@ _LIBC_FATAL = re.compile(
 )
 
 
+# CPython's faulthandler for a signal it has no name for (Modules/faulthandler.c, 3.11+).
+_PY_SIGNUM = re.compile(r"^Fatal Python error from unexpected signum: (\d{1,2})\b")
+
+
 def signal_number(text: str) -> int | None:
     """The number of a handler's ``caught signal N`` line (fatal or not: see
     ``FATAL_NUMBERS``)."""
-    m = _SIGNAL_NUMBER.search(text)
+    m = _SIGNAL_NUMBER.search(text) or _PY_SIGNUM.match(text)
     return int(m.group(1)) if m else None
 
 

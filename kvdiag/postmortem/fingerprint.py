@@ -6,7 +6,9 @@ exception) is told apart by the first in-app frames by function name. A crash th
 own site is the same crash whether the log carries gdb frames, glibc frames or no backtrace at
 all, so frames never take part there. Abort machinery, backtrace helpers, signal trampolines
 and system libraries are not in-app (``backtrace.is_in_app``); raw addresses and offsets are
-never used because they change with ASLR and with every rebuild.
+never used because they change with ASLR and with every rebuild. A Python embedding's death
+with no native stack is told apart by the Python frames of the thread the signal hit (file
+name and function; ``pystack``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ def signature(crash: Crash) -> str:
             names.append(base_name(fr.function))
             if len(names) == N_FRAMES:
                 break
+    if not names and crash.python and crash.python[0].current:
+        # a Python embedding that printed no native stack: the Python frames of the thread
+        # the signal hit name the site (file name and function: no address to drift)
+        for fr in crash.python[0].frames:
+            if fr.in_app and fr.function:
+                names.append(f"{_DIRS.sub('', fr.file or '?')}:{fr.function}")
+                if len(names) == N_FRAMES:
+                    break
     if names:
         parts.append(" < ".join(names))
     return " | ".join(parts)

@@ -17,8 +17,8 @@
  * The pass: for each 32 bytes (AVX2, where the processor has it) or 16 (SSE2, every x86-64),
  * each needle's first and last byte are compared at once, and only offsets where both agree
  * are compared in full; elsewhere, and for the last bytes of a block, one offset at a time.
- * sre's search compares every byte in a loop, once per pattern: five anchors and the slot
- * pattern were six passes over each block. perfpairs.c reads the usual request at these
+ * sre's search compares every byte in a loop, once per pattern: each anchor and the slot
+ * pattern was a pass of its own over each block. perfpairs.c reads the usual request at these
  * offsets.
  */
 #define PY_SSIZE_T_CLEAN

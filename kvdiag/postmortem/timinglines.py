@@ -200,6 +200,12 @@ RARE_ANCHORS: tuple[bytes, ...] = (
     # kv_stream_adapt partition, trace, feedback and layout lines (§5.3), "KV streaming"
     # boot lines, and a fallback warning in kv-stream's words ("kv-stream", "KV stream", §3)
     b"tream",
+    # the same words in capitals: the grammar reads a fallback warning in any case (its text
+    # is not public, brief §9: grammar._FALLBACK_CONTEXT), and the port's multi-sequence
+    # opt-in warning names LLAMA_KV_STREAM_ALLOW_MULTISEQ (grammar._MULTISEQ), whose text is
+    # not public either: a line that spells them only as an environment variable does
+    # ("KV_STREAM", "KV-STREAM") holds no "tream"
+    b"TREAM",
     b"fits",  # the instrumented fits=false line (§4.5), a fallback warning naming fits() (§3)
     # the ready lines of 2023 ("llama server listening at") and 2024 ("model loaded",
     # server_log): a restart before any request is a boot of its own

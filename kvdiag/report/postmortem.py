@@ -16,7 +16,14 @@ from rich.text import Text
 
 from kvdiag.model.findings import Finding
 from kvdiag.model.frames import Frame
-from kvdiag.model.logrecords import BinaryUse, BootConfig, Crash, LogScan, SlotEvent
+from kvdiag.model.logrecords import (
+    BinaryUse,
+    BootConfig,
+    Crash,
+    LogScan,
+    PythonStack,
+    SlotEvent,
+)
 from kvdiag.report.findings import findings_table
 from kvdiag.report.findings_plain import findings_to_json
 from kvdiag.report.text import cap
@@ -78,7 +85,17 @@ def crash_to_json(crash: Crash) -> dict[str, Any]:
             "statement": err.statement,
         },
         "frames": [frame_to_json(f) for f in frames],
+        "python_stacks": [python_stack_to_json(st) for st in crash.python],
         "fingerprint": crash.fingerprint,
+    }
+
+
+def python_stack_to_json(st: PythonStack) -> dict[str, Any]:
+    return {
+        "source": st.where.source, "line": st.where.line, "thread": st.thread,
+        "name": st.name, "current": st.current, "notes": list(st.notes),
+        "frames": [{"index": fr.index, "function": fr.function, "file": fr.file,
+                    "line": fr.line, "in_app": fr.in_app} for fr in st.frames],
     }
 
 
@@ -172,7 +189,9 @@ def backtrace_table(frames: Sequence[Frame], *, full_paths: bool = False) -> Tab
     for fr in frames:
         style = "bold" if fr.in_app else "dim"
         name = frame_name(fr)
-        src = f"{fr.file if full_paths else _short_path(fr.file, 1)}:{fr.line}" if fr.file else ""
+        src = (fr.file if full_paths else _short_path(fr.file, 1)) if fr.file else ""
+        if src and fr.line is not None:
+            src += f":{fr.line}"
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
             where += f"+0x{fr.offset:x}"
@@ -216,8 +235,38 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
         for note in crash.backtrace.notes:
             parts.append(Text(f"  note: {note}", style="yellow"))
     elif crash.backtrace is None:
-        parts.append(Text("  no backtrace in the log", style="dim"))
+        parts.append(Text("  no native backtrace in the log" if crash.python else
+                          "  no backtrace in the log", style="dim"))
+    parts.extend(python_stacks_renderables(crash.python, full_paths=full_paths))
     return Group(*parts)
+
+
+def python_stack_title(st: PythonStack) -> str:
+    """``Python stack, thread 0x… (the thread the signal hit)``."""
+    thread = f", thread {st.thread}" if st.thread else ""
+    if st.name:
+        thread += f" [{st.name}]"
+    return f"Python stack{thread}" + (" (the thread the signal hit)" if st.current else "")
+
+
+def python_stacks_renderables(stacks: Sequence[PythonStack], *,
+                              full_paths: bool = False) -> list[RenderableType]:
+    """The stack of the thread the signal hit as a table; the other threads one line each
+    (their innermost frame), all of them whole in ``--json``."""
+    parts: list[RenderableType] = []
+    for st in stacks:
+        if st.current and st.frames:
+            table = backtrace_table(st.frames, full_paths=full_paths)
+            table.title = f"{python_stack_title(st)}; in-app frames bold"
+            parts.append(table)
+        else:
+            top = st.frames[0] if st.frames else None
+            at = (f": {top.function or '??'} ({top.file or '???'}:{top.line or '???'}), "
+                  f"{len(st.frames)} frame(s)" if top is not None else "")
+            parts.append(Text(f"  {python_stack_title(st)}{at}", style="dim"))
+        for note in st.notes:
+            parts.append(Text(f"    {note}", style="yellow"))
+    return parts
 
 
 def frame_name(fr: Frame) -> str:

@@ -38,6 +38,10 @@ class CrashView:
     file: str | None = None
     file_line: int | None = None
     """The assert's source location, when the crash has one."""
+    python_from: int | None = None
+    """Where in ``frames`` the Python stack of the thread the signal hit begins (after the
+    native frames), when the log printed one (``postmortem.pystack``)."""
+    python_thread: str | None = None
 
 
 def from_crash(i: int, crash: Crash) -> CrashView:
@@ -65,11 +69,17 @@ def from_crash(i: int, crash: Crash) -> CrashView:
         details.append(f"slots busy at the crash: {', '.join(map(str, crash.active_slots))}")
     bt = crash.backtrace
     frames = bt.frames if bt is not None else ()
+    py = crash.python[0] if crash.python and crash.python[0].current else None
+    python_from = len(frames) if py is not None and py.frames else None
+    if py is not None:
+        frames += py.frames
+        details.extend(py.notes)
     return CrashView(
         index=i, kind=crash.kind, title=title, details=tuple(d for d in details if d),
         frames=frames, fingerprint=crash.fingerprint,
         where=f"{crash.where.source}:{crash.where.line}", line=crash.where.line,
         thread=bt.thread if bt is not None else None, file=file, file_line=line,
+        python_from=python_from, python_thread=py.thread if py is not None else None,
     )
 
 

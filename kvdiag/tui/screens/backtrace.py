@@ -62,7 +62,7 @@ class FrameRows:
     @staticmethod
     def cells(fr: Frame) -> list[str]:
         """``#``, function, ``file:line`` and module/address of a frame, whole."""
-        src = f"{fr.file}:{fr.line}" if fr.file else ""
+        src = (f"{fr.file}:{fr.line}" if fr.line is not None else fr.file) if fr.file else ""
         # the library's name says which one; its build path only eats the column
         where = fr.module.replace("\\", "/").rsplit("/", 1)[-1] if fr.module else ""
         if fr.offset is not None:
@@ -73,7 +73,12 @@ class FrameRows:
 
     def row(self, i: int) -> tuple[Cells, str]:
         fr = self.view.frames[i]
-        return self.cells(fr), "inapp" if fr.in_app else "system"
+        cells = self.cells(fr)
+        start = self.view.python_from
+        if start is not None and i >= start:
+            # a Python frame has no module or address: say which stack it belongs to
+            cells[3] = "Python"
+        return cells, "inapp" if fr.in_app else "system"
 
 
 class SourcePane(Static):
@@ -214,8 +219,15 @@ class BacktraceScreen(KvScreen):
         lines.append(Text(f"  at {view.where} · {occ}" + (" (t: next)" if len(g) > 1 else ""),
                           style="dim"))
         n_app = sum(1 for f in view.frames if f.in_app)
-        lines.append(Text(f"  {len(view.frames)} frame(s), {n_app} in-app (highlighted)"
-                          if view.frames else "  no backtrace was printed", style="dim"))
+        said = (f"  {len(view.frames)} frame(s), {n_app} in-app (highlighted)"
+                if view.frames else "  no backtrace was printed")
+        if view.python_from is not None:
+            n_py = len(view.frames) - view.python_from
+            thread = f" of thread {view.python_thread}" if view.python_thread else ""
+            said += (f"; the last {n_py} are the Python stack{thread}, the thread the signal "
+                     "hit" if view.python_from else f"; all the Python stack{thread}, the "
+                     "thread the signal hit (no native backtrace was printed)")
+        lines.append(Text(said, style="dim"))
         self.query_one("#crash-head", Static).update(Group(*lines))
         rows = FrameRows(view)
         first_app = next((i for i, f in enumerate(view.frames) if f.in_app and f.function), 0)

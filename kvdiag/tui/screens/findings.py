@@ -60,7 +60,7 @@ def crash_at_line(crashes: tuple[Crash, ...], source: str | None, line: int) -> 
     """Index of the crash that a log line belongs to (its first line or a part's line)."""
     for i, c in enumerate(crashes):
         wheres = [c.where, *(p.where for p in (c.abort, c.error, c.signal, c.backtrace)
-                             if p is not None)]
+                             if p is not None), *(st.where for st in c.python)]
         if any(w.line == line and (source is None or w.source == source) for w in wheres):
             return i
     return None
