@@ -15,8 +15,13 @@ Per event kind:
   its ``ranges`` (the model's annotation) compared, never used; a read without ``served`` is
   not judged;
 - ``fits``: outcome and conditions (:mod:`~kvdiag.analysis.judgement.fits`), evaluated for
-  every decision that makes a finding;
+  every decision that makes a finding; routes counted by name (one outside the four too:
+  :func:`~kvdiag.analysis.judgement.fits.route_name`);
 - ``output``: diverged / within tolerance / no reference;
+
+Fits and outputs are counted and tabled from their columns however the events came (a list,
+a stream taken out in Python or by the C accumulator: :meth:`Judge._fits_cols`,
+:meth:`Judge._outputs_cols`); the few the columns cannot settle are seen as they come.
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
 - ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
 - every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
