@@ -190,15 +190,19 @@ def test_an_unhashable_route_is_counted_not_a_crash(monkeypatch: pytest.MonkeyPa
 def test_the_c_pass_keeps_a_block_with_an_unknown_route(monkeypatch: pytest.MonkeyPatch
                                                        ) -> None:
     """The C accumulator takes out a block with routes it does not know (no fallback to the
-    Python path) and hands those decisions to Python, which names them."""
+    Python path), codes them as the Python columns do, and hands those decisions to Python,
+    which names them."""
     acc = columns_module.accumulator(())
     if acc is None:
         pytest.skip("no C compiler here")
+    routes = ("streamed", "split", None, "ordinary", 7, ["streamed"], "abort")
     fits = [ev.Fits(i + 1, 0, 0, node="fa", layer=0, q=_BLANK, k=_BLANK, v=_BLANK, dst=_BLANK,
-                    stage_bytes=1, result=True, route=route)
-            for i, route in enumerate(("streamed", "split", None, "ordinary"))]
-    assert acc.add(fits, 0, False) == [1, 2]
-    assert columns_module.taken(acc).f_route.tolist() == [0, 4, 4, 3]
+                    stage_bytes=1, result=True, route=route)  # type: ignore[arg-type]
+            for i, route in enumerate(routes)]
+    assert acc.add(fits, 0, False) == [1, 2, 4, 5]
+    want = [0, 4, 4, 3, 4, 4, 2]
+    assert columns_module.taken(acc).f_route.tolist() == want
+    assert columns_module.extract_py(fits, [ev.Fits] * len(fits), False).f_route.tolist() == want
 
 
 def _write(path: Path, routes: list[str]) -> None:
