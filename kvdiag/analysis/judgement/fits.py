@@ -7,7 +7,10 @@
   upstream dispatcher routes on buffer membership (kv-stream-domain.md §2.3);
 - ``fallback``: the node went to ordinary flash attention over the host-mapped buffer;
 - ``ordinary``: the node is not in a kv-stream buffer;
-- ``streamed``: fits() held and the streamed kernel ran.
+- ``streamed``: fits() held and the streamed kernel ran;
+- ``other``: an ``abort`` although fits() held, or a route outside :data:`ROUTES` (an event
+  made through the Python API: a trace line with one is corrupt to the reader), counted under
+  its own name (:func:`route_name`).
 
 **Conditions** are evaluated by kvdiag from the logged geometry with the predicate the runtime
 model routes on (:func:`kvdiag.model.fits.conditions`): held, failed with the values tested,
