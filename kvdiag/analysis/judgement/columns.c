@@ -239,7 +239,8 @@ static int bad_fits(int64_t route, int64_t result) {
  * phase differs from the step before it in ``events`` (the first one too: a decode loop starts
  * where the phase turns to decode, so the steps between say nothing new), an output that
  * diverged, an output without a reference while ``hand_unreferenced`` (its finding still
- * keeps evidence), a bad fits decision (bad_fits), any kind but the nine. ``stop``: a tuple of types;
+ * keeps evidence), a bad fits decision (bad_fits) or one whose route is none of ROUTES (Python
+ * counts it under its name: fits.route_name), any kind but the nine. ``stop``: a tuple of types;
  * an event of one of them stops the pass before anything is appended (returns 1). On an error
  * (-1, exception set) or a stop, ``c`` is as it was. */
 static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t base,
@@ -480,18 +481,17 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
                 goto fail;
             PyObject *route = get(e, L, F_ROUTE);
             if (!route) goto fail;
+            /* another route, a string or not, is code 4 (fits.route_code) */
             int ri = name_index(route, ROUTES, 4, 4);
             Py_DECREF(route);
-            PyObject *res = ri >= 0 ? get(e, L, F_RESULT) : NULL;
+            if (ri < 0) ri = 4;
+            PyObject *res = get(e, L, F_RESULT);
             int truth = res ? PyObject_IsTrue(res) : -1;
             Py_XDECREF(res);
-            if (ri < 0 || truth < 0) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fits: route not str");
-                goto fail;
-            }
+            if (truth < 0) goto fail;
             v[V_FROUTE].v[v[V_FROUTE].n++] = ri;
             v[V_FRES].v[v[V_FRES].n++] = truth;
-            hand = bad_fits(ri, truth);
+            hand = ri == 4 || bad_fits(ri, truth);
             break;
         }
         case STEP: {

@@ -40,7 +40,7 @@ import numpy as np
 
 from kvdiag import compiled
 from kvdiag.analysis.judgement.classes import CLASSES, HOST, POOL, RING, SOURCES
-from kvdiag.analysis.judgement.fits import ROUTE_CODE
+from kvdiag.analysis.judgement.fits import route_codes
 from kvdiag.model import events as ev
 
 WRITE, UPLOAD, EVICT, INVALIDATE, READ, OTHER, FITS, OUTPUT, STEP, MARK = range(10)
@@ -239,7 +239,8 @@ def accumulator(stop: tuple[type, ...]) -> Any | None:
     """A C accumulator of columns (``columns.c``'s ``Accumulator``), or None without the C
     pass. ``acc.add(events, base)`` takes out the columns of a list of decoded events
     (positions from ``base``) and returns the indices of those Python must see itself (steps,
-    outputs, fits decisions whose outcome is bad, kinds the columns do not hold), or None
+    outputs, fits decisions whose outcome is bad or whose route is none of
+    :data:`~.fits.ROUTES`, kinds the columns do not hold), or None
     without adding anything where one is of a ``stop`` type; it raises as :func:`extract`'s C
     pass does (nothing added). :func:`taken` hands over what was added since the last time."""
     c = _compiled()
@@ -361,7 +362,7 @@ def extract_py(events: Sequence[Any], types: list[type], keep_reads: bool, base:
     nf = len(fs)
     f_layer = column(lambda: map(_LAYER, fs), nf)
     f_seq = column(lambda: map(_SEQ, fs), nf)
-    f_route = np.fromiter(map(ROUTE_CODE.__getitem__, map(_ROUTE, fs)), np.int64, nf)
+    f_route = route_codes(list(map(_ROUTE, fs)))
     f_result = np.fromiter(map(bool, map(_RESULT, fs)), np.int64, nf)
     o_idx, outs = others(OUTPUT)
     no = len(outs)

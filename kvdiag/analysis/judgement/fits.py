@@ -7,7 +7,10 @@
   upstream dispatcher routes on buffer membership (kv-stream-domain.md §2.3);
 - ``fallback``: the node went to ordinary flash attention over the host-mapped buffer;
 - ``ordinary``: the node is not in a kv-stream buffer;
-- ``streamed``: fits() held and the streamed kernel ran.
+- ``streamed``: fits() held and the streamed kernel ran;
+- ``other``: an ``abort`` although fits() held, or a route outside :data:`ROUTES` (an event
+  made through the Python API: a trace line with one is corrupt to the reader), counted under
+  its own name (:func:`route_name`).
 
 **Conditions** are evaluated by kvdiag from the logged geometry with the predicate the runtime
 model routes on (:func:`kvdiag.model.fits.conditions`): held, failed with the values tested,
@@ -57,12 +60,38 @@ class _Routes(dict[str, int]):
 ROUTE_CODE = _Routes({r: i for i, r in enumerate(ROUTES)})
 """Codes of a route (:data:`ROUTES`; 4: another): columns.c codes them alike."""
 
+UNKNOWN_ROUTE = "unknown route"
+"""What a route that is not a string (null, a number: an event made in Python, where the
+schema's Literal is not checked) is counted under."""
 
-def outcome_codes(routes: list[str], results: list[bool]) -> np.ndarray:
+
+def route_name(route: object) -> str:
+    """The name a route is counted under: its own where it is a string — one the judgement
+    does not know too (said, never dropped: outcome ``other``) — else :data:`UNKNOWN_ROUTE`."""
+    return route if isinstance(route, str) else UNKNOWN_ROUTE
+
+
+OTHER_ROUTE = len(ROUTES)
+"""The code of every route but :data:`ROUTES`' (:data:`ROUTE_CODE`)."""
+
+
+def route_code(route: object) -> int:
+    """:data:`ROUTE_CODE` of any route, one that is not a string too (:data:`OTHER_ROUTE`)."""
+    return ROUTE_CODE[route] if isinstance(route, str) else OTHER_ROUTE
+
+
+def route_codes(routes: list[Any]) -> np.ndarray:
+    """:func:`route_code` of many routes, as an int64 array (columns.c codes them alike)."""
+    try:
+        return np.fromiter(map(ROUTE_CODE.__getitem__, routes), np.int64, len(routes))
+    except TypeError:  # an unhashable route (an event made in Python): another route
+        return np.fromiter(map(route_code, routes), np.int64, len(routes))
+
+
+def outcome_codes(routes: list[Any], results: list[bool]) -> np.ndarray:
     """:func:`outcome` of many decisions at once, as :data:`OUTCOME_CODE` codes (the same
     rule, for the chunked judgement)."""
-    route = np.fromiter(map(ROUTE_CODE.__getitem__, routes), np.int8, len(routes))
-    return outcome_of(route, np.fromiter(results, bool, len(results)))
+    return outcome_of(route_codes(routes), np.fromiter(results, bool, len(results)))
 
 
 def outcome_of(route: np.ndarray, result: np.ndarray) -> np.ndarray:

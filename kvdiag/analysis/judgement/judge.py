@@ -15,8 +15,13 @@ Per event kind:
   its ``ranges`` (the model's annotation) compared, never used; a read without ``served`` is
   not judged;
 - ``fits``: outcome and conditions (:mod:`~kvdiag.analysis.judgement.fits`), evaluated for
-  every decision that makes a finding;
+  every decision that makes a finding; routes counted by name (one outside the four too:
+  :func:`~kvdiag.analysis.judgement.fits.route_name`);
 - ``output``: diverged / within tolerance / no reference;
+
+Fits and outputs are counted and tabled from their columns however the events came (a list,
+a stream taken out in Python or by the C accumulator: :meth:`Judge._fits_cols`,
+:meth:`Judge._outputs_cols`); the few the columns cannot settle are seen as they come.
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
 - ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
 - every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
@@ -46,7 +51,6 @@ from kvdiag.analysis.judgement.batch import (
     REASONS,
     Chunk,
     State,
-    ints,
     judge_chunk,
 )
 from kvdiag.analysis.judgement.classes import (
@@ -82,12 +86,15 @@ from kvdiag.analysis.judgement.columns import (
 )
 from kvdiag.analysis.judgement.completeness import Completeness, CompletenessTracker
 from kvdiag.analysis.judgement.fits import (
+    OTHER_ROUTE,
     OUTCOME_CODE,
     ROUTES,
+    UNKNOWN_ROUTE,
     FitsJudge,
     FitsVerdict,
-    outcome_codes,
     outcome_of,
+    route_code,
+    route_name,
 )
 from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
@@ -125,10 +132,6 @@ s CPU, the same minutes) with a peak RSS of 93 against 120 MiB."""
 _SPECIAL = frozenset({ev.Records, ev.Unknown, ev.Snapshot})
 """Kinds that change how the events after them are judged: a stream is judged up to them
 first."""
-_g = operator.attrgetter
-_STEP, _SEQ, _LAYER, _STREAM = _g("step"), _g("seq"), _g("layer"), _g("stream")
-_ROUTE, _RESULT, _RANGES = _g("route"), _g("result"), _g("ranges")
-_DIVERGED = _g("diverged")
 _FIRST = operator.itemgetter(0)
 
 
@@ -288,6 +291,9 @@ class Judge:
         """The Judge's row and the position of the first event it holds."""
         self._acc_others: list[tuple[int, type]] = []
         self._acc_failed: dict[int, int] = {}
+        self._acc_routes: list[str] = []
+        """Routes outside :data:`~.fits.ROUTES` the accumulator handed over since its last
+        take, by name (:meth:`_fits_seen`)."""
         self._acc_unreferenced = 0
         """Outputs without a reference the accumulator handed over since its last take."""
         self._acc_lose: list[int] = []
@@ -421,7 +427,7 @@ class Judge:
                     self._acc_unreferenced += d is None
                     self._output(e, d)
                 elif t is ev.Fits:
-                    self._acc_failed[base + i] = self._bad_fits(e)
+                    self._fits_seen(e, base + i, self._acc_failed, self._acc_routes)
                 else:
                     self._acc_others.append((local + i, t))
                     h = handler(t)
@@ -446,21 +452,24 @@ class Judge:
             self._acc_lose = []
         others, self._acc_others = self._acc_others, []
         failed, self._acc_failed = self._acc_failed, {}
+        names, self._acc_routes = self._acc_routes, []
+        unreferenced, self._acc_unreferenced = self._acc_unreferenced, 0
         self._count(cols, others)
         self._step_range(cols.step, [i for i, t in others if t is ev.End])
-        self._fits_cols(cols, base, failed)
-        self._outputs_cols(cols, base)
+        self._fits_cols(cols, base, failed, names)
+        self._outputs_cols(cols, base, unreferenced)
         self._pending.append(cols)
 
-    def _outputs_cols(self, cols: Cols, base: int) -> None:
-        """The outputs of accumulated columns (:meth:`_outputs` from columns; ``base``: the
-        position of their first event): those that diverged, and those without a reference
-        while their finding kept evidence, were judged as they came; the rest are counted."""
+    def _outputs_cols(self, cols: Cols, base: int, unreferenced: int) -> None:
+        """The outputs of a run of events, from its columns (``base``: the position of its
+        first event), however the events came (the one place they are counted and tabled):
+        those that diverged, and those without a reference while their finding kept evidence,
+        were judged as they came (:meth:`_output`; ``unreferenced``: how many of them had no
+        reference); the rest are counted."""
         div = cols.o_div
         if not div.size:
             return
-        self.groups.no_reference.count += int((div == -1).sum()) - self._acc_unreferenced
-        self._acc_unreferenced = 0
+        self.groups.no_reference.count += int((div == -1).sum()) - unreferenced
         if self.ledger is not None:
             local = cols.o_pos - base
             self.ledger.outputs.extend([cols.rows0 + local, cols.o_seq, cols.step[local],
@@ -579,10 +588,10 @@ class Judge:
                 h(chunk[i])
         outputs = cols.of_kind(OUTPUT)
         if outputs:
-            self._outputs(chunk, outputs, rows0)
+            self._outputs_seen(chunk, outputs, cols, base)
         fits = cols.of_kind(FITS)
         if fits:
-            self._fits(chunk, fits, rows0)
+            self._fits_seen_all(chunk, fits, cols, base)
         if self.keep_writes:
             self._keep_writes(chunk, types)
         self.rows = rows0 + n
@@ -619,17 +628,23 @@ class Judge:
             if self._last_step is None or hi > self._last_step:
                 self._last_step = hi
 
-    def _fits_cols(self, cols: Cols, base: int, failed_at: dict[int, int]) -> None:
-        """The fits decisions of accumulated columns (:meth:`_fits` from columns; ``base``: the
-        position of their first event). The bad ones were judged as they came: ``failed_at``
-        holds their conditions failed by position."""
+    def _fits_cols(self, cols: Cols, base: int, failed_at: dict[int, int],
+                   names: list[str]) -> None:
+        """The fits decisions of a run of events, from its columns (``base``: the position of
+        its first event), however the events came (the one place they are counted and
+        tabled). Those the columns cannot settle were seen as they came (:meth:`_fits_seen`):
+        ``failed_at`` holds the bad ones' conditions failed by position, ``names`` the routes
+        outside :data:`~.fits.ROUTES`, counted under their names."""
         route = cols.f_route
         if not route.size:
             return
-        counts = np.bincount(route, minlength=len(ROUTES) + 1).tolist()
+        counts = np.bincount(route, minlength=OTHER_ROUTE + 1).tolist()
         for name, k in zip(ROUTES, counts, strict=False):
             if k:
                 self.routes[name] += k
+        self.routes.update(names)
+        if counts[OTHER_ROUTE] > len(names):  # never the case: said rather than dropped
+            self.routes[UNKNOWN_ROUTE] += counts[OTHER_ROUTE] - len(names)
         self.completeness.attention += counts[0] + counts[1]
         if self.ledger is not None:
             failed = np.zeros(route.size, np.int64)
@@ -720,20 +735,18 @@ class Judge:
         """The last write of a host page and the mark of its ubatch (``keep_writes`` only)."""
         return self._writes.get((layer, stream, page))
 
-    def _outputs(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
-        """The output events of ``chunk`` at ``idx`` (rows from ``rows0``)."""
-        outs = [chunk[i] for i in idx]
-        diverged = list(map(_DIVERGED, outs))
-        if self.ledger is not None:
-            table = self.ledger.outputs
-            for i, e, d in zip(idx, outs, diverged, strict=True):
-                table.append((rows0 + i, e.seq, e.step, e.stream, -1 if d is None else int(d)))
-        nr = self.groups.no_reference
-        if nr.full and diverged.count(None) == len(outs):
-            nr.count += len(outs)  # a native trace's checksums: counted, nothing more
-            return
-        for e, d in zip(outs, diverged, strict=True):
-            self._output(e, d)
+    def _outputs_seen(self, chunk: list[Any], idx: list[int], cols: Cols, base: int) -> None:
+        """The outputs of ``chunk`` (at ``idx``; ``cols``: its columns, from ``base``): the
+        ones the C accumulator would hand to Python judged (:meth:`_output`), then all of
+        them counted and tabled (:meth:`_outputs_cols`)."""
+        div = cols.o_div
+        seen = (div == 1) if self.groups.no_reference.full else (div != 0)
+        unreferenced = 0
+        for k in np.flatnonzero(seen).tolist():
+            d = None if div[k] < 0 else True
+            unreferenced += d is None
+            self._output(chunk[idx[k]], d)
+        self._outputs_cols(cols, base, unreferenced)
 
     def _output(self, e: ev.Output, diverged: bool | None) -> None:
         if diverged is None:
@@ -758,27 +771,32 @@ class Judge:
         """The verdict of any fits event (pure; cached by geometry)."""
         return self.fits_judge.verdict(e)
 
-    def _fits(self, chunk: list[Any], idx: list[int], rows0: int) -> None:
-        fs = [chunk[i] for i in idx]
-        routes = list(map(_ROUTE, fs))
-        if (self.ledger is None and routes.count("streamed") == len(fs)
-                and all(map(_RESULT, fs))):
-            # every decision streamed as fits() said: nothing to group (most decode steps)
-            self.routes["streamed"] += len(fs)
-            self.completeness.attention += len(fs)
-            return
-        before = self.routes["streamed"] + self.routes["fallback"]
-        self.routes.update(routes)
-        codes = outcome_codes(routes, list(map(_RESULT, fs)))
-        self.completeness.attention += self.routes["streamed"] + self.routes["fallback"] - before
-        failed = np.zeros(len(fs), np.int64)
-        for k in np.flatnonzero((codes == OUTCOME_CODE["mismatch"])
-                                | (codes == OUTCOME_CODE["fallback"])).tolist():
-            failed[k] = self._bad_fits(fs[k])
-        if self.ledger is not None:
-            self.ledger.fits.extend([rows0 + np.asarray(idx, np.int64),
-                                     ints(fs, _SEQ), ints(fs, _STEP), ints(fs, _LAYER),
-                                     codes.astype(np.int64), failed])
+    def _fits_seen_all(self, chunk: list[Any], idx: list[int], cols: Cols, base: int
+                       ) -> None:
+        """The fits decisions of ``chunk`` (at ``idx``; ``cols``: its columns, from ``base``):
+        those the C accumulator would hand to Python seen (:meth:`_fits_seen`: a bad outcome,
+        a route outside :data:`~.fits.ROUTES`), then all of them counted and tabled
+        (:meth:`_fits_cols`)."""
+        route = cols.f_route
+        codes = outcome_of(route, cols.f_result)
+        seen = ((codes == OUTCOME_CODE["mismatch"]) | (codes == OUTCOME_CODE["fallback"])
+                | (route == OTHER_ROUTE))
+        failed: dict[int, int] = {}
+        names: list[str] = []
+        for k in np.flatnonzero(seen).tolist():
+            self._fits_seen(chunk[idx[k]], int(cols.f_pos[k]), failed, names)
+        self._fits_cols(cols, base, failed, names)
+
+    def _fits_seen(self, e: ev.Fits, at: int, failed: dict[int, int], names: list[str]
+                   ) -> None:
+        """A fits decision its columns cannot settle (at position ``at``): a route outside
+        :data:`~.fits.ROUTES` is named in ``names`` (:func:`~.fits.route_name`: said, never
+        dropped; its outcome is ``other``); a bad outcome makes its finding, its conditions
+        failed kept in ``failed``."""
+        if route_code(e.route) == OTHER_ROUTE:
+            names.append(route_name(e.route))
+        else:
+            failed[at] = self._bad_fits(e)
 
     def _bad_fits(self, e: ev.Fits) -> int:
         v = self.fits_judge.verdict(e)
