@@ -272,3 +272,28 @@ def test_blocks_written_as_they_gather_give_the_thread_s_ledger(
     for m in (*MARKS, "abort"):
         assert last.marks[m].tolist() == here.marks[m].tolist(), m
     assert last.marks["foreign"].size and last.findings == here.findings
+
+
+@pytest.mark.parametrize("source", ["analysis/judgement/columns.c", "analysis/judgement/seqjudge.c",
+                                    "trace/reader.py", "trace/blockscan.c", "tui/judging.py",
+                                    "analysis/judgement/judge.py"])
+def test_a_change_to_any_source_that_judges_makes_cached_judgements_stale(
+        source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN the code hash a cached judgement records WHEN one source that reads or judges a
+    trace changes — a C walk or accumulator, the reader, the judging pass — THEN the hash
+    changes (a judgement made by other code is not used)."""
+    import kvdiag
+
+    root = Path(kvdiag.__file__).parent
+    monkeypatch.setattr(judgecache, "_CODE", [])
+    before = judgecache.code_hash()
+    real = Path.read_bytes
+    target = (root / source).resolve()
+
+    def edited(self: Path) -> bytes:
+        data = real(self)
+        return data + b"\n/* edited */" if self.resolve() == target else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    monkeypatch.setattr(judgecache, "_CODE", [])
+    assert judgecache.code_hash() != before

@@ -130,16 +130,25 @@ class CacheError(Exception):
 _CODE: list[str] = []
 
 
+_JUDGED_BY = ("analysis/judgement/*.py", "analysis/judgement/*.c", "trace/*.py", "trace/*.c",
+              "model/*.py", "compiled/*.h", "tui/judging.py", "tui/judgeproc.py",
+              "tui/digest.py", "tui/judgecache.py")
+"""The sources a cached judgement was made by (the C helpers too: a judgement made by an older
+walk or reader is not this one's)."""
+
+
 def code_hash() -> str:
     """A hash of what a cached judgement depends on besides the trace: kvdiag's version, the
-    judgement package's sources, the ledger's columns and this format's version."""
+    sources that read and judge it (:data:`_JUDGED_BY`), the ledger's columns and this format's
+    version."""
     if not _CODE:
         h = hashlib.sha256(f"{__version__}\0{CACHE_VERSION}\0".encode())
         h.update(repr([d.descr for d in DTYPES]).encode())
-        package = Path(__file__).resolve().parents[1] / "analysis" / "judgement"
-        for src in sorted(package.glob("*.py")):
-            h.update(src.name.encode())
-            h.update(src.read_bytes())
+        package = Path(__file__).resolve().parents[1]
+        for pattern in _JUDGED_BY:
+            for src in sorted(package.glob(pattern)):
+                h.update(str(src.relative_to(package)).encode())
+                h.update(src.read_bytes())
         _CODE.append(h.hexdigest())
     return _CODE[0]
 

@@ -179,7 +179,6 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     builder = IndexBuilder(source, start)
     doc = TraceDoc(path, source, header, builder.snapshot(), stage="indexing")
     publish(doc)
-    painted()
     child = source.size >= PROCESS_MIN_BYTES if judge_in_process is None else judge_in_process
     # the judgement of a big trace is cached: one plain file (not a set or a .zst), by key
     key = key_of(path) if child and not source.compressed and os.path.isfile(path) else None
@@ -187,10 +186,13 @@ def load_trace(path: str, publish: Publish, cancelled: Callable[[], bool] = _nev
     if cached is not None and cached.note is not None:
         doc = replace(doc, notes=(clip(cached.note),))
     with _ledger(child, cached, key) as ledger:
+        # a judging process starts before the first frame is drawn: its start-up (imports,
+        # half a second) runs on another core while the viewer paints
         judging = _Judging(path, child, ledger, key, cached)
         if judging.done:  # from the cache: the findings now, the index as it comes
             doc = replace(doc, digest=judging.digest, timings={"cached": 1.0})
             publish(doc)
+        painted()
         try:
             _index_and_judge(doc, builder, judging, publish, cancelled, t0)
         finally:
