@@ -50,7 +50,9 @@ def test_top_level_help_describes_kvdiag_and_every_whole_summary() -> None:
         assert first in flat, command
     # the summary that used to stop at the end of the docstring's first line
     assert ("or say they are equivalent (exit 0); bad input, different schedules (without "
-            "--force) or traces with nothing in common to compare exit 2" in flat)
+            "--force), traces with nothing in common to compare, and traces that agree in what "
+            "both hold but lost events (gaps in seq: verdict lost-events, for what the lost "
+            "events held is not compared) exit 2" in flat)
 
 
 def test_summary_is_the_first_paragraph() -> None:
