@@ -32,20 +32,37 @@ def s1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 class Writer(threading.Thread):
     """Appends ``src``'s lines to ``dst``, each in two writes (a partial line first), with a
-    pause between lines; ``written`` counts whole lines on disk."""
+    pause between lines; ``written`` counts whole lines on disk. ``hold_at``: after that many
+    lines, wait for ``resume`` (a test that must see the file half written, however slowly
+    the reader runs); ``hold_every``: so after every that many lines, ``held`` set while it
+    waits (a test that must see it grow step by step)."""
 
     def __init__(self, src: Path, dst: Path, pause: float = 0.002, delay: float = 0.05,
-                 lines: int | None = None) -> None:
+                 lines: int | None = None, hold_at: int | None = None,
+                 hold_every: int | None = None) -> None:
         super().__init__(daemon=True)
         self.lines = src.read_bytes().splitlines(keepends=True)[:lines]
         self.dst, self.pause, self.delay = dst, pause, delay
         self.written = 0
         self.stop = threading.Event()
+        self.hold_at, self.hold_every = hold_at, hold_every
+        self.resume = threading.Event()
+        self.held = threading.Event()
+        self.timeouts = 0
+
+    def _hold(self) -> None:
+        self.held.set()
+        self.timeouts += not self.resume.wait(60)  # a test asserts there were none
+        self.resume.clear()
+        self.held.clear()
 
     def run(self) -> None:
         time.sleep(self.delay)  # the follower starts before the file exists
         with open(self.dst, "ab") as fh:
             for line in self.lines:
+                if self.written == self.hold_at or (
+                        self.hold_every and self.written and self.written % self.hold_every == 0):
+                    self._hold()
                 if self.stop.is_set():
                     return
                 fh.write(line[: len(line) // 2])

@@ -76,7 +76,9 @@ def append(path: Path, lines: list[bytes]) -> None:
 def test_a_trace_written_by_a_thread_is_shown_live_and_ends_as_a_whole_load(
         s1: Path, tmp_path: Path) -> None:
     live = tmp_path / "live.kvtrace"
-    w = Writer(s1, live, pause=0.006, delay=0.3)
+    # the writer stops every 30 lines until the viewer has caught up with what it wrote: a
+    # loaded machine may otherwise read the whole file between two looks at the screen
+    w = Writer(s1, live, pause=0.006, delay=0.3, hold_every=30)
     seen_steps: list[tuple[int, int]] = []
 
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
@@ -88,6 +90,10 @@ def test_a_trace_written_by_a_thread_is_shown_live_and_ends_as_a_whole_load(
             doc = app.doc
             if isinstance(doc, TraceDoc) and doc.pages is not None:
                 seen_steps.append((doc.index.last_step, app.step))
+                if w.held.is_set() and doc.index.n + 1 >= w.written:  # + the header line
+                    await pilot.pause()
+                    seen_steps.append((doc.index.last_step, app.step))
+                    w.resume.set()
             await asyncio.sleep(0.05)
         await until(pilot, lambda: isinstance(app.doc, TraceDoc) and app.doc.live is not None
                     and bool(app.doc.live.ended), "the End event")
@@ -111,6 +117,7 @@ def test_a_trace_written_by_a_thread_is_shown_live_and_ends_as_a_whole_load(
         assert "182 of 182 events" in text(app)
 
     follow(live, script)
+    assert w.timeouts == 0  # every hold ended when the viewer had caught up
     # new steps appeared one after another while it was written, and Pages was on the newest
     steps = sorted({s for s, _ in seen_steps})
     assert len(steps) >= 5 and steps[0] < 10
@@ -275,7 +282,10 @@ def test_a_growing_server_log_fills_the_perf_screen_as_requests_complete(
     whole = scan_paths([str(source)])[0]
     assert len(whole.requests) >= 10
     live = tmp_path / "server.log"
-    w = Writer(source, live, pause=0.004, delay=0.1)
+    # the writer stops half way until the screen has shown the requests completed so far: a
+    # loaded machine may otherwise read the whole log before the viewer draws a partial count
+    lines = len(source.read_bytes().splitlines())
+    w = Writer(source, live, pause=0.004, delay=0.1, hold_at=lines // 2)
     seen: list[int] = []
 
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
@@ -290,7 +300,9 @@ def test_a_growing_server_log_fills_the_perf_screen_as_requests_complete(
                 seen.append(n)
             return n
 
-        await until(pilot, lambda: 0 < requests() < len(whole.requests), "the first requests")
+        await until(pilot, lambda: 0 < requests() < len(whole.requests), "the first requests",
+                    30.0)
+        w.resume.set()
         await until(pilot, lambda: requests() == len(whole.requests), "every request", 30.0)
         doc = app.doc
         assert isinstance(doc, LogDoc) and doc.perf is not None
@@ -299,6 +311,7 @@ def test_a_growing_server_log_fills_the_perf_screen_as_requests_complete(
         assert f"{len(whole.requests)} request" in text(app)
 
     follow(live, script)
+    assert w.timeouts == 0
     assert seen[0] == 0 or len(seen) > 2  # shown while growing, not only once complete
 
 
