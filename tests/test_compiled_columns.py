@@ -193,3 +193,30 @@ def test_a_changed_header_is_a_new_build(tmp_path: Path, monkeypatch: pytest.Mon
     except OSError as exc:  # no compiler here: the key is what this machine can check
         pytest.skip(f"no C compiler: {exc}")
     assert built.is_file() and built.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize(("platform_name", "extra"), [
+    ("linux", []), ("darwin", ["-undefined", "dynamic_lookup"])])
+def test_an_extension_links_as_the_platform_needs(platform_name: str, extra: list[str],
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN the platform (Linux; macOS, where an extension's Python symbols are resolved when
+    the interpreter loads it) WHEN a helper is built as a Python extension THEN the compiler
+    is asked for what that platform links with, and for no more."""
+    import subprocess
+
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"\x7fELF")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(compiled.sys, "platform", platform_name)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("KVDIAG_COMPILED_DIR", str(tmp_path))
+    compiled.build(columns._C_SOURCE, "kvdiag.test_link._columns", python=True)
+    cmd = seen[0]
+    assert "-shared" in cmd and "-fPIC" in cmd
+    got = [a for a in cmd if a in ("-undefined", "dynamic_lookup")]
+    assert got == extra

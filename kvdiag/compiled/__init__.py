@@ -119,7 +119,7 @@ def build(source_path: Path, name: str, flags: Sequence[str] = ("-O2",), *,
         include = sysconfig.get_paths()["include"]
         if not (Path(include) / "Python.h").is_file():
             raise OSError(f"no Python headers at {include}")
-        cmd += ["-fvisibility=hidden", f"-I{include}"]
+        cmd += ["-fvisibility=hidden", f"-I{include}", *_extension_link_flags()]
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not _owned_safely(out.parent):
         raise OSError(f"{out.parent}: not a private folder of this user's")
@@ -140,6 +140,13 @@ def build(source_path: Path, name: str, flags: Sequence[str] = ("-O2",), *,
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _extension_link_flags() -> list[str]:
+    """What linking a Python extension needs besides ``-shared`` on this platform: on macOS the
+    Python symbols are resolved when the interpreter loads it (CPython's own ``LDSHARED`` there
+    says ``-undefined dynamic_lookup``; without it the link fails and the Python path runs)."""
+    return ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
 
 
 def _import(full: str, path: Path) -> ModuleType:
