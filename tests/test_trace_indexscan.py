@@ -204,3 +204,37 @@ def test_values_outside_a_column_are_left_to_the_reference() -> None:
                  b'{"kind":"read","seq":1,"step":2}\n\n'):
         assert _rows(line, True) is None, line
         assert _rows(line, False) is not None
+
+
+def _old_line_blocks(data: bytes, start: int, chunk: int) -> list[tuple[int, bytes]]:
+    """The runs as a plain split of whole lines would give them, for comparison: every block
+    whole lines (the last may lack its newline), in order, covering the file from ``start``."""
+    out, pos = [], start
+    while pos < len(data):
+        end = min(pos + chunk, len(data))
+        if end < len(data):
+            cut = data.rfind(b"\n", pos, end)
+            end = cut + 1 if cut >= 0 else (data.find(b"\n", end) + 1 or len(data))
+        out.append((pos, data[pos:end]))
+        pos = end
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_line_blocks_are_whole_lines_read_at_their_length(tmp_path: Path, seed: int) -> None:
+    """GIVEN files of short lines, lines longer than a chunk (also longer than the look-back
+    window), no final newline, CRLF, empty lines WHEN cut into blocks THEN every block is whole
+    lines, about a chunk long, in order, covering the file from ``start`` exactly as the split
+    of :func:`_old_line_blocks` does."""
+    rng = random.Random(seed)
+    lines = [b"x" * rng.choice([0, 1, 50, 300, 5000, ti.TAIL + 7]) + rng.choice([b"", b"\r"])
+             for _ in range(rng.randint(1, 60))]
+    data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    source = LineSource.open(path) if data else LineSource(data, "f")
+    for chunk in (1, 7, 300, 4096, 1 << 20):
+        for start in (0, min(len(data), rng.randrange(len(data) + 1))):
+            got = list(ti.line_blocks(source, start, chunk))
+            assert got == _old_line_blocks(data, start, chunk), (chunk, start)
+            assert b"".join(b for _, b in got) == data[start:]

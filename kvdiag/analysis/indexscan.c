@@ -16,7 +16,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vec.h"
 
 #define MAX_DEPTH 32
 #define MAX_NAMES 64
@@ -334,52 +333,74 @@ static int line(Cur *c, int64_t off, int64_t row[11]) {
     return 1;
 }
 
-/* scan(block) -> bytes of 11 columns of n int64 each (offset in the block, seq, step, kind,
- * layer, stream, slot, a, b, key, flags), or None: a line this pass declines (the block is the
- * reference's) */
-static PyObject *scan(PyObject *self, PyObject *arg) {
+/* The index's columns, in trace_index.COLUMNS' order, and the bytes of one value of each. */
+#define NCOLS 11
+static const Py_ssize_t WIDTH[NCOLS] = {8, 8, 4, 1, 2, 2, 4, 4, 4, 2, 1};
+
+static void put(void *col, Py_ssize_t width, Py_ssize_t i, int64_t v) {
+    switch (width) {
+    case 8: ((int64_t *)col)[i] = v; break;
+    case 4: ((int32_t *)col)[i] = (int32_t)v; break;
+    case 2: ((int16_t *)col)[i] = (int16_t)v; break;
+    default: ((int8_t *)col)[i] = (int8_t)v; /* kind, flags: small, range-checked */
+    }
+}
+
+/* scan_into(block, base, columns, at) -> the rows written from row ``at`` of ``columns`` (the
+ * index's 11 arrays, room made for one row per line), offsets counted from ``base``; or None:
+ * a line this pass declines (the block is the reference's; rows past ``at`` may have been
+ * written and are written again). Values go straight into the arrays: a result buffer per
+ * block cost the allocator fresh pages every block (page faults, measured). */
+static PyObject *scan_into(PyObject *self, PyObject *args) {
+    PyObject *block, *columns;
+    long long base;
+    Py_ssize_t at;
     if (unknown_code < 0) {
         PyErr_SetString(PyExc_RuntimeError, "configure() first");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "OLO!n", &block, &base, &PyTuple_Type, &columns, &at))
+        return NULL;
+    if (PyTuple_GET_SIZE(columns) != NCOLS || at < 0) {
+        PyErr_SetString(PyExc_ValueError, "11 columns and a row to start at");
+        return NULL;
+    }
+    Py_buffer view, cols[NCOLS];
+    int held = 0;
+    PyObject *res = NULL;
+    if (PyObject_GetBuffer(block, &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *s = view.buf, *end = s + view.len;
-    Vec out = {0};
-    int declined = 0;
-    for (const unsigned char *p = s; p < end;) {
+    Py_ssize_t rows = 0;
+    for (const unsigned char *p = s; p < end; rows++) {
         const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
-        const unsigned char *stop = q ? q : end;
-        Cur c = {p, stop};
-        int64_t row[11];
-        if (!line(&c, (int64_t)(p - s), row)) {
-            declined = 1;
-            break;
-        }
-        if (vec_reserve(&out, 11) < 0) {
-            PyBuffer_Release(&view);
-            PyMem_Free(out.v);
-            return NULL;
-        }
-        memcpy(out.v + out.n, row, sizeof row);
-        out.n += 11;
         p = q ? q + 1 : end;
     }
-    PyBuffer_Release(&view);
-    PyObject *res;
-    if (declined) {
-        res = Py_NewRef(Py_None);
-    } else {
-        /* column by column: each column's values lie together, as the index stores them */
-        Py_ssize_t rows = out.n / 11;
-        res = PyBytes_FromStringAndSize(NULL, out.n * (Py_ssize_t)sizeof(int64_t));
-        if (res) {
-            int64_t *cols = (int64_t *)PyBytes_AS_STRING(res);
-            for (Py_ssize_t r = 0; r < rows; r++)
-                for (int k = 0; k < 11; k++) cols[k * rows + r] = out.v[r * 11 + k];
+    for (; held < NCOLS; held++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, held), &cols[held],
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (cols[held].itemsize != WIDTH[held] || cols[held].len / WIDTH[held] < at + rows) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "a column of another type, or no room");
+            goto done;
         }
     }
-    PyMem_Free(out.v);
+    Py_ssize_t r = at;
+    for (const unsigned char *p = s; p < end; r++) {
+        const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
+        Cur c = {p, q ? q : end};
+        int64_t row[NCOLS];
+        if (!line(&c, (int64_t)base + (int64_t)(p - s), row)) {
+            res = Py_NewRef(Py_None);
+            goto done;
+        }
+        for (int k = 0; k < NCOLS; k++) put(cols[k].buf, WIDTH[k], r, row[k]);
+        p = q ? q + 1 : end;
+    }
+    res = PyLong_FromSsize_t(rows);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&cols[k]);
+    PyBuffer_Release(&view);
     return res;
 }
 
@@ -425,7 +446,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_O, "The index rows of a block of event lines, or None (declined)."},
+    {"scan_into", scan_into, METH_VARARGS,
+     "Write a block's index rows into the columns; how many, or None (declined)."},
     {"configure", configure, METH_VARARGS, "The kind and route names, codes and flags."},
     {NULL, NULL, 0, NULL},
 };
