@@ -10,7 +10,9 @@ imported-style log with request timings, and a crash log.
 - ``pp.kvtrace``: pool-pressure with the adaptive partition (ring uploads, a repartition,
   ring-starved);
 - ``stream.log``: the seed's streaming log (12 requests' print_timing blocks);
-- ``crash.log``: tests/fixtures/logs/kvstream_np2_gdb.log (the fits abort with a gdb backtrace).
+- ``crash.log``: tests/fixtures/logs/kvstream_np2_gdb.log (the fits abort with a gdb backtrace);
+- ``pycrash.log``: tests/fixtures/logs/llama_cpp_python_fits_abort.log (the fits abort in
+  llama-cpp-python, faulthandler's stacks of two named threads, no native backtrace).
 """
 
 from __future__ import annotations
@@ -69,4 +71,7 @@ def build(root: Path) -> dict[str, Path]:
     files["crash"] = root / "crash.log"
     shutil.copy(Path(__file__).parent / "fixtures" / "logs" / "kvstream_np2_gdb.log",
                 files["crash"])
+    files["pycrash"] = root / "pycrash.log"
+    shutil.copy(Path(__file__).parent / "fixtures" / "logs" / "llama_cpp_python_fits_abort.log",
+                files["pycrash"])
     return files
