@@ -63,6 +63,14 @@ ANCHORS: tuple[bytes, ...] = (
     b" error",  # CUDA/ROCm/SYCL error lines, "…cu:102: CUDA error" aborts
     b"llama_",  # boot configuration (llama_context:, llama_kv_cache:, llama_model_loader:)
     b"kv_stream",  # kv_stream_adapt, ring latency, kv-stream allocation failures
+    # kv-stream's words in capitals: the port's LLAMA_KV_STREAM_ALLOW_MULTISEQ warning (the
+    # grammar's _MULTISEQ; its text is not public, domain brief §9, so it may name only the
+    # variable) and its "KV streaming device filter = CUDA0 (n layers)" line (§5.1, printed
+    # without a public prefix) hold no other anchor: read in the boot window, but lost where
+    # that window has closed (past BOOT_MAX_LINES lines of verbose loader output); "TREAM"
+    # is also GGML_CUDA_KV_STREAM_* and "KV-STREAM"
+    b"TREAM",
+    b"KV stream",
     b"SEGV",  # SIGSEGV (gdb, lldb, Go runtime), systemd "status=11/SEGV"
     b"fault",  # "Segmentation fault"
     # GGML_ABORT's "<…/ggml/…/x.c>:<line>: <message>" with no other anchor word, and
