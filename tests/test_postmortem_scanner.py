@@ -93,16 +93,16 @@ def test_two_different_aborts_in_one_death_keep_their_own_stacks() -> None:
     assert first.fingerprint != second.fingerprint
 
 
-def _capitals_boot(loader_lines: int) -> bytes:
-    """A verbose boot of the port (np 2, streaming on CUDA1) whose loader prints
-    ``loader_lines`` tensor lines before the context: the port's multi-sequence opt-in and
-    device-filter lines come after them, one naming only the environment variable in capitals,
-    the other in "KV stream" words, neither with a ``llama_`` or ``kv_stream`` prefix."""
+def _capitals_boot(layer_lines: int) -> bytes:
+    """A boot of the port (np 2, streaming on CUDA1) at debug verbosity: after the context's
+    first lines, ``layer_lines`` per-layer device lines (no configuration in them), then the
+    port's multi-sequence opt-in and device-filter lines, one naming only the environment
+    variable in capitals, the other in "KV stream" words, neither with a ``llama_`` or
+    ``kv_stream`` prefix."""
     lines = ["llama_model_loader: loaded meta data with 41 key-value pairs and 733 tensors from "
-             "/models/Qwen3.5-27B-Q4_K_M.gguf (version GGUF V3 (latest))"]
-    lines += [f"load_tensors: tensor 'blk.{i // 11}.ffn_up_exps.weight' (q4_K) "
-              f"(and {i % 7} others) cannot be used with preferred buffer type CUDA_Host"
-              for i in range(loader_lines)]
+             "/models/Qwen3.5-27B-Q4_K_M.gguf (version GGUF V3 (latest))",
+             "llama_context: constructing llama_context"]
+    lines += [f"llama_kv_cache: layer {i:3d}: dev = CUDA1" for i in range(layer_lines)]
     lines += ["W LLAMA_KV_STREAM_ALLOW_MULTISEQ=1 set: 2 sequences stream through one pool, "
               "untested upstream",
               "I KV streaming device filter = CUDA1 (28 layers)",
@@ -121,8 +121,8 @@ def test_kv_stream_words_in_capitals_are_read_past_the_boot_window(
     (early,) = scan_bytes(_capitals_boot(10)).boots
     assert (early.multiseq_optin, early.kv_stream_device) == (True, "CUDA1")
     # the anchors are what finds them: without the capitals ones the lines are never read
-    monkeypatch.setattr(parse, "ANCHORS", tuple(a for a in parse.ANCHORS
-                                                if a not in (b"TREAM", b"KV stream")))
+    monkeypatch.setattr(parse, "LAUNCH_ANCHORS", tuple(
+        a for a in parse.LAUNCH_ANCHORS if a not in parse.BOOT_CAPITALS))
     (blind,) = scan_bytes(data).boots
     assert (blind.multiseq_optin, blind.kv_stream_device) == (False, None)
 
@@ -134,7 +134,8 @@ def test_helper_process_gives_the_same_results(tmp_path: Path,
     data = b"".join((FIXTURES / n).read_bytes() + b"\n"
                     for n in sorted(p.name for p in FIXTURES.glob("*.log")))
     path = tmp_path / "all.log"
-    # kv-stream's capitals past the boot window: anchors the helper searches
+    # kv-stream's capitals past the boot window (the main process searches them while the
+    # boot waits for its first request, beside the helper's anchors)
     path.write_bytes(data * 3 + _capitals_boot(parse.BOOT_MAX_LINES + 20))
 
     def run() -> dict[str, object]:
