@@ -10,7 +10,9 @@ imported-style log with request timings, and a crash log.
 - ``pp.kvtrace``: pool-pressure with the adaptive partition (ring uploads, a repartition,
   ring-starved);
 - ``stream.log``: the seed's streaming log (12 requests' print_timing blocks);
-- ``crash.log``: tests/fixtures/logs/kvstream_np2_gdb.log (the fits abort with a gdb backtrace).
+- ``crash.log``: tests/fixtures/logs/kvstream_np2_gdb.log (the fits abort with a gdb backtrace);
+- ``pycrash.log``: :data:`PYCRASH` (the fits abort in llama-cpp-python: faulthandler's stacks
+  of two named threads, as 3.14 prints them, and no native backtrace).
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ CAPTURES: dict[str, list[str]] = {
            "--streamed-layers", "2", "--steps", "3", "--n-head", "4"],
 }
 REPARTITION_STEP = 4
+PYCRASH = """\
+llama_model_loader: loaded meta data with 29 key-value pairs
+llama_context: constructing llama_context
+llama_context: n_ctx         = 4096
+/src/llama-cpp-python/vendor/llama.cpp/ggml/src/ggml-cuda/fattn.cu:412: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed
+Fatal Python error: Aborted
+
+Thread 0x00007fd1a9ffb6c0 [uvicorn-worker] (most recent call first):
+  File "/usr/lib/python3.14/threading.py", line 359 in wait
+  File "/opt/app/.venv/lib/python3.14/site-packages/anyio/_backends/_asyncio.py", line 976 in run
+
+Current thread 0x00007fd1c3a4e740 [MainThread] (most recent call first):
+  File "/opt/app/.venv/lib/python3.14/site-packages/llama_cpp/_internals.py", line 306 in decode
+  File "/opt/app/.venv/lib/python3.14/site-packages/llama_cpp/llama.py", line 642 in eval
+  File "/opt/app/server/generate.py", line 88 in stream_tokens
+  File "<frozen runpy>", line 198 in _run_module_as_main
+
+Extension modules: numpy._core._multiarray_umath (total: 1)
+"""
 
 
 def _insert_repartition(path: Path) -> None:
@@ -69,4 +90,6 @@ def build(root: Path) -> dict[str, Path]:
     files["crash"] = root / "crash.log"
     shutil.copy(Path(__file__).parent / "fixtures" / "logs" / "kvstream_np2_gdb.log",
                 files["crash"])
+    files["pycrash"] = root / "pycrash.log"
+    files["pycrash"].write_text(PYCRASH)
     return files

@@ -93,6 +93,40 @@ def test_two_different_aborts_in_one_death_keep_their_own_stacks() -> None:
     assert first.fingerprint != second.fingerprint
 
 
+def _capitals_boot(layer_lines: int) -> bytes:
+    """A boot of the port (np 2, streaming on CUDA1) at debug verbosity: after the context's
+    first lines, ``layer_lines`` per-layer device lines (no configuration in them), then the
+    port's multi-sequence opt-in and device-filter lines, one naming only the environment
+    variable in capitals, the other in "KV stream" words, neither with a ``llama_`` or
+    ``kv_stream`` prefix."""
+    lines = ["llama_model_loader: loaded meta data with 41 key-value pairs and 733 tensors from "
+             "/models/Qwen3.5-27B-Q4_K_M.gguf (version GGUF V3 (latest))",
+             "llama_context: constructing llama_context"]
+    lines += [f"llama_kv_cache: layer {i:3d}: dev = CUDA1" for i in range(layer_lines)]
+    lines += ["W LLAMA_KV_STREAM_ALLOW_MULTISEQ=1 set: 2 sequences stream through one pool, "
+              "untested upstream",
+              "I KV streaming device filter = CUDA1 (28 layers)",
+              "main: server is listening on http://0.0.0.0:8081 - starting the main loop"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_kv_stream_words_in_capitals_are_read_past_the_boot_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "BOOT_MAX_LINES", 40)
+    data = _capitals_boot(60)
+    (boot,) = scan_bytes(data).boots
+    assert (boot.multiseq_optin, boot.kv_stream_device, boot.kv_stream_layers) == (
+        True, "CUDA1", 28)
+    # inside the window (fewer loader lines than its cap) the same lines give the same boot
+    (early,) = scan_bytes(_capitals_boot(10)).boots
+    assert (early.multiseq_optin, early.kv_stream_device) == (True, "CUDA1")
+    # the anchors are what finds them: without the capitals ones the lines are never read
+    monkeypatch.setattr(parse, "LAUNCH_ANCHORS", tuple(
+        a for a in parse.LAUNCH_ANCHORS if a not in parse.BOOT_CAPITALS))
+    (blind,) = scan_bytes(data).boots
+    assert (blind.multiseq_optin, blind.kv_stream_device) == (False, None)
+
+
 def test_helper_process_gives_the_same_results(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With a helper process searching half of the anchors (as on large files), every record,
@@ -100,7 +134,9 @@ def test_helper_process_gives_the_same_results(tmp_path: Path,
     data = b"".join((FIXTURES / n).read_bytes() + b"\n"
                     for n in sorted(p.name for p in FIXTURES.glob("*.log")))
     path = tmp_path / "all.log"
-    path.write_bytes(data * 3)
+    # kv-stream's capitals past the boot window (the main process searches them while the
+    # boot waits for its first request, beside the helper's anchors)
+    path.write_bytes(data * 3 + _capitals_boot(parse.BOOT_MAX_LINES + 20))
 
     def run() -> dict[str, object]:
         parser = LogParser()
@@ -126,3 +162,5 @@ def test_helper_process_gives_the_same_results(tmp_path: Path,
     assert started, "the helper process was not used"
     assert got == want
     assert len(got["crashes"]) >= 30  # type: ignore[arg-type]
+    last = got["boots"][-1]  # type: ignore[index]
+    assert (last["multiseq_optin"], last["kv_stream_device"]) == (True, "CUDA1")

@@ -144,3 +144,38 @@ def test_a_value_no_column_type_holds_is_one_line(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"kvdiag: error: {t}: cannot load the events_evict table:")
     assert "\n" not in err and "Traceback" not in err
+
+
+def test_python_frames_are_their_own_table_beside_the_native_frames(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A segfault in a Python embedding that printed no native backtrace, only faulthandler's
+    one-thread ``Stack`` form (no thread id, the thread the signal hit) with a ``File ???``."""
+    log = tmp_path / "embed.log"
+    log.write_text("\n".join((
+        "llama_context: constructing llama_context",
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Stack (most recent call first):",
+        '  File "/srv/bot/.venv/lib/python3.11/site-packages/llama_cpp/llama.py", line 1207'
+        " in _create_completion",
+        "  File ???, line ??? in ???",
+        '  File "/srv/bot/handlers.py", line 41 in reply',
+        '  File "/usr/lib/python3.11/asyncio/events.py", line 84 in _run',
+        "",
+    )) + "\n")
+    rows = sql_json(capsys, "SELECT crash, stack, thread, signalled, frame, source_file, "
+                    "source_line, function, in_app FROM python_frames WHERE source_line > 40 "
+                    "ORDER BY frame", str(log))
+    site = "/srv/bot/.venv/lib/python3.11/site-packages/llama_cpp/llama.py"
+    assert [tuple(r.values()) for r in rows] == [
+        (0, 0, None, True, 0, site, 1207, "_create_completion", True),
+        (0, 0, None, True, 2, "/srv/bot/handlers.py", 41, "reply", True),
+        (0, 0, None, True, 3, "/usr/lib/python3.11/asyncio/events.py", 84, "_run", False)]
+    unknown = sql_json(capsys, "SELECT frame, source_file, function FROM python_frames "
+                       "WHERE source_file IS NULL", str(log))
+    assert unknown == [{"frame": 1, "source_file": None, "function": None}]
+    # the native frames table holds no Python frame, and a query naming only it fills it alone
+    assert sql_json(capsys, "SELECT count(*) AS n FROM frames", str(log)) == [{"n": 0}]
+    from kvdiag.sql.store import tables_named
+
+    assert tables_named("select * from python_frames") == {"python_frames"}

@@ -26,7 +26,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "sql.md"
 QUERIES: dict[str, str] = dict(re.findall(r"```sql\n-- q: (\S+)\n(.*?)```", DOC.read_text(),
                                           re.S))
 TRACES = ("s1r", "two", "lj", "pp")
-LOGS = ("stream", "crash")
+LOGS = ("stream", "crash", "pycrash")
 
 
 class Fleet:
@@ -180,6 +180,23 @@ def check_crashes(fleet: Fleet, rows: list[dict[str, Any]]) -> None:
     assert traces == {path: f.details["condition"] for path, f in fleet.findings("abort")}
 
 
+def check_python_threads(fleet: Fleet, rows: list[dict[str, Any]]) -> None:
+    want = []
+    for path in sorted(str(fleet.files[n]) for n in LOGS):
+        with open_log(path) as opened:
+            crashes = scan([(opened.name, opened.stream)]).crashes
+        for i, crash in enumerate(crashes):
+            want += [(path, i, s, st.thread, st.name, st.current, len(st.frames),
+                      next((f.function for f in st.frames if f.in_app), None))
+                     for s, st in enumerate(crash.python) if st.frames]
+    got = [(r["file"], r["crash"], r["stack"], r["thread"], r["thread_name"], r["signalled"],
+            r["frames"], r["top_app_frame"]) for r in rows]
+    assert got == want
+    py = str(fleet.files["pycrash"])
+    assert got == [(py, 0, 0, "0x00007fd1c3a4e740", "MainThread", True, 4, "decode"),
+                   (py, 0, 1, "0x00007fd1a9ffb6c0", "uvicorn-worker", False, 2, "run")]
+
+
 def check_incomplete(fleet: Fleet, rows: list[dict[str, Any]]) -> None:
     assert {r["file"]: r["status"] for r in rows} == {
         path: c.summary["status"] for path, c in fleet.check.items()
@@ -195,6 +212,7 @@ CHECKS: dict[str, Callable[[Fleet, list[dict[str, Any]]], None]] = {
     "findings-by-rule": check_findings_by_rule, "routes": check_routes,
     "repartitions": check_repartitions, "ring-starved": check_ring_starved,
     "timings": check_timings, "crashes": check_crashes, "incomplete": check_incomplete,
+    "python_threads": check_python_threads,
 }
 
 

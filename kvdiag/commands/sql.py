@@ -1,10 +1,10 @@
 """SQL over traces, server logs and Parquet folders (DuckDB, an optional extra).
 
-One query runs over the inputs' tables (events, pages, fits,
-conditions, findings, evidence, timings, crashes, frames, files, problems; docs/sql.md); a
-trace's verdicts are the judgement's, as kvdiag check reports them. Several inputs load into
-the same tables, told apart by the ``file`` column; a folder that --parquet wrote is read as
-its tables. With --parquet DIR, every table is written as DIR/<table>.parquet instead.
+One query runs over the inputs' tables (events, pages, fits, conditions, findings, evidence,
+timings, crashes, frames, python_frames, files, problems; docs/sql.md); a trace's verdicts
+are the judgement's, as kvdiag check reports them. Several inputs load into the same tables,
+told apart by the ``file`` column; a folder that --parquet wrote is read as its tables. With
+--parquet DIR, every table is written as DIR/<table>.parquet instead.
 Exit 0; 2 on bad input, a query DuckDB refuses, or DuckDB not installed.
 """
 

@@ -75,11 +75,22 @@ MAIN_ANCHORS = ANCHORS[:4]
 HELPER_ANCHORS = ANCHORS[4:]
 #: Files smaller than this are not worth starting a helper process for.
 PARALLEL_MIN_BYTES = 64 << 20
+BOOT_CAPITALS: tuple[bytes, ...] = (b"TREAM", b"KV stream")
+"""kv-stream's words in capitals, which boot lines hold and no other anchor does: the port's
+``LLAMA_KV_STREAM_ALLOW_MULTISEQ`` warning (the grammar's ``_MULTISEQ``; its text is not public,
+domain brief §9, so it may name only the variable) and its ``KV streaming device filter = CUDA0
+(n layers)`` line (§5.1, printed without a public prefix). The boot window reads them where it
+is open; it closes ``BOOT_MAX_LINES`` lines after the boot's last configuration line (debug
+output in between), and then only these anchors find them. They are printed before the first
+request, so they are searched only while a boot waits for it: searched in every block they cost
+~16 % of the scan (benchmarks/results/bench_logscan.txt, 2026-12-02). ``TREAM`` is also
+``GGML_CUDA_KV_STREAM_*`` and ``KV-STREAM``."""
 #: Extra anchors while a boot still waits for its first request.
 LAUNCH_ANCHORS: tuple[bytes, ...] = (b"processing task", *serverlog.ANCHORS,
-                                     b"is processing [task")
+                                     b"is processing [task", *BOOT_CAPITALS)
 """``launch_slot_`` (2024-), the 2024 ``server_log`` form (text or JSON, either key spelling),
-2023's ``slot N is processing [task id: N]``: a request launched, so the boot was ready."""
+2023's ``slot N is processing [task id: N]``: a request launched, so the boot was ready; and
+:data:`BOOT_CAPITALS`."""
 
 BLOCK = 8 << 20
 BOOT_MAX_LINES = 5000

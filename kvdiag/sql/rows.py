@@ -191,8 +191,8 @@ def _text(value: object) -> str | None:
 
 
 def log_rows(path: str, sink: Sink, tables: frozenset[str]) -> None:
-    """What a llama-server log gives: crashes, frames and findings (the post-mortem scanner),
-    timings (``kvdiag perf``'s request reader)."""
+    """What a llama-server log gives: crashes, their native and Python frames and findings (the
+    post-mortem scanner), timings (``kvdiag perf``'s request reader)."""
     from kvdiag.analysis.signatures import evaluate
     from kvdiag.files.logs import open_log
     from kvdiag.postmortem.parse import scan
@@ -238,3 +238,9 @@ def _crash_rows(crash: Crash, index: int, sink: Sink) -> None:
     for f in frames:
         sink.row("frames", (index, f.index, f.address, f.module, f.offset, f.function, f.file,
                             f.line, f.inlined, f.in_app, None))
+    # faulthandler's stacks (postmortem.pystack): a frame of ``File ???`` has no file, line or
+    # function, and a thread that printed no frame (``<no Python frame>``) has no row
+    for s, stack in enumerate(crash.python):
+        for f in stack.frames:
+            sink.row("python_frames", (index, s, stack.thread, stack.name, stack.current,
+                                       f.index, f.file, f.line, f.function, f.in_app))

@@ -74,6 +74,11 @@ FRAMES = _t("frames", "the backtrace frames of each crash, as printed",
             "crash:BIGINT frame:BIGINT address:HUGEINT module:VARCHAR offset:HUGEINT "
             "function:VARCHAR source_file:VARCHAR source_line:BIGINT inlined:BOOLEAN "
             "in_app:BOOLEAN text:VARCHAR")
+PYTHON_FRAMES = _t("python_frames",
+                   "the Python stacks of each crash (faulthandler), one row per frame",
+                   "crash:BIGINT stack:BIGINT thread:VARCHAR thread_name:VARCHAR "
+                   "signalled:BOOLEAN frame:BIGINT source_file:VARCHAR source_line:BIGINT "
+                   "function:VARCHAR in_app:BOOLEAN")
 
 RENAMES: dict[tuple[str, str], str] = {
     ("abort", "file"): "abort_file",
@@ -164,5 +169,6 @@ EVENT_TABLES = event_tables()
 EVENT_TABLE: dict[str, Table] = {t.name.removeprefix("events_"): t for t in EVENT_TABLES}
 
 TABLES: tuple[Table, ...] = (FILES, PROBLEMS, PAGES, FITS, CONDITIONS, FINDINGS, EVIDENCE,
-                             TIMINGS, CRASHES, FRAMES, *EVENT_TABLES)
+                             TIMINGS, CRASHES, FRAMES, PYTHON_FRAMES,
+                             *EVENT_TABLES)
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
