@@ -150,6 +150,19 @@ def test_no_gap_no_finding_and_a_lost_start_is_said() -> None:
     assert snap.lost is None
 
 
+def test_a_lost_seq_hidden_behind_a_repeated_line_is_said() -> None:
+    """GIVEN seqs 1, 2, 3, 5, 5, 6 in one block (seq 4 lost, the line of seq 5 repeated: the
+    count of the block and its first and last seq are those of a whole run) WHEN judged as a
+    list and as a stream THEN seq 4 is said lost (the reader's "sequence" problem names the
+    repeated line; the gap is the judgement's to say)."""
+    seqs = (1, 2, 3, 5, 5, 6)
+    w = [_ev(ev.Write, s, layer=0, stream=0, cells=(0, 1), rows=(0, 1)) for s in seqs]
+    for fed in (w, iter(w)):
+        snap = Judge().feed_all(fed).snapshot()
+        assert snap.lost is not None and snap.lost["events"] == 1, fed
+        assert snap.lost["first"][0]["first_seq"] == snap.lost["first"][0]["last_seq"] == 4
+
+
 # -- the commands, on a native trace (kernels/kvtrace.h) and a model capture ----------------
 
 

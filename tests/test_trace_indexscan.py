@@ -128,7 +128,9 @@ FIELDS = [b"kind", b"seq", b"step", b"layer", b"stream", b"slot", b"page", b"pag
           b"target", b"key_stream", b"result", b"route", b"relearn", b"other"]
 
 
-def _mutate(rng: random.Random, line: bytes) -> bytes:
+def _mutate(rng: random.Random, line: bytes, fields: list[bytes] = FIELDS) -> bytes:
+    """``line`` changed in 1 to 3 places: bytes of :data:`MUTANTS` put in, one of ``fields``
+    added or given another value, the line cut, whitespace added."""
     for _ in range(rng.randint(1, 3)):
         how = rng.randrange(5)
         if how == 0:  # a byte sequence inserted, replacing or not
@@ -136,13 +138,13 @@ def _mutate(rng: random.Random, line: bytes) -> bytes:
             cut = rng.choice([0, 0, 1, 2])
             line = line[:at] + rng.choice(MUTANTS) + line[at + cut:]
         elif how == 1:  # a field of the index given another value
-            name = rng.choice(FIELDS)
+            name = rng.choice(fields)
             line = line.replace(b"}", b',"%s":%s}' % (name, rng.choice(MUTANTS)), 1) \
                 if rng.random() < 0.5 else line[:-1] + b',"%s":%s}' % (name, rng.choice(MUTANTS))
         elif how == 2:  # cut
             line = line[:rng.randrange(len(line) + 1)]
         elif how == 3:  # a known field's value replaced
-            name = rng.choice(FIELDS)
+            name = rng.choice(fields)
             key = b'"%s":' % name
             at = line.find(key)
             if at >= 0:

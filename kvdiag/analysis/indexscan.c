@@ -16,11 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "jsonscan.h"
 
-#define MAX_DEPTH 32
 #define MAX_NAMES 64
 #define NAME_LEN 32
-#define INT_DIGITS 18 /* |value| < 10**18: no overflow in int64 */
 
 enum { F_KIND, F_SEQ, F_STEP, F_LAYER, F_STREAM, F_SLOT, F_PAGE, F_PAGES, F_CELLS, F_TARGET,
        F_KEY_STREAM, F_RESULT, F_ROUTE, F_RELEARN, F_OTHER };
@@ -35,207 +34,14 @@ static Py_ssize_t kind_len[MAX_NAMES], n_kinds = 0, unknown_code = -1;
 static char routes[MAX_NAMES][NAME_LEN];
 static Py_ssize_t route_len[MAX_NAMES], n_routes = 0;
 
-/* bytes a string's scan stops at: the quote, a backslash, control and non-ASCII bytes */
-static unsigned char STOP[256];
 static long code_upload = -1, code_write = -1, code_evict = -1, code_fits = -1, code_learn = -1;
 static long flag_ring = 0, flag_fits_false = 0, flag_relearn = 0;
-
-typedef struct {
-    const unsigned char *p, *end; /* the line, without its newline */
-} Cur;
-
-static void ws(Cur *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r')) c->p++;
-}
-
-static int is_digit(unsigned char ch) { return ch >= '0' && ch <= '9'; }
-
-/* A string at c->p (the opening quote): its bytes between the quotes as [*s, *s + *n);
- * ``plain``: no backslash allowed (a field the index keeps). 0: declined. */
-static int string(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
-    if (c->p >= c->end || *c->p != '"') return 0;
-    const unsigned char *q = ++c->p;
-    while (q < c->end) {
-        if (!STOP[*q]) {
-            q++;
-            continue;
-        }
-        unsigned char ch = *q;
-        if (ch == '"') break;
-        if (ch < 0x20 || ch >= 0x80) return 0;
-        if (ch == '\\') {
-            if (plain || q + 1 >= c->end) return 0;
-            unsigned char e = q[1];
-            /* \u escapes are declined: a lone surrogate is an error to the decoder */
-            if (!(e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
-                  e == 'r' || e == 't'))
-                return 0;
-            q += 2;
-            continue;
-        }
-        q++;
-    }
-    if (q >= c->end) return 0;
-    *s = c->p;
-    *n = q - c->p;
-    c->p = q + 1;
-    return 1;
-}
-
-/* A JSON number, checked against the grammar and skipped. */
-static int number(Cur *c) {
-    const unsigned char *q = c->p;
-    if (q < c->end && *q == '-') q++;
-    if (q >= c->end || !is_digit(*q)) return 0;
-    if (*q == '0') q++;
-    else
-        while (q < c->end && is_digit(*q)) q++;
-    if (q < c->end && *q == '.') {
-        q++;
-        if (q >= c->end || !is_digit(*q)) return 0;
-        while (q < c->end && is_digit(*q)) q++;
-    }
-    if (q < c->end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < c->end && (*q == '+' || *q == '-')) q++;
-        if (q >= c->end || !is_digit(*q)) return 0;
-        while (q < c->end && is_digit(*q)) q++;
-    }
-    c->p = q;
-    return 1;
-}
-
-/* An integer the index keeps: no fraction or exponent (the decoder's int refuses a float),
- * at most INT_DIGITS digits. */
-static int integer(Cur *c, int64_t *out) {
-    const unsigned char *q = c->p;
-    int neg = 0;
-    if (q < c->end && *q == '-') {
-        neg = 1;
-        q++;
-    }
-    if (q >= c->end || !is_digit(*q)) return 0;
-    int64_t v = 0;
-    int digits = 0;
-    if (*q == '0') {
-        q++;
-        digits = 1;
-    } else {
-        while (q < c->end && is_digit(*q)) {
-            if (++digits > INT_DIGITS) return 0;
-            v = v * 10 + (*q - '0');
-            q++;
-        }
-    }
-    if (q < c->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
-    c->p = q;
-    *out = neg ? -v : v;
-    return 1;
-}
-
-static int literal(Cur *c, const char *word) {
-    size_t n = strlen(word);
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) return 0;
-    c->p += n;
-    return 1;
-}
-
-/* After an opening bracket: the container is empty (its closing bracket taken). */
-static int empty(Cur *c, unsigned char close) {
-    ws(c);
-    if (c->p < c->end && *c->p == close) {
-        c->p++;
-        return 1;
-    }
-    return 0;
-}
-
-/* After an item: 1 another follows (the comma taken), 2 the container ends (its bracket
- * taken), 0 malformed. */
-static int after_item(Cur *c, unsigned char close) {
-    ws(c);
-    if (c->p >= c->end) return 0;
-    if (*c->p == ',') {
-        c->p++;
-        return 1;
-    }
-    if (*c->p == close) {
-        c->p++;
-        return 2;
-    }
-    return 0;
-}
-
-/* An object's key and its colon. */
-static int member(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
-    ws(c);
-    if (!string(c, s, n, plain)) return 0;
-    ws(c);
-    if (c->p >= c->end || *c->p != ':') return 0;
-    c->p++;
-    ws(c);
-    return 1;
-}
-
-/* Any JSON value, checked and skipped. */
-static int value(Cur *c, int depth) {
-    if (c->p >= c->end) return 0;
-    unsigned char ch = *c->p;
-    if (ch == '"') {
-        const unsigned char *s;
-        Py_ssize_t n;
-        return string(c, &s, &n, 0);
-    }
-    if (ch == '-' || is_digit(ch)) return number(c);
-    if (ch == 't') return literal(c, "true");
-    if (ch == 'f') return literal(c, "false");
-    if (ch == 'n') return literal(c, "null");
-    if (depth >= MAX_DEPTH) return 0;
-    if (ch != '[' && ch != '{') return 0;
-    unsigned char close = ch == '[' ? ']' : '}';
-    c->p++;
-    if (empty(c, close)) return 1;
-    for (;;) {
-        if (close == '}') {
-            const unsigned char *s;
-            Py_ssize_t n;
-            if (!member(c, &s, &n, 0)) return 0;
-        }
-        ws(c);
-        if (!value(c, depth + 1)) return 0;
-        int more = after_item(c, close);
-        if (more != 1) return more == 2;
-    }
-}
 
 static int field_of(const unsigned char *s, Py_ssize_t n) {
     for (int i = 0; i < F_OTHER; i++)
         if (FIELD_LEN[i] == n && FIELDS[i][0] == (char)s[0] && memcmp(FIELDS[i], s, (size_t)n) == 0)
             return i;
     return F_OTHER;
-}
-
-static int pair(Cur *c, int64_t out[2]) {
-    if (c->p >= c->end || *c->p != '[') return 0;
-    c->p++;
-    ws(c);
-    if (!integer(c, &out[0])) return 0;
-    ws(c);
-    if (c->p >= c->end || *c->p != ',') return 0;
-    c->p++;
-    ws(c);
-    if (!integer(c, &out[1])) return 0;
-    ws(c);
-    if (c->p >= c->end || *c->p != ']') return 0;
-    c->p++;
-    return 1;
-}
-
-static int boolean(Cur *c, int *out) {
-    if (literal(c, "true")) *out = 1;
-    else if (literal(c, "false")) *out = 0;
-    else return 0;
-    return 1;
 }
 
 static int in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
@@ -440,7 +246,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         return NULL;
     if (names(k, kinds, kind_len, &n_kinds) < 0 || names(r, routes, route_len, &n_routes) < 0)
         return NULL;
-    for (int ch = 0; ch < 256; ch++) STOP[ch] = ch == '"' || ch == '\\' || ch < 0x20 || ch >= 0x80;
+    json_init();
     unknown_code = unknown;
     Py_RETURN_NONE;
 }

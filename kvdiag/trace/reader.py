@@ -381,6 +381,23 @@ class TraceReader:
             out = [*out, self._line(tail, self.lines_read, last=True)]
         return out
 
+    def scan_from(self) -> int | None:
+        """The seq of the last event, where a caller may read the next lines' fields itself
+        (:meth:`scanned`: the judgement's :mod:`~kvdiag.analysis.judgement.linescan`) on the
+        terms of the fast path: no End yet, no fields of a newer minor version to keep, a
+        64-bit seq. None: every line is this reader's to decode."""
+        if self.newer_minor or self.end is not None or self._finished or not (
+                _I64 <= self._last_seq < -_I64):
+            return None
+        return self._last_seq
+
+    def scanned(self, lines: int, last_seq: int) -> None:
+        """``lines`` whole lines, one event each numbered on one by one to ``last_seq``, were
+        read by the caller's own pass from :meth:`scan_from`: counted as :meth:`decode_block`
+        counts the lines it decodes."""
+        self.lines_read += lines
+        self._last_seq = last_seq
+
     def finish(self) -> None:
         """The caller of :meth:`decode_block` reached the end of the file: report a missing
         End event as iteration does."""

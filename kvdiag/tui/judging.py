@@ -82,7 +82,7 @@ class JudgingPass:
     after the header."""
 
     def __init__(self, path: str | Path, *, hand_over: bool = False,
-                 reader: TraceReader | None = None) -> None:
+                 reader: TraceReader | None = None, scan: bool = True) -> None:
         # the reader validates the header (InputError) and then only decodes what it is given;
         # a followed file's reader is made from the header line already read (``reader``)
         if reader is None:
@@ -99,6 +99,9 @@ class JudgingPass:
             reader.allow_skipped(whole.skipped_seqs)
         self.judge = trace_judge(reader, ledger=True, name=str(path))
         self.hand_over = hand_over
+        self.scan = scan
+        """Lines are read straight into the Judge's columns where it can (:meth:`decoded`);
+        False: every line is decoded (the reference the tests hold the other to)."""
         """Deltas carry the ledger's sealed blocks away (a pass in another process): the
         viewer keeps them, this pass forgets them."""
         self.position = 0
@@ -117,6 +120,34 @@ class JudgingPass:
         self.position = offset + len(block)
 
     def decoded(self, block: bytes) -> Iterator[list[Any]]:
+        """The events of ``block`` for the Judge's streamed path. Where the reader and the
+        Judge can (:meth:`TraceReader.scan_from`), the Judge reads lines straight into its
+        columns (:meth:`Judge.scan`, :mod:`~kvdiag.analysis.judgement.linescan`: the kinds that
+        make most of a trace, without making their events) and the reader counts them; each line
+        it declines, and the lines up to the next it may read, are decoded here
+        (:meth:`_decode`) — at least a slice's worth where it read none, so that a trace whose
+        lines it never reads costs one declined line per slice."""
+        judge, reader, n = self.judge, self.reader, len(block)
+        pos = 0
+        while pos < n:
+            last = reader.scan_from() if self.scan else None
+            if last is None:
+                yield from self._decode(block[pos:] if pos else block)
+                return
+            stop, count, resume = judge.scan(block, pos, last)
+            if count:
+                reader.scanned(count, last + count)
+                pos = stop
+                if pos >= n:
+                    return
+                end = resume
+            else:
+                cut = block.find(b"\n", pos + SLICE)
+                end = max(resume, n if cut < 0 else cut + 1)
+            yield from self._decode(block[pos:end])
+            pos = end
+
+    def _decode(self, block: bytes) -> Iterator[list[Any]]:
         """The events of ``block``, a slice at a time as each is decoded (the Judge takes
         their fields out while the decoder has just made them: :meth:`Judge.feed_all`'s
         streamed path, ~30 % less CPU than holding the block's events for the list path,

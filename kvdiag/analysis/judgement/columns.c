@@ -549,6 +549,8 @@ fail:
     return -1;
 }
 
+#include "linescan.h"
+
 /* (code: bytes, one int8 per event; data: bytearray of int64 (the events' indices by kind,
  *  stably, then the NVEC columns); lens: each column's length; ends: each kind's end in the
  *  indices; every read has served runs; reads: the read events kept, else None) */
@@ -661,6 +663,51 @@ static PyObject *acc_add(Accumulator *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* scan(data, start, base, expect) -> (stop, count, last_step, resume): the lines of ``data``
+ * from byte ``start`` taken into the columns as add() takes their events (positions from
+ * ``base``, seqs ``expect``, ``expect`` + 1, ...; linescan.h) up to the first line declined,
+ * which begins at ``stop``; ``resume``: where the first line after it that begins as a kind
+ * read here does (the decoder's run ends there), else the end of ``data``. */
+static PyObject *acc_scan(Accumulator *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, base;
+    long long expect;
+    if (!PyArg_ParseTuple(args, "y*nnL", &view, &start, &base, &expect)) return NULL;
+    const unsigned char *s = view.buf, *end = s + view.len, *p = s + (start < 0 ? 0 : start);
+    Py_ssize_t count = 0;
+    int64_t step = -1;
+    PyObject *out = NULL;
+    if (start < 0 || start > view.len) {
+        PyErr_SetString(PyExc_ValueError, "start: outside the data");
+        goto done;
+    }
+    if (scan_ready) {
+        while (p < end) {
+            const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
+            if (!q) break; /* a line without its newline: the reader's to judge */
+            Cur c = {p, q};
+            int k = scan_line(&self->c, &c, (int64_t)(base + count), (int64_t)expect + count, &step);
+            if (k == -2) goto done;
+            if (k < 0) break;
+            count++;
+            p = q + 1;
+        }
+    }
+    const unsigned char *stop = p, *r = p;
+    /* past the declined line: the lines that do not begin as a kind read here */
+    while (r < end) {
+        const unsigned char *q = memchr(r, '\n', (size_t)(end - r));
+        const unsigned char *next = q ? q + 1 : end;
+        if (r != stop && scan_ready && begins_as_read(r, next)) break;
+        r = next;
+    }
+    out = Py_BuildValue("nnLn", (Py_ssize_t)(stop - s), count, (long long)step,
+                        (Py_ssize_t)(r - s));
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* take() -> pack()'s tuple of everything added since the last take, then empty */
 static PyObject *acc_take(Accumulator *self, PyObject *unused) {
     PyObject *out = pack(&self->c);
@@ -675,6 +722,7 @@ static PyObject *acc_len(Accumulator *self, void *unused) {
 static PyMethodDef acc_methods[] = {
     {"add", (PyCFunction)acc_add, METH_VARARGS, "Take out the columns of a list of events."},
     {"take", (PyCFunction)acc_take, METH_NOARGS, "The columns taken out since the last take."},
+    {"scan", (PyCFunction)acc_scan, METH_VARARGS, "Take the columns of lines read from bytes."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -700,6 +748,8 @@ static PyMethodDef methods[] = {
     {"extract", extract, METH_VARARGS,
      "The page judgement's columns of a list of decoded events (kvdiag.analysis.judgement"
      ".columns.extract, in C)."},
+    {"scan_configure", scan_configure, METH_VARARGS,
+     "The model's description for scan (kvdiag.analysis.judgement.linescan)."},
     {NULL, NULL, 0, NULL},
 };
 

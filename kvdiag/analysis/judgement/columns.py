@@ -231,8 +231,12 @@ _C_MODULE = f"{__package__}._columns"
 _C_SOURCE = Path(__file__).with_name("columns.c")
 
 
-def _compiled() -> Any:
+def compiled_module() -> Any:
+    """``columns.c`` built and loaded, or None (no C pass here)."""
     return compiled.load(_C_SOURCE, _C_MODULE)
+
+
+_compiled = compiled_module
 
 
 def accumulator(stop: tuple[type, ...]) -> Any | None:

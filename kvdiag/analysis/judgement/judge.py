@@ -98,6 +98,7 @@ from kvdiag.analysis.judgement.fits import (
 )
 from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
+from kvdiag.analysis.judgement.linescan import ready as scan_ready
 from kvdiag.analysis.judgement.seqjudge import available as walk_available
 from kvdiag.analysis.judgement.seqjudge import judge_streamed
 from kvdiag.analysis.judgement.slots import Copy, Piece
@@ -437,6 +438,33 @@ class Judge:
         self.rows = rows0 + n
         self.last_seq = block[-1].seq
         return True
+
+    def scan(self, data: bytes, start: int, last_seq: int) -> tuple[int, int, int]:
+        """Take lines of ``data`` from byte ``start`` straight into the columns
+        (:mod:`.linescan`: the fields read from their bytes, as :meth:`_accumulate` takes them
+        from their decoded events), while the lines' seqs go on one by one from ``last_seq``
+        (the reader's last) and :meth:`feed_all` streams. Returns ``(stop, count, resume)``:
+        ``count`` lines taken, ending at byte ``stop`` where the first line declined begins
+        (the caller decodes it, and the lines after it up to byte ``resume``, where one begins
+        that may be taken again)."""
+        acc = self._accumulator()
+        expect = self.gaps.next
+        if acc is None or expect is None or expect != last_seq + 1 or not scan_ready(acc):
+            return start, 0, start
+        if self._waiting:  # a block before was decoded and declined: its columns come first
+            self._take_waiting()
+        local, base, rows0 = acc.count, self._held, self.rows
+        stop, count, step, resume = acc.scan(data, start, base, expect)
+        if count:
+            if not local:
+                self._acc_from = (rows0, base)
+            self._held += count
+            self.rows = rows0 + count
+            self.last_seq = expect + count - 1
+            self.gaps.went_on(count, step)
+            if self._held >= self._stream_chunk:
+                self._flush()
+        return stop, count, resume
 
     def _take_acc(self) -> None:
         """What the accumulator holds, counted and handed to the columns waiting to be
