@@ -276,7 +276,8 @@ def test_blocks_written_as_they_gather_give_the_thread_s_ledger(
 
 @pytest.mark.parametrize("source", ["analysis/judgement/columns.c", "analysis/judgement/seqjudge.c",
                                     "trace/reader.py", "trace/blockscan.c", "tui/judging.py",
-                                    "analysis/judgement/judge.py"])
+                                    "analysis/judgement/judge.py", "analysis/judgement/linescan.h",
+                                    "compiled/jsonscan.h"])
 def test_a_change_to_any_source_that_judges_makes_cached_judgements_stale(
         source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """GIVEN the code hash a cached judgement records WHEN one source that reads or judges a

@@ -130,7 +130,8 @@ class CacheError(Exception):
 _CODE: list[str] = []
 
 
-_JUDGED_BY = ("analysis/judgement/*.py", "analysis/judgement/*.c", "trace/*.py", "trace/*.c",
+_JUDGED_BY = ("analysis/judgement/*.py", "analysis/judgement/*.c", "analysis/judgement/*.h",
+              "trace/*.py", "trace/*.c",
               "model/*.py", "compiled/*.h", "tui/judging.py", "tui/judgeproc.py",
               "tui/digest.py", "tui/judgecache.py")
 """The sources a cached judgement was made by (the C helpers too: a judgement made by an older
