@@ -95,26 +95,27 @@ static int number(Cur *c) {
 /* An integer the index keeps: no fraction or exponent (the decoder's int refuses a float),
  * at most INT_DIGITS digits. */
 static int integer(Cur *c, int64_t *out) {
-    const unsigned char *q = c->p;
+    const unsigned char *q = c->p, *end = c->end;
     int neg = 0;
-    if (q < c->end && *q == '-') {
+    if (q < end && *q == '-') {
         neg = 1;
         q++;
     }
-    if (q >= c->end || !is_digit(*q)) return 0;
-    int64_t v = 0;
-    int digits = 0;
-    if (*q == '0') {
-        q++;
-        digits = 1;
-    } else {
-        while (q < c->end && is_digit(*q)) {
-            if (++digits > INT_DIGITS) return 0;
-            v = v * 10 + (*q - '0');
+    if (q >= end) return 0;
+    unsigned d = (unsigned)*q - '0';
+    if (d > 9) return 0;
+    int64_t v = (int64_t)d;
+    q++;
+    if (d) {
+        /* at most INT_DIGITS digits: one more is declined */
+        const unsigned char *lim = end - q > INT_DIGITS - 1 ? q + (INT_DIGITS - 1) : end;
+        while (q < lim && (d = (unsigned)*q - '0') <= 9) {
+            v = v * 10 + (int64_t)d;
             q++;
         }
+        if (q < end && (unsigned)*q - '0' <= 9) return 0;
     }
-    if (q < c->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
+    if (q < end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
     c->p = q;
     *out = neg ? -v : v;
     return 1;

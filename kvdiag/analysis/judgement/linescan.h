@@ -88,6 +88,23 @@ static inline int same(const SField *sf, const unsigned char *s, Py_ssize_t n) {
     return 1;
 }
 
+/* The key at c->p is the field's name, and its colon follows: both taken. A name holds
+ * neither a quote nor a backslash (linescan.py gives only identifiers), so the quote after it
+ * ends the key: the key is that name, as string() would read it. */
+static inline int quoted(Cur *c, const SField *sf) {
+    const unsigned char *p = c->p;
+    Py_ssize_t n = sf->len;
+    if (c->end - p < n + 3 || p[0] != '"' || p[n + 1] != '"') return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((unsigned char)sf->name[i] != p[i + 1]) return 0;
+    p += n + 2;
+    while (p < c->end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+    if (p >= c->end || *p != ':') return 0;
+    c->p = p + 1;
+    ws(c);
+    return 1;
+}
+
 /* The members of an object whose '{' (and, for an event, its "kind" member) was read; ``rec``
  * gets one Rec per field of the struct, or is NULL. */
 static int members(Cur *c, const Node *nd, int depth, Rec *rec, int open, int tagged) {
@@ -103,11 +120,12 @@ static int members(Cur *c, const Node *nd, int depth, Rec *rec, int open, int ta
     for (;;) {
         const unsigned char *s;
         Py_ssize_t n;
-        if (!member(c, &s, &n, 0)) return 0;
         int f = -1;
-        if (hint < nd->n && same(&sfields[nd->a + hint], s, n)) {
+        ws(c);
+        if (hint < nd->n && quoted(c, &sfields[nd->a + hint])) {
             f = hint;
         } else {
+            if (!member(c, &s, &n, 0)) return 0;
             for (int i = 0; i < nd->n; i++)
                 if (same(&sfields[nd->a + i], s, n)) {
                     f = i;
@@ -122,11 +140,24 @@ static int members(Cur *c, const Node *nd, int depth, Rec *rec, int open, int ta
         } else {
             if (seen & ((uint64_t)1 << f)) return 0;
             seen |= (uint64_t)1 << f;
-            if (rec) {
-                rec[f].at = c->p;
-                rec[f].given = 1;
+            Rec *r = rec ? &rec[f] : NULL;
+            if (r) {
+                r->at = c->p;
+                r->given = 1;
             }
-            if (!valid(c, sfields[nd->a + f].node, depth + 1, rec ? &rec[f] : NULL)) return 0;
+            int node = sfields[nd->a + f].node;
+            int type = nodes[node].type;
+            if (type == S_INT) { /* the commonest values: read here, not through valid() */
+                int64_t v;
+                if (!integer(c, &v)) return 0;
+                if (r) r->val = v;
+            } else if (type == S_STR) {
+                const unsigned char *vs;
+                Py_ssize_t vn;
+                if (!string(c, &vs, &vn, 0)) return 0;
+            } else if (!valid(c, node, depth + 1, r)) {
+                return 0;
+            }
         }
         int more = after_item(c, '}');
         if (more == 0) return 0;
@@ -193,7 +224,13 @@ static int valid(Cur *c, int node, int depth, Rec *rec) {
                 else if (count >= nd->n) return 0;
                 else if (nd->type == S_TUPLE) item = kids[nd->a + count];
                 else item = sfields[nd->a + count].node;
-                if (!valid(c, item, depth + 1, NULL)) return 0;
+                if (nodes[item].type == S_INT) { /* shapes, strides, page pairs */
+                    int64_t v;
+                    ws(c);
+                    if (!integer(c, &v)) return 0;
+                } else if (!valid(c, item, depth + 1, NULL)) {
+                    return 0;
+                }
                 count++;
                 int more = after_item(c, ']');
                 if (more == 0) return 0;

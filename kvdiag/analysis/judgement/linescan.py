@@ -108,6 +108,8 @@ class _Description:
             if t.forbid_unknown_fields or t.tag_field not in (None, "kind"):
                 return (S_OTHER, 0, 0)
             kept = t.fields
+            if not all(f.encode_name.isidentifier() and f.encode_name.isascii() for f in kept):
+                return (S_OTHER, 0, 0)  # linescan.h's quoted() reads names without escapes
             first = len(self.fields)
             self.fields += [("", 0, 0)] * len(kept)
             for i, f in enumerate(kept):
