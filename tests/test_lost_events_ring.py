@@ -127,12 +127,53 @@ def test_a_gap_before_the_first_event_leaves_the_batch_open_too(
     assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
     lost = _lost(trace)
     assert lost is not None and lost["first"][0]["step_before"] is None
-    # without a dispatch of the layer after the gap the walk stops at page 4's copy: unknown
-    # whether it waited for the read (fits), still not foreign
+    # without a dispatch of the layer on either side of the gap the walk stops at page 4's
+    # copy, and were the ring cycling it would go on into the gap: lost-events (the read's
+    # own dispatch may be among the lost events), never foreign — it said "fits"
     trace = [W(3, 0, 1, 0, 0, PAGE), U(4, 0, 0, 0, 4, 5, 0, "ring"),
              R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
     _, why, pieces = _verdicts(trace, monkeypatch)
-    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]}
+    assert pieces == {5: [(2, 3, "not judged", -1, "lost-events")]}
+    assert why == {"lost-events": 1}
+
+
+def test_a_walk_without_a_dispatch_names_the_gap_only_when_it_would_end_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``fits`` of layer 0 anywhere (only layer 1's, before the gap). GIVEN page 2 copied
+    into ring slot 0, seq 4 (another layer's write) lost, page 4 copied over it, and the read
+    of pages 2 and 4
+    THEN whole: page 2 not judged for want of the dispatch (fits: page 2's copy is in the
+    walk, only when the read began is unknown); with seq 4 lost: lost-events (page 2's copy
+    lies before the gap, where the walk cannot go). With page 2's copy after the gap too, the
+    walk's answer is after it: fits again. Without a gap or a dispatch: fits."""
+    whole = [W(1, 0, 0, 0, 0, 6 * PAGE), F(2, 0, 1), U(3, 0, 0, 0, 2, 3, 0, "ring"),
+             W(4, 0, 1, 0, 0, PAGE), U(5, 0, 0, 0, 4, 5, 0, "ring"),
+             R(6, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    classes, why, pieces = _verdicts(whole, monkeypatch)
+    assert pieces == {6: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
+    classes, why, pieces = _verdicts(_without(whole, 4), monkeypatch)
+    assert pieces == {6: [(2, 3, "not judged", -1, "lost-events")]}
+    assert why == {"lost-events": 1}
+    assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
+    # page 2's copy after the gap: the walk meets it, only the dispatch is unknown
+    after = [W(1, 0, 0, 0, 0, 6 * PAGE), W(2, 0, 1, 0, 0, PAGE),
+             U(3, 0, 0, 0, 2, 3, 0, "ring"), U(4, 0, 0, 0, 4, 5, 0, "ring"),
+             R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(_without(after, 2), monkeypatch)
+    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    # another view's copy older in the walk: foreign were it the cycling, so the gap is not
+    # where the walk ends either
+    other = [W(1, 0, 0, 0, 0, 6 * PAGE), W(2, 0, 1, 0, 0, PAGE),
+             U(3, 0, 1, 0, 0, 1, 0, "ring"), U(4, 0, 0, 0, 4, 5, 0, "ring"),
+             R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(_without(other, 2), monkeypatch)
+    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    # no gap at all, no dispatch: fits
+    plain = [W(1, 0, 0, 0, 0, 6 * PAGE), U(2, 0, 0, 0, 4, 5, 0, "ring"),
+             R(3, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(plain, monkeypatch)
+    assert pieces == {3: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
 
 
 def test_what_the_events_after_the_gap_show_is_judged_as_before(

@@ -159,6 +159,9 @@ class DiffResult:
             lost = end.get("lost_events", {})
             if not lost.get("events"):
                 continue
+            if lost.get("unplaced"):  # where is unknown: before it as likely as after
+                out.append(name)
+                continue
             gap = lost["first"][0]
             seq = mine.get("seq")
             if seq is None and isinstance(mine.get("abort"), dict):

@@ -424,33 +424,69 @@ def _seqs(g: Gap) -> str:
     return f"seq {g.first}–{g.last} ({g.events} events)"
 
 
-def lost_events(gaps: SeqGaps, not_judged: Group | None) -> Finding:
+def lost_events(gaps: SeqGaps, not_judged: Group | None,
+                slot_classes: tuple[int, int, int] = (0, 0, 0)) -> Finding:
     """``events-lost`` (warning): seqs missing between events the trace holds
-    (:mod:`~kvdiag.analysis.judgement.gaps`), one evidence item per gap. Evidence is missing,
-    so every verdict after the first gap rests on an incomplete record; the pages that need a
-    slot's content from before a gap are not judged (``not_judged``: their reads, counted
-    here and listed by the ``not-recorded`` finding of that reason)."""
-    first = gaps.gaps[0]
-    where = between(first.step_before, first.step_after)
-    more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
+    (:mod:`~kvdiag.analysis.judgement.gaps`), one evidence item per gap, and events the End
+    counts that no seq accounts for (place unknown), one more item at the End. Evidence is
+    missing, so every verdict after the first gap rests on an incomplete record; the pages
+    that need a slot's content from before a gap are not judged (``not_judged``: their reads,
+    counted here and listed by the ``not-recorded`` finding of that reason). Events lost where
+    no seq shows it may lie anywhere: every page read from a slot (``slot_classes``: exact,
+    stale, foreign pages judged from pool and ring slots) may rest on them — said, with the
+    classes kept, for the judgement is streamed and only the End reveals the loss (docs/
+    trace-format.md, "Lost events")."""
     pages = not_judged.pages if not_judged is not None else 0
     reads = not_judged.count if not_judged is not None else 0
-    tail = (f"; {pages} page(s) in {reads} read(s) from slots whose content the lost events "
-            "may have changed not judged" if pages else "")
     said = (f" (the writer declares {gaps.declared_dropped} event(s) dropped: its flight "
             "recorder was full)" if gaps.declared_dropped else "")
-    title = (f"{gaps.lost} event(s) missing from the trace{said}: {_seqs(first)} {where}"
-             f"{more}; every verdict from there on rests on an incomplete record{tail}")
+    exact, stale, foreign = slot_classes
+    in_slots = exact + stale + foreign
+    rest = (f" (the {in_slots} page(s) judged from pool and ring slots: {exact} exact, "
+            f"{stale} stale, {foreign} foreign; host pages are exact whatever was lost)"
+            if in_slots else "")
+    unknown = ""
+    if gaps.unplaced:
+        counted = (f"{gaps.here} are here" if gaps.accounted == gaps.here else
+                   f"the seqs account for {gaps.accounted} ({gaps.here} here)")
+        unknown = (f"the End line counts {gaps.end_count}, {counted}; where they were lost "
+                   "is not recorded (no gap in seq shows it), so page classes after the first "
+                   f"event may rest on missing events{rest}")
+    if gaps.count:
+        first = gaps.gaps[0]
+        where = between(first.step_before, first.step_after)
+        more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
+        tail = (f"; {pages} page(s) in {reads} read(s) from slots whose content the lost "
+                "events may have changed not judged" if pages else "")
+        title = (f"{gaps.events} event(s) missing from the trace{said}: {_seqs(first)} "
+                 f"{where}{more}; every verdict from there on rests on an incomplete record"
+                 f"{tail}")
+        if unknown:
+            title += f"; {gaps.unplaced} of them where no seq shows it: {unknown}"
+    else:
+        title = f"{gaps.unplaced} event(s) missing from the trace{said}: {unknown}"
     evidence = [Evidence(seq=g.last + 1, step=g.step_after,
                          text=(f"{_seqs(g)} missing before this event" + (" (a snapshot: the page state goes on from it)"
                                                if g.onto_snapshot else "")))
                 for g in gaps.gaps]
-    shown = min(gaps.count, MAX_EVIDENCE)
+    total = gaps.count
+    if gaps.unplaced:
+        total += 1
+        if len(evidence) < MAX_EVIDENCE:
+            evidence.append(Evidence(
+                seq=gaps.end_seq, step=gaps.end_step,
+                text=(f"the End counts {gaps.end_count} event(s) before it, the seqs account "
+                      f"for {gaps.accounted}: {gaps.unplaced} lost, place unknown")))
+    shown = len(evidence)
     return Finding(
         rule="events-lost", severity=Severity.WARNING, title=title, evidence=tuple(evidence),
-        fix="judge the whole trace as written: lines removed (grep -v, an edit), a copy cut in "
-            "the middle or damaged lines (the trace's problems) lose events; for kvtrace.h's "
-            "flight recorder, a larger KVTRACE_RING_MB",
+        fix="judge the whole trace as written: lines removed (grep -v, an edit, a tool that "
+            "numbers the rest again), a copy cut in the middle or damaged lines (the trace's "
+            "problems) lose events; for kvtrace.h's flight recorder, a larger KVTRACE_RING_MB",
         details={"what": "events", **gaps.as_json(), "pages_not_judged": pages,
-                 "reads_not_judged": reads, "evidence_shown": shown,
-                 "evidence_total": gaps.count, "evidence_left_out": gaps.count - shown})
+                 "reads_not_judged": reads,
+                 "place": ("unknown" if not gaps.count else
+                           "seq" if not gaps.unplaced else "seq and unknown"),
+                 "slot_pages_in_question": in_slots if gaps.unplaced else 0,
+                 "evidence_shown": shown, "evidence_total": total,
+                 "evidence_left_out": total - shown})

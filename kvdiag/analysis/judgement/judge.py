@@ -716,6 +716,7 @@ class Judge:
     def _end(self, e: ev.End) -> None:
         if self.end is None:
             self.end = e
+            self.gaps.ended(e)  # events it counts that no seq accounts for: lost, place unknown
 
     def _keep_writes(self, chunk: list[Any], types: list[type]) -> None:
         mark = self.mark
@@ -1134,7 +1135,13 @@ class Judge:
             rows=self.rows, completeness=completeness,
             findings=tuple(self._findings(completeness)), residency=self._residency(),
             ledger=self.ledger.snapshot() if self.ledger is not None else None,
-            lost=self.gaps.as_json() if self.gaps.count else None)
+            lost=self.gaps.as_json() if self.gaps.any else None)
+
+    def _lost_finding(self) -> Finding:
+        """``events-lost``, with the pages a loss of unknown place puts in question."""
+        slots = self.classes[POOL] + self.classes[RING]
+        return fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS),
+                               (int(slots[EXACT]), int(slots[STALE]), int(slots[FOREIGN])))
 
     def arisen(self) -> list[Finding]:
         """The findings that first appeared since the last call, each once (by
@@ -1147,8 +1154,8 @@ class Judge:
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
-        if self.gaps.count:  # no later event brings lost ones back
-            found.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
+        if self.gaps.any:  # no later event brings lost ones back
+            found.append(self._lost_finding())
         out = []
         for f in found:
             key = fnd.identity(f)
@@ -1175,8 +1182,8 @@ class Judge:
         finally:
             self.groups.not_judged = saved
         out += fnd.cross_check(self.groups)
-        if self.gaps.count:
-            out.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
+        if self.gaps.any:
+            out.append(self._lost_finding())
         if self.end is None or self.end.status == "error":
             out.append(fnd.incomplete(self.end, self.last_seq, self._last_step))
         return out
