@@ -196,6 +196,11 @@ def test_a_native_trace_without_its_uploads_renumbered_says_the_loss_everywhere(
     assert cli("trace", "export", str(cut), "-o", str(chrome))[0] == 0
     marks = [e for e in json.loads(chrome.read_text()) if e.get("cat") == "events-lost"]
     assert [m["name"] for m in marks] == [said] and marks[0]["args"] == lost
+    # followed: the loss is known at the End, and said then
+    _, out = cli("check", "--follow", "--json", str(cut))
+    followed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    (g,) = [x for x in followed if x.get("rule") == "events-lost"]
+    assert g["title"] == f["title"]
     seen = shown(str(cut), steps=[0])
     assert seen.lost_events == 33 and "events-lost" in seen.findings
     console = Console(width=200, file=io.StringIO())
