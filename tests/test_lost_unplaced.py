@@ -291,7 +291,8 @@ def test_a_gap_and_a_loss_without_a_place_are_one_finding(kvrt_trace: Path,
                                                           tmp_path: Path) -> None:
     """GIVEN the uploads deleted and renumbered, then lines 41-50 deleted with their seqs kept
     THEN one events-lost finding: 43 events, the gap's 10 by seq and 33 more whose place is
-    unknown; an evidence item for the gap and one at the End."""
+    unknown; an evidence item for the gap and one at the End. ``check --follow`` says the gap
+    when it reads it, and the whole finding again at the End."""
     renum = tmp_path / "renum.kvtrace"
     _renumbered(kvrt_trace, renum, lambda _i, e: e["kind"] == "upload")
     lines = renum.read_bytes().splitlines(keepends=True)
@@ -307,6 +308,13 @@ def test_a_gap_and_a_loss_without_a_place_are_one_finding(kvrt_trace: Path,
             "132 (122 here); where they were lost is not recorded") in f["title"]
     assert f["details"]["place"] == "seq and unknown"
     assert [e["seq"] for e in f["evidence"]] == [50, 133]
+    # followed: the gap is said when it is read, and the finding again at the End, with the
+    # events whose place is unknown
+    _, out = cli("check", "--follow", "--json", str(cut))
+    said_lost = [x["title"] for x in map(json.loads, out.splitlines())
+                 if x.get("rule") == "events-lost"]
+    assert [t.split(" ", 1)[0] for t in said_lost] == ["10", "43"]
+    assert said_lost[-1] == f["title"]
     said = lost_text(lost)
     assert said is not None and said.startswith(
         "10 event(s) lost from the trace (gaps in seq: seq 40–49); every verdict from seq 40 "

@@ -247,13 +247,15 @@ def identity(f: Finding) -> tuple[Any, ...]:
     """What makes a finding the same finding while its trace grows (its title's counts change,
     its grouping key does not): the rule and what it groups by — the failed conditions and who
     evaluated them, the reading stream, the abort's event, the decode loop, what is not
-    recorded and why."""
+    recorded and why, and where lost events were lost (a trace's End can add events lost
+    where no seq shows it to its gaps in seq: a follower says the finding again then)."""
     if f.rule == "abort":
         return (f.rule, f.evidence[0].seq if f.evidence else f.title)
     d = f.details
     failed = d.get("failed")
     return (f.rule, d.get("stream"), tuple(failed) if isinstance(failed, list) else None,
-            d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"))
+            d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"),
+            d.get("place"))
 
 
 def _fits_details(failed: tuple[str, ...], by: str, g: Group) -> dict[str, Any]:
