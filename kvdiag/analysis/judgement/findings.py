@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
-from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between, counted
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
 
@@ -449,11 +449,9 @@ def lost_events(gaps: SeqGaps, not_judged: Group | None,
             if in_slots else "")
     unknown = ""
     if gaps.unplaced:
-        counted = (f"{gaps.here} are here" if gaps.accounted == gaps.here else
-                   f"the seqs account for {gaps.accounted} ({gaps.here} here)")
-        unknown = (f"the End line counts {gaps.end_count}, {counted}; where they were lost "
-                   "is not recorded (no gap in seq shows it), so page classes after the first "
-                   f"event may rest on missing events{rest}")
+        unknown = (f"{counted(gaps.as_json()['unplaced'])}; where they were lost is not "
+                   "recorded (no gap in seq shows it), so page classes after the first event "
+                   f"may rest on missing events{rest}")
     if gaps.count:
         first = gaps.gaps[0]
         where = between(first.step_before, first.step_after)

@@ -189,7 +189,7 @@ def between(step_before: int | None, step_after: int) -> str:
     return f"between step {step_before} and step {step_after}"
 
 
-def _counted(u: dict[str, Any]) -> str:
+def counted(u: dict[str, Any]) -> str:
     """What the End counts against what the trace holds (an ``unplaced`` summary)."""
     if u["accounted"] == u["here"]:
         return f"the End line counts {u['end_count']}, {u['here']} are here"
@@ -197,18 +197,23 @@ def _counted(u: dict[str, Any]) -> str:
             f"({u['here']} here)")
 
 
+def _first(lost: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The first gap of a ``lost_events`` summary, and its seqs in words."""
+    first = lost["first"][0]
+    return first, (f"seq {first['first_seq']}" if first["events"] == 1
+                   else f"seq {first['first_seq']}–{first['last_seq']}")
+
+
 def lost_where(lost: dict[str, Any]) -> str:
     """The events a trace lost (its ``lost_events`` summary, some lost), in a few words: how
     many, the first gap's seqs and steps, how many more gaps, what the writer declares, and
     those whose place is unknown."""
     u = lost.get("unplaced")
-    unknown = (f"{u['events']} event(s) where no seq shows it (place unknown: {_counted(u)})"
+    unknown = (f"{u['events']} event(s) where no seq shows it (place unknown: {counted(u)})"
                if u else "")
     if not lost["gaps"]:
         return unknown
-    first = lost["first"][0]
-    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
-            else f"seq {first['first_seq']}–{first['last_seq']}")
+    first, seqs = _first(lost)
     more = f", and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
     said = (f"; its writer declares {lost['declared_dropped']} event(s) dropped"
             if lost.get("declared_dropped") else "")
@@ -225,13 +230,11 @@ def lost_text(lost: dict[str, Any] | None) -> str | None:
         return None
     u = lost.get("unplaced")
     unknown = (f"{u['events']} event(s) lost from the trace where no seq shows it "
-               f"({_counted(u)}); where they were lost is not recorded, so every page class "
+               f"({counted(u)}); where they were lost is not recorded, so every page class "
                "may rest on an incomplete record" if u else "")
     if not lost["gaps"]:
         return unknown
-    first = lost["first"][0]
-    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
-            else f"seq {first['first_seq']}–{first['last_seq']}")
+    first, seqs = _first(lost)
     more = f" and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
     in_gaps = lost["events"] - (u["events"] if u else 0)
     return (f"{in_gaps} event(s) lost from the trace (gaps in seq: {seqs}{more}); "
