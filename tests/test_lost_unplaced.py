@@ -400,3 +400,18 @@ def test_the_tui_findings_screen_shows_the_loss(kvrt_trace: Path, tmp_path: Path
         assert "33 event(s) missing from the trace: the End line counts 165" in screen
 
     drive([cut], script, size=(200, 60))
+
+
+def test_many_gaps_leave_room_for_the_ends_evidence() -> None:
+    """GIVEN 24 gaps in seq and an End that counts 5 events more than its seq accounts for
+    THEN the finding shows 19 gaps and the End's item (20 items), and counts 25, 5 left out."""
+    events = [_w(s) for s in range(1, 100, 4)]  # seqs 1, 5, 9, ...: a gap of 3 before each
+    end = _end(events[-1].seq + 1, events[-1].seq + 5)
+    (f,) = [f for f in Judge().feed_all(iter([*events, end])).snapshot().findings
+            if f.rule == "events-lost"]
+    assert (f.details["gaps"], f.details["unplaced"]["events"]) == (24, 5)
+    assert f.details["evidence_shown"] == 20 and f.details["evidence_total"] == 25
+    assert f.details["evidence_left_out"] == 5
+    assert [e.seq for e in f.evidence][-2:] == [77, end.seq]
+    assert f.evidence[-1].text == ("the End counts 102 event(s) before it, the seqs account for "
+                                   "97: 5 lost, place unknown")

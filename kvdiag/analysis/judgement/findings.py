@@ -465,18 +465,19 @@ def lost_events(gaps: SeqGaps, not_judged: Group | None,
             title += f"; {gaps.unplaced} of them where no seq shows it: {unknown}"
     else:
         title = f"{gaps.unplaced} event(s) missing from the trace{said}: {unknown}"
+    # the End's item is always shown: the gaps' fill what room is left
+    room = MAX_EVIDENCE - (1 if gaps.unplaced else 0)
     evidence = [Evidence(seq=g.last + 1, step=g.step_after,
                          text=(f"{_seqs(g)} missing before this event" + (" (a snapshot: the page state goes on from it)"
                                                if g.onto_snapshot else "")))
-                for g in gaps.gaps]
+                for g in gaps.gaps[:room]]
     total = gaps.count
     if gaps.unplaced:
         total += 1
-        if len(evidence) < MAX_EVIDENCE:
-            evidence.append(Evidence(
-                seq=gaps.end_seq, step=gaps.end_step,
-                text=(f"the End counts {gaps.end_count} event(s) before it, the seqs account "
-                      f"for {gaps.accounted}: {gaps.unplaced} lost, place unknown")))
+        evidence.append(Evidence(
+            seq=gaps.end_seq, step=gaps.end_step,
+            text=(f"the End counts {gaps.end_count} event(s) before it, the seqs account "
+                  f"for {gaps.accounted}: {gaps.unplaced} lost, place unknown")))
     shown = len(evidence)
     return Finding(
         rule="events-lost", severity=Severity.WARNING, title=title, evidence=tuple(evidence),

@@ -25,7 +25,9 @@ a stream taken out in Python or by the C accumulator: :meth:`Judge._fits_cols`,
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
 - ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
 - every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
-  from there on what every slot holds is unknown until an upload fills it again.
+  from there on what every slot holds is unknown until an upload fills it again; the End's
+  ``events`` above what the seqs account for is events lost whose place is unknown (said by
+  the same finding; the classes stay, said to rest possibly on them).
 
 The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
 :meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
