@@ -152,7 +152,8 @@ def import_entries(root: Path, model: dict[str, Entry]) -> list[Entry]:
 
 def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
     """Traces at the edges: each base with a tenth of its lines deleted from the middle (events
-    lost), each as its header and its End alone (nothing recorded: the
+    lost; and, where it has an End, the same with the rest numbered again: lost where no seq
+    shows it), each as its header and its End alone (nothing recorded: the
     End numbered as a writer that wrote nothing before it numbers it, seq 1 and 0 events — kept
     as it was, it would say the events before it were lost), and kvrt's killed run whole (no
     End; its last line may be cut)."""
@@ -171,8 +172,24 @@ def edge_entries(root: Path, bases: Iterable[Entry]) -> list[Entry]:
         cut = root / f"{e.path.stem}-lines-lost.kvtrace"
         cut.write_bytes(b"".join(lines[:n * 2 // 5] + lines[n // 2:]))
         out.append(Entry(f"{e.name}-lines-lost", e.source, cut, removed="lines"))
+        # the same lines deleted and the rest numbered again, the End's count kept (a hand
+        # edit, a tool that re-sequences): events lost where no seq shows it
+        if b'"kind":"end"' in lines[-1]:
+            renum = root / f"{e.path.stem}-renumbered.kvtrace"
+            renum.write_bytes(b"".join([lines[0], *_numbered(lines[1:n * 2 // 5] + lines[n // 2:])]))
+            out.append(Entry(f"{e.name}-renumbered", e.source, renum, removed="renumbered"))
         if e.name == "kvrt/kill":
             out.append(Entry("kvrt/kill-whole", "kvrt", root.parent / "kvrt" / "kill.kvtrace"))
+    return out
+
+
+def _numbered(lines: list[bytes]) -> list[bytes]:
+    """Event lines numbered 1, 2, ... again (their other fields as written)."""
+    out = []
+    for seq, line in enumerate(lines, 1):
+        e = json.loads(line)
+        e["seq"] = seq
+        out.append(json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
     return out
 
 

@@ -119,6 +119,13 @@ def test_the_corpus_holds_every_source_and_every_removed_kind(corpus: Corpus) ->
     assert {e.name for e in g["edge"]} >= {"model/single-slot-shared-membership-header-and-end"}
     lost = [e for e in g["edge"] if e.removed == "lines"]
     assert lost and all(judged(e.path).judgement.lost for e in lost)
+    # lines deleted and the rest numbered again, the End's count kept: lost, place unknown
+    renumbered = [e for e in g["edge"] if e.removed == "renumbered"]
+    assert len(renumbered) == (1 if corpus.kvrt_missing else 2)
+    for e in renumbered:
+        lost = judged(e.path).judgement.lost
+        assert lost is not None and lost["gaps"] == 0
+        assert lost["unplaced"]["place"] == "unknown" and lost["events"] > 0
 
 
 def test_a_header_and_an_end_judge_nothing_and_say_so(corpus: Corpus) -> None:

@@ -326,14 +326,15 @@ def test_a_run_that_crashed_is_not_equivalent_to_one_that_completed(
 
 def _cut_at(src: Path, dst: Path, step: int, end: ev.End | None = None) -> Path:
     """``src`` as a run that stopped at ``step``: its events before that step, then ``end``
-    (None: no End event, a killed run) numbered as its writer would (the next seq: a jump
-    would be events lost)."""
+    (None: no End event, a killed run) numbered and counting as its writer would (the next
+    seq and the events before it: a jump, or a count above it, would be events lost)."""
     with TraceReader.open(src) as r, dst.open("wb") as out:
         out.write(msgspec.json.encode(r.header) + b"\n")
         kept = [e for e in r if e.step < step and not isinstance(e, ev.End)]
         out.writelines(msgspec.json.encode(e) + b"\n" for e in kept)
         if end is not None:
-            end = msgspec.structs.replace(end, seq=kept[-1].seq + 1 if kept else 1)
+            seq = kept[-1].seq + 1 if kept else 1
+            end = msgspec.structs.replace(end, seq=seq, events=seq - 1)
             out.write(msgspec.json.encode(end) + b"\n")
     return dst
 

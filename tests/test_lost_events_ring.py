@@ -13,6 +13,8 @@ built, streamed by the arrays alone) and all must agree.
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -127,12 +129,53 @@ def test_a_gap_before_the_first_event_leaves_the_batch_open_too(
     assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
     lost = _lost(trace)
     assert lost is not None and lost["first"][0]["step_before"] is None
-    # without a dispatch of the layer after the gap the walk stops at page 4's copy: unknown
-    # whether it waited for the read (fits), still not foreign
+    # without a dispatch of the layer on either side of the gap the walk stops at page 4's
+    # copy, and were the ring cycling it would go on into the gap: lost-events (the read's
+    # own dispatch may be among the lost events), never foreign — it said "fits"
     trace = [W(3, 0, 1, 0, 0, PAGE), U(4, 0, 0, 0, 4, 5, 0, "ring"),
              R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
     _, why, pieces = _verdicts(trace, monkeypatch)
-    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]}
+    assert pieces == {5: [(2, 3, "not judged", -1, "lost-events")]}
+    assert why == {"lost-events": 1}
+
+
+def test_a_walk_without_a_dispatch_names_the_gap_only_when_it_would_end_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``fits`` of layer 0 anywhere (only layer 1's, before the gap). GIVEN page 2 copied
+    into ring slot 0, seq 4 (another layer's write) lost, page 4 copied over it, and the read
+    of pages 2 and 4
+    THEN whole: page 2 not judged for want of the dispatch (fits: page 2's copy is in the
+    walk, only when the read began is unknown); with seq 4 lost: lost-events (page 2's copy
+    lies before the gap, where the walk cannot go). With page 2's copy after the gap too, the
+    walk's answer is after it: fits again. Without a gap or a dispatch: fits."""
+    whole = [W(1, 0, 0, 0, 0, 6 * PAGE), F(2, 0, 1), U(3, 0, 0, 0, 2, 3, 0, "ring"),
+             W(4, 0, 1, 0, 0, PAGE), U(5, 0, 0, 0, 4, 5, 0, "ring"),
+             R(6, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    classes, why, pieces = _verdicts(whole, monkeypatch)
+    assert pieces == {6: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
+    classes, why, pieces = _verdicts(_without(whole, 4), monkeypatch)
+    assert pieces == {6: [(2, 3, "not judged", -1, "lost-events")]}
+    assert why == {"lost-events": 1}
+    assert classes == {"exact": 1, "stale": 0, "foreign": 0, "not_judged": 1}
+    # page 2's copy after the gap: the walk meets it, only the dispatch is unknown
+    after = [W(1, 0, 0, 0, 0, 6 * PAGE), W(2, 0, 1, 0, 0, PAGE),
+             U(3, 0, 0, 0, 2, 3, 0, "ring"), U(4, 0, 0, 0, 4, 5, 0, "ring"),
+             R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(_without(after, 2), monkeypatch)
+    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    # another view's copy older in the walk: foreign were it the cycling, so the gap is not
+    # where the walk ends either
+    other = [W(1, 0, 0, 0, 0, 6 * PAGE), W(2, 0, 1, 0, 0, PAGE),
+             U(3, 0, 1, 0, 0, 1, 0, "ring"), U(4, 0, 0, 0, 4, 5, 0, "ring"),
+             R(5, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(_without(other, 2), monkeypatch)
+    assert pieces == {5: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
+    # no gap at all, no dispatch: fits
+    plain = [W(1, 0, 0, 0, 0, 6 * PAGE), U(2, 0, 0, 0, 4, 5, 0, "ring"),
+             R(3, 0, 0, 0, (2, 3, "ring", 0), (4, 5, "ring", 0))]
+    _, why, pieces = _verdicts(plain, monkeypatch)
+    assert pieces == {3: [(2, 3, "not judged", -1, "fits")]} and why == {"fits": 1}
 
 
 def test_what_the_events_after_the_gap_show_is_judged_as_before(
@@ -223,3 +266,68 @@ def test_a_segment_starting_with_its_snapshot_keeps_a_pending_batch_open(
     assert why == {"before-snapshot": 1}
     assert pieces == {43: [(2, 3, "not judged", -1, "before-snapshot")]}
     assert classes["exact"] == 1
+
+
+def _cycling(seed: int) -> list[Any]:
+    """Reads that cycle the ring (more pages than ring slots, each page copied into slot
+    ``(p - r0) % slots``), the layer's dispatch before the copies, among them (a prefetch that
+    overran) or — in every third seed — never recorded, and other layers' writes between."""
+    rng = random.Random(seed)
+    layers, slots, pages = rng.randint(1, 3), rng.randint(2, 4), 16
+    fits = seed % 3 != 0
+    out: list[Any] = []
+
+    def emit(make: Any, *args: Any) -> None:
+        out.append(make(len(out) + 1, *args))
+
+    for step in range(10):
+        for layer in range(layers):
+            if rng.random() < 0.5:
+                c = rng.randrange(pages * PAGE)
+                emit(W, step, layer, 0, c, min(c + rng.choice((1, 300)), pages * PAGE))
+            r0 = rng.randrange(pages - 2 * slots)
+            n = rng.randint(slots + 1, 2 * slots)
+            at = rng.choice((0, 0, rng.randint(1, n))) if fits else -1
+            for p in range(r0, r0 + n):
+                if p - r0 == at:
+                    emit(F, step, layer)
+                emit(U, step, layer, 0, p, p + 1, (p - r0) % slots, "ring")
+                if rng.random() < 0.2:
+                    emit(W, step, (layer + 1) % layers, 0, 0, PAGE)
+            emit(R, step, layer, 0, *((p, p + 1, "ring", (p - r0) % slots)
+                                      for p in range(r0, r0 + n)))
+    return out
+
+
+def test_random_cycling_reads_with_events_lost_are_judged_alike_and_name_the_gap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN random traces whose reads cycle the ring, with and without the layers' dispatches,
+    each with a few random events lost (seqs kept)
+    THEN the five ways agree on every page; whole, no page is not judged for lost events;
+    cut, walks that stop for want of a dispatch name the gap where they would end in it
+    (lost-events), and the dispatch (fits) only where a copy of the page, or another layer's,
+    into its slot since the last gap answers the walk — both occur."""
+    whys: Counter[str] = Counter()
+    for seed in range(9):
+        events = _cycling(seed)
+        _, why, _ = _verdicts(events, monkeypatch)
+        assert "lost-events" not in why
+        rng = random.Random(seed)
+        lost = rng.sample(range(2, len(events) - 1), 4)
+        cut = _without(events, *lost)
+        _, why, pieces = _verdicts(cut, monkeypatch)
+        whys.update(why)
+        # "fits" only where the walk's answer is after the last gap before the read: a copy of
+        # the page, or of another layer, into its slot since then
+        by_seq = {e.seq: e for e in cut}
+        for seq, runs in pieces.items():
+            read = by_seq[seq]
+            gap = max((s for s in lost if s < seq), default=0)
+            for begin, _end, _cls, _h, reason in runs:
+                if reason != "fits":
+                    continue
+                slot = next(r.slot for r in read.served if r.begin == begin)
+                assert any(type(e) is ev.Upload and e.target == "ring" and e.slot == slot
+                           and (e.pages[0] == begin or e.layer != read.layer)
+                           for e in cut if gap < e.seq < seq), (seed, seq, begin)
+    assert whys["lost-events"] > 0 and whys["fits"] > 0

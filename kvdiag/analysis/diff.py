@@ -123,8 +123,9 @@ class DiffResult:
 
     @property
     def lost(self) -> tuple[bool, bool]:
-        """Per trace: events are missing from it (gaps in seq: its judgement's
-        ``lost_events``, docs/trace-format.md "Lost events")."""
+        """Per trace: events are missing from it (gaps in seq, or counted by its End where no
+        seq shows them: its judgement's ``lost_events``, docs/trace-format.md "Lost
+        events")."""
         a, b = (bool(e.get("lost_events", {}).get("events")) for e in self.ends)
         return a, b
 
@@ -150,7 +151,8 @@ class DiffResult:
         """The traces (``a``, ``b``) whose lost events may come before the first divergence:
         an earlier divergence may be among them (the first gap is the earliest; it is before
         the divergence when its first seq is below the divergence's event in that trace, or,
-        for a divergence without one, when it is at or before the divergence's step)."""
+        for a divergence without one, when it is at or before the divergence's step; events
+        lost where no seq shows it may lie anywhere, so before it too)."""
         d = self.first
         if d is None:
             return []
@@ -158,6 +160,9 @@ class DiffResult:
         for name, end, mine in zip("ab", self.ends, (d.a, d.b), strict=True):
             lost = end.get("lost_events", {})
             if not lost.get("events"):
+                continue
+            if lost.get("unplaced"):  # where is unknown: before it as likely as after
+                out.append(name)
                 continue
             gap = lost["first"][0]
             seq = mine.get("seq")

@@ -93,9 +93,11 @@ def _validate(path: str) -> int:
         for block in reader.blocks():
             events += len(block)
             gaps.split(block)
+        if reader.end is not None:  # what its count says that no seq accounts for
+            gaps.ended(reader.end)
         for problem in reader.problems:
             print(f"{path}:{problem.line}: {problem.kind}: {cap(problem.message)}")
-        lost = lost_text(gaps.as_json() if gaps.count else None)
+        lost = lost_text(gaps.as_json() if gaps.any else None)
         if lost:
             print(f"{path}: {lost} (not a format problem: kvdiag check reports it as "
                   "events-lost)")
@@ -294,7 +296,7 @@ def _judgement_table(j: Judgement) -> RenderableType:
     """What the judgement counted (``kvdiag check`` lists the findings)."""
     from rich.table import Table
 
-    from kvdiag.analysis.judgement.gaps import lost_text
+    from kvdiag.analysis.judgement.gaps import lost_text, recorded_text
 
     t = Table(show_header=False, title="judgement (kvdiag check lists the findings)",
               title_justify="left")
@@ -307,8 +309,7 @@ def _judgement_table(j: Judgement) -> RenderableType:
                    for sev in ("critical", "error", "warning", "info")]
     t.add_row("findings", ", ".join(by_severity))
     missing = [k.kind for k in j.completeness.missing]
-    t.add_row(f"recorded ({j.completeness.source})",
-              "every judged kind" if not missing else f"not recorded: {', '.join(missing)}")
+    t.add_row(f"recorded ({j.completeness.source})", recorded_text(missing, j.lost))
     lost = lost_text(j.lost)
     if lost:
         t.add_row("events lost", lost)

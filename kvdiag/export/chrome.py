@@ -28,7 +28,8 @@ every read:
 - at the end, one global instant ``judgement`` with the page classes, flows and completeness,
   one ``not recorded: KIND`` instant per judged kind the trace lacks (what it hides), and one
   ``events-lost`` instant when events are missing between those the trace holds (gaps in
-  seq: how many, the first gaps' seqs and steps).
+  seq: how many, the first gaps' seqs and steps; and those the End counts where no seq shows
+  them, place unknown).
 
 Events are written as they are read, a chunk at a time (judged together, then drawn): memory
 holds one chunk, one pending slice per track, the Judge's page and slot tables, and the time and

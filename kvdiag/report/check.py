@@ -11,7 +11,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvdiag.analysis.judgement.gaps import lost_text
+from kvdiag.analysis.judgement.gaps import lost_text, recorded_text
 from kvdiag.model.events import Header
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check_formats import steps_text, verdict_line
@@ -167,7 +167,7 @@ def residency_table(summary: dict[str, Any]) -> Table:
     if comp:
         missing = [k for k, v in comp["kinds"].items() if not v["recorded"]]
         t.add_row(f"recorded ({comp['source']})",
-                  "every judged kind" if not missing else f"not recorded: {', '.join(missing)}")
+                  recorded_text(missing, summary.get("lost_events")))
     return t
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from kvdiag.analysis.judgement import Completeness
-from kvdiag.analysis.judgement.gaps import lost_text
+from kvdiag.analysis.judgement.gaps import lost_text, recorded_text
 from kvdiag.model.findings import Finding, Severity
 from kvdiag.report.check import header_table, residency_table, steps_text, verdict
 from kvdiag.report.findings import SEVERITY_STYLE
@@ -193,7 +194,7 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
     parts.append(Text(f"{steps_text(j.summary())} · capture status: {j.status}",
                       style="dim" if j.status == "completed" else "yellow"))
     parts.append(_section("Recorded"))
-    parts += recorded_lines(j.completeness)
+    parts += recorded_lines(j.completeness, j.lost)
     lost = lost_text(j.lost)
     if lost:  # events missing between those the trace holds (the judgement's gaps in seq)
         parts.append(Text(lost, style="yellow"))
@@ -210,14 +211,15 @@ def _trace_overview(doc: TraceDoc) -> RenderableType:
     return Group(*parts)
 
 
-def recorded_lines(c: Completeness) -> list[Text]:
-    """What the trace records and, for each judged kind it lacks, what cannot be judged."""
+def recorded_lines(c: Completeness, lost: dict[str, Any] | None = None) -> list[Text]:
+    """What the trace records and, for each judged kind it lacks, what cannot be judged;
+    qualified when events are lost (the judgement's ``lost_events``)."""
     how = ("as its writer declares" if c.source == "declared" else
            "inferred from what the trace contains; its writer does not declare it")
     missing = c.missing
-    head = ("every judged kind is recorded" if not missing else
-            "not recorded: " + ", ".join(k.kind for k in missing))
-    out = [Text(f"{head} ({how})", style="yellow" if missing else "dim")]
+    head = recorded_text([k.kind for k in missing], lost, verb=" is recorded")
+    out = [Text(f"{head} ({how})", style="yellow" if missing or (lost or {}).get("events")
+                else "dim")]
     for k in missing:
         out.append(Text(f"  {k.kind} not recorded — {k.hides}", style="yellow"))
     return out

@@ -1027,7 +1027,8 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
             began_before_loss &= int(cleared[-1]) < loss
         walk = log[(log[:, 1] == slot) & (log[:, 0] >= start) & (log[:, 0] < t)]
         verdict: tuple[int, ...] | None = None
-        for c in walk[::-1]:
+        for k in range(walk.shape[0] - 1, -1, -1):
+            c = walk[k]
             if int(c[2]) != view:
                 verdict = (FOREIGN, 0, 0, *c[2:7].tolist())
                 break
@@ -1044,20 +1045,40 @@ def _rule3(state: State, idx: np.ndarray, rows0: int, dispatched: list[tuple[int
                 continue
             if dispatch < 0:  # nothing says when the read began: the cycling is not judged
                 verdict = (NOT_JUDGED, 0, NO_DISPATCH, -1, -1, -1, -1, -1)
+                rest = walk[:k]
+                if not ((rest[:, 2] != view) | (rest[:, 3] == page)).any():
+                    # were it the cycling, the walk would go on to the batch's start unanswered:
+                    # the reason is where it ends — events lost in a gap (the read's own
+                    # dispatch may be among them), or copies kvdiag no longer keeps or made
+                    # before the snapshot — as for a walk that knew the dispatch
+                    ends = _unanswered(state, start, oldest, began_before_loss, loss)
+                    if ends:
+                        verdict = (NOT_JUDGED, 0, ends, -1, -1, -1, -1, -1)
                 break
             if int(c[0]) < dispatch:  # replaced before the read began: the read found it
                 verdict = (FOREIGN, 0, 0, *c[2:7].tolist())
                 break
-        if verdict is None and state.ring_log.dropped and start <= oldest:
-            verdict = (NOT_JUDGED, 0, RING_HISTORY, -1, -1, -1, -1, -1)
-        if verdict is None and began_before_loss:
-            verdict = (NOT_JUDGED, 0, LOST_EVENTS, -1, -1, -1, -1, -1)
-        if verdict is None and loss < 0 and start < state.history_row:
-            # the batch began before the segment's snapshot or a gap: its earlier copies are
-            # unknown
-            verdict = (NOT_JUDGED, 0, state.history_why, -1, -1, -1, -1, -1)
+        if verdict is None:
+            ends = _unanswered(state, start, oldest, began_before_loss, loss)
+            if ends:
+                verdict = (NOT_JUDGED, 0, ends, -1, -1, -1, -1, -1)
         if verdict is None:
             continue  # foreign, holding the newest copy: as judged already
         cls[i], lag[i], why[i] = verdict[0], verdict[1], verdict[2]
         h_vid[i], h_page[i], h_ver[i], h_seq[i], h_step[i] = verdict[3:8]
         h_row[i] = -1
+
+
+def _unanswered(state: State, start: int, oldest: int, began_before_loss: bool,
+                loss: int) -> int:
+    """Why a rule-3 walk that reached its batch's start without meeting the page's copy judges
+    nothing (0: it judges — foreign, holding the newest copy): the ring's log no longer goes
+    back that far, the batch began before events lost in this chunk, or before the segment's
+    snapshot or a gap in an earlier chunk (its earlier copies are unknown)."""
+    if state.ring_log.dropped and start <= oldest:
+        return RING_HISTORY
+    if began_before_loss:
+        return LOST_EVENTS
+    if loss < 0 and start < state.history_row:
+        return state.history_why
+    return 0

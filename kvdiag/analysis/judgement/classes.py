@@ -58,7 +58,7 @@ WHY: dict[int, str] = {
                  "copy that replaced the page in its slot waited for the read is unknown",
     LOST_EVENTS: "events are lost from the trace (a gap in seq) since the slot's last known "
                  "copy: a lost upload, evict or invalidate may have changed what it held, or "
-                 "made the ring copy the read consumed",
+                 "made the ring copy the read consumed (or held its layer's dispatch)",
 }
 WHY_KEY: dict[int, str] = {NO_SERVED: "read.served", NO_UPLOAD: "upload", NO_WRITE: "write",
                            OUT_OF_RANGE: "out-of-range", RING_HISTORY: "ring-history",

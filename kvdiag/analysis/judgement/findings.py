@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
-from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between, counted
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
 
@@ -247,13 +247,15 @@ def identity(f: Finding) -> tuple[Any, ...]:
     """What makes a finding the same finding while its trace grows (its title's counts change,
     its grouping key does not): the rule and what it groups by — the failed conditions and who
     evaluated them, the reading stream, the abort's event, the decode loop, what is not
-    recorded and why."""
+    recorded and why, and where lost events were lost (a trace's End can add events lost
+    where no seq shows it to its gaps in seq: a follower says the finding again then)."""
     if f.rule == "abort":
         return (f.rule, f.evidence[0].seq if f.evidence else f.title)
     d = f.details
     failed = d.get("failed")
     return (f.rule, d.get("stream"), tuple(failed) if isinstance(failed, list) else None,
-            d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"))
+            d.get("conditions_from"), d.get("loop"), d.get("what"), d.get("why"),
+            d.get("place"))
 
 
 def _fits_details(failed: tuple[str, ...], by: str, g: Group) -> dict[str, Any]:
@@ -424,33 +426,68 @@ def _seqs(g: Gap) -> str:
     return f"seq {g.first}–{g.last} ({g.events} events)"
 
 
-def lost_events(gaps: SeqGaps, not_judged: Group | None) -> Finding:
+def lost_events(gaps: SeqGaps, not_judged: Group | None,
+                slot_classes: tuple[int, int, int] = (0, 0, 0)) -> Finding:
     """``events-lost`` (warning): seqs missing between events the trace holds
-    (:mod:`~kvdiag.analysis.judgement.gaps`), one evidence item per gap. Evidence is missing,
-    so every verdict after the first gap rests on an incomplete record; the pages that need a
-    slot's content from before a gap are not judged (``not_judged``: their reads, counted
-    here and listed by the ``not-recorded`` finding of that reason)."""
-    first = gaps.gaps[0]
-    where = between(first.step_before, first.step_after)
-    more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
+    (:mod:`~kvdiag.analysis.judgement.gaps`), one evidence item per gap, and events the End
+    counts that no seq accounts for (place unknown), one more item at the End. Evidence is
+    missing, so every verdict after the first gap rests on an incomplete record; the pages
+    that need a slot's content from before a gap are not judged (``not_judged``: their reads,
+    counted here and listed by the ``not-recorded`` finding of that reason). Events lost where
+    no seq shows it may lie anywhere: every page read from a slot (``slot_classes``: exact,
+    stale, foreign pages judged from pool and ring slots) may rest on them — said, with the
+    classes kept, for the judgement is streamed and only the End reveals the loss (docs/
+    trace-format.md, "Lost events")."""
     pages = not_judged.pages if not_judged is not None else 0
     reads = not_judged.count if not_judged is not None else 0
-    tail = (f"; {pages} page(s) in {reads} read(s) from slots whose content the lost events "
-            "may have changed not judged" if pages else "")
     said = (f" (the writer declares {gaps.declared_dropped} event(s) dropped: its flight "
             "recorder was full)" if gaps.declared_dropped else "")
-    title = (f"{gaps.lost} event(s) missing from the trace{said}: {_seqs(first)} {where}"
-             f"{more}; every verdict from there on rests on an incomplete record{tail}")
+    exact, stale, foreign = slot_classes
+    in_slots = exact + stale + foreign
+    rest = (f" (the {in_slots} page(s) judged from pool and ring slots: {exact} exact, "
+            f"{stale} stale, {foreign} foreign; host pages are exact whatever was lost)"
+            if in_slots else "")
+    unknown = ""
+    if gaps.unplaced:
+        unknown = (f"{counted(gaps.as_json()['unplaced'])}; where they were lost is not "
+                   "recorded (no gap in seq shows it), so page classes after the first event "
+                   f"may rest on missing events{rest}")
+    if gaps.count:
+        first = gaps.gaps[0]
+        where = between(first.step_before, first.step_after)
+        more = f"; {gaps.count - 1} more gap(s)" if gaps.count > 1 else ""
+        tail = (f"; {pages} page(s) in {reads} read(s) from slots whose content the lost "
+                "events may have changed not judged" if pages else "")
+        title = (f"{gaps.events} event(s) missing from the trace{said}: {_seqs(first)} "
+                 f"{where}{more}; every verdict from there on rests on an incomplete record"
+                 f"{tail}")
+        if unknown:
+            title += f"; {gaps.unplaced} of them where no seq shows it: {unknown}"
+    else:
+        title = f"{gaps.unplaced} event(s) missing from the trace{said}: {unknown}"
+    # the End's item is always shown: the gaps' fill what room is left
+    room = MAX_EVIDENCE - (1 if gaps.unplaced else 0)
     evidence = [Evidence(seq=g.last + 1, step=g.step_after,
                          text=(f"{_seqs(g)} missing before this event" + (" (a snapshot: the page state goes on from it)"
                                                if g.onto_snapshot else "")))
-                for g in gaps.gaps]
-    shown = min(gaps.count, MAX_EVIDENCE)
+                for g in gaps.gaps[:room]]
+    total = gaps.count
+    if gaps.unplaced:
+        total += 1
+        evidence.append(Evidence(
+            seq=gaps.end_seq, step=gaps.end_step,
+            text=(f"the End counts {gaps.end_count} event(s) before it, the seqs account "
+                  f"for {gaps.accounted}: {gaps.unplaced} lost, place unknown")))
+    shown = len(evidence)
     return Finding(
         rule="events-lost", severity=Severity.WARNING, title=title, evidence=tuple(evidence),
-        fix="judge the whole trace as written: lines removed (grep -v, an edit), a copy cut in "
-            "the middle or damaged lines (the trace's problems) lose events; for kvtrace.h's "
-            "flight recorder, a larger KVTRACE_RING_MB",
+        fix="judge the whole trace as written: lines removed (grep -v, an edit, a tool that "
+            "numbers the rest again), a copy cut in the middle or damaged lines (the trace's "
+            "problems) lose events; for kvtrace.h's flight recorder, a larger KVTRACE_RING_MB",
         details={"what": "events", **gaps.as_json(), "pages_not_judged": pages,
-                 "reads_not_judged": reads, "evidence_shown": shown,
-                 "evidence_total": gaps.count, "evidence_left_out": gaps.count - shown})
+                 "reads_not_judged": reads,
+                 "place": ("unknown" if not gaps.count else
+                           "seq" if not gaps.unplaced else "seq and unknown"),
+                 "slot_pages_in_question": in_slots if gaps.unplaced else 0,
+                 "evidence_shown": shown, "evidence_total": total,
+                 "evidence_left_out": total - shown})

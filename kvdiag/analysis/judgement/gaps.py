@@ -23,6 +23,15 @@ Three jumps are no loss of this kind:
 The check costs a comparison of a block's seqs with a range (its first and last seq against
 the count, and the seqs between rising one by one); only a block that fails it is looked at
 event by event.
+
+Events can also be lost where no seq shows it: lines deleted and the rest numbered again (a
+hand edit, a tool that re-sequences, the lines of one kind taken out). The End event still
+says how many events were written before it (``events``: kvdiag's ``TraceWriter.close``
+``events=self._seq``; kvtrace.h ``"events", S->seq`` beside ``"seq", S->seq + 1``), so where
+it counts more than its own seq accounts for, the difference is lost and **where** is not
+recorded (:meth:`SeqGaps.ended`). Seq gaps, events before a first snapshot and a rotated set's
+skipped seqs are all below the End's seq, so nothing is counted twice; an End that counts
+fewer events than its seq says is the reader's ``count`` problem, not a loss.
 """
 
 from __future__ import annotations
@@ -74,6 +83,49 @@ class SeqGaps:
         """The first :data:`MAX_GAPS` gaps."""
         self.count = 0
         self.lost = 0
+        """Events lost in gaps in seq."""
+        self.skipped = 0
+        """Seqs before a first snapshot, and a rotated set's jumps onto a segment's snapshot:
+        summarised by the snapshot, not lost."""
+        self.unplaced = 0
+        """Events the End counts that no seq accounts for: lost, place unknown (:meth:`ended`)."""
+        self.end_count: int | None = None
+        """The End event's ``events`` (None: no End yet)."""
+        self.end_seq = 0
+        self.end_step = 0
+        self.accounted = 0
+        """What the seqs account for before the End (events here, in gaps, skipped)."""
+
+    @property
+    def any(self) -> bool:
+        """Events are lost: in gaps in seq, or counted by the End where no seq shows them."""
+        return bool(self.count or self.unplaced)
+
+    @property
+    def events(self) -> int:
+        """Every event lost: in gaps and unplaced."""
+        return self.lost + self.unplaced
+
+    def ended(self, end: ev.End) -> None:
+        """The End event, after :meth:`split` has seen it: the events it counts that neither
+        the events here nor the seqs' gaps account for are lost, where is unknown. The seqs
+        account for ``end.seq - 1`` when the End's seq is the highest seen (the writers number
+        it ``events + 1``: module docstring); else for the highest seq seen (a seq after the
+        End's, or before it and above it: the reader's ``sequence`` and ``after-end``
+        problems)."""
+        if self.end_count is not None:
+            return
+        top = (self.next or 1) - 1
+        accounted = end.seq - 1 if top == end.seq else top
+        self.end_count, self.end_seq, self.end_step = end.events, end.seq, end.step
+        self.accounted = max(accounted, 0)
+        self.unplaced = max(end.events - self.accounted, 0)
+
+    @property
+    def here(self) -> int:
+        """Events before the End that the trace holds, as the seqs count them: what they
+        account for less what is lost in gaps and what a snapshot summarises."""
+        return max(self.accounted - self.lost - self.skipped, 0)
 
     def split(self, events: Sequence[Any]) -> list[tuple[Gap, int]]:
         """Where ``events`` (the next ones in file order) lose events: ``(gap, i)`` for each
@@ -98,10 +150,14 @@ class SeqGaps:
             if expect is None:
                 if seq > 1 and type(e) is not ev.Snapshot:
                     out.append((self._gap(1, seq - 1, e, False), i))
+                elif seq > 1:
+                    self.skipped += seq - 1
             elif seq > expect:
                 snap = type(e) is ev.Snapshot
                 if not (snap and self.rotated):
                     out.append((self._gap(expect, seq - 1, e, snap), i))
+                else:
+                    self.skipped += seq - expect
             if expect is None or seq >= expect:
                 self.next = seq + 1
             self.step = e.step
@@ -124,12 +180,20 @@ class SeqGaps:
         return g
 
     def as_json(self) -> dict[str, Any]:
-        """The summary's ``lost_events`` (empty gaps: none lost)."""
-        return {"events": self.lost, "gaps": self.count,
-                "declared_dropped": self.declared_dropped,
-                "first": [{"first_seq": g.first, "last_seq": g.last, "events": g.events,
-                           "step_before": g.step_before, "step_after": g.step_after,
-                           "onto_snapshot": g.onto_snapshot} for g in self.gaps]}
+        """The summary's ``lost_events``: ``events`` every event lost (in gaps and unplaced),
+        ``gaps`` and ``first`` the gaps in seq, and ``unplaced`` (only when some are) the
+        events the End counts that no seq accounts for, ``place`` ``unknown``."""
+        out: dict[str, Any] = {
+            "events": self.events, "gaps": self.count, "declared_dropped": self.declared_dropped,
+            "first": [{"first_seq": g.first, "last_seq": g.last, "events": g.events,
+                       "step_before": g.step_before, "step_after": g.step_after,
+                       "onto_snapshot": g.onto_snapshot} for g in self.gaps]}
+        if self.unplaced:
+            out["unplaced"] = {"events": self.unplaced, "end_count": self.end_count,
+                               "accounted": self.accounted, "here": self.here,
+                               "end_seq": self.end_seq, "end_step": self.end_step,
+                               "place": "unknown"}
+        return out
 
 
 def between(step_before: int | None, step_after: int) -> str:
@@ -141,27 +205,72 @@ def between(step_before: int | None, step_after: int) -> str:
     return f"between step {step_before} and step {step_after}"
 
 
+def counted(u: dict[str, Any]) -> str:
+    """What the End counts against what the trace holds (an ``unplaced`` summary)."""
+    if u["accounted"] == u["here"]:
+        return f"the End line counts {u['end_count']}, {u['here']} are here"
+    return (f"the End line counts {u['end_count']}, the seqs account for {u['accounted']} "
+            f"({u['here']} here)")
+
+
+def _first(lost: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The first gap of a ``lost_events`` summary, and its seqs in words."""
+    first = lost["first"][0]
+    return first, (f"seq {first['first_seq']}" if first["events"] == 1
+                   else f"seq {first['first_seq']}–{first['last_seq']}")
+
+
 def lost_where(lost: dict[str, Any]) -> str:
     """The events a trace lost (its ``lost_events`` summary, some lost), in a few words: how
-    many, the first gap's seqs and steps, how many more gaps, what the writer declares."""
-    first = lost["first"][0]
-    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
-            else f"seq {first['first_seq']}–{first['last_seq']}")
+    many, the first gap's seqs and steps, how many more gaps, what the writer declares, and
+    those whose place is unknown."""
+    u = lost.get("unplaced")
+    unknown = (f"{u['events']} event(s) where no seq shows it (place unknown: {counted(u)})"
+               if u else "")
+    if not lost["gaps"]:
+        return unknown
+    first, seqs = _first(lost)
     more = f", and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
     said = (f"; its writer declares {lost['declared_dropped']} event(s) dropped"
             if lost.get("declared_dropped") else "")
-    return (f"{lost['events']} event(s) ({seqs} "
-            f"{between(first['step_before'], first['step_after'])}{more}{said})")
+    in_gaps = lost["events"] - (u["events"] if u else 0)
+    return (f"{in_gaps} event(s) ({seqs} "
+            f"{between(first['step_before'], first['step_after'])}{more}{said})"
+            + (f", and {unknown}" if unknown else ""))
 
 
 def lost_text(lost: dict[str, Any] | None) -> str | None:
     """One line for the events a trace lost (the judgement's ``lost_events`` summary: gaps in
-    seq), or None when it lost none."""
+    seq, and events the End counts where no seq shows them), or None when it lost none."""
     if not lost or not lost.get("events"):
         return None
-    first = lost["first"][0]
-    seqs = (f"seq {first['first_seq']}" if first["events"] == 1
-            else f"seq {first['first_seq']}–{first['last_seq']}")
+    u = lost.get("unplaced")
+    unknown = (f"{u['events']} event(s) lost from the trace where no seq shows it "
+               f"({counted(u)}); where they were lost is not recorded, so every page class "
+               "may rest on an incomplete record" if u else "")
+    if not lost["gaps"]:
+        return unknown
+    first, seqs = _first(lost)
     more = f" and {lost['gaps'] - 1} more gap(s)" if lost["gaps"] > 1 else ""
-    return (f"{lost['events']} event(s) lost from the trace (gaps in seq: {seqs}{more}); "
-            f"every verdict from seq {first['first_seq']} on rests on an incomplete record")
+    in_gaps = lost["events"] - (u["events"] if u else 0)
+    return (f"{in_gaps} event(s) lost from the trace (gaps in seq: {seqs}{more}); "
+            f"every verdict from seq {first['first_seq']} on rests on an incomplete record"
+            + (f"; and {unknown}" if unknown else ""))
+
+
+def recorded_text(missing: list[str], lost: dict[str, Any] | None, *,
+                  verb: str = "") -> str:
+    """What the trace records, in a few words, for every surface's completeness line: the
+    judged kinds it lacks, or every one — qualified when events are lost (the judgement's
+    ``lost_events``): a kind recorded may have lost events of its own, and where no seq shows
+    the loss (``unplaced``) any kind may be among them. ``verb``: " is recorded" where the
+    surface words it as a sentence."""
+    head = (f"not recorded: {', '.join(missing)}" if missing
+            else f"every judged kind{verb}")
+    if not lost or not lost.get("events"):
+        return head
+    place = ("where is not recorded" if lost.get("unplaced") and not lost["gaps"]
+             else "in gaps in seq" if not lost.get("unplaced") else "in gaps in seq and "
+             "where is not recorded")
+    return (f"{head}, yet {lost['events']} event(s) written are not in the trace ({place}): "
+            "events of any kind may be among them")

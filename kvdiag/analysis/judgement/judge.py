@@ -25,7 +25,9 @@ a stream taken out in Python or by the C accumulator: :meth:`Judge._fits_cols`,
 - ``step`` and every event's ``step``: the steps (:class:`Steps`);
 - ``abort``, ``end``, ``adapt``, ``repartition``: as recorded;
 - every event's ``seq``: a jump is events lost (:mod:`.gaps`): an ``events-lost`` finding, and
-  from there on what every slot holds is unknown until an upload fills it again.
+  from there on what every slot holds is unknown until an upload fills it again; the End's
+  ``events`` above what the seqs account for is events lost whose place is unknown (said by
+  the same finding; the classes stay, said to rest possibly on them).
 
 The reads of the last chunk fed keep their verdicts: :attr:`Judge.last`, :meth:`Judge.verdict`,
 :meth:`Judge.pages` and :meth:`Judge.missed_writes` answer for them (feed a step or a layer's
@@ -744,6 +746,7 @@ class Judge:
     def _end(self, e: ev.End) -> None:
         if self.end is None:
             self.end = e
+            self.gaps.ended(e)  # events it counts that no seq accounts for: lost, place unknown
 
     def _keep_writes(self, chunk: list[Any], types: list[type]) -> None:
         mark = self.mark
@@ -1162,7 +1165,13 @@ class Judge:
             rows=self.rows, completeness=completeness,
             findings=tuple(self._findings(completeness)), residency=self._residency(),
             ledger=self.ledger.snapshot() if self.ledger is not None else None,
-            lost=self.gaps.as_json() if self.gaps.count else None)
+            lost=self.gaps.as_json() if self.gaps.any else None)
+
+    def _lost_finding(self) -> Finding:
+        """``events-lost``, with the pages a loss of unknown place puts in question."""
+        slots = self.classes[POOL] + self.classes[RING]
+        return fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS),
+                               (int(slots[EXACT]), int(slots[STALE]), int(slots[FOREIGN])))
 
     def arisen(self) -> list[Finding]:
         """The findings that first appeared since the last call, each once (by
@@ -1175,8 +1184,8 @@ class Judge:
         command = f"kvdiag trace pages {self.name} --json" if self.name else None
         found = fnd.build(self.groups, pages_command=command) + self.adapt.findings()
         found += fnd.cross_check(self.groups)
-        if self.gaps.count:  # no later event brings lost ones back
-            found.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
+        if self.gaps.any:  # no later event brings lost ones back
+            found.append(self._lost_finding())
         out = []
         for f in found:
             key = fnd.identity(f)
@@ -1203,8 +1212,8 @@ class Judge:
         finally:
             self.groups.not_judged = saved
         out += fnd.cross_check(self.groups)
-        if self.gaps.count:
-            out.append(fnd.lost_events(self.gaps, self.groups.not_judged.get(LOST_EVENTS)))
+        if self.gaps.any:
+            out.append(self._lost_finding())
         if self.end is None or self.end.status == "error":
             out.append(fnd.incomplete(self.end, self.last_seq, self._last_step))
         return out

@@ -29,8 +29,9 @@ before the read. The rule, for page p of view V (layer, stream) served from ring
    the read: foreign, holding those bytes; a copy of V's other page made before the dispatch
    replaced p before any kernel could consume it (a prefetch that overran the ring; the
    ``consumed`` gate is the kernel's): foreign, holding it — and with no dispatch of V's
-   layer recorded, not judged; reaching the batch's start without either: foreign, holding
-   the newest copy.
+   layer recorded, not judged (``fits``; ``lost-events`` when the walk, were it the cycling,
+   would reach a gap in seq unanswered: the dispatch may be among the lost events); reaching
+   the batch's start without either: foreign, holding the newest copy.
 
 So a slot overwritten by another layer before the read gives that layer's bytes, and a ring
 that cycles within one read still judges each page by the copy it consumed. A read split into
