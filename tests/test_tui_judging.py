@@ -15,10 +15,10 @@ from kvdiag.analysis.pages_query import PagesQuery
 from kvdiag.analysis.replay import JUDGING, geometry_from_header
 from kvdiag.analysis.trace_index import READ, IndexBuilder, header_end, line_blocks
 from kvdiag.model import events as ev
-from kvdiag.trace.reader import TraceReader
+from kvdiag.trace.reader import TraceReader, slices
 from kvdiag.tui.digest import MARKS, DigestBuilder, TraceDigest
 from kvdiag.tui.document import Document, TraceDoc
-from kvdiag.tui.judging import JudgingPass, slices
+from kvdiag.tui.judging import JudgingPass
 from kvdiag.tui.loading import load_trace
 from kvdiag.tui.rows import TraceRows
 from tests.conftest import Capture

@@ -34,6 +34,10 @@ TraceItem = AnyEvent | Unknown
 # per chunk, and a list of thousands of fresh objects costs the cyclic GC far more than a few
 # dozen that die young; 32 KiB is about 150 events.
 CHUNK_SIZE = 32 << 10
+SLICE = CHUNK_SIZE
+"""Bytes a caller's block is decoded at a time (:meth:`TraceReader.decode_scanning`): the
+decoder makes a list of fresh objects per call, and a list of thousands costs the cyclic GC far
+more than a few hundred that die young."""
 MAX_LINE = 64 << 20
 # What a bad line can make msgspec raise: malformed JSON or wrong types (MsgspecError),
 # invalid UTF-8 (UnicodeDecodeError, a ValueError) and absurd nesting (RecursionError).
@@ -71,6 +75,31 @@ def _lines_and_digits(block: bytes) -> tuple[int, bool | None]:
         return block.count(b"\n"), None
     lines, digits = c.scan(block)
     return lines, digits
+
+
+Scan = Callable[[bytes, int, int], tuple[int, int, int]]
+"""A pass that reads lines' fields itself (the judgement's :meth:`Judge.scan
+<kvdiag.analysis.judgement.judge.Judge.scan>`): ``scan(data, start, last_seq)`` takes lines of
+``data`` from byte ``start`` whose seqs go on one by one from ``last_seq``, and returns
+``(stop, count, resume)``: ``count`` lines taken up to byte ``stop``, where the first line it
+declines begins; the lines from there to byte ``resume`` are the reader's to decode."""
+
+
+def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
+    """``block`` (whole lines) cut after a newline about every ``size`` bytes."""
+    start, n = 0, len(block)
+    while start < n:
+        if n - start <= size:
+            yield block[start:]
+            return
+        cut = block.rfind(b"\n", start, start + size)
+        if cut < 0:  # one line longer than the slice
+            cut = block.find(b"\n", start + size)
+            if cut < 0:
+                yield block[start:]
+                return
+        yield block[start:cut + 1]
+        start = cut + 1
 
 
 def holds(items: Sequence[Any], types: tuple[type, ...]) -> tuple[bool, bool]:
@@ -185,14 +214,19 @@ class TraceReader:
             self._iterator = itertools.chain.from_iterable(self._chunks())
         return self._iterator
 
-    def blocks(self) -> Iterator[Sequence[TraceItem]]:
+    scans = True
+    """:meth:`blocks` takes a ``scan`` (:data:`Scan`)."""
+
+    def blocks(self, scan: Scan | None = None) -> Iterator[Sequence[TraceItem]]:
         """The events as the decoder makes them, a block (a few hundred) at a time: instead
         of iterating the reader, for a consumer that works on many events at once (the
-        judgement: :meth:`kvdiag.analysis.judgement.Judge.feed_all`)."""
+        judgement: :meth:`kvdiag.analysis.judgement.Judge.feed_all`). ``scan``: the lines it
+        reads itself are counted and checked here as if decoded, and never become events
+        (:meth:`decode_scanning`)."""
         if self._iterator is not None:
             raise RuntimeError("the reader is being iterated already")
         self._iterator = iter(())
-        return self._chunks()
+        return self._chunks(scan)
 
     def close(self) -> None:
         if self._close_stream:
@@ -256,7 +290,7 @@ class TraceReader:
 
     # -- events ---------------------------------------------------------------------------
 
-    def _chunks(self) -> Iterator[Sequence[TraceItem]]:
+    def _chunks(self, scan: Scan | None = None) -> Iterator[Sequence[TraceItem]]:
         read = self._stream.read
         size = self._chunk_size
         parts: list[bytes] = []  # pieces of the line not yet ended by a newline
@@ -297,7 +331,13 @@ class TraceReader:
             if rest:
                 parts.append(rest)
             pending = len(rest)
-            yield self._block(block)
+            if scan is None:
+                yield self._block(block)
+                continue
+            for items in self.decode_scanning(block, scan):
+                events = [e for e in items if e is not None]
+                if events:
+                    yield events
         if skipping:
             self.truncated = True
         elif parts:
@@ -380,6 +420,35 @@ class TraceReader:
             self.lines_read += 1
             out = [*out, self._line(tail, self.lines_read, last=True)]
         return out
+
+    def decode_scanning(self, block: bytes, scan: Scan | None
+                        ) -> Iterator[Sequence[TraceItem | None]]:
+        """:meth:`decode_block` of ``block`` a slice (:data:`SLICE`) at a time, but that the
+        lines ``scan`` reads itself (:data:`Scan`, while :meth:`scan_from` allows) are counted
+        here instead (:meth:`scanned`). Each line it declines, and the lines after it up to the
+        next it may read, are decoded — at least a slice's worth where it read none, so that a
+        trace whose lines it never reads costs it one declined line per slice."""
+        n, pos = len(block), 0
+        while pos < n:
+            last = self.scan_from() if scan is not None else None
+            if last is None:
+                for piece in slices(block[pos:] if pos else block):
+                    yield self.decode_block(piece)
+                return
+            assert scan is not None
+            stop, count, resume = scan(block, pos, last)
+            if count:
+                self.scanned(count, last + count)
+                pos = stop
+                if pos >= n:
+                    return
+                end = resume
+            else:
+                cut = block.find(b"\n", pos + SLICE)
+                end = max(resume, n if cut < 0 else cut + 1)
+            for piece in slices(block[pos:end]):
+                yield self.decode_block(piece)
+            pos = end
 
     def scan_from(self) -> int | None:
         """The seq of the last event, where a caller may read the next lines' fields itself

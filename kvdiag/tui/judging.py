@@ -1,18 +1,17 @@
 """The judging pass: the trace's one Judge, fed the blocks of lines the indexer reads
 (no textual import).
 
-Each block is decoded as :class:`~kvdiag.trace.reader.TraceReader` decodes it
-(:meth:`~kvdiag.trace.reader.TraceReader.decode_block`: the same events and line-numbered
-problems as ``kvdiag check``), in slices of about :data:`SLICE` bytes, and streamed to
-``Judge(header, ledger=True)`` as ``check`` streams its reader (each slice's fields taken out as
-it is decoded; pages judged many thousand events at a time, across blocks); a line that is not an event is skipped with ``judge.skip()`` so
-that ledger rows stay index rows. Beside the Judge the pass keeps what the screens show and the
-Judge does not hold: telemetry samples, kv_stream_adapt's partition, abort events.
-:meth:`JudgingPass.delta` hands over what changed since the last call
+Each block is read as ``kvdiag check`` reads its file
+(:meth:`~kvdiag.trace.reader.TraceReader.decode_scanning`: the same events and line-numbered
+problems; the lines the Judge reads straight into its columns, the others decoded a slice at a
+time) and streamed to ``Judge(header, ledger=True)`` as ``check`` streams its reader (pages
+judged many thousand events at a time, across blocks); a line that is not an event is skipped
+with ``judge.skip()`` so that ledger rows stay index rows. Beside the Judge the pass keeps what
+the screens show and the Judge does not hold: telemetry samples, kv_stream_adapt's partition,
+abort events. :meth:`JudgingPass.delta` hands over what changed since the last call
 (:class:`~kvdiag.tui.digest.Delta`); the loader runs the pass in its own thread right behind the
 indexer, or in a child process for big files (:mod:`kvdiag.tui.judgeproc`).
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -35,32 +34,10 @@ from kvdiag.tui.digest import (
     telemetry_series,
 )
 
-SLICE = 32 << 10
-"""Bytes decoded at a time: ``decode_lines`` makes a list of fresh objects per call, and a
-list of thousands costs the cyclic GC far more than a few hundred that die young (the
-reader's own chunk size, kvdiag/trace/reader.py)."""
-
 _SIDE: dict[type, str] = {ev.Telemetry: "telemetry", ev.Adapt: "partition",
                           ev.Repartition: "partition", ev.Abort: "abort"}
 """Events kept beside the Judge, by list (adapt and repartition in one, in file order)."""
 _SIDE_TYPES = tuple(_SIDE)
-
-
-def slices(block: bytes, size: int = SLICE) -> Iterator[bytes]:
-    """``block`` (whole lines) cut after a newline about every ``size`` bytes."""
-    start, n = 0, len(block)
-    while start < n:
-        if n - start <= size:
-            yield block[start:]
-            return
-        cut = block.rfind(b"\n", start, start + size)
-        if cut < 0:  # one line longer than the slice
-            cut = block.find(b"\n", start + size)
-            if cut < 0:
-                yield block[start:]
-                return
-        yield block[start:cut + 1]
-        start = cut + 1
 
 
 class _Decoded:
@@ -120,43 +97,15 @@ class JudgingPass:
         self.position = offset + len(block)
 
     def decoded(self, block: bytes) -> Iterator[list[Any]]:
-        """The events of ``block`` for the Judge's streamed path. Where the reader and the
-        Judge can (:meth:`TraceReader.scan_from`), the Judge reads lines straight into its
-        columns (:meth:`Judge.scan`, :mod:`~kvdiag.analysis.judgement.linescan`: the kinds that
-        make most of a trace, without making their events) and the reader counts them; each line
-        it declines, and the lines up to the next it may read, are decoded here
-        (:meth:`_decode`) — at least a slice's worth where it read none, so that a trace whose
-        lines it never reads costs one declined line per slice."""
-        judge, reader, n = self.judge, self.reader, len(block)
-        pos = 0
-        while pos < n:
-            last = reader.scan_from() if self.scan else None
-            if last is None:
-                yield from self._decode(block[pos:] if pos else block)
-                return
-            stop, count, resume = judge.scan(block, pos, last)
-            if count:
-                reader.scanned(count, last + count)
-                pos = stop
-                if pos >= n:
-                    return
-                end = resume
-            else:
-                cut = block.find(b"\n", pos + SLICE)
-                end = max(resume, n if cut < 0 else cut + 1)
-            yield from self._decode(block[pos:end])
-            pos = end
-
-    def _decode(self, block: bytes) -> Iterator[list[Any]]:
-        """The events of ``block``, a slice at a time as each is decoded (the Judge takes
-        their fields out while the decoder has just made them: :meth:`Judge.feed_all`'s
-        streamed path, ~30 % less CPU than holding the block's events for the list path,
-        measured on bench_check's 1M-event trace). A line that is not an event is skipped
-        with ``judge.skip()`` where it is, so that ledger rows stay index rows: the Judge
-        judges what it was given before it counts the skipped row."""
-        judge, decode, side = self.judge, self.reader.decode_block, self._side
-        for piece in slices(block):
-            decoded = decode(piece)
+        """The events of ``block`` for the Judge's streamed path, as the reader gives them
+        (:meth:`TraceReader.decode_scanning`: the lines the Judge reads straight into its
+        columns, :meth:`Judge.scan`, never become events; the others are decoded a slice at a
+        time, and the Judge takes their fields out while the decoder has just made them). A
+        line that is not an event is skipped with ``judge.skip()`` where it is, so that ledger
+        rows stay index rows: the Judge judges what it was given before it counts the skipped
+        row."""
+        judge, side = self.judge, self._side
+        for decoded in self.reader.decode_scanning(block, judge.scan if self.scan else None):
             # the kinds kept beside are rare: a slice's types are looked at in C, and its
             # events one by one only where one of them is among them
             nones, kept = holds(decoded, _SIDE_TYPES)

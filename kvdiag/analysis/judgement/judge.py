@@ -345,7 +345,10 @@ class Judge:
             return self
         blocks = getattr(events, "blocks", None)
         if callable(blocks):
-            source: Iterable[Any] = blocks()
+            # a reader that can (TraceReader.scans) lets the lines this Judge reads itself
+            # into its columns (scan) pass undecoded
+            scans = getattr(events, "scans", False) is True and self._walks
+            source: Iterable[Any] = blocks(self.scan) if scans else blocks()
         else:
             it = iter(events)
             source = iter(lambda: list(itertools.islice(it, SUB)), [])

@@ -12,7 +12,6 @@ from kvdiag.tui.document import Document
 from kvdiag.tui.screens.base import KvScreen
 from kvdiag.tui.summaries import overview
 
-
 LOADING_REDRAW_S = 1.0
 """While a file loads, its overview is rebuilt at most this often; the progress bar moves with
 every snapshot (five a second). Rebuilding it is the viewer's main cost while a big trace loads:
