@@ -246,7 +246,8 @@ def test_json_text_and_exit_code_agree(tmp_path: Path, capsys: Any) -> None:
     code, out = run_json([str(log)], capsys)
     (crash,) = out["crashes"]
     assert code == 1 and crash["kind"] == "signal" and crash["line"] == first
-    assert crash["signal"] == {"source": str(log), "line": first, "signal": "SIGBUS"}
+    assert crash["signal"] == {"source": str(log), "line": first, "signal": "SIGBUS",
+                               "exception": None}
     assert [f["function"] for f in crash["frames"]] == [None, "foo_step", None,
                                                         "__libc_start_main"]
     data, first = _tail(_served(), *GDB_UNKNOWN)

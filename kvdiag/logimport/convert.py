@@ -13,7 +13,7 @@ What becomes an event:
 - a fallback warning (a line naming kv-stream or fits that says it falls back) → ``warn``
   with code ``kv-stream-fallback``, as the model writes it;
 - each crash the post-mortem scanner found (abort, GPU error, fatal signal) → ``abort`` with the
-  backtrace frames it printed;
+  backtrace frames it printed and the Python threads' stacks (faulthandler's, 1.3);
 - a second boot in the same log → ``warn`` with code ``import-boot``;
 - each request a slot completed (its ``print_timing`` block, depth and release lines, brief
   §7.3, read by :mod:`kvdiag.postmortem.perfscan`) → ``timing`` at its ``eval time`` line.
@@ -120,6 +120,8 @@ def abort_fields(crash: Crash) -> dict[str, Any]:
                 name = f"{f.address:#x}" if f.address is not None else "?"
             frames.append(name)
     fields: dict[str, Any] = {"backtrace": tuple(frames)}
+    if crash.python:
+        fields["python_stacks"] = python_stacks(crash)
     if ab is not None:
         where = f"{ab.file}:{ab.line}: " if ab.file and ab.line is not None else ""
         fields.update(message=where + ab.message, file=ab.file or "", line=ab.line or 0,
@@ -129,8 +131,20 @@ def abort_fields(crash: Crash) -> dict[str, Any]:
             f"{err.backend}: {err.message}")
         fields.setdefault("message", f"{err.backend} error: {err.message}")
     if "message" not in fields:
-        fields["message"] = crash.signal.signal if crash.signal is not None else crash.kind
+        sig = crash.signal
+        fields["message"] = crash.kind if sig is None else sig.signal + (
+            f" (Windows fatal exception: {sig.exception})" if sig.exception else "")
     return fields
+
+
+def python_stacks(crash: Crash) -> tuple[ev.PyStack, ...]:
+    """The crash's faulthandler stacks (``postmortem.pystack``) as the abort event carries
+    them (format 1.3): everything the scan read but the log line each stack began on."""
+    return tuple(
+        ev.PyStack(thread=st.thread, name=st.name, current=st.current, notes=st.notes,
+                   frames=tuple(ev.PyFrame(function=f.function, file=f.file, line=f.line,
+                                           in_app=f.in_app) for f in st.frames))
+        for st in crash.python)
 
 
 class Emitter(Protocol):
