@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 
+from kvdiag.model.frames import PYTHON_MARKS as _MARKS
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import LogLine, PythonStack
 
@@ -50,14 +51,6 @@ _HEADER = re.compile(
 )
 _STACK = "Stack (most recent call first):"
 _FRAME = re.compile(r'^\s+File (?:"(.*)"|\?\?\?), line (\d+|\?\?\?) in (.*?)\s*$')
-_MARKS = {
-    "Garbage-collecting": "the garbage collector was running",
-    "<no Python frame>": "no Python frame (the thread ran only C code)",
-    "<tstate is freed>": "the thread state was already freed",
-    "<freed frame>": "a frame was already freed",
-    "<invalid frame>": "a frame could not be read",
-    "...": f"cut after {MAX_FRAMES} frames",
-}
 _GIL_DISABLED = "<Cannot show all threads while the GIL is disabled>"
 _EXT_MODULES = "Extension modules: "
 # CPython's own library (``…/lib/python3.11/json/…``; on Windows ``C:\\Python311\\Lib\\…``, the
