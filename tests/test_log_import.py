@@ -161,6 +161,34 @@ def test_fallback_warnings_nil_runtimes_and_inferred_routes(tmp_path: Path) -> N
     assert end.status == "completed" and end.reason == ""
 
 
+@pytest.mark.parametrize("case", [str.upper, str.title, lambda t: t.replace("kv-stream",
+                                                                            "KV_STREAM")])
+def test_a_fallback_warning_in_another_case_decides_the_route_alike(
+        tmp_path: Path, case: Callable[[str], str]) -> None:
+    """The grammar reads a fallback warning in any case (its text is not public), and so does
+    ``kvdiag perf``: import reads the same lines, its layer too. Only the warning's case
+    differs between the two logs."""
+    from kvdiag.postmortem.perfscan import PerfScanner
+
+    warn = ("ggml_cuda_kv_stream_fattn: kv-stream FA node of layer 7 does not fit the "
+            "streamed kernel; falling back to ordinary flash attention")
+    got = []
+    for text in (warn, case(warn)):
+        lines = stamped([*BOOT, fits_line("0x1100", "256,24,3,2", "0x2100", "0x9000", "0x9000"),
+                         f"W {text}", "I srv  update_slots: all slots are idle"])
+        log = write(tmp_path / "fb.log", lines)
+        out = tmp_path / "fb.kvtrace"
+        assert run_import(log, out, "--force") == 0
+        _, events = read(out)
+        perf = PerfScanner("fb.log")
+        perf.feed(log.read_bytes())
+        notes = [(n.kind, n.layer) for n in perf.finish().notes]
+        got.append(([(f.route, f.layer) for f in of(events, ev.Fits)],
+                    [(w.code, w.layer) for w in of(events, ev.Warn)], notes))
+    assert got[1] == got[0] == ([("fallback", 7)], [("kv-stream-fallback", 7)],
+                                [("fits-false", None), ("fallback", 7)])
+
+
 def test_a_route_waits_at_most_the_window(tmp_path: Path) -> None:
     from kvdiag.logimport.convert import WINDOW_LINES
 

@@ -47,8 +47,13 @@ from kvdiag.postmortem.lines import clean
 #: route (the runtime prints them next to each other: the assert fires in the same dispatch).
 WINDOW_LINES = 1000
 
-#: Bytes without which a line cannot yield an event (crash and boot lines are known by number).
-ANCHORS: tuple[bytes, ...] = (b"fits=false", b"kv_stream", b"KV ", b"arena",
+#: Bytes without which a line cannot yield an event (crash and boot lines are known by number):
+#: kv-stream's words as the grammar reads them, in every case it reads them in (the fits=false
+#: line, kv_stream_adapt lines, a fallback warning: ``grammar.KV_STREAM_WORDS``, the anchors of
+#: ``kvdiag perf`` too), "KV " (the G2 ``KV layout revision`` line, ``adaptive KV partition``),
+#: the phase arena's lines, a context that failed, and a fallback warning's verb (``falling
+#: back`` with ``fits`` or kv-stream in another case than those words).
+ANCHORS: tuple[bytes, ...] = (*grammar.KV_STREAM_WORDS, b"KV ", b"arena",
                               b"initialize the context", b"back")
 _ANCHOR = re.compile(b"|".join(re.escape(a) for a in ANCHORS))
 #: Slot lines (brief §7.3) only end a step, which matters only once the step holds an event.

@@ -84,7 +84,20 @@ _NUM_PAIR = re.compile(r"([a-z][a-z /_-]*?) (-?[\d.]+)%?(?=,|$)")
 # public (brief §3, §9), so the words are matched loosely.
 _FALLBACK = re.compile(r"fall(?:ing|s)?[ -]?back", re.IGNORECASE)
 _FALLBACK_CONTEXT = re.compile(r"kv.?stream|\bfits\b", re.IGNORECASE)
-_LAYER = re.compile(r"\blayer (\d+)\b")
+# in the warning's case: it is read in any case
+_LAYER = re.compile(r"\blayer (\d+)\b", re.IGNORECASE)
+
+KV_STREAM_CAPITALS = b"TREAM"
+"""kv-stream's name in capitals (``KV_STREAM``, ``KV-STREAM``, ``GGML_CUDA_KV_STREAM_*``,
+``LLAMA_KV_STREAM_ALLOW_MULTISEQ``), which holds no ``tream``."""
+KV_STREAM_WORDS: tuple[bytes, ...] = (b"tream", KV_STREAM_CAPITALS, b"fits")
+"""Substrings one of which every line this grammar reads in kv-stream's own words holds, in
+the cases it reads them: ``kv_stream``, ``kv-stream``, ``KV stream``, ``KV Stream`` (``tream``),
+the same in capitals, and ``fits`` (the ``fits=false`` line, §4.5; a fallback warning that names
+fits()). A fallback warning (``_FALLBACK_CONTEXT``: its text is not public, brief §9, and is
+read in any case) holds one of them unless it names only ``FITS`` in capitals. The scanners
+that search bytes for these lines (``kvdiag perf``: ``timinglines.RARE_ANCHORS``; ``kvdiag
+import``: ``logimport.convert.ANCHORS``) search for these."""
 
 _FITS = re.compile(r"\bfits=false\b:?(.*)$")
 _FITS_NE = re.compile(r"\bne=\[([-\d, ]+)\]")

@@ -75,7 +75,7 @@ MAIN_ANCHORS = ANCHORS[:4]
 HELPER_ANCHORS = ANCHORS[4:]
 #: Files smaller than this are not worth starting a helper process for.
 PARALLEL_MIN_BYTES = 64 << 20
-BOOT_CAPITALS: tuple[bytes, ...] = (b"TREAM", b"KV stream")
+BOOT_CAPITALS: tuple[bytes, ...] = (grammar.KV_STREAM_CAPITALS, b"KV stream")
 """kv-stream's words in capitals, which boot lines hold and no other anchor does: the port's
 ``LLAMA_KV_STREAM_ALLOW_MULTISEQ`` warning (the grammar's ``_MULTISEQ``; its text is not public,
 domain brief §9, so it may name only the variable) and its ``KV streaming device filter = CUDA0
