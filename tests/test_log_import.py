@@ -371,6 +371,24 @@ def test_truncated_gzip_keeps_every_event_before_the_break(
     assert f"breaks after line {len(adapts) + len(BOOT)}" in end.reason
 
 
+def test_a_short_log_cut_inside_its_gzip_is_imported_up_to_the_cut(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """All its text is shorter than the 4 KiB import first reads to tell a trace from a log:
+    that read meets the cut too, and must leave it to the passes (it was an internal error)."""
+    body = stamped([*BOOT, fits_line("0x1100", "256,24,3,2", "0x2100", "0x9000", "0x9000"),
+                    ASSERT, "Aborted (core dumped)"])
+    data = gzip.compress(("\n".join(body) + "\n").encode())
+    log = tmp_path / "short.log.gz"
+    log.write_bytes(data[:-12])  # the gzip trailer and the last bytes of the stream
+    out = tmp_path / "t.kvtrace"
+    assert run_import(log, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "breaks after line" in err[0] and "internal" not in err[0]
+    _, events = read(out)
+    assert [f.route for f in of(events, ev.Fits)] == ["abort"]
+    assert of(events, ev.Abort)[0].line == 2011
+
+
 def test_last_line_without_line_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "cut.log"
     log.write_bytes(("\n".join([ADAPT[1], ADAPT[2][:52]])).encode())  # cut inside "ring 17"

@@ -187,3 +187,19 @@ def test_a_newer_minor_s_field_inside_a_stack_is_kept(tmp_path: Path) -> None:
         (abort,) = [e for e in reader if isinstance(e, ev.Abort)]
         assert reader.extras[1] == {"python_stacks[0].frames[0].column": 17}
     assert abort.python_stacks[0].frames[0].function == "decode"
+
+
+def test_sql_gives_the_trace_the_log_s_python_frames(files: dict[str, Any],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    query = ("SELECT stack, thread, thread_name, signalled, frame, function, source_file, "
+             "source_line, in_app FROM python_frames WHERE file = '{}' ORDER BY stack, frame")
+    rows = []
+    for path in (files["log"], files["trace"]):
+        capsys.readouterr()
+        assert main(["sql", query.format(path), str(path), "--format", "json"]) == 0
+        rows.append([json.loads(ln) for ln in capsys.readouterr().out.splitlines()])
+    assert rows[0] == rows[1]
+    assert [(r["thread_name"], r["function"], r["source_line"], r["in_app"]) for r in rows[1]] == [
+        ("MainThread", "decode", 330, True), ("MainThread", None, None, True),
+        ("MainThread", "eval", 702, True), ("MainThread", "create_chat_completion", 455, True),
+        ("asyncio_0", "_worker", 90, False), ("asyncio_0", "run", 1012, False)]

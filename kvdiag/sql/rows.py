@@ -115,6 +115,11 @@ def _abort_rows(e: ev.Abort, crash: int, sink: Sink) -> None:
                          None, None, len(e.backtrace)))
     for i, text in enumerate(e.backtrace):
         sink.row("frames", (crash, i, None, None, None, text, None, None, None, None, text))
+    # an imported log's faulthandler stacks (format 1.3): the rows the log gives
+    for s, stack in enumerate(e.python_stacks):
+        for f in stack.as_frames():
+            sink.row("python_frames", (crash, s, stack.thread, stack.name, stack.current,
+                                       f.index, f.file, f.line, f.function, f.in_app))
 
 
 def findings_rows(findings: Iterable[Finding], sink: Sink) -> None:
@@ -139,7 +144,8 @@ def _rows(chunk: list[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
     returns the number of aborts seen so far."""
     events = any(t.startswith("events_") for t in tables)
     pages, fits = "pages" in tables, "fits" in tables
-    timings, crashes = "timings" in tables, "crashes" in tables or "frames" in tables
+    timings = "timings" in tables
+    crashes = not tables.isdisjoint(("crashes", "frames", "python_frames"))
     row_event = sink.event
     for e in chunk:
         t = type(e)
