@@ -15,8 +15,13 @@ import re
 
 from kvdiag.files.text import decode_line
 
-#: Text kept per line; longer lines are cut (the scanner reports it once per source).
+#: Text kept per line; a longer line keeps its first and last ``MAX_LINE_CHARS // 2``
+#: characters, joined by ``CUT``: a death's text may end a line that began long before it
+#: (ggml_abort flushes stdout, so its ``<file>:<line>: …`` follows output without a line end,
+#: domain brief §6.1). The scanner reports a cut once per source.
 MAX_LINE_CHARS = 4096
+CUT = " \u2026 "
+CUT_LINE_CHARS = MAX_LINE_CHARS + len(CUT)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
 _JOURNALD = re.compile(
@@ -43,7 +48,7 @@ def clean(raw: bytes) -> tuple[str, str | None]:
     """Decode one raw line (NULs dropped, bytes that are not UTF-8 replaced: files.text) and
     strip every prefix; return ``(text, level letter or None)``."""
     if len(raw) > MAX_LINE_CHARS * 4:
-        raw = raw[: MAX_LINE_CHARS * 4]
+        raw = raw[: MAX_LINE_CHARS * 2] + raw[-MAX_LINE_CHARS * 2:]
     text = decode_line(raw).rstrip("\r\n")
     if "\x1b" in text:
         text = _ANSI.sub("", text)
@@ -63,5 +68,11 @@ def clean(raw: bytes) -> tuple[str, str | None]:
         level = m.group(1)
         text = text[m.end():]
     if len(text) > MAX_LINE_CHARS:
-        text = text[:MAX_LINE_CHARS]
+        half = MAX_LINE_CHARS // 2
+        text = text[:half] + CUT + text[-half:]
     return text, level
+
+
+def is_cut(text: str) -> bool:
+    """Whether ``clean`` cut the line this text came from."""
+    return len(text) == CUT_LINE_CHARS and text[MAX_LINE_CHARS // 2:][:len(CUT)] == CUT
