@@ -47,6 +47,8 @@ class CrashWindows:
     _crash_lines: int
     _server_went_on: bool
     _seen_to: int
+    #: the last line an earlier crash block of this source took
+    _crash_end: int
     _prev_tail: bytes
     _region_start: int
     boot: BootAccumulator
@@ -139,6 +141,7 @@ class CrashWindows:
         if block is None:
             return False
         self._crash_lines += 1
+        self._crash_end = max(self._crash_end, where.line)
         used = block.feed(where, text)
         self._crash_quiet = 0 if used else self._crash_quiet + 1
         if not used and not self._server_went_on and deathlines.server_line(text, level):
@@ -200,6 +203,10 @@ class CrashWindows:
         for k, raw in enumerate(reversed(raws)):
             if k >= LOOKBACK_LINES or n < 1:
                 break
+            if n <= self._crash_end:
+                # an earlier death's lines (its signal line, its stacks) are its own: a server
+                # that died, restarted and died again printed them before the restart
+                stack_open = False
             if stack_open and k < PRE_STACK_LINES:
                 text, _ = clean(raw)
                 if (parse_frame(text) is not None or is_thread_header(text)

@@ -133,6 +133,7 @@ class LogParser(CrashWindows):
         self._server_went_on = False
         self._boot_lines = 0
         self._seen_to = 0
+        self._crash_end = 0
         self._cur: tuple[bytes, int] = (b"", 0)
         self._awaiting_launch = False
         self._damage = Damage()
