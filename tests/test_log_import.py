@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -534,3 +535,75 @@ def test_an_abort_on_a_last_line_without_line_end_is_kept(tmp_path: Path) -> Non
     assert [(type(e).__name__, getattr(e, "route", "")) for e in events] == [
         ("Fits", "abort"), ("Abort", ""), ("End", "")]
     assert events[2].status == "aborted" and "ends inside line 2" in events[2].reason
+
+
+BIG = "9" * 30
+
+
+def test_numbers_a_trace_cannot_hold_are_said_not_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged line can print any digits; the trace's integers are 64-bit and its reader
+    refuses a wider one (the whole header, or the event's line). Import wrote them: the trace
+    it made was refused by check, and its own summary lost the events."""
+    lines = stamped([
+        *BOOT[:7], f"I llama_context: n_seq_max     = {BIG}", *BOOT[8:],
+        fits_line(f"0x{'f' * 24}", f"{BIG},24,1,2", "0x2100", f"0x{'b' * 22}", "0x9000"),
+        f"W kv_stream_adapt: active {BIG}, resident 40, ring 8, samples 200, misses 0, "
+        "copy busy 20.0%, peak 4",
+        "W kv_stream_adapt: active 9300, resident 40, ring 8, samples 200, misses 6, "
+        "copy busy 35.0%, peak 4",
+    ])
+    out = tmp_path / "t.kvtrace"
+    assert run_import(write(tmp_path / "big.log", lines), out) == 0
+    said = capsys.readouterr().out
+    assert "1 line(s) not imported: a number wider than 64 bits" in said
+    assert main(["trace", "validate", str(out)]) == 0
+    header, events = read(out)
+    assert header.extra["import"]["wider_than_64_bits"] == [
+        "scenario.config.np", "scenario.boot.n_seq_max"]
+    assert "np" not in header.scenario["config"] and header.plan["n_stream"] == 2
+    (fits,) = of(events, ev.Fits)
+    # the shape and the K runtime are unknown; the V runtime still says it is streamed
+    assert fits.dst.ne == (0, 0, 0, 0) and fits.dst.data == 0 and fits.v.runtime == 0x9000
+    assert fits.k.runtime is None and fits.membership
+    assert [a.active for a in of(events, ev.Adapt)] == [9300]
+    (wide,) = [w for w in of(events, ev.Warn) if w.code == "import-out-of-range"]
+    assert wide.message.endswith(f"big.log:{len(BOOT) + 2}: active wider than 64 bits; the "
+                                 "line is not imported")
+
+
+@pytest.mark.parametrize("command", ["import", "postmortem", "perf"])
+def test_a_number_that_is_not_one_is_no_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """``1.2.3`` or ``...`` where the grammar wants a number (a cut or overwritten line) was
+    read as one and float() raised: every log command stopped with an internal error."""
+    log = write(tmp_path / "dots.log", stamped([
+        *BOOT[:11], "I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size =   ... MiB",
+        *BOOT[12:],
+        "W kv_stream_adapt: active 1.2.3, resident 40, ring 8, samples 200, misses 0, "
+        "copy busy 20.0%, peak 4",
+        "W kv_stream_adapt: adaptive KV partition: resident pages/layer 40 -> 37, ring slots "
+        "8 -> 35, miss 1.2.3%, copy busy 35.0%",
+        "W kv_stream_adapt: active 9300, resident 37, ring 35, samples 200, misses 6, "
+        "copy busy 35.0%, peak 4",
+    ]))
+    argv = {"import": ["import", str(log), "-o", str(tmp_path / "t.kvtrace")],
+            "postmortem": ["postmortem", str(log), "--json"],
+            "perf": ["perf", str(log)]}[command]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "internal error" not in err and "Traceback" not in err
+    if command == "import":
+        assert code == 0
+        _, events = read(tmp_path / "t.kvtrace")
+        # the line with "1.2.3" for its active count is no adapt line; the others are read
+        assert [(a.active, a.ring) for a in of(events, ev.Adapt)] == [(9300, 35)]
+        (rep,) = of(events, ev.Repartition)
+        assert (rep.resident, rep.ring, rep.miss_pct) == ((40, 37), (8, 35), None)
+    elif command == "postmortem":
+        assert code == 0
+        config = json.loads(out)["config"]
+        # the buffer line without a size gives none; the rest of the boot is read
+        assert "kv_buffers" not in config and config["kv_stream_pool_mib"] == 512.0
+    else:
+        assert code == 1 and "no completed request" in err

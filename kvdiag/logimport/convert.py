@@ -59,6 +59,7 @@ _ANCHOR = re.compile(b"|".join(re.escape(a) for a in ANCHORS))
 #: Slot lines (brief §7.3) only end a step, which matters only once the step holds an event.
 _SLOT = re.compile(rb"\bslot |id_slot=")
 
+INT64_MIN = -(1 << 63)
 UNKNOWN = (0, 0, 0, 0)
 """``ne``/``nb`` of an operand the log did not describe: no ggml tensor has ``nb[0] == 0``."""
 
@@ -84,14 +85,26 @@ _ADAPT_INT = ("samples", "misses", "peak", "layout", "skipped", "resident_attend
 
 
 def pointer(text: str | None) -> int | None:
-    """A printed pointer as an int; None for a null or unparsable one."""
+    """A printed pointer as an int; None for a null or unparsable one, or one wider than 64
+    bits (no pointer is: a damaged line)."""
     if text is None or text.strip() in _NIL:
         return None
     try:
         value = int(text.strip(), 16) if text.strip().lower().startswith("0x") else int(text, 0)
     except ValueError:
         return None
-    return value or None
+    return value if 0 < value < 1 << 64 else None
+
+
+def beyond_64_bits(value: object) -> bool:
+    """Whether ``value`` holds an integer a trace cannot: the format's integers are 64-bit
+    (its reader refuses a wider one as a corrupt line, docs/trace-format.md), and a log's line
+    can print any digits."""
+    if type(value) is int:
+        return not INT64_MIN <= value < 1 << 64
+    if isinstance(value, tuple | list):
+        return any(beyond_64_bits(v) for v in value)
+    return False
 
 
 def stamp_ns(raw: bytes) -> int | None:
@@ -176,6 +189,8 @@ class Counts:
     by_kind: dict[str, int] = field(default_factory=dict)
     inferred_routes: int = 0
     aborts: int = 0
+    #: lines not imported because a number on them is wider than 64 bits
+    out_of_range: int = 0
 
     @property
     def imported(self) -> int:
@@ -265,6 +280,14 @@ class Converter:
 
     def _add(self, lineno: int, t: int, cls: type[ev.Event], /,
              pending: FitsLine | None = None, **fields: Any) -> _Item:
+        wide = [k for k, v in fields.items() if beyond_64_bits(v)]
+        if wide:
+            # the line is not imported, and the trace says so: written, the event would be a
+            # line the reader refuses (the fits line's own numbers are checked where read)
+            self.counts.out_of_range += 1
+            cls, fields = ev.Warn, {"code": "import-out-of-range", "message": (
+                f"{self.name}:{lineno}: {', '.join(wide)} wider than 64 bits; the line is not "
+                "imported")}
         item = _Item(lineno, self.step, t, cls, fields, pending)
         self._step_used = True
         self._queue.append(item)
@@ -388,7 +411,8 @@ class Converter:
 
     def _fits(self, fl: FitsLine, t: int) -> None:
         self._decide_default()
-        ne = fl.ne if len(fl.ne) == 4 else UNKNOWN
+        # a shape wider than 64 bits is a damaged line's: unknown, as an absent one
+        ne = fl.ne if len(fl.ne) == 4 and not beyond_64_bits(fl.ne) else UNKNOWN
         dst = Tensor(name="", type=fl.type or "", ne=(ne[0], ne[1], ne[2], ne[3]), nb=UNKNOWN,
                      data=pointer(fl.dst) or 0)
         k = self._tensor("", fl.kbuf, pointer(fl.k), fl.kr, self._types[0])
