@@ -142,6 +142,7 @@ def test_the_backtrace_screen_on_the_trace_shows_the_log_s_frames(
     for path in (files["log"], files["trace"]):
         drive([path], script)
     assert len(screens) == 2
+    assert "crash group 1 of 1: assert" in screens[1]
     for screen in screens:
         assert f"all the Python stack of thread {MAIN}" in screen
         for frame in ("decode", "eval", "create_chat_completion", "llama_cpp/llama.py:702",

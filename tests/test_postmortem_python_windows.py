@@ -16,6 +16,7 @@ from kvdiag.model import events as ev
 from kvdiag.model.logrecords import Crash
 from kvdiag.postmortem.deathlines import parse_windows_exception
 from kvdiag.trace.reader import TraceReader
+from kvdiag.tui.crashes import from_abort
 
 APP = r"C:\Users\svc-llm\srv\.venv\Lib\site-packages"
 BOOT = [
@@ -149,3 +150,6 @@ def test_import_carries_the_exception_and_the_stacks(tmp_path: Path) -> None:
                              "0xc0000409)")
     assert [st.thread for st in abort.python_stacks] == ["0x00004e80", "0x000031c4"]
     assert abort.python_stacks[0].frames[2].file == r"C:\Users\svc-llm\srv\serve.py"
+    view = from_abort(0, abort)
+    assert view.kind == "abort" and view.python_from == 0 and view.python_thread == "0x00004e80"
+    assert [f.function for f in view.frames] == ["llama_decode", "decode", "<module>"]

@@ -101,7 +101,10 @@ def from_abort(i: int, abort: ev.Abort) -> CrashView:
     frames, python_from = _with_python(frames, py.as_frames() if py is not None else (),
                                        details, py.notes if py is not None else ())
     return CrashView(
-        index=i, kind="cuda_error" if abort.cuda_error else "assert",
+        # the event records no crash kind: an assert has its condition, a GPU error its name;
+        # the rest (a signal, GGML_ABORT's message) is the abort it is
+        index=i, kind="cuda_error" if abort.cuda_error else "assert" if abort.condition else
+        "abort",
         title=abort.condition or abort.message, details=tuple(details), frames=frames,
         fingerprint=f"{Path(abort.file).name}:{abort.line}" if abort.file else abort.message,
         where=f"event #{abort.seq}, step {abort.step}", line=None,
