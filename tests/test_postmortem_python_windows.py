@@ -153,3 +153,27 @@ def test_import_carries_the_exception_and_the_stacks(tmp_path: Path) -> None:
     view = from_abort(0, abort)
     assert view.kind == "abort" and view.python_from == 0 and view.python_thread == "0x00004e80"
     assert [f.function for f in view.frames] == ["llama_decode", "decode", "<module>"]
+
+
+def test_an_imported_windows_death_exports_as_the_log_printed_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The llama-log export prints faulthandler's own line for the death, not the abort's
+    message as well (a second signal line, which the reader took), and makes up no stack."""
+    log = tmp_path / "server-win.log"
+    log.write_bytes(crlf([*BOOT, *dump("Windows fatal exception: access violation")]))
+    trace, again = tmp_path / "t.kvtrace", tmp_path / "again.log"
+    assert main(["import", str(log), "-o", str(trace)]) == 0
+    assert main(["trace", "export", str(trace), "--format", "llama-log", "-o", str(again)]) == 0
+    text = again.read_text()
+    assert "SIGSEGV" not in text and "wait4" not in text
+    capsys.readouterr()
+    seen = []
+    for path in (log, again):
+        _, data = run_json([str(path), "--no-auto-binaries"], capsys)
+        (crash,) = data["crashes"]
+        seen.append((crash["kind"], crash["signal"]["signal"], crash["signal"]["exception"],
+                     crash["frames"], [(s["thread"], [f["function"] for f in s["frames"]])
+                                       for s in crash["python_stacks"]]))
+    assert seen[0] == seen[1] == (
+        "segfault", "SIGSEGV", "access violation", [],
+        [("0x00004e80", ["llama_decode", "decode", "<module>"]), ("0x000031c4", ["wait", "get"])])

@@ -57,6 +57,14 @@ _WINDOWS = " (Windows fatal exception: "
 _MARK_OF = {note: mark for mark, note in PYTHON_MARKS.items()}
 
 
+def _signal_only(e: ev.Abort) -> bool:
+    """The abort is a death by a signal that faulthandler's line names (``python_dump``)."""
+    if e.file or e.condition or e.cuda_error:
+        return False
+    return e.message in _FAULTHANDLER_NAMES or (
+        _WINDOWS in e.message and e.message.endswith(")"))
+
+
 def python_dump(e: ev.Abort) -> list[str]:
     """The abort's Python stacks (format 1.3) as CPython's faulthandler prints them on the
     death (Python/traceback.c ``dump_traceback``): its line for the signal or the Windows
@@ -305,15 +313,22 @@ class LogExporter:
         return out
 
     def abort(self, e: ev.Abort) -> list[str]:
-        lines = [e.message, "[Thread debugging using libthread_db enabled]"]
+        python = python_dump(e)
+        # a death by a signal alone (an imported segfault) printed no line of its own but
+        # faulthandler's, which says the signal: printing the message too would be a second
+        # signal line, the first one the reader takes
+        lines = [] if python and _signal_only(e) else [e.message]
         frames = [f for f in e.backtrace if not f.endswith("(inlined)")]
+        if not frames:
+            return lines + python  # no stack recorded: none is made up
+        lines.append("[Thread debugging using libthread_db enabled]")
         # gdb attached by ggml_print_backtrace waits in wait4 (an imported stack has it)
         waiting = [] if frames[:1] == ["__GI___wait4"] else ["__GI___wait4"]
         for i, function in enumerate([*waiting, *frames]):
             module = "libc.so.6" if function == "__GI___wait4" else _module_of(function)
             addr = _LIB_BASE.get(module, 0x7F32_0800_0000) + 0x1000 * (i + 1) + 0x2A7
             lines.append(f"#{i}  {addr:#018x} in {function} () from /usr/lib/{module}")
-        return lines + python_dump(e)
+        return lines + python
 
     def lines(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[str]:
         """Yield log lines; those of the runtime carry the timestamp prefix, the abort text
