@@ -246,3 +246,22 @@ def test_info_json_steps_are_the_judgements(capsys: pytest.CaptureFixture[str],
     code, out, _ = run(capsys, "info", str(path), "--json")
     data = json.loads(out)
     assert (data["first_step"], data["last_step"], data["judgement"]["steps"]) == (3, 5, 3)
+
+
+def test_info_shows_the_first_aborts_and_counts_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "aborts.kvtrace"
+    aborts = [event_line("abort", i + 1, step=i, message=f"x.cu:{i}: GGML_ASSERT(c{i}) failed",
+                         file="x.cu", line=i, condition=f"c{i}",
+                         backtrace=["ggml_abort", f"kernel_{i}"]) for i in range(12)]
+    path.write_bytes(header_line("1.3") + b"".join(aborts) + end_line(13, 12, steps=12))
+    code, out, _ = run(capsys, "info", str(path))
+    assert code == 0
+    assert "Abort at event #10, step 9" in out and "kernel_9" in out
+    assert "Abort at event #11" not in out
+    assert "… and 2 more abort(s): kvdiag check lists them all" in out
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    doc = json.loads(out)
+    assert [a["condition"] for a in doc["aborts"]] == [f"c{i}" for i in range(10)]
+    assert doc["aborts"][3]["backtrace"] == ["ggml_abort", "kernel_3"]
+    assert doc["aborts"][3]["python_stacks"] == []

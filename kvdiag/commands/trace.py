@@ -172,11 +172,9 @@ def _pages(path: str, *, as_json: bool) -> int:
 
 def _info(path: str, *, as_json: bool) -> int:
     from kvdiag.analysis.judgement import CHUNK, trace_judge
-    from kvdiag.model.events import Abort
     from kvdiag.trace.reader import TraceReader
     from kvdiag.trace.summary import summarize
 
-    aborts: list[Abort] = []
     with TraceReader.open(path) as reader:
         judge = trace_judge(reader, name=path)
         pending: list[Any] = []
@@ -186,8 +184,6 @@ def _info(path: str, *, as_json: bool) -> int:
             # took ~0.2 ms of CPU per event (minutes for a million)
             nonlocal pending
             pending.append(event)
-            if type(event) is Abort and len(aborts) < MAX_ABORTS_SHOWN:
-                aborts.append(event)
             if len(pending) >= CHUNK:
                 judge.feed_all(pending)
                 pending = []
@@ -195,6 +191,9 @@ def _info(path: str, *, as_json: bool) -> int:
         summary = summarize(reader, observe=observe)
         judge.feed_all(pending)
     judgement = judge.snapshot()
+    # the aborts the judgement holds (its abort findings'), not a second reading of the events
+    every_abort = judge.groups.aborts
+    aborts = every_abort[:MAX_ABORTS_SHOWN]
     if as_json:
         import msgspec
 
@@ -209,7 +208,7 @@ def _info(path: str, *, as_json: bool) -> int:
         return EXIT_OK
     from kvdiag.report.console import print_renderables
 
-    print_renderables(_info_renderables(summary, judgement, aborts))
+    print_renderables(_info_renderables(summary, judgement, aborts, len(every_abort)))
     return EXIT_OK
 
 
@@ -222,8 +221,8 @@ def _abort_json(a: Abort) -> dict[str, Any]:
             "python_stacks": [python_stack_json(st) for st in a.python_stacks]}
 
 
-def _info_renderables(s: TraceSummary, j: Judgement,
-                      aborts: Sequence[Abort]) -> list[RenderableType]:
+def _info_renderables(s: TraceSummary, j: Judgement, aborts: Sequence[Abort],
+                      n_aborts: int) -> list[RenderableType]:
     from rich.table import Table
     from rich.text import Text
 
@@ -292,7 +291,6 @@ def _info_renderables(s: TraceSummary, j: Judgement,
     full = not is_terminal()
     for a in aborts:
         parts.append(abort_event_renderable(a, frames_of_names(a.backtrace), full_paths=full))
-    n_aborts = s.counts.get("abort", 0)
     if n_aborts > len(aborts):
         parts.append(Text(f"… and {n_aborts - len(aborts)} more abort(s): kvdiag check lists "
                           "them all", style="dim"))
