@@ -177,3 +177,17 @@ def test_an_imported_windows_death_exports_as_the_log_printed_it(
     assert seen[0] == seen[1] == (
         "segfault", "SIGSEGV", "access violation", [],
         [("0x00004e80", ["llama_decode", "decode", "<module>"]), ("0x000031c4", ["wait", "get"])])
+
+
+def test_sql_has_the_exception_beside_the_signal(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    log = tmp_path / "server-win.log"
+    log.write_bytes(crlf([*BOOT, *dump("Windows fatal exception: page error")]))
+    capsys.readouterr()
+    assert main(["sql", "SELECT kind, signal, windows_exception, line FROM crashes", str(log),
+                 "--format", "json"]) == 0
+    (row,) = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert row == {"kind": "signal", "signal": "SIGBUS", "windows_exception": "page error",
+                   "line": len(BOOT) + 1}

@@ -110,7 +110,7 @@ def _timing_row(e: ev.Timing, sink: Sink) -> None:
 
 
 def _abort_rows(e: ev.Abort, crash: int, sink: Sink) -> None:
-    sink.row("crashes", (crash, None, e.seq, "abort", None, None, e.file or None,
+    sink.row("crashes", (crash, None, e.seq, "abort", None, None, None, e.file or None,
                          e.line or None, e.condition or None, e.message, None, e.cuda_error,
                          None, None, len(e.backtrace)))
     for i, text in enumerate(e.backtrace):
@@ -235,7 +235,8 @@ def _crash_rows(crash: Crash, index: int, sink: Sink) -> None:
     frames = crash.backtrace.frames if crash.backtrace is not None else ()
     sink.row("crashes", (
         index, crash.where.line, None, crash.kind, crash.boot_index,
-        sig.signal if sig is not None else None, ab.file if ab is not None else None,
+        sig.signal if sig is not None else None, sig.exception if sig is not None else None,
+        ab.file if ab is not None else None,
         ab.line if ab is not None else None, ab.condition if ab is not None else None,
         (ab.message if ab is not None else err.message if err is not None else
          sig.signal if sig is not None else crash.kind),
