@@ -47,12 +47,18 @@ _LLAMA = re.compile(r"^(?:\d+\.\d\d\.\d\d\d\.\d\d\d )?([IWEDN]) ")
 def clean(raw: bytes) -> tuple[str, str | None]:
     """Decode one raw line (NULs dropped, bytes that are not UTF-8 replaced: files.text) and
     strip every prefix; return ``(text, level letter or None)``."""
+    text, level, _cut = clean_cut(raw)
+    return text, level
+
+
+def clean_cut(raw: bytes) -> tuple[str, str | None, bool]:
+    """:func:`clean`, and whether the line was cut (longer than ``MAX_LINE_CHARS``)."""
+    end: str | None = None
     if len(raw) > MAX_LINE_CHARS * 4:
-        raw = raw[: MAX_LINE_CHARS * 2] + raw[-MAX_LINE_CHARS * 2:]
-    text = decode_line(raw).rstrip("\r\n")
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    text = text.replace("\r", "")
+        # decoded apart: the bytes between them are dropped whatever characters they were
+        end = _plain(decode_line(raw[-MAX_LINE_CHARS * 2:]).rstrip("\r\n"))
+        raw = raw[: MAX_LINE_CHARS * 2]
+    text = _plain(decode_line(raw).rstrip("\r\n"))
     for _ in range(3):
         m = (_JOURNALD.match(text) or _ISO.match(text) or _COMPOSE.match(text)
              or _JOURNALD_SHORT.match(text))
@@ -67,12 +73,15 @@ def clean(raw: bytes) -> tuple[str, str | None]:
     if m is not None:
         level = m.group(1)
         text = text[m.end():]
-    if len(text) > MAX_LINE_CHARS:
+    cut = end is not None or len(text) > MAX_LINE_CHARS
+    if cut:
         half = MAX_LINE_CHARS // 2
-        text = text[:half] + CUT + text[-half:]
-    return text, level
+        text = text[:half] + CUT + (text if end is None else end)[-half:]
+    return text, level, cut
 
 
-def is_cut(text: str) -> bool:
-    """Whether ``clean`` cut the line this text came from."""
-    return len(text) == CUT_LINE_CHARS and text[MAX_LINE_CHARS // 2:][:len(CUT)] == CUT
+def _plain(text: str) -> str:
+    """Without ANSI colour codes and carriage returns."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text.replace("\r", "")

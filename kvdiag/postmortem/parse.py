@@ -51,7 +51,7 @@ from kvdiag.postmortem.crashwindow import (
     CrashWindows,
     positions,
 )
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean, is_cut
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean_cut
 from kvdiag.postmortem.scanhelper import ScanHelper
 
 #: Substrings that mark a line worth parsing. Each names what it catches. The instrumented
@@ -358,8 +358,8 @@ class LogParser(CrashWindows):
             pos = nl + 1
 
     def _where(self, raw: bytes) -> tuple[LogLine, str, str | None]:
-        text, level = clean(raw)
-        if not self._long_reported and is_cut(text):
+        text, level, cut = clean_cut(raw)
+        if cut and not self._long_reported:
             self._long_line()
         return LogLine(self._name, self._lineno, text), text, level
 
