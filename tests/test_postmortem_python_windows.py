@@ -191,3 +191,21 @@ def test_sql_has_the_exception_beside_the_signal(tmp_path: Path,
     (row,) = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert row == {"kind": "signal", "signal": "SIGBUS", "windows_exception": "page error",
                    "line": len(BOOT) + 1}
+
+
+def test_an_exception_the_process_survived_is_a_problem_not_a_crash() -> None:
+    """faulthandler prints an error exception before the process's own handlers see it (a COM
+    call refused, 0x8001010d, is caught and the process goes on): when the server's output goes
+    on after it, it is no death. The same lines where the output ends are one."""
+    ready = "main: server is listening on http://0.0.0.0:8080 - starting the main loop"
+    went_on = [f"slot update_slots: id  0 | task {i} | n_past = {i}" for i in range(300)]
+    head = dump("Windows fatal exception: code 0x8001010d")
+    scan = scan_bytes(crlf([*BOOT, ready, *head, *went_on]))
+    assert scan.crashes == ()
+    (problem,) = scan.problems
+    assert (problem.code, problem.line) == ("windows-exception-survived", len(BOOT) + 2)
+    assert problem.message.startswith(
+        f"a Windows exception at line {len(BOOT) + 2} (code 0x8001010d) that the process "
+        "survived")
+    (crash,) = scan_bytes(crlf([*BOOT, ready, *went_on, *head])).crashes
+    assert crash.signal is not None and crash.signal.signal == "exception 0x8001010d"

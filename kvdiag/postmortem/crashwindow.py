@@ -165,6 +165,17 @@ class CrashWindows:
         fits = tuple(f for f in self.fits if f.where.source == self._name
                      and f.where.line >= first)
         for crash in block.crashes():
+            sig = crash.signal
+            if (sig is not None and sig.exception is not None and crash.abort is None
+                    and crash.error is None and not ended):
+                # faulthandler's exception handler prints every error exception as it is
+                # raised, before any handler of the process has seen it (Modules/faulthandler.c
+                # returns EXCEPTION_CONTINUE_SEARCH): one the process caught is no death
+                self._problem(f"a Windows exception at line {sig.where.line} ({sig.exception}) "
+                              "that the process survived: the server's output goes on after "
+                              "it, so it is not counted as a crash", sig.where.line,
+                              "windows-exception-survived")
+                continue
             if crash.kind == "unknown" and not ended:
                 # a stack and nothing else, and the log goes on: a death is not shown
                 bt = crash.backtrace
