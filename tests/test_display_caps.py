@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trace_samples import end_line, event_line, header_line
+from trace_samples import NEWER_MINOR, end_line, event_line, header_line
 
 from kvdiag.report.text import MAX_FIELD, cap, cap_value
 
@@ -24,7 +24,7 @@ HUGE = 4 << 20
 def huge_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("huge") / "huge.kvtrace"
     blob = "x" * HUGE
-    head = json.loads(header_line("1.3"))
+    head = json.loads(header_line(NEWER_MINOR))
     head["device"]["name"] = "D" + blob
     head["scenario"]["description"] = "S" + blob
     head["from_a_newer_writer"] = "H" + blob

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +160,34 @@ def test_fallback_warnings_nil_runtimes_and_inferred_routes(tmp_path: Path) -> N
     assert "fb.log:18" in warns[1].message
     end = events[-1]
     assert end.status == "completed" and end.reason == ""
+
+
+@pytest.mark.parametrize("case", [str.upper, str.title, lambda t: t.replace("kv-stream",
+                                                                            "KV_STREAM")])
+def test_a_fallback_warning_in_another_case_decides_the_route_alike(
+        tmp_path: Path, case: Callable[[str], str]) -> None:
+    """The grammar reads a fallback warning in any case (its text is not public), and so does
+    ``kvdiag perf``: import reads the same lines, its layer too. Only the warning's case
+    differs between the two logs."""
+    from kvdiag.postmortem.perfscan import PerfScanner
+
+    warn = ("ggml_cuda_kv_stream_fattn: kv-stream FA node of layer 7 does not fit the "
+            "streamed kernel; falling back to ordinary flash attention")
+    got = []
+    for text in (warn, case(warn)):
+        lines = stamped([*BOOT, fits_line("0x1100", "256,24,3,2", "0x2100", "0x9000", "0x9000"),
+                         f"W {text}", "I srv  update_slots: all slots are idle"])
+        log = write(tmp_path / "fb.log", lines)
+        out = tmp_path / "fb.kvtrace"
+        assert run_import(log, out, "--force") == 0
+        _, events = read(out)
+        perf = PerfScanner("fb.log")
+        perf.feed(log.read_bytes())
+        notes = [(n.kind, n.layer) for n in perf.finish().notes]
+        got.append(([(f.route, f.layer) for f in of(events, ev.Fits)],
+                    [(w.code, w.layer) for w in of(events, ev.Warn)], notes))
+    assert got[1] == got[0] == ([("fallback", 7)], [("kv-stream-fallback", 7)],
+                                [("fits-false", None), ("fallback", 7)])
 
 
 def test_a_route_waits_at_most_the_window(tmp_path: Path) -> None:
@@ -343,6 +372,24 @@ def test_truncated_gzip_keeps_every_event_before_the_break(
     assert f"breaks after line {len(adapts) + len(BOOT)}" in end.reason
 
 
+def test_a_short_log_cut_inside_its_gzip_is_imported_up_to_the_cut(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """All its text is shorter than the 4 KiB import first reads to tell a trace from a log:
+    that read meets the cut too, and must leave it to the passes (it was an internal error)."""
+    body = stamped([*BOOT, fits_line("0x1100", "256,24,3,2", "0x2100", "0x9000", "0x9000"),
+                    ASSERT, "Aborted (core dumped)"])
+    data = gzip.compress(("\n".join(body) + "\n").encode())
+    log = tmp_path / "short.log.gz"
+    log.write_bytes(data[:-12])  # the gzip trailer and the last bytes of the stream
+    out = tmp_path / "t.kvtrace"
+    assert run_import(log, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "breaks after line" in err[0] and "internal" not in err[0]
+    _, events = read(out)
+    assert [f.route for f in of(events, ev.Fits)] == ["abort"]
+    assert of(events, ev.Abort)[0].line == 2011
+
+
 def test_last_line_without_line_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "cut.log"
     log.write_bytes(("\n".join([ADAPT[1], ADAPT[2][:52]])).encode())  # cut inside "ring 17"
@@ -488,3 +535,75 @@ def test_an_abort_on_a_last_line_without_line_end_is_kept(tmp_path: Path) -> Non
     assert [(type(e).__name__, getattr(e, "route", "")) for e in events] == [
         ("Fits", "abort"), ("Abort", ""), ("End", "")]
     assert events[2].status == "aborted" and "ends inside line 2" in events[2].reason
+
+
+BIG = "9" * 30
+
+
+def test_numbers_a_trace_cannot_hold_are_said_not_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged line can print any digits; the trace's integers are 64-bit and its reader
+    refuses a wider one (the whole header, or the event's line). Import wrote them: the trace
+    it made was refused by check, and its own summary lost the events."""
+    lines = stamped([
+        *BOOT[:7], f"I llama_context: n_seq_max     = {BIG}", *BOOT[8:],
+        fits_line(f"0x{'f' * 24}", f"{BIG},24,1,2", "0x2100", f"0x{'b' * 22}", "0x9000"),
+        f"W kv_stream_adapt: active {BIG}, resident 40, ring 8, samples 200, misses 0, "
+        "copy busy 20.0%, peak 4",
+        "W kv_stream_adapt: active 9300, resident 40, ring 8, samples 200, misses 6, "
+        "copy busy 35.0%, peak 4",
+    ])
+    out = tmp_path / "t.kvtrace"
+    assert run_import(write(tmp_path / "big.log", lines), out) == 0
+    said = capsys.readouterr().out
+    assert "1 line(s) not imported: a number wider than 64 bits" in said
+    assert main(["trace", "validate", str(out)]) == 0
+    header, events = read(out)
+    assert header.extra["import"]["wider_than_64_bits"] == [
+        "scenario.config.np", "scenario.boot.n_seq_max"]
+    assert "np" not in header.scenario["config"] and header.plan["n_stream"] == 2
+    (fits,) = of(events, ev.Fits)
+    # the shape and the K runtime are unknown; the V runtime still says it is streamed
+    assert fits.dst.ne == (0, 0, 0, 0) and fits.dst.data == 0 and fits.v.runtime == 0x9000
+    assert fits.k.runtime is None and fits.membership
+    assert [a.active for a in of(events, ev.Adapt)] == [9300]
+    (wide,) = [w for w in of(events, ev.Warn) if w.code == "import-out-of-range"]
+    assert wide.message.endswith(f"big.log:{len(BOOT) + 2}: active wider than 64 bits; the "
+                                 "line is not imported")
+
+
+@pytest.mark.parametrize("command", ["import", "postmortem", "perf"])
+def test_a_number_that_is_not_one_is_no_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """``1.2.3`` or ``...`` where the grammar wants a number (a cut or overwritten line) was
+    read as one and float() raised: every log command stopped with an internal error."""
+    log = write(tmp_path / "dots.log", stamped([
+        *BOOT[:11], "I llama_kv_cache: CUDA_KV_Stream_Host KV buffer size =   ... MiB",
+        *BOOT[12:],
+        "W kv_stream_adapt: active 1.2.3, resident 40, ring 8, samples 200, misses 0, "
+        "copy busy 20.0%, peak 4",
+        "W kv_stream_adapt: adaptive KV partition: resident pages/layer 40 -> 37, ring slots "
+        "8 -> 35, miss 1.2.3%, copy busy 35.0%",
+        "W kv_stream_adapt: active 9300, resident 37, ring 35, samples 200, misses 6, "
+        "copy busy 35.0%, peak 4",
+    ]))
+    argv = {"import": ["import", str(log), "-o", str(tmp_path / "t.kvtrace")],
+            "postmortem": ["postmortem", str(log), "--json"],
+            "perf": ["perf", str(log)]}[command]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "internal error" not in err and "Traceback" not in err
+    if command == "import":
+        assert code == 0
+        _, events = read(tmp_path / "t.kvtrace")
+        # the line with "1.2.3" for its active count is no adapt line; the others are read
+        assert [(a.active, a.ring) for a in of(events, ev.Adapt)] == [(9300, 35)]
+        (rep,) = of(events, ev.Repartition)
+        assert (rep.resident, rep.ring, rep.miss_pct) == ((40, 37), (8, 35), None)
+    elif command == "postmortem":
+        assert code == 0
+        config = json.loads(out)["config"]
+        # the buffer line without a size gives none; the rest of the boot is read
+        assert "kv_buffers" not in config and config["kv_stream_pool_mib"] == 512.0
+    else:
+        assert code == 1 and "no completed request" in err

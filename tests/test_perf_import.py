@@ -18,7 +18,7 @@ def import_events(tmp_path: Path, text: str) -> list[ev.AnyEvent | ev.Unknown]:
     out = tmp_path / "server.kvtrace"
     assert main(["import", str(log), "-o", str(out)]) == 0
     with TraceReader.open(out) as reader:
-        assert reader.version_text == "1.2"
+        assert reader.version_text == "1.3"
         events = list(reader)
         assert reader.problems == []
     return events

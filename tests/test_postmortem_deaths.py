@@ -246,7 +246,8 @@ def test_json_text_and_exit_code_agree(tmp_path: Path, capsys: Any) -> None:
     code, out = run_json([str(log)], capsys)
     (crash,) = out["crashes"]
     assert code == 1 and crash["kind"] == "signal" and crash["line"] == first
-    assert crash["signal"] == {"source": str(log), "line": first, "signal": "SIGBUS"}
+    assert crash["signal"] == {"source": str(log), "line": first, "signal": "SIGBUS",
+                               "exception": None}
     assert [f["function"] for f in crash["frames"]] == [None, "foo_step", None,
                                                         "__libc_start_main"]
     data, first = _tail(_served(), *GDB_UNKNOWN)
@@ -425,3 +426,41 @@ def test_a_followed_log_finds_the_death_at_the_restart() -> None:
     (crash,) = parser.crashes
     assert crash.where.line == first and crash.boot_index == 0
     assert crash.signal is not None and crash.signal.signal == "SIGBUS"
+
+
+@pytest.mark.parametrize("second", [
+    ("Fatal Python error: Bus error", "SIGBUS", None),
+    ("Windows fatal exception: stack overflow", "SIGSEGV", "stack overflow"),
+    ("caught signal 11", "SIGSEGV", None),
+])
+def test_a_death_after_a_restart_takes_none_of_the_earlier_death_s_lines(
+        second: tuple[str, str, str | None]) -> None:
+    """Looking back from a death for a stack printed just before it stopped at nothing: after
+    a restart it took the previous death's signal line (the crash was then placed at it) or
+    its gdb frames."""
+    line, signal, exception = second
+    first = [
+        "llama_context: constructing llama_context",
+        "/src/ggml/src/ggml-cuda/fattn.cu:388: GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) "
+        "failed",
+        "#0  0x00007f3208ef0c17 in __GI___wait4 () from /lib/x86_64-linux-gnu/libc.so.6",
+        "#1  0x00007f3209a1c6f0 in ggml_abort () from /opt/lib/libggml-base.so",
+        "Fatal Python error: Aborted", "",
+        "Current thread 0x00007f00000000aa (most recent call first):",
+        '  File "/srv/app.py", line 3 in first', "",
+    ]
+    restart = ["llama_context: constructing llama_context",
+               "main: server is listening on http://0.0.0.0:8080 - starting the main loop"]
+    death = [line, "", "Current thread 0x00007f00000000bb (most recent call first):",
+             '  File "/srv/app.py", line 9 in second', ""]
+    scan = scan_bytes(("\n".join([*first, *restart, *death]) + "\n").encode())
+    one, two = scan.crashes
+    assert one.kind == "assert" and one.where.line == 2
+    assert [s.thread for s in one.python] == ["0x00007f00000000aa"]
+    at = len(first) + len(restart) + 1
+    assert two.signal is not None
+    assert (two.where.line, two.signal.where.line, two.signal.signal, two.signal.exception) == (
+        at, at, signal, exception)
+    assert two.backtrace is None
+    assert [(s.thread, s.frames[0].function) for s in two.python] == [
+        ("0x00007f00000000bb", "second")]

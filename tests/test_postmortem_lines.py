@@ -9,7 +9,7 @@ import pytest
 
 from kvdiag.errors import InputError
 from kvdiag.files.logs import open_log
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.lines import CUT, MAX_LINE_CHARS, clean, clean_cut
 
 
 @pytest.mark.parametrize(
@@ -43,9 +43,19 @@ def test_clean_strips_prefixes(raw: bytes, text: str, level: str | None) -> None
     assert clean(raw) == (text, level)
 
 
-def test_clean_caps_very_long_lines() -> None:
-    text, _ = clean(b"x" * (MAX_LINE_CHARS * 10))
-    assert len(text) == MAX_LINE_CHARS
+def test_clean_caps_very_long_lines_keeping_both_ends() -> None:
+    """A long line keeps its first and last characters: ggml_abort's text ends a line that
+    stdout's unfinished output began (domain brief §6.1)."""
+    for size in (MAX_LINE_CHARS + 1, MAX_LINE_CHARS * 3, MAX_LINE_CHARS * 10):
+        raw = b"0.00.001.100 I " + b"a" * (size // 2) + b"z" * (size - size // 2)
+        text, level, cut = clean_cut(raw)
+        assert level == "I" and cut and len(text) == MAX_LINE_CHARS + len(CUT)
+        assert text == "a" * (MAX_LINE_CHARS // 2) + CUT + "z" * (MAX_LINE_CHARS // 2)
+    short, _, cut = clean_cut(b"a" * MAX_LINE_CHARS)
+    assert short == "a" * MAX_LINE_CHARS and not cut
+    # four bytes a character: the bytes in between are dropped, and the cut is still marked
+    wide, _, cut = clean_cut("\U0001f600".encode() * 5000 + b"\x1b[1mEND\x1b[0m")
+    assert cut and wide.endswith("\U0001f600END") and CUT in wide
 
 
 def test_open_log_plain_gzip_and_errors(tmp_path: Path) -> None:

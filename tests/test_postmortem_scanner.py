@@ -42,6 +42,25 @@ def test_very_long_line_is_cut_and_reported(monkeypatch: pytest.MonkeyPatch) -> 
     assert problem.line == 1 and problem.message.startswith("very long line")
 
 
+@pytest.mark.parametrize("output", [5_000, 60_000, 3_000_000])
+def test_an_assert_glued_to_a_long_line_of_output_is_read(
+        monkeypatch: pytest.MonkeyPatch, output: int) -> None:
+    """ggml_abort flushes stdout and writes its ``<file>:<line>: …`` after it: when the output
+    had no line end the assert ends a long line. It was lost past 4096 characters (the crash
+    became a bare abort, and the kv-stream finding with it); past MAX_RAW_LINE too."""
+    monkeypatch.setattr(parse, "BLOCK", 1 << 16)
+    assert_text = ("/src/llama.cpp/ggml/src/ggml-cuda/fattn.cu:388: "
+                   "GGML_ASSERT(ggml_cuda_kv_stream_fattn_fits(dst)) failed")
+    data = (b"llama_context: constructing llama_context\n"
+            + b"the answer is " * (output // 14) + assert_text.encode() + b"\n"
+            + b"Aborted (core dumped)\n")
+    (crash,) = scan_bytes(data).crashes
+    assert crash.kind == "assert" and crash.abort is not None
+    assert (crash.abort.line, crash.abort.condition) == (
+        388, "ggml_cuda_kv_stream_fattn_fits(dst)")
+    assert crash.where.line == 2
+
+
 def test_stack_before_a_late_signal_line_is_found_by_looking_back() -> None:
     filler = b"".join(
         b"0.10.000.000 I slot update_slots: id  0 | task %d | prompt done, n_tokens = 9, "

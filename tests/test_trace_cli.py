@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from trace_samples import end_line, event_line, header_line, write_line, write_steps
+from trace_samples import (
+    NEWER_MINOR,
+    end_line,
+    event_line,
+    header_line,
+    write_line,
+    write_steps,
+)
 
 from kvdiag import cli
 
@@ -49,7 +56,7 @@ def damaged(tmp_path: Path) -> Path:
 def test_validate_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     code, out, err = run(capsys, "validate", str(good))
     assert code == 0 and err == ""
-    assert out == f"{good}: valid: format 1.2, 21 events, ended completed after 5 steps\n"
+    assert out == f"{good}: valid: format 1.3, 21 events, ended completed after 5 steps\n"
 
 
 def test_validate_damaged_file(capsys: pytest.CaptureFixture[str], damaged: Path) -> None:
@@ -120,7 +127,7 @@ def test_missing_action_is_usage_error(capsys: pytest.CaptureFixture[str]) -> No
 def test_info_good_file(capsys: pytest.CaptureFixture[str], good: Path) -> None:
     code, out, _ = run(capsys, "info", str(good))
     assert code == 0
-    assert "kvtrace 1.2" in out
+    assert "kvtrace 1.3" in out
     assert "NVIDIA GeForce RTX 4090, 24.0 GiB, driver 560.35, PCIe Gen4 x16, cc 8.9" in out
     assert "2026-03-01T12:00:00+00:00" in out
     assert "scenario.model" in out and "tiny-llama" in out
@@ -172,14 +179,14 @@ def test_info_shows_newer_minor_unknowns(
 ) -> None:
     path = tmp_path / "new.kvtrace"
     path.write_bytes(
-        header_line("1.3", gpu_uuid="GPU-77")
+        header_line(NEWER_MINOR, gpu_uuid="GPU-77")
         + event_line("write", 1, layer=0, stream=0, cells=[0, 1], rows=[0, 1], crc="x")
         + event_line("prefetch", 2, pages=[0, 1])
         + end_line(3, events=2)
     )
     code, out, _ = run(capsys, "info", str(path))
     assert code == 0
-    assert "kvtrace 1.3 (newer minor version: unknown kinds and fields kept)" in out
+    assert f"kvtrace {NEWER_MINOR} (newer minor version: unknown kinds and fields kept)" in out
     assert "gpu_uuid (unknown)" in out and "GPU-77" in out
     assert _row(out, "prefetch (unknown kind)") == ["prefetch (unknown kind)", "1", "33.3%"]
     assert _row(out, "write.crc") == ["write.crc", "1"]
@@ -239,3 +246,22 @@ def test_info_json_steps_are_the_judgements(capsys: pytest.CaptureFixture[str],
     code, out, _ = run(capsys, "info", str(path), "--json")
     data = json.loads(out)
     assert (data["first_step"], data["last_step"], data["judgement"]["steps"]) == (3, 5, 3)
+
+
+def test_info_shows_the_first_aborts_and_counts_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "aborts.kvtrace"
+    aborts = [event_line("abort", i + 1, step=i, message=f"x.cu:{i}: GGML_ASSERT(c{i}) failed",
+                         file="x.cu", line=i, condition=f"c{i}",
+                         backtrace=["ggml_abort", f"kernel_{i}"]) for i in range(12)]
+    path.write_bytes(header_line("1.3") + b"".join(aborts) + end_line(13, 12, steps=12))
+    code, out, _ = run(capsys, "info", str(path))
+    assert code == 0
+    assert "Abort at event #10, step 9" in out and "kernel_9" in out
+    assert "Abort at event #11" not in out
+    assert "… and 2 more abort(s): kvdiag check lists them all" in out
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    doc = json.loads(out)
+    assert [a["condition"] for a in doc["aborts"]] == [f"c{i}" for i in range(10)]
+    assert doc["aborts"][3]["backtrace"] == ["ggml_abort", "kernel_3"]
+    assert doc["aborts"][3]["python_stacks"] == []

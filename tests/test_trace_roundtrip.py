@@ -41,7 +41,7 @@ def test_header_round_trips(tmp_path: Path) -> None:
     with TraceReader.open(path) as r:
         assert r.header == h
         assert r.header.format == FORMAT_NAME == "kvtrace"
-        assert r.version == (1, 2) and r.version_text == FORMAT_VERSION == "1.2"
+        assert r.version == (1, 3) and r.version_text == FORMAT_VERSION == "1.3"
         assert not r.newer_minor
         assert r.header.device.pcie == "Gen4 x16"
         assert r.header.scenario == {"model": "m", "streams": 4}
@@ -83,8 +83,8 @@ def test_emit_after_close_and_wrong_header_are_errors(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(ValueError, match="closed"):
         w.emit(Write, 0, layer=0, stream=0, cells=(0, 1), rows=(0, 1))
-    bad = msgspec.structs.replace(header(), version="1.3")
-    with pytest.raises(ValueError, match=r"1\.3"):
+    bad = msgspec.structs.replace(header(), version="1.2")
+    with pytest.raises(ValueError, match=r"1\.2"):
         TraceWriter.create(tmp_path / "b.kvtrace", bad)
 
 
@@ -95,7 +95,7 @@ def test_make_header_fills_format_version_and_created() -> None:
     h = make_header("cupy", Device("H200"))
     assert (h.format, h.version, h.kvdiag_version, h.backend) == (
         "kvtrace",
-        "1.2",
+        "1.3",
         __version__,
         "cupy",
     )

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from trace_samples import end_line, event_line, header_line, write_line
+from trace_samples import NEWER_MINOR, end_line, event_line, header_line, write_line
 
 from kvdiag.errors import EXIT_USAGE, InputError
 from kvdiag.model.events import End, Fits, Read, Unknown, Write
@@ -19,7 +19,7 @@ TENSOR = {"name": "q", "type": "f16", "ne": [1, 1, 1, 1], "nb": [2, 2, 2, 2], "l
 
 def newer_minor_file() -> bytes:
     return (
-        header_line("1.3", gpu_uuid="GPU-1234")
+        header_line(NEWER_MINOR, gpu_uuid="GPU-1234")
         + event_line(
             "write", 1, layer=0, stream=1, cells=[0, 1], rows=[0, 1], checksum="ab", extra_n=2
         )
@@ -54,7 +54,7 @@ def newer_minor_file() -> bytes:
 
 def test_newer_minor_keeps_unknown_kinds_and_fields() -> None:
     reader = TraceReader(io.BytesIO(newer_minor_file()), "new.kvtrace")
-    assert reader.version == (1, 3) and reader.newer_minor
+    assert reader.version_text == NEWER_MINOR and reader.newer_minor
     assert reader.header_extras == {"gpu_uuid": "GPU-1234"}
     events = list(reader)
     assert reader.problems == []  # unknown kinds are expected in a newer minor version
@@ -71,7 +71,7 @@ def test_newer_minor_keeps_unknown_kinds_and_fields() -> None:
 
 def test_summary_shows_newer_minor_extras() -> None:
     summary = summarize(TraceReader(io.BytesIO(newer_minor_file()), "new.kvtrace"))
-    assert summary.version == "1.3" and summary.newer_minor
+    assert summary.version == NEWER_MINOR and summary.newer_minor
     assert summary.unknown_kinds == ("prefetch",)
     assert summary.counts == {"write": 2, "end": 1, "fits": 1, "prefetch": 1, "read": 1}
     assert summary.extra_fields == {

@@ -38,6 +38,7 @@ from kvdiag.model.events import (
     Write,
 )
 from kvdiag.model.geometry import Tensor
+from kvdiag.trace.version import FORMAT_MAJOR, FORMAT_MINOR
 from kvdiag.trace.writer import TraceWriter, make_header
 
 CREATED = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -259,6 +260,10 @@ def event_line(kind: str, seq: int, step: int = 0, **fields: Any) -> bytes:
     """One hand-made line (any kind, any fields) with a trailing newline."""
     obj = {"kind": kind, "seq": seq, "t_ns": seq * 100, "step": step, **fields}
     return msgspec.json.encode(obj) + b"\n"
+
+
+#: A minor version newer than this kvdiag's (its readers keep what they do not know).
+NEWER_MINOR = f"{FORMAT_MAJOR}.{FORMAT_MINOR + 1}"
 
 
 def header_line(version: str = "1.0", **more: Any) -> bytes:

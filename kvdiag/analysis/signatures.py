@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.model.frames import python_frame_text
 from kvdiag.model.logrecords import BootConfig, Crash, LogLine, LogScan
 
 Rule = Callable[[LogScan], Iterable[Finding]]
@@ -96,7 +97,7 @@ def _first_python_frame(crash: Crash) -> str | None:
     stack = crash.python[0] if crash.python and crash.python[0].current else None
     for fr in stack.frames if stack is not None else ():
         if fr.in_app and fr.function:
-            return f"{fr.function} {_short(fr.file)}:{fr.line if fr.line is not None else '?'}"
+            return python_frame_text(fr)
     return None
 
 
@@ -336,6 +337,7 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
     for group in _groups(c for c in scan.crashes if c.kind in ("segfault", "signal", "unknown")):
         crash = group[0]
         sig = crash.signal.signal if crash.signal is not None else "fatal signal"
+        windows = crash.signal.exception if crash.signal is not None else None
         frame = _first_app_frame(crash)
         has_frames = crash.backtrace is not None and bool(crash.backtrace.frames)
         py_frame = _first_python_frame(crash) if frame is None else None
@@ -345,7 +347,8 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
             # only a stack was printed before the output ended: the cause is not in the log
             title = "a death of unknown cause (a backtrace; no signal, abort or error line)"
         else:
-            title = f"{sig} without an assert"
+            title = f"{sig} without an assert" if windows is None else (
+                f"{sig} (Windows fatal exception: {windows}) without an assert")
         if sig == "SIGKILL":
             # SIGKILL cannot be caught: no process prints its own stack for it
             fix = ("the process was killed from outside (the kernel's OOM killer: journalctl "
@@ -356,8 +359,11 @@ def segfault(scan: LogScan) -> Iterable[Finding]:
                    if has_frames else
                    # nothing to symbolize: say how to get the frames the log lacks
                    f"the log holds no {'native ' if crash.python else ''}backtrace: get one "
-                   "(the core dump: coredumpctl gdb, then bt; or the server run under gdb) and "
-                   "read it with kvdiag postmortem --binary" + (
+                   + ("(the core dump: coredumpctl gdb, then bt; or the server run under gdb) "
+                      "and read it with kvdiag postmortem --binary" if windows is None else
+                      # Windows keeps no core: a crash dump is asked for before the crash
+                      "(a crash dump: Windows Error Reporting's LocalDumps or procdump -e, "
+                      "opened in WinDbg or Visual Studio with the build's .pdb)") + (
                        "; the Python stack shows only the call that entered native code"
                        if py_frame is not None else "")) + (
                 "; a crash inside a GPU library usually means a bad pointer or size passed to "

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {result.counts.inferred_routes} fits route(s) inferred as fallback "
               "(no abort or fallback warning followed); see the warn events "
               "import-route-inferred", file=report)
+    if result.counts.out_of_range:
+        print(f"  {result.counts.out_of_range} line(s) not imported: a number wider than 64 "
+              "bits (a damaged line?); see the warn events import-out-of-range", file=report)
     for r in result.replaced:
         print(f"  {r.source}: {r.bytes:,} bytes replaced in {r.lines:,} line(s) "
               f"({r.nul_bytes:,} NUL dropped, {r.invalid_bytes:,} not UTF-8 replaced by "

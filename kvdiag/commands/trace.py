@@ -25,13 +25,17 @@ from kvdiag.errors import EXIT_FINDINGS, EXIT_OK
 from kvdiag.report.text import cap, cap_value
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import RenderableType
 
     from kvdiag.analysis.judgement import Judgement
-    from kvdiag.model.events import Device
+    from kvdiag.model.events import Abort, Device
     from kvdiag.trace.summary import TraceSummary
 
 MAX_PROBLEMS_SHOWN = 50
+#: Abort events whose stacks ``trace info`` shows (the rest are counted).
+MAX_ABORTS_SHOWN = 10
 _SCENARIO_VALUE_WIDTH = 60
 
 
@@ -189,6 +193,9 @@ def _info(path: str, *, as_json: bool) -> int:
         summary = summarize(reader, observe=observe)
         judge.feed_all(pending)
     judgement = judge.snapshot()
+    # the aborts the judgement holds (its abort findings'), not a second reading of the events
+    every_abort = judge.groups.aborts
+    aborts = every_abort[:MAX_ABORTS_SHOWN]
     if as_json:
         import msgspec
 
@@ -198,17 +205,32 @@ def _info(path: str, *, as_json: bool) -> int:
         doc["judgement"] = {**judgement.summary(), "findings": {
             sev: sum(1 for f in judgement.findings if f.severity.label == sev)
             for sev in ("critical", "error", "warning", "info")}}
+        doc["aborts"] = [_abort_json(a) for a in aborts]
         print(msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
         return EXIT_OK
     from kvdiag.report.console import print_renderables
 
-    print_renderables(_info_renderables(summary, judgement))
+    print_renderables(_info_renderables(summary, judgement, aborts, len(every_abort)))
     return EXIT_OK
 
 
-def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
+def _abort_json(a: Abort) -> dict[str, Any]:
+    from kvdiag.analysis.judgement.findings import python_stack_json
+
+    return {"seq": a.seq, "step": a.step, "message": a.message, "file": a.file or None,
+            "line": a.line or None, "condition": a.condition or None,
+            "cuda_error": a.cuda_error, "backtrace": list(a.backtrace),
+            "python_stacks": [python_stack_json(st) for st in a.python_stacks]}
+
+
+def _info_renderables(s: TraceSummary, j: Judgement, aborts: Sequence[Abort],
+                      n_aborts: int) -> list[RenderableType]:
     from rich.table import Table
     from rich.text import Text
+
+    from kvdiag.postmortem.backtrace import frames_of_names
+    from kvdiag.report.console import is_terminal
+    from kvdiag.report.postmortem import abort_event_renderable
 
     h = s.header
     head = Table(title=f"trace {s.name}", show_header=False, title_justify="left")
@@ -268,6 +290,12 @@ def _info_renderables(s: TraceSummary, j: Judgement) -> list[RenderableType]:
     parts.append(span)
 
     parts.append(_judgement_table(j))
+    full = not is_terminal()
+    for a in aborts:
+        parts.append(abort_event_renderable(a, frames_of_names(a.backtrace), full_paths=full))
+    if n_aborts > len(aborts):
+        parts.append(Text(f"… and {n_aborts - len(aborts)} more abort(s): kvdiag check lists "
+                          "them all", style="dim"))
 
     if s.extra_fields:
         extra = Table(title="fields unknown to this version (kept)", title_justify="left")

@@ -7,7 +7,8 @@ decision the judgement finds bad (:func:`kvdiag.analysis.judgement.fits.outcome`
 or a fallback — an FA node in a kv-stream buffer that fits() refused), the fallback warning, the
 ``kv_stream_adapt`` partition and trace lines of an adaptive capture (§5.3), and for a
 modelled abort the ``<file>:<line>: GGML_ASSERT(...) failed`` line followed by a gdb-style
-stack of the frames the abort event names. ``kvdiag postmortem`` reads it like a real log, so
+stack of the frames the abort event names, and its Python stacks as faulthandler prints them
+(format 1.3). ``kvdiag postmortem`` reads it like a real log, so
 a capture and its log can be checked against each other. Timestamps come from ``t_ns`` in
 llama.cpp's ``<min>.<ss>.<ms>.<us> <L>`` prefix (§7.1).
 """
@@ -21,6 +22,7 @@ import msgspec
 
 from kvdiag.analysis.judgement.fits import BAD, outcome
 from kvdiag.model import events as ev
+from kvdiag.model.frames import PYTHON_MARKS
 
 MIB = 1 << 20
 _RUNTIME_PTR = 0x55D1_E7A3_0000
@@ -45,6 +47,52 @@ def _module_of(function: str) -> str:
     if function.startswith("llama_"):
         return "libllama.so"
     return "llama-server"
+
+
+#: CPython's faulthandler names of the signals it handles (Modules/faulthandler.c,
+#: ``faulthandler_handlers``), what it prints after ``Fatal Python error: ``.
+_FAULTHANDLER_NAMES = {"SIGSEGV": "Segmentation fault", "SIGBUS": "Bus error",
+                       "SIGILL": "Illegal instruction", "SIGFPE": "Floating point exception"}
+_WINDOWS = " (Windows fatal exception: "
+_MARK_OF = {note: mark for mark, note in PYTHON_MARKS.items()}
+
+
+def _signal_only(e: ev.Abort) -> bool:
+    """The abort is a death by a signal that faulthandler's line names (``python_dump``)."""
+    if e.file or e.condition or e.cuda_error:
+        return False
+    return e.message in _FAULTHANDLER_NAMES or (
+        _WINDOWS in e.message and e.message.endswith(")"))
+
+
+def python_dump(e: ev.Abort) -> list[str]:
+    """The abort's Python stacks (format 1.3) as CPython's faulthandler prints them on the
+    death (Python/traceback.c ``dump_traceback``): its line for the signal or the Windows
+    exception, a blank line, then each thread, the one the signal hit as ``Current thread``."""
+    if not e.python_stacks:
+        return []
+    if _WINDOWS in e.message and e.message.endswith(")"):
+        head = "Windows fatal exception: " + e.message.split(_WINDOWS, 1)[1][:-1]
+    else:
+        head = "Fatal Python error: " + _FAULTHANDLER_NAMES.get(e.message, "Aborted")
+    lines = [head, ""]
+    for st in e.python_stacks:
+        if st.thread is None:
+            lines.append("Stack (most recent call first):")
+        else:
+            name = f" [{st.name}]" if st.name else ""
+            lines.append(f"{'Current thread' if st.current else 'Thread'} {st.thread}{name} "
+                         "(most recent call first):")
+        marks = [_MARK_OF[n] for n in st.notes if n in _MARK_OF]
+        # the collector's mark comes first (3.9+), the others where the frames end
+        lines += [f"  {m}" for m in marks if m == "Garbage-collecting"]
+        for f in st.frames:
+            file = "???" if f.file is None else f'"{f.file}"'
+            line = "???" if f.line is None else str(f.line)
+            lines.append(f"  File {file}, line {line} in {f.function or '???'}")
+        lines += [f"  {m}" for m in marks if m != "Garbage-collecting"]
+        lines.append("")
+    return lines
 
 
 def _known(*values: object) -> int | None:
@@ -265,13 +313,22 @@ class LogExporter:
         return out
 
     def abort(self, e: ev.Abort) -> list[str]:
-        lines = [e.message, "[Thread debugging using libthread_db enabled]"]
+        python = python_dump(e)
+        # a death by a signal alone (an imported segfault) printed no line of its own but
+        # faulthandler's, which says the signal: printing the message too would be a second
+        # signal line, the first one the reader takes
+        lines = [] if python and _signal_only(e) else [e.message]
         frames = [f for f in e.backtrace if not f.endswith("(inlined)")]
-        for i, function in enumerate(["__GI___wait4", *frames]):
-            module = "libc.so.6" if i == 0 else _module_of(function)
+        if not frames:
+            return lines + python  # no stack recorded: none is made up
+        lines.append("[Thread debugging using libthread_db enabled]")
+        # gdb attached by ggml_print_backtrace waits in wait4 (an imported stack has it)
+        waiting = [] if frames[:1] == ["__GI___wait4"] else ["__GI___wait4"]
+        for i, function in enumerate([*waiting, *frames]):
+            module = "libc.so.6" if function == "__GI___wait4" else _module_of(function)
             addr = _LIB_BASE.get(module, 0x7F32_0800_0000) + 0x1000 * (i + 1) + 0x2A7
             lines.append(f"#{i}  {addr:#018x} in {function} () from /usr/lib/{module}")
-        return lines
+        return lines + python
 
     def lines(self, events: Iterable[ev.AnyEvent | ev.Unknown]) -> Iterator[str]:
         """Yield log lines; those of the runtime carry the timestamp prefix, the abort text

@@ -13,7 +13,7 @@ What becomes an event:
 - a fallback warning (a line naming kv-stream or fits that says it falls back) → ``warn``
   with code ``kv-stream-fallback``, as the model writes it;
 - each crash the post-mortem scanner found (abort, GPU error, fatal signal) → ``abort`` with the
-  backtrace frames it printed;
+  backtrace frames it printed and the Python threads' stacks (faulthandler's, 1.3);
 - a second boot in the same log → ``warn`` with code ``import-boot``;
 - each request a slot completed (its ``print_timing`` block, depth and release lines, brief
   §7.3, read by :mod:`kvdiag.postmortem.perfscan`) → ``timing`` at its ``eval time`` line.
@@ -47,13 +47,19 @@ from kvdiag.postmortem.lines import clean
 #: route (the runtime prints them next to each other: the assert fires in the same dispatch).
 WINDOW_LINES = 1000
 
-#: Bytes without which a line cannot yield an event (crash and boot lines are known by number).
-ANCHORS: tuple[bytes, ...] = (b"fits=false", b"kv_stream", b"KV ", b"arena",
+#: Bytes without which a line cannot yield an event (crash and boot lines are known by number):
+#: kv-stream's words as the grammar reads them, in every case it reads them in (the fits=false
+#: line, kv_stream_adapt lines, a fallback warning: ``grammar.KV_STREAM_WORDS``, the anchors of
+#: ``kvdiag perf`` too), "KV " (the G2 ``KV layout revision`` line, ``adaptive KV partition``),
+#: the phase arena's lines, a context that failed, and a fallback warning's verb (``falling
+#: back`` with ``fits`` or kv-stream in another case than those words).
+ANCHORS: tuple[bytes, ...] = (*grammar.KV_STREAM_WORDS, b"KV ", b"arena",
                               b"initialize the context", b"back")
 _ANCHOR = re.compile(b"|".join(re.escape(a) for a in ANCHORS))
 #: Slot lines (brief §7.3) only end a step, which matters only once the step holds an event.
 _SLOT = re.compile(rb"\bslot |id_slot=")
 
+INT64_MIN = -(1 << 63)
 UNKNOWN = (0, 0, 0, 0)
 """``ne``/``nb`` of an operand the log did not describe: no ggml tensor has ``nb[0] == 0``."""
 
@@ -79,14 +85,26 @@ _ADAPT_INT = ("samples", "misses", "peak", "layout", "skipped", "resident_attend
 
 
 def pointer(text: str | None) -> int | None:
-    """A printed pointer as an int; None for a null or unparsable one."""
+    """A printed pointer as an int; None for a null or unparsable one, or one wider than 64
+    bits (no pointer is: a damaged line)."""
     if text is None or text.strip() in _NIL:
         return None
     try:
         value = int(text.strip(), 16) if text.strip().lower().startswith("0x") else int(text, 0)
     except ValueError:
         return None
-    return value or None
+    return value if 0 < value < 1 << 64 else None
+
+
+def beyond_64_bits(value: object) -> bool:
+    """Whether ``value`` holds an integer a trace cannot: the format's integers are 64-bit
+    (its reader refuses a wider one as a corrupt line, docs/trace-format.md), and a log's line
+    can print any digits."""
+    if type(value) is int:
+        return not INT64_MIN <= value < 1 << 64
+    if isinstance(value, tuple | list):
+        return any(beyond_64_bits(v) for v in value)
+    return False
 
 
 def stamp_ns(raw: bytes) -> int | None:
@@ -120,6 +138,8 @@ def abort_fields(crash: Crash) -> dict[str, Any]:
                 name = f"{f.address:#x}" if f.address is not None else "?"
             frames.append(name)
     fields: dict[str, Any] = {"backtrace": tuple(frames)}
+    if crash.python:
+        fields["python_stacks"] = python_stacks(crash)
     if ab is not None:
         where = f"{ab.file}:{ab.line}: " if ab.file and ab.line is not None else ""
         fields.update(message=where + ab.message, file=ab.file or "", line=ab.line or 0,
@@ -129,8 +149,20 @@ def abort_fields(crash: Crash) -> dict[str, Any]:
             f"{err.backend}: {err.message}")
         fields.setdefault("message", f"{err.backend} error: {err.message}")
     if "message" not in fields:
-        fields["message"] = crash.signal.signal if crash.signal is not None else crash.kind
+        sig = crash.signal
+        fields["message"] = crash.kind if sig is None else sig.signal + (
+            f" (Windows fatal exception: {sig.exception})" if sig.exception else "")
     return fields
+
+
+def python_stacks(crash: Crash) -> tuple[ev.PyStack, ...]:
+    """The crash's faulthandler stacks (``postmortem.pystack``) as the abort event carries
+    them (format 1.3): everything the scan read but the log line each stack began on."""
+    return tuple(
+        ev.PyStack(thread=st.thread, name=st.name, current=st.current, notes=st.notes,
+                   frames=tuple(ev.PyFrame(function=f.function, file=f.file, line=f.line,
+                                           in_app=f.in_app) for f in st.frames))
+        for st in crash.python)
 
 
 class Emitter(Protocol):
@@ -157,6 +189,8 @@ class Counts:
     by_kind: dict[str, int] = field(default_factory=dict)
     inferred_routes: int = 0
     aborts: int = 0
+    #: lines not imported because a number on them is wider than 64 bits
+    out_of_range: int = 0
 
     @property
     def imported(self) -> int:
@@ -246,6 +280,14 @@ class Converter:
 
     def _add(self, lineno: int, t: int, cls: type[ev.Event], /,
              pending: FitsLine | None = None, **fields: Any) -> _Item:
+        wide = [k for k, v in fields.items() if beyond_64_bits(v)]
+        if wide:
+            # the line is not imported, and the trace says so: written, the event would be a
+            # line the reader refuses (the fits line's own numbers are checked where read)
+            self.counts.out_of_range += 1
+            cls, fields = ev.Warn, {"code": "import-out-of-range", "message": (
+                f"{self.name}:{lineno}: {', '.join(wide)} wider than 64 bits; the line is not "
+                "imported")}
         item = _Item(lineno, self.step, t, cls, fields, pending)
         self._step_used = True
         self._queue.append(item)
@@ -369,7 +411,8 @@ class Converter:
 
     def _fits(self, fl: FitsLine, t: int) -> None:
         self._decide_default()
-        ne = fl.ne if len(fl.ne) == 4 else UNKNOWN
+        # a shape wider than 64 bits is a damaged line's: unknown, as an absent one
+        ne = fl.ne if len(fl.ne) == 4 and not beyond_64_bits(fl.ne) else UNKNOWN
         dst = Tensor(name="", type=fl.type or "", ne=(ne[0], ne[1], ne[2], ne[3]), nb=UNKNOWN,
                      data=pointer(fl.dst) or 0)
         k = self._tensor("", fl.kbuf, pointer(fl.k), fl.kr, self._types[0])

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from kvdiag.kvstream.pages import MIB, PageGeometry
+from kvdiag.logimport.convert import beyond_64_bits
 from kvdiag.model.events import Device, Header
 from kvdiag.model.logrecords import BootConfig
 from kvdiag.model.pages import PAGE_TOKENS
@@ -168,6 +169,24 @@ def build_header(display: str, boots: tuple[BootConfig, ...], sniffer: BootSniff
     device = Device(name="unknown")
     if sniffer.device is not None:
         device = Device(name=sniffer.device[0], compute_capability=sniffer.device[1])
-    extra = {"import": {"lines": lines, "boots": len(boots), "derived": derived,
-                        "unknown": unknown}}
+    extra: dict[str, Any] = {"import": {"lines": lines, "boots": len(boots),
+                                        "derived": derived, "unknown": unknown}}
+    wide = _drop_wide(scenario, "scenario") + _drop_wide(plan, "plan")
+    if wide:
+        extra["import"]["wider_than_64_bits"] = wide
     return make_header("import", device, scenario=scenario, plan=plan, extra=extra)
+
+
+def _drop_wide(values: dict[str, Any], path: str) -> list[str]:
+    """Remove the numbers a trace cannot hold (wider than 64 bits: a damaged boot line's) from
+    ``values``, nested dicts included; return where they were. Written, the header would be
+    refused by every reader."""
+    dropped: list[str] = []
+    for key in list(values):
+        value = values[key]
+        if isinstance(value, dict):
+            dropped += _drop_wide(value, f"{path}.{key}")
+        elif beyond_64_bits(value):
+            del values[key]
+            dropped.append(f"{path}.{key}")
+    return dropped

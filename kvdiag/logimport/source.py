@@ -54,7 +54,7 @@ class LogInput:
         try:
             # refuse what is not a log before anything is written (the rule of files.logs)
             with open_log(self.path, name=self.display) as opened:
-                head = opened.stream.read(4096)
+                head = _head(opened.stream, 4096)
             if starts_a_trace(head):
                 # a trace's lines hold JSON that the log grammar half-matches (its abort
                 # message): it would become a trace of one abort, the rest lost
@@ -71,6 +71,24 @@ class LogInput:
         if self._spool is not None:
             os.unlink(self._spool)
             self._spool = None
+
+
+def _head(stream: BinaryIO, size: int) -> bytes:
+    """Up to ``size`` first bytes, fewer where the input breaks (a cut ``.gz`` whose whole
+    text is shorter than ``size``): the break is the passes' to report, at its line."""
+    read: Callable[[int], bytes] = getattr(stream, "read1", None) or stream.read
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        try:
+            chunk = read(size - got)
+        except READ_ERRORS:
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def _spool_stdin() -> str:

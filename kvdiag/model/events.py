@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from kvdiag.model.conditions import canonical_all
+from kvdiag.model.frames import Frame
 from kvdiag.model.geometry import Tensor
 
 Route = Literal["streamed", "fallback", "abort", "ordinary"]
@@ -186,8 +187,42 @@ class Read(Event, tag="read", frozen=True):
     served: tuple[Served, ...] = ()
 
 
+class PyFrame(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """One Python frame as CPython's faulthandler printed it (``File "f", line N in func``;
+    ``???`` is null). ``in_app``: false for CPython's own library and frozen modules, decided
+    where the stack was read (kvdiag.postmortem.pystack.is_in_app)."""
+
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    in_app: bool = True
+
+
+class PyStack(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """One thread's Python stack of an abort (1.3): a Python embedding's faulthandler dump
+    (``Current thread 0x… (most recent call first):``), frames innermost first."""
+
+    #: the thread id as printed (``0x00007f3b8a242740``); null for faulthandler's one-thread
+    #: ``Stack (most recent call first):``
+    thread: str | None = None
+    #: the thread's name (3.14 prints it after the id)
+    name: str | None = None
+    #: the thread the signal hit (``Current thread``)
+    current: bool = False
+    frames: tuple[PyFrame, ...] = ()
+    #: what faulthandler said instead of or beside frames, in words
+    notes: tuple[str, ...] = ()
+
+    def as_frames(self) -> tuple[Frame, ...]:
+        """The frames as :class:`~kvdiag.model.frames.Frame` (numbered from 0), the shape every
+        stack view draws."""
+        return tuple(Frame(index=i, function=f.function, file=f.file, line=f.line,
+                           in_app=f.in_app) for i, f in enumerate(self.frames))
+
+
 class Abort(Event, tag="abort", frozen=True):
-    """A modelled or real abort: ggml_abort text, or a CUDA error."""
+    """A modelled or real abort: ggml_abort text, or a CUDA error. ``python_stacks`` (1.3):
+    the Python threads' stacks of the same death, the thread the signal hit first."""
 
     message: str
     file: str = ""
@@ -195,6 +230,7 @@ class Abort(Event, tag="abort", frozen=True):
     condition: str = ""
     backtrace: tuple[str, ...] = ()
     cuda_error: str | None = None
+    python_stacks: tuple[PyStack, ...] = ()
 
 
 class Warn(Event, tag="warn", frozen=True):

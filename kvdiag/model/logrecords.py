@@ -161,6 +161,9 @@ class SignalLine(msgspec.Struct, frozen=True, omit_defaults=True):
 
     where: LogLine
     signal: str
+    #: the Windows exception CPython's faulthandler named (``access violation``, ``code
+    #: 0xc0000409``) when the death was one; ``signal`` is then its POSIX equivalent
+    exception: str | None = None
 
 
 class Backtrace(msgspec.Struct, frozen=True, omit_defaults=True):

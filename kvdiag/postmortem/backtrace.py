@@ -162,6 +162,17 @@ def is_in_app(function: str | None, module: str | None, file: str | None = None)
     return True
 
 
+def frames_of_names(names: tuple[str, ...]) -> tuple[Frame, ...]:
+    """An abort event's ``backtrace`` (function names as ``kvdiag import`` wrote them, innermost
+    first, ``name (inlined)`` for an inlined frame) as frames, each judged in-app by its name."""
+    out: list[Frame] = []
+    for n, name in enumerate(names):
+        function = name.removesuffix(" (inlined)")
+        out.append(Frame(index=n, function=function, inlined=name.endswith("(inlined)"),
+                         in_app=is_in_app(function, None)))
+    return tuple(out)
+
+
 def _split_gdb_call(rest: str) -> tuple[str | None, str]:
     """Split ``func (args)`` into ``(func, args)``; C++ names keep their parameter list."""
     rest = rest.strip()

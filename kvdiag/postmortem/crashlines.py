@@ -224,6 +224,9 @@ def parse_signal(where: LogLine, text: str) -> SignalLine | None:
     only when the killed process is the server's (:func:`deathlines.parse_oom_kill`)."""
     m = _SIGNAL.search(text)
     if m is None:
+        windows = deathlines.parse_windows_exception(text)
+        if windows is not None:
+            return SignalLine(where=where, signal=windows[0], exception=windows[1])
         number = deathlines.signal_number(text)
         if number is not None:
             name = deathlines.FATAL_NUMBERS.get(number)

@@ -47,6 +47,8 @@ class CrashWindows:
     _crash_lines: int
     _server_went_on: bool
     _seen_to: int
+    #: the last line an earlier crash block of this source took
+    _crash_end: int
     _prev_tail: bytes
     _region_start: int
     boot: BootAccumulator
@@ -139,6 +141,7 @@ class CrashWindows:
         if block is None:
             return False
         self._crash_lines += 1
+        self._crash_end = max(self._crash_end, where.line)
         used = block.feed(where, text)
         self._crash_quiet = 0 if used else self._crash_quiet + 1
         if not used and not self._server_went_on and deathlines.server_line(text, level):
@@ -162,6 +165,17 @@ class CrashWindows:
         fits = tuple(f for f in self.fits if f.where.source == self._name
                      and f.where.line >= first)
         for crash in block.crashes():
+            sig = crash.signal
+            if (sig is not None and sig.exception is not None and crash.abort is None
+                    and crash.error is None and not ended):
+                # faulthandler's exception handler prints every error exception as it is
+                # raised, before any handler of the process has seen it (Modules/faulthandler.c
+                # returns EXCEPTION_CONTINUE_SEARCH): one the process caught is no death
+                self._problem(f"a Windows exception at line {sig.where.line} ({sig.exception}) "
+                              "that the process survived: the server's output goes on after "
+                              "it, so it is not counted as a crash", sig.where.line,
+                              "windows-exception-survived")
+                continue
             if crash.kind == "unknown" and not ended:
                 # a stack and nothing else, and the log goes on: a death is not shown
                 bt = crash.backtrace
@@ -200,6 +214,10 @@ class CrashWindows:
         for k, raw in enumerate(reversed(raws)):
             if k >= LOOKBACK_LINES or n < 1:
                 break
+            if n <= self._crash_end:
+                # an earlier death's lines (its signal line, its stacks) are its own: a server
+                # that died, restarted and died again printed them before the restart
+                stack_open = False
             if stack_open and k < PRE_STACK_LINES:
                 text, _ = clean(raw)
                 if (parse_frame(text) is not None or is_thread_header(text)

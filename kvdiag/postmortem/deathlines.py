@@ -50,6 +50,50 @@ _LIBC_FATAL = re.compile(
 _PY_SIGNUM = re.compile(r"^Fatal Python error from unexpected signum: (\d{1,2})\b")
 
 
+# CPython's faulthandler on Windows (Modules/faulthandler.c, its vectored exception handler,
+# 3.3 to 3.14): "Windows fatal exception: <what>", a blank line, then the threads' stacks as
+# for a signal (no "Extension modules" line). <what> is one of seven names, else "code 0x"
+# and the NTSTATUS in 8 lowercase hex digits (3.7+, bpo-30557; before: "code " and the
+# decimal). Codes without the high bit, MSVC's C++ throw (0xE06D7363) and the CLR's
+# (0xE0434352) are never printed. RustPython's faulthandler adds "illegal instruction".
+_WIN_EXCEPTION = re.compile(
+    r"^Windows fatal exception: (access violation|float divide by zero|float overflow|"
+    r"int divide by zero|integer overflow|page error|stack overflow|illegal instruction|"
+    r"code (?:0x([0-9a-fA-F]{1,8})|(\d{1,10})))\s*$")
+#: The POSIX signal the C runtime raises for an exception (MSVC's CRT: an access violation is
+#: SIGSEGV, an illegal instruction SIGILL, arithmetic SIGFPE), and the two it has none for that
+#: are the same deaths on POSIX: a stack overflow (SIGSEGV there) and an in-page error (a
+#: mapped file that cannot be read, as a model mmapped from a lost disk: SIGBUS there).
+WINDOWS_SIGNALS: dict[int, str] = {
+    0xC0000005: "SIGSEGV", 0xC00000FD: "SIGSEGV", 0xC0000006: "SIGBUS",
+    0xC000001D: "SIGILL", 0xC0000096: "SIGILL",
+    **{code: "SIGFPE" for code in range(0xC000008C, 0xC0000096)},
+}
+_WIN_NAMES = {"access violation": 0xC0000005, "float divide by zero": 0xC000008E,
+              "float overflow": 0xC0000091, "int divide by zero": 0xC0000094,
+              "integer overflow": 0xC0000095, "page error": 0xC0000006,
+              "stack overflow": 0xC00000FD, "illegal instruction": 0xC000001D}
+
+
+def parse_windows_exception(text: str) -> tuple[str, str] | None:
+    """``(signal, exception)`` of faulthandler's ``Windows fatal exception: …`` line: the
+    POSIX signal of the same death (``WINDOWS_SIGNALS``), or ``exception 0x…`` for a code
+    with none, and the exception as printed (``access violation``, ``code 0xc0000409``)."""
+    if not text.startswith("Windows fatal"):
+        return None
+    m = _WIN_EXCEPTION.match(text)
+    if m is None:
+        return None
+    what = m.group(1)
+    if m.group(2) is not None:
+        code = int(m.group(2), 16)
+    elif m.group(3) is not None:
+        code = int(m.group(3)) & 0xFFFFFFFF
+    else:
+        code = _WIN_NAMES[what]
+    return WINDOWS_SIGNALS.get(code, f"exception {code:#010x}"), what
+
+
 def signal_number(text: str) -> int | None:
     """The number of a handler's ``caught signal N`` line (fatal or not: see
     ``FATAL_NUMBERS``)."""

@@ -39,18 +39,18 @@ _CONFIG_EQ = re.compile(
     r"(n_seq_max|n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|flash_attn|kv_unified|"
     r"causal_attn) *= *(\S+)"
 )
-_KV_BUFFER = re.compile(r"^llama_kv_cache\w*: +(\S+) KV buffer size = +([\d.]+) MiB")
+_KV_BUFFER = re.compile(r"^llama_kv_cache\w*: +(\S+) KV buffer size = +(\d+(?:\.\d+)?) MiB")
 _KV_SIZE = re.compile(
-    r"^llama_kv_cache\w*: +size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +"
+    r"^llama_kv_cache\w*: +size = +(\d+(?:\.\d+)?) MiB \( *(\d+) cells, +(\d+) layers, +"
     r"(\d+)/(\d+) seqs\)(?:, K \((\w+)\)[^,]*, V \((\w+)\))?"
 )
 _KV_OLD = re.compile(
     r"^llama_kv_cache\w*: kv_size = (\d+), type_k = '(\w+)', type_v = '(\w+)', n_layer = (\d+)"
 )
-_STREAM_POOL = re.compile(r"KV streaming enabled, (pool|arena) = ([\d.]+) MiB")
-_STREAM_VALIDATED = re.compile(r"KV streaming config validated, pool = ([\d.]+) MiB")
-_STREAM_POOL_CREATED = re.compile(r"pool created: ([\d.]+) MiB, (\d+) layer")
-_STREAM_G2 = re.compile(r"KV stream bootstrap pool ([\d.]+) MiB")
+_STREAM_POOL = re.compile(r"KV streaming enabled, (pool|arena) = (\d+(?:\.\d+)?) MiB")
+_STREAM_VALIDATED = re.compile(r"KV streaming config validated, pool = (\d+(?:\.\d+)?) MiB")
+_STREAM_POOL_CREATED = re.compile(r"pool created: (\d+(?:\.\d+)?) MiB, (\d+) layer")
+_STREAM_G2 = re.compile(r"KV stream bootstrap pool (\d+(?:\.\d+)?) MiB")
 _STREAM_FILTER = re.compile(r"KV streaming device filter = (\S+) \((\d+) layers?\)")
 _STREAM_ARENA_SKIP = re.compile(r"skipping device-memory auto-fit because a shared KV")
 _MULTISEQ = re.compile(r"LLAMA_KV_STREAM_ALLOW_MULTISEQ")
@@ -65,7 +65,7 @@ _READY_2023 = "llama server listening at "
 
 _ADAPT = re.compile(
     r"adaptive KV partition: resident pages/layer (\d+) -> (\d+), ring slots (\d+) -> (\d+)"
-    r"(?:, miss ([\d.]+)%)?(?:, copy busy ([\d.]+)%)?"
+    r"(?:, miss (\d+(?:\.\d+)?)%)?(?:, copy busy (\d+(?:\.\d+)?)%)?"
 )
 _ADAPT_TRACE = re.compile(r"^kv_stream_adapt: active \d+")
 _LAYOUT_REV = re.compile(r"KV layout revision (\d+)")
@@ -74,17 +74,30 @@ _PUBLISH = re.compile(r"failed to publish CUDA KV decode layout")
 _LATENCY = re.compile(r"transfer_ring_observe_decode_latency: selected (\w+)")
 _INIT_FAIL = re.compile(r"failed to initialize the context: (.*)$")
 _ALLOC_FAIL = re.compile(
-    r"(kv_stream\w*|phase_arena\w*): allocating ([\d.]+) MiB .*failed: (.*)$"
+    r"(kv_stream\w*|phase_arena\w*): allocating (\d+(?:\.\d+)?) MiB .*failed: (.*)$"
 )
 _STREAM_WARN = re.compile(r"phase arena (?:currently supports TG1|decode batch too wide).*")
-_NUM_PAIR = re.compile(r"([a-z][a-z /_-]*?) (-?[\d.]+)%?(?=,|$)")
+_NUM_PAIR = re.compile(r"([a-z][a-z /_-]*?) (-?\d+(?:\.\d+)?)%?(?=,|$)")
 
 # A fallback warning of the dispatcher: a line in kv-stream's own words (a generic flash-attention
 # fallback at boot is not the dispatcher's) that says it falls back; the port's text is not
 # public (brief §3, §9), so the words are matched loosely.
 _FALLBACK = re.compile(r"fall(?:ing|s)?[ -]?back", re.IGNORECASE)
 _FALLBACK_CONTEXT = re.compile(r"kv.?stream|\bfits\b", re.IGNORECASE)
-_LAYER = re.compile(r"\blayer (\d+)\b")
+# in the warning's case: it is read in any case
+_LAYER = re.compile(r"\blayer (\d+)\b", re.IGNORECASE)
+
+KV_STREAM_CAPITALS = b"TREAM"
+"""kv-stream's name in capitals (``KV_STREAM``, ``KV-STREAM``, ``GGML_CUDA_KV_STREAM_*``,
+``LLAMA_KV_STREAM_ALLOW_MULTISEQ``), which holds no ``tream``."""
+KV_STREAM_WORDS: tuple[bytes, ...] = (b"tream", KV_STREAM_CAPITALS, b"fits")
+"""Substrings one of which every line this grammar reads in kv-stream's own words holds, in
+the cases it reads them: ``kv_stream``, ``kv-stream``, ``KV stream``, ``KV Stream`` (``tream``),
+the same in capitals, and ``fits`` (the ``fits=false`` line, §4.5; a fallback warning that names
+fits()). A fallback warning (``_FALLBACK_CONTEXT``: its text is not public, brief §9, and is
+read in any case) holds one of them unless it names only ``FITS`` in capitals. The scanners
+that search bytes for these lines (``kvdiag perf``: ``timinglines.RARE_ANCHORS``; ``kvdiag
+import``: ``logimport.convert.ANCHORS``) search for these."""
 
 _FITS = re.compile(r"\bfits=false\b:?(.*)$")
 _FITS_NE = re.compile(r"\bne=\[([-\d, ]+)\]")
@@ -112,7 +125,7 @@ def _slot_kind(msg: str) -> SlotEventKind | None:
 
 
 _INT_FIELD = re.compile(r"(?<![\w.])(task\.n_tokens|n_tokens|n_past|n_prompt_tokens) = (\d+)")
-_PROGRESS = re.compile(r"progress = ([\d.]+)")
+_PROGRESS = re.compile(r"progress = (\d+(?:\.\d+)?)")
 
 
 def parse_slot(where: LogLine, text: str) -> SlotEvent | None:

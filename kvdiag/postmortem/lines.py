@@ -15,8 +15,13 @@ import re
 
 from kvdiag.files.text import decode_line
 
-#: Text kept per line; longer lines are cut (the scanner reports it once per source).
+#: Text kept per line; a longer line keeps its first and last ``MAX_LINE_CHARS // 2``
+#: characters, joined by ``CUT``: a death's text may end a line that began long before it
+#: (ggml_abort flushes stdout, so its ``<file>:<line>: …`` follows output without a line end,
+#: domain brief §6.1). The scanner reports a cut once per source.
 MAX_LINE_CHARS = 4096
+CUT = " \u2026 "
+CUT_LINE_CHARS = MAX_LINE_CHARS + len(CUT)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
 _JOURNALD = re.compile(
@@ -42,12 +47,18 @@ _LLAMA = re.compile(r"^(?:\d+\.\d\d\.\d\d\d\.\d\d\d )?([IWEDN]) ")
 def clean(raw: bytes) -> tuple[str, str | None]:
     """Decode one raw line (NULs dropped, bytes that are not UTF-8 replaced: files.text) and
     strip every prefix; return ``(text, level letter or None)``."""
+    text, level, _cut = clean_cut(raw)
+    return text, level
+
+
+def clean_cut(raw: bytes) -> tuple[str, str | None, bool]:
+    """:func:`clean`, and whether the line was cut (longer than ``MAX_LINE_CHARS``)."""
+    end: str | None = None
     if len(raw) > MAX_LINE_CHARS * 4:
-        raw = raw[: MAX_LINE_CHARS * 4]
-    text = decode_line(raw).rstrip("\r\n")
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    text = text.replace("\r", "")
+        # decoded apart: the bytes between them are dropped whatever characters they were
+        end = _plain(decode_line(raw[-MAX_LINE_CHARS * 2:]).rstrip("\r\n"))
+        raw = raw[: MAX_LINE_CHARS * 2]
+    text = _plain(decode_line(raw).rstrip("\r\n"))
     for _ in range(3):
         m = (_JOURNALD.match(text) or _ISO.match(text) or _COMPOSE.match(text)
              or _JOURNALD_SHORT.match(text))
@@ -62,6 +73,15 @@ def clean(raw: bytes) -> tuple[str, str | None]:
     if m is not None:
         level = m.group(1)
         text = text[m.end():]
-    if len(text) > MAX_LINE_CHARS:
-        text = text[:MAX_LINE_CHARS]
-    return text, level
+    cut = end is not None or len(text) > MAX_LINE_CHARS
+    if cut:
+        half = MAX_LINE_CHARS // 2
+        text = text[:half] + CUT + (text if end is None else end)[-half:]
+    return text, level, cut
+
+
+def _plain(text: str) -> str:
+    """Without ANSI colour codes and carriage returns."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text.replace("\r", "")

@@ -51,7 +51,7 @@ from kvdiag.postmortem.crashwindow import (
     CrashWindows,
     positions,
 )
-from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean
+from kvdiag.postmortem.lines import MAX_LINE_CHARS, clean_cut
 from kvdiag.postmortem.scanhelper import ScanHelper
 
 #: Substrings that mark a line worth parsing. Each names what it catches. The instrumented
@@ -75,7 +75,7 @@ MAIN_ANCHORS = ANCHORS[:4]
 HELPER_ANCHORS = ANCHORS[4:]
 #: Files smaller than this are not worth starting a helper process for.
 PARALLEL_MIN_BYTES = 64 << 20
-BOOT_CAPITALS: tuple[bytes, ...] = (b"TREAM", b"KV stream")
+BOOT_CAPITALS: tuple[bytes, ...] = (grammar.KV_STREAM_CAPITALS, b"KV stream")
 """kv-stream's words in capitals, which boot lines hold and no other anchor does: the port's
 ``LLAMA_KV_STREAM_ALLOW_MULTISEQ`` warning (the grammar's ``_MULTISEQ``; its text is not public,
 domain brief §9, so it may name only the variable) and its ``KV streaming device filter = CUDA0
@@ -96,6 +96,9 @@ BLOCK = 8 << 20
 BOOT_MAX_LINES = 5000
 MAX_PROBLEMS = 100
 MAX_RAW_LINE = 1 << 20
+#: Bytes kept of the end of a line longer than ``MAX_RAW_LINE`` (``lines.clean`` reads its
+#: first and last characters).
+LONG_LINE_END = MAX_LINE_CHARS * 2
 KEEP_STREAM = 200
 
 
@@ -130,6 +133,7 @@ class LogParser(CrashWindows):
         self._server_went_on = False
         self._boot_lines = 0
         self._seen_to = 0
+        self._crash_end = 0
         self._cur: tuple[bytes, int] = (b"", 0)
         self._awaiting_launch = False
         self._damage = Damage()
@@ -206,6 +210,8 @@ class LogParser(CrashWindows):
     def _feed_blocks(self, read: Callable[[int], bytes], consumed: int) -> None:
         carry = b""
         skipping = False
+        # of a line past MAX_RAW_LINE: its last bytes, where a death's text ends it (lines.clean)
+        end_of_long = b""
         while True:
             at: int | None = consumed
             try:
@@ -227,15 +233,18 @@ class LogParser(CrashWindows):
             first_nl = data.find(b"\n")
             if first_nl < 0:
                 if skipping:
+                    end_of_long = (end_of_long + data)[-LONG_LINE_END:]
                     continue
                 carry += data
                 if len(carry) > MAX_RAW_LINE:
                     self._long_line()
                     skipping = True
+                    end_of_long = carry[-LONG_LINE_END:]
                     carry = carry[:MAX_RAW_LINE]
                 continue
             if carry or skipping:
-                head = (carry + data[:first_nl] if not skipping else carry) + b"\n"
+                head = (carry + data[:first_nl] if not skipping else
+                        carry + (end_of_long + data[:first_nl])[-LONG_LINE_END:]) + b"\n"
                 self._region(head, 0, len(head))
                 self._remember(head, 0, len(head))
                 carry = b""
@@ -251,11 +260,12 @@ class LogParser(CrashWindows):
             if len(tail) > MAX_RAW_LINE:
                 self._long_line()
                 skipping = True
+                end_of_long = tail[-LONG_LINE_END:]
                 tail = tail[:MAX_RAW_LINE]
             carry = tail
         if carry:
             self._problem("last line has no line end (truncated log?)", self._lineno + 1)
-            last = carry + b"\n"
+            last = (carry + end_of_long if skipping else carry) + b"\n"
             self._region(last, 0, len(last))
             self._remember(last, 0, len(last))
 
@@ -348,8 +358,8 @@ class LogParser(CrashWindows):
             pos = nl + 1
 
     def _where(self, raw: bytes) -> tuple[LogLine, str, str | None]:
-        text, level = clean(raw)
-        if not self._long_reported and len(raw) > MAX_LINE_CHARS * 4:
+        text, level, cut = clean_cut(raw)
+        if cut and not self._long_reported:
             self._long_line()
         return LogLine(self._name, self._lineno, text), text, level
 
@@ -431,8 +441,8 @@ class LogParser(CrashWindows):
     def _long_line(self) -> None:
         if not self._long_reported:
             self._long_reported = True
-            self._problem(f"very long line cut to {MAX_LINE_CHARS} characters (first here)",
-                          self._lineno + 1)
+            self._problem(f"very long line: only its first and last {MAX_LINE_CHARS // 2} "
+                          "characters are read (first here)", self._lineno + 1)
 
     def _problem(self, message: str, line: int | None, code: str | None = None) -> None:
         if len(self.problems) < MAX_PROBLEMS:

@@ -18,6 +18,10 @@ An embedding of llama.cpp in Python (llama-cpp-python's server, any script with
 
     Extension modules: numpy.core._multiarray_umath, ... (total: 12)   (3.10+)
 
+On Windows the same dump follows ``Windows fatal exception: access violation`` (or another of
+the exception handler's names, or ``code 0x…``; read by ``deathlines.parse_windows_exception``)
+instead of the signal's line, with CRLF line ends, and without the extension modules.
+
 3.14 prints a thread's name after its id (``Thread 0x00006754 [Thread-8] (most recent call
 first):``). ``Stack (most recent call first):`` heads the single thread of ``all_threads=False``, and a
 free-threaded build prints ``<Cannot show all threads while the GIL is disabled>`` before it.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import re
 
+from kvdiag.model.frames import PYTHON_MARKS as _MARKS
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import LogLine, PythonStack
 
@@ -46,21 +51,16 @@ _HEADER = re.compile(
 )
 _STACK = "Stack (most recent call first):"
 _FRAME = re.compile(r'^\s+File (?:"(.*)"|\?\?\?), line (\d+|\?\?\?) in (.*?)\s*$')
-_MARKS = {
-    "Garbage-collecting": "the garbage collector was running",
-    "<no Python frame>": "no Python frame (the thread ran only C code)",
-    "<tstate is freed>": "the thread state was already freed",
-    "<freed frame>": "a frame was already freed",
-    "<invalid frame>": "a frame could not be read",
-    "...": f"cut after {MAX_FRAMES} frames",
-}
 _GIL_DISABLED = "<Cannot show all threads while the GIL is disabled>"
 _EXT_MODULES = "Extension modules: "
-# CPython's own library (``…/lib/python3.11/json/…``, Windows ``…\\Lib\\threading.py``) and
+# CPython's own library (``…/lib/python3.11/json/…``; on Windows ``C:\\Python311\\Lib\\…``, the
+# installer's ``…\\Programs\\Python\\Python312\\Lib\\…``, conda's ``…\\miniconda3\\Lib\\…``) and
 # frozen modules are the runtime; an installed package under site-/dist-packages is the app.
 _STDLIB = re.compile(
     r"^<frozen |[/\\]lib[/\\]python\d[\d.]*t?[/\\](?!(?:site|dist)-packages[/\\])|"
-    r"^[A-Za-z]:\\Python\d+\\Lib\\(?!site-packages\\)", re.IGNORECASE,
+    # Windows spells them so: a project's own "python\lib" folder is not the runtime
+    r"(?-i:(?:[/\\]Python\d*|[/\\](?:ana|mini)conda\d*|[/\\]envs[/\\][^/\\]+)[/\\]Lib[/\\]"
+    r"(?!site-packages[/\\]))", re.IGNORECASE,
 )
 
 
@@ -78,6 +78,11 @@ def is_in_app(file: str | None) -> bool:
     """False for CPython's own library and frozen modules; true for the rest (the
     application, packages installed under site-/dist-packages, ``<stdin>``)."""
     return not (file and _STDLIB.search(file))
+
+
+def _same(a: PythonStack, b: PythonStack) -> bool:
+    return (a.thread, a.current, a.name, a.frames, a.notes) == (
+        b.thread, b.current, b.name, b.frames, b.notes)
 
 
 class PythonStackBuilder:
@@ -140,9 +145,13 @@ class PythonStackBuilder:
 
     def flush(self) -> None:
         if self._where is not None and len(self.done) < MAX_STACKS:
-            self.done.append(PythonStack(
+            stack = PythonStack(
                 where=self._where, thread=self._thread, current=self._current,
-                name=self._name, frames=tuple(self._frames), notes=tuple(self._notes)))
+                name=self._name, frames=tuple(self._frames), notes=tuple(self._notes))
+            # On Windows one death can be dumped twice: the exception handler's dump, then
+            # the C runtime raises the signal (SIGFPE, SIGILL) whose handler dumps again
+            if not any(_same(stack, d) for d in self.done):
+                self.done.append(stack)
         self._where = None
         self._thread = None
         self._current = False

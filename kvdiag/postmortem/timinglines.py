@@ -94,6 +94,8 @@ from typing import Final
 
 import msgspec
 
+from kvdiag.postmortem import grammar
+
 # Repeats are possessive (``++``, ``*+``, ``?+``) wherever what follows cannot start with what
 # they repeat, so giving back could never help a match: the same matches, without sre's
 # backtracking steps (-16 % of the pattern's instructions on bench_perf's log, callgrind).
@@ -198,15 +200,9 @@ OLD_HEADER: Final = re.compile(rb"\| \r?\n")
 RARE_ANCHORS: tuple[bytes, ...] = (
     b"llama_",  # boot: llama_context / llama_kv_cache lines, llama_server ready (§5.1, §7.2)
     # kv_stream_adapt partition, trace, feedback and layout lines (§5.3), "KV streaming"
-    # boot lines, and a fallback warning in kv-stream's words ("kv-stream", "KV stream", §3)
-    b"tream",
-    # the same words in capitals: the grammar reads a fallback warning in any case (its text
-    # is not public, brief §9: grammar._FALLBACK_CONTEXT), and the port's multi-sequence
-    # opt-in warning names LLAMA_KV_STREAM_ALLOW_MULTISEQ (grammar._MULTISEQ), whose text is
-    # not public either: a line that spells them only as an environment variable does
-    # ("KV_STREAM", "KV-STREAM") holds no "tream"
-    b"TREAM",
-    b"fits",  # the instrumented fits=false line (§4.5), a fallback warning naming fits() (§3)
+    # boot lines, a fallback warning in kv-stream's words in any case (§3), the port's
+    # LLAMA_KV_STREAM_ALLOW_MULTISEQ warning (grammar._MULTISEQ), the fits=false line (§4.5)
+    *grammar.KV_STREAM_WORDS,
     # the ready lines of 2023 ("llama server listening at") and 2024 ("model loaded",
     # server_log): a restart before any request is a boot of its own
     b"listening at",

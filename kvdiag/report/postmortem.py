@@ -14,6 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvdiag.model import events as trace_events
+from kvdiag.model import frames as frames_model
 from kvdiag.model.findings import Finding
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import (
@@ -75,6 +77,7 @@ def crash_to_json(crash: Crash) -> dict[str, Any]:
         "line": crash.where.line,
         "signal": None if sig is None else {
             "source": sig.where.source, "line": sig.where.line, "signal": sig.signal,
+            "exception": sig.exception,
         },
         "assert": None if ab is None else {
             "file": ab.file, "line": ab.line,
@@ -223,8 +226,10 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
         if err.statement:
             parts.append(Text(f"    {cap(err.statement)}", style="italic"))
     if crash.signal is not None:
-        parts.append(Text(f"  signal: {crash.signal.signal} (line {crash.signal.where.line})",
-                          style="red"))
+        windows = (f", Windows fatal exception: {crash.signal.exception}"
+                   if crash.signal.exception else "")
+        parts.append(Text(f"  signal: {crash.signal.signal} (line {crash.signal.where.line}"
+                          f"{windows})", style="red"))
     elif crash.kind == "unknown":
         parts.append(Text("  cause not in the log: a backtrace, then the output ends (no "
                           "signal, abort, error or exception line)", style="red"))
@@ -241,28 +246,45 @@ def crash_renderable(crash: Crash, number: int, count: int, total: int, *,
     return Group(*parts)
 
 
-def python_stack_title(st: PythonStack) -> str:
+def abort_event_renderable(abort: trace_events.Abort, native: Sequence[Frame], *,
+                           full_paths: bool = False) -> RenderableType:
+    """An abort event of a trace as ``kvdiag postmortem`` shows a crash of a log: its message,
+    the native frames (``native``: the event's backtrace made frames by the caller, who may
+    judge them in-app), the Python stacks (format 1.3)."""
+    parts: list[RenderableType] = [
+        Text(f"Abort at event #{abort.seq}, step {abort.step}", style="bold red"),
+        Text(f"  {cap(abort.message)}", style="red")]
+    if abort.cuda_error:
+        parts.append(Text(f"  CUDA error {cap(abort.cuda_error)}", style="red"))
+    if native:
+        parts.append(backtrace_table(native, full_paths=full_paths))
+    else:
+        parts.append(Text("  no native backtrace in the trace" if abort.python_stacks else
+                          "  no backtrace in the trace", style="dim"))
+    parts.extend(python_stacks_renderables(abort.python_stacks, full_paths=full_paths))
+    return Group(*parts)
+
+
+def python_stack_title(st: PythonStack | trace_events.PyStack) -> str:
     """``Python stack, thread 0x… (the thread the signal hit)``."""
-    thread = f", thread {st.thread}" if st.thread else ""
-    if st.name:
-        thread += f" [{st.name}]"
-    return f"Python stack{thread}" + (" (the thread the signal hit)" if st.current else "")
+    return frames_model.python_stack_title(st.thread, st.name, st.current)
 
 
-def python_stacks_renderables(stacks: Sequence[PythonStack], *,
+def python_stacks_renderables(stacks: Sequence[PythonStack] | Sequence[trace_events.PyStack], *,
                               full_paths: bool = False) -> list[RenderableType]:
     """The stack of the thread the signal hit as a table; the other threads one line each
     (their innermost frame), all of them whole in ``--json``."""
     parts: list[RenderableType] = []
     for st in stacks:
-        if st.current and st.frames:
-            table = backtrace_table(st.frames, full_paths=full_paths)
+        frames = st.frames if isinstance(st, PythonStack) else st.as_frames()
+        if st.current and frames:
+            table = backtrace_table(frames, full_paths=full_paths)
             table.title = f"{python_stack_title(st)}; in-app frames bold"
             parts.append(table)
         else:
-            top = st.frames[0] if st.frames else None
+            top = frames[0] if frames else None
             at = (f": {top.function or '??'} ({top.file or '???'}:{top.line or '???'}), "
-                  f"{len(st.frames)} frame(s)" if top is not None else "")
+                  f"{len(frames)} frame(s)" if top is not None else "")
             parts.append(Text(f"  {python_stack_title(st)}{at}", style="dim"))
         for note in st.notes:
             parts.append(Text(f"    {note}", style="yellow"))

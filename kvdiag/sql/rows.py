@@ -110,11 +110,16 @@ def _timing_row(e: ev.Timing, sink: Sink) -> None:
 
 
 def _abort_rows(e: ev.Abort, crash: int, sink: Sink) -> None:
-    sink.row("crashes", (crash, None, e.seq, "abort", None, None, e.file or None,
+    sink.row("crashes", (crash, None, e.seq, "abort", None, None, None, e.file or None,
                          e.line or None, e.condition or None, e.message, None, e.cuda_error,
                          None, None, len(e.backtrace)))
     for i, text in enumerate(e.backtrace):
         sink.row("frames", (crash, i, None, None, None, text, None, None, None, None, text))
+    # an imported log's faulthandler stacks (format 1.3): the rows the log gives
+    for s, stack in enumerate(e.python_stacks):
+        for f in stack.as_frames():
+            sink.row("python_frames", (crash, s, stack.thread, stack.name, stack.current,
+                                       f.index, f.file, f.line, f.function, f.in_app))
 
 
 def findings_rows(findings: Iterable[Finding], sink: Sink) -> None:
@@ -139,7 +144,8 @@ def _rows(chunk: list[ev.AnyEvent | ev.Unknown], judge: Judge, sink: Sink,
     returns the number of aborts seen so far."""
     events = any(t.startswith("events_") for t in tables)
     pages, fits = "pages" in tables, "fits" in tables
-    timings, crashes = "timings" in tables, "crashes" in tables or "frames" in tables
+    timings = "timings" in tables
+    crashes = not tables.isdisjoint(("crashes", "frames", "python_frames"))
     row_event = sink.event
     for e in chunk:
         t = type(e)
@@ -229,7 +235,8 @@ def _crash_rows(crash: Crash, index: int, sink: Sink) -> None:
     frames = crash.backtrace.frames if crash.backtrace is not None else ()
     sink.row("crashes", (
         index, crash.where.line, None, crash.kind, crash.boot_index,
-        sig.signal if sig is not None else None, ab.file if ab is not None else None,
+        sig.signal if sig is not None else None, sig.exception if sig is not None else None,
+        ab.file if ab is not None else None,
         ab.line if ab is not None else None, ab.condition if ab is not None else None,
         (ab.message if ab is not None else err.message if err is not None else
          sig.signal if sig is not None else crash.kind),

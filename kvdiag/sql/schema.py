@@ -67,7 +67,7 @@ TIMINGS = _t("timings", "one row per request a server slot completed (print_timi
              "graphs_reused:BIGINT")
 CRASHES = _t("crashes", "crashes of a log (post-mortem scanner) and abort events of a trace",
              "crash:BIGINT line:BIGINT seq:BIGINT kind:VARCHAR boot:BIGINT signal:VARCHAR "
-             "abort_file:VARCHAR abort_line:BIGINT condition:VARCHAR message:VARCHAR "
+             "windows_exception:VARCHAR abort_file:VARCHAR abort_line:BIGINT condition:VARCHAR message:VARCHAR "
              "gpu_backend:VARCHAR gpu_error:VARCHAR fingerprint:VARCHAR "
              "active_slots:BIGINT[] frames:BIGINT")
 FRAMES = _t("frames", "the backtrace frames of each crash, as printed",

@@ -13,7 +13,7 @@ from kvdiag.errors import InputError
 
 FORMAT_NAME = "kvtrace"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 EXTENSION = ".kvtrace"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from kvdiag.model import events as ev
 from kvdiag.model.frames import Frame
 from kvdiag.model.logrecords import Crash
-from kvdiag.postmortem.backtrace import is_in_app
+from kvdiag.postmortem.backtrace import frames_of_names
 from kvdiag.tui.clip import clip
 
 SNIPPET_CONTEXT = 5
@@ -64,16 +64,16 @@ def from_crash(i: int, crash: Crash) -> CrashView:
     if crash.signal is not None:
         if crash.abort is None and crash.error is None:
             title = crash.signal.signal
-        details.append(f"signal: {crash.signal.signal}")
+        details.append(f"signal: {crash.signal.signal}" + (
+            f" (Windows fatal exception: {crash.signal.exception})"
+            if crash.signal.exception else ""))
     if crash.active_slots:
         details.append(f"slots busy at the crash: {', '.join(map(str, crash.active_slots))}")
     bt = crash.backtrace
-    frames = bt.frames if bt is not None else ()
     py = crash.python[0] if crash.python and crash.python[0].current else None
-    python_from = len(frames) if py is not None and py.frames else None
-    if py is not None:
-        frames += py.frames
-        details.extend(py.notes)
+    frames, python_from = _with_python(bt.frames if bt is not None else (),
+                                       py.frames if py is not None else (), details,
+                                       py.notes if py is not None else ())
     return CrashView(
         index=i, kind=crash.kind, title=title, details=tuple(d for d in details if d),
         frames=frames, fingerprint=crash.fingerprint,
@@ -83,21 +83,33 @@ def from_crash(i: int, crash: Crash) -> CrashView:
     )
 
 
+def _with_python(native: tuple[Frame, ...], python: tuple[Frame, ...], details: list[str],
+                 notes: tuple[str, ...]) -> tuple[tuple[Frame, ...], int | None]:
+    """The native frames, then the Python stack of the thread the signal hit, and where that
+    stack begins (None without Python frames); its notes join ``details``."""
+    details.extend(notes)
+    return native + python, (len(native) if python else None)
+
+
 def from_abort(i: int, abort: ev.Abort) -> CrashView:
-    frames = tuple(
-        Frame(index=n, function=name.removesuffix(" (inlined)"),
-              inlined=name.endswith("(inlined)"),
-              in_app=is_in_app(name.removesuffix(" (inlined)"), None))
-        for n, name in enumerate(abort.backtrace))
+    frames = frames_of_names(abort.backtrace)
     details = [abort.message]
     if abort.cuda_error:
         details.append(f"CUDA error {abort.cuda_error}")
+    py = (abort.python_stacks[0] if abort.python_stacks and abort.python_stacks[0].current
+          else None)
+    frames, python_from = _with_python(frames, py.as_frames() if py is not None else (),
+                                       details, py.notes if py is not None else ())
     return CrashView(
-        index=i, kind="cuda_error" if abort.cuda_error else "assert",
+        # the event records no crash kind: an assert has its condition, a GPU error its name;
+        # the rest (a signal, GGML_ABORT's message) is the abort it is
+        index=i, kind="cuda_error" if abort.cuda_error else "assert" if abort.condition else
+        "abort",
         title=abort.condition or abort.message, details=tuple(details), frames=frames,
         fingerprint=f"{Path(abort.file).name}:{abort.line}" if abort.file else abort.message,
         where=f"event #{abort.seq}, step {abort.step}", line=None,
         file=abort.file or None, file_line=abort.line or None,
+        python_from=python_from, python_thread=py.thread if py is not None else None,
     )
 
 

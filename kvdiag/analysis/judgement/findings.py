@@ -27,6 +27,7 @@ from kvdiag.analysis.judgement.classes import FOREIGN, RING, STALE
 from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, between, counted
 from kvdiag.model import events as ev
 from kvdiag.model.findings import Evidence, Finding, Severity
+from kvdiag.model.frames import python_frame_text, python_stack_title
 
 MAX_EVIDENCE = 20
 
@@ -235,6 +236,34 @@ def _conditions(shown: str, by: str, unknown: int) -> str:
     return names
 
 
+#: Frames of the signalled thread's Python stack an abort finding's evidence names (all of
+#: them are in ``details.python_stacks``).
+EVIDENCE_PYTHON_FRAMES = 8
+
+
+def python_stack_text(st: ev.PyStack) -> str:
+    """One evidence line for a Python stack of an abort (format 1.3): the thread the signal hit
+    with its frames innermost first, any other thread with its innermost frame, as
+    ``kvdiag postmortem`` shows them on the log."""
+    frames = st.as_frames()
+    title = python_stack_title(st.thread, st.name, st.current)
+    shown = frames[:EVIDENCE_PYTHON_FRAMES] if st.current else frames[:1]
+    text = ", ".join(python_frame_text(f) for f in shown)
+    if len(frames) > len(shown):
+        text += f" (+{len(frames) - len(shown)} more; {len(frames)} frame(s))"
+    text = f"{title}: {text}" if text else title
+    return "; ".join((text, *st.notes))
+
+
+def python_stack_json(st: ev.PyStack) -> dict[str, Any]:
+    """A Python stack as ``check --json`` gives it: the keys of ``kvdiag postmortem --json``'s
+    ``python_stacks`` (docs/postmortem-json.md), without the log line a trace does not keep."""
+    return {"thread": st.thread, "name": st.name, "current": st.current,
+            "notes": list(st.notes),
+            "frames": [{"index": f.index, "function": f.function, "file": f.file,
+                        "line": f.line, "in_app": f.in_app} for f in st.as_frames()]}
+
+
 def _abort_fix(condition: str) -> str:
     if "fattn_fits" in condition:
         return FIX_DISPATCH
@@ -277,10 +306,13 @@ def build(groups: Groups, *, pages_command: str | None) -> list[Finding]:
     for a in groups.aborts:
         out.append(Finding(
             rule="abort", severity=Severity.CRITICAL, title=a.message,
-            evidence=(Evidence(seq=a.seq, step=a.step, text=a.condition or a.message),),
+            evidence=(Evidence(seq=a.seq, step=a.step, text=a.condition or a.message),
+                      *(Evidence(seq=a.seq, step=a.step, text=python_stack_text(st))
+                        for st in a.python_stacks)),
             fix=_abort_fix(a.condition),
             details={"file": a.file, "line": a.line, "condition": a.condition,
-                     "backtrace": list(a.backtrace), "cuda_error": a.cuda_error}))
+                     "backtrace": list(a.backtrace), "cuda_error": a.cuda_error,
+                     "python_stacks": [python_stack_json(st) for st in a.python_stacks]}))
     for (failed, by), g in groups.fallback.items():
         out.append(Finding(
             rule="fallback", severity=Severity.WARNING,
