@@ -42,7 +42,7 @@ FIELDS = [b"kind", b"seq", b"t_ns", b"step", b"layer", b"stream", b"slot", b"pag
 def scanned(line: bytes, expect: int) -> Any:
     """The columns of one line read by the C pass (pack()'s tuple), or None: declined."""
     acc = columns.accumulator(())
-    stop, count, _, _ = acc.scan(line + b"\n", 0, 0, expect)
+    stop, count, _, _ = acc.scan(line + b"\n", 0, 0, expect, 1 << 30)
     assert count in (0, 1) and stop == (len(line) + 1 if count else 0)
     return acc.take() if count else None
 
@@ -249,7 +249,7 @@ def test_what_the_c_pass_declines_and_what_it_skips() -> None:
         assert scanned(bad, 7) is None, bad
     assert scanned(LINE, 8) is None  # another seq: the lost-event check's to see
     acc = columns.accumulator(())
-    assert acc.scan(LINE, 0, 0, 7)[:2] == (0, 0)  # no newline: the reader's to judge
+    assert acc.scan(LINE, 0, 0, 7, 10)[:2] == (0, 0)  # no newline: the reader's to judge
     # a bad fits decision is Python's to see; an unknown route, too
     fits = (b'{"kind":"fits","seq":7,"t_ns":1,"step":0,"node":"n","layer":0,'
             + b",".join(b'"%s":{"name":"x","type":"f16","ne":[1,1,1,1],"nb":[2,2,2,2]}' % t
@@ -271,7 +271,12 @@ def test_resume_is_the_next_line_the_pass_reads() -> None:
     second = LINE.replace(b'"seq":7', b'"seq":9')
     block = LINE + b"\n" + step + b"\n" + second + b"\n"
     acc = columns.accumulator(())
-    stop, count, last_step, resume = acc.scan(block, 0, 0, 7)
+    stop, count, last_step, resume = acc.scan(block, 0, 0, 7, 10)
     assert (count, last_step) == (1, 3)
     assert stop == len(LINE) + 1 and resume == stop + len(step) + 1
+    # at most ``limit`` lines: stopped by it, nothing was declined
+    third = LINE.replace(b'"seq":7', b'"seq":8')
+    acc = columns.accumulator(())
+    assert acc.scan(LINE + b"\n" + third + b"\n", 0, 0, 7, 1) == (len(LINE) + 1, 1, 3,
+                                                                  len(LINE) + 1)
     assert MUTANTS  # the mutations are the index pass's own list

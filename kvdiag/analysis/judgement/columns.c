@@ -663,16 +663,17 @@ static PyObject *acc_add(Accumulator *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* scan(data, start, base, expect) -> (stop, count, last_step, resume): the lines of ``data``
- * from byte ``start`` taken into the columns as add() takes their events (positions from
- * ``base``, seqs ``expect``, ``expect`` + 1, ...; linescan.h) up to the first line declined,
- * which begins at ``stop``; ``resume``: where the first line after it that begins as a kind
- * read here does (the decoder's run ends there), else the end of ``data``. */
+/* scan(data, start, base, expect, limit) -> (stop, count, last_step, resume): the lines of
+ * ``data`` from byte ``start`` taken into the columns as add() takes their events (positions
+ * from ``base``, seqs ``expect``, ``expect`` + 1, ...; linescan.h) up to the first line
+ * declined, which begins at ``stop``; ``resume``: where the first line after it that begins as
+ * a kind read here does (the decoder's run ends there), else the end of ``data``. At most
+ * ``limit`` lines are taken: stopped there, ``resume`` is ``stop`` (nothing was declined). */
 static PyObject *acc_scan(Accumulator *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t start, base;
+    Py_ssize_t start, base, limit;
     long long expect;
-    if (!PyArg_ParseTuple(args, "y*nnL", &view, &start, &base, &expect)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nnLn", &view, &start, &base, &expect, &limit)) return NULL;
     const unsigned char *s = view.buf, *end = s + view.len, *p = s + (start < 0 ? 0 : start);
     Py_ssize_t count = 0;
     int64_t step = -1;
@@ -681,8 +682,13 @@ static PyObject *acc_scan(Accumulator *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "start: outside the data");
         goto done;
     }
+    int limited = 0;
     if (scan_ready) {
         while (p < end) {
+            if (count >= limit) {
+                limited = 1;
+                break;
+            }
             const unsigned char *q = memchr(p, '\n', (size_t)(end - p));
             if (!q) break; /* a line without its newline: the reader's to judge */
             Cur c = {p, q};
@@ -695,7 +701,7 @@ static PyObject *acc_scan(Accumulator *self, PyObject *args) {
     }
     const unsigned char *stop = p, *r = p;
     /* past the declined line: the lines that do not begin as a kind read here */
-    while (r < end) {
+    while (r < end && !limited) {
         const unsigned char *q = memchr(r, '\n', (size_t)(end - r));
         const unsigned char *next = q ? q + 1 : end;
         if (r != stop && scan_ready && begins_as_read(r, next)) break;

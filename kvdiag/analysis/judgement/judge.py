@@ -459,7 +459,9 @@ class Judge:
         if self._waiting:  # a block before was decoded and declined: its columns come first
             self._take_waiting()
         local, base, rows0 = acc.count, self._held, self.rows
-        stop, count, step, resume = acc.scan(data, start, base, expect)
+        # no more than a judging chunk's worth: chunks stay the size streamed events make
+        limit = max(self._stream_chunk - self._held, 1)
+        stop, count, step, resume = acc.scan(data, start, base, expect, limit)
         if count:
             if not local:
                 self._acc_from = (rows0, base)
