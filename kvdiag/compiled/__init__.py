@@ -5,9 +5,9 @@ Each helper is one C file beside the Python module it speeds up, which stays the
 annotation cross-check; ``postmortem/perfbytes.c`` and ``perfpairs.c``: where ``kvdiag
 perf``'s patterns can match in a log, and the usual request read there;
 ``trace/blockscan.c``: the reader's block check; ``analysis/indexscan.c``: the viewer's index
-rows read from a block's bytes), with the headers
-beside it and this package's
-(``vec.h``); :func:`build` also builds the NumPy executor's ctypes kernel
+rows read from a block's bytes; ``analysis/judgement/linescan.h``, included by ``columns.c``:
+the judgement's columns read from lines' bytes), with the headers beside it and this package's
+(``vec.h``: a growable array of int64; ``jsonscan.h``: JSON read from a line's bytes); :func:`build` also builds the NumPy executor's ctypes kernel
 (``kernels/cpu_attend.c``, :mod:`kvdiag.executors.cpu_kernels`).
 :func:`load` builds a helper once per source, headers, flags, compiler, Python and platform
 (``$CC``, else the compiler Python was built with, else ``cc``) into ``$KVDIAG_COMPILED_DIR``
@@ -47,7 +47,8 @@ from kvdiag.files.cache import cache_root
 __all__ = ["build", "load", "status"]
 
 SHARED = Path(__file__).parent
-"""Headers every helper may include (``vec.h``: a growable array of int64)."""
+"""Headers every helper may include (``vec.h``: a growable array of int64; ``jsonscan.h``: JSON
+read from a line's bytes)."""
 _loaded: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}
 COMPILE_TIMEOUT_S = 120
