@@ -205,6 +205,21 @@ static void taken_reset(Taken *c) {
     Py_CLEAR(c->reads); /* pack() handed the list over: never emptied in place */
 }
 
+/* Room for ``more`` events' codes after the ``n`` held (-1 with MemoryError set). */
+static int codes_room(Taken *c, Py_ssize_t more) {
+    if (c->n + more <= c->cap) return 0;
+    Py_ssize_t cap = c->cap ? c->cap : 1024;
+    while (cap < c->n + more) cap *= 2;
+    char *codes = PyMem_Realloc(c->codes, (size_t)cap);
+    if (!codes) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->codes = codes;
+    c->cap = cap;
+    return 0;
+}
+
 /* The types tuple as the 9 kinds' types, their layouts made once per tuple. */
 static int kinds_of(PyObject *types, PyTypeObject **tp) {
     if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != NTYPES) {
@@ -259,17 +274,7 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
     Py_ssize_t saved_n = c->n, saved_reads = c->reads ? PyList_GET_SIZE(c->reads) : 0;
     Py_ssize_t saved_handed = handed ? PyList_GET_SIZE(handed) : 0;
     int saved_all_runs = c->all_runs;
-    if (c->n + n > c->cap) {
-        Py_ssize_t cap = c->cap ? c->cap : 1024;
-        while (cap < c->n + n) cap *= 2;
-        char *codes = PyMem_Realloc(c->codes, (size_t)cap);
-        if (!codes) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->codes = codes;
-        c->cap = cap;
-    }
+    if (codes_room(c, n)) return -1;
     char *codes = c->codes + c->n;
     PyObject *reads = c->reads;
     int last_decode = -1; /* the phase of the step before, in this run of events */

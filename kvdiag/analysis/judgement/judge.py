@@ -1308,6 +1308,9 @@ def _declares(e: object) -> bool:
     return t is ev.Records or (t is ev.Unknown and e.kind == "records")  # type: ignore[attr-defined]
 
 
+_SEQ_OF = operator.attrgetter("seq")
+
+
 def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
     """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
@@ -1317,13 +1320,19 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
     and judges what follows a declaration with it, so a list that held one in its middle would
     leave the reads before it unanswered."""
     it = iter(events)
+    top: int | None = None  # the highest seq so far: where SeqGaps.split finds gaps
     while True:
         block = list(itertools.islice(it, size))
         if not block:
             return
         types = set(map(type, block))  # a C pass: most blocks hold neither kind
+        first, last = block[0].seq, block[-1].seq
+        # one by one (compared with a range: C speed), a block has no gap but maybe before
+        # its first event, where it starts anyway
         if (ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types
-                and block[-1].seq - block[0].seq == len(block) - 1):
+                and last - first == len(block) - 1
+                and (len(block) < 3 or list(map(_SEQ_OF, block)) == list(range(first, last + 1)))):
+            top = last if top is None else max(top, last)
             yield block
             continue
         chunk: list[ev.AnyEvent | ev.Unknown] = []
@@ -1333,14 +1342,17 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
                     yield chunk
                     chunk = []
                 yield [e]
+                top = e.seq if top is None else max(top, e.seq)
                 continue
-            if chunk and (type(e) is ev.Snapshot or e.seq > chunk[-1].seq + 1):
-                # a segment's snapshot, or the first event after a gap in seq (events lost),
-                # starts a list: the Judge judges from there on from another state, so the
-                # reads after it are then the list's own and can all be asked about
+            if chunk and (type(e) is ev.Snapshot or (top is not None and e.seq > top + 1)):
+                # a segment's snapshot, or the first event after a gap in seq (events lost:
+                # a seq beyond every seq before it, as SeqGaps.split finds them), starts a
+                # list: the Judge judges from there on from another state, so the reads after
+                # it are then the list's own and can all be asked about
                 yield chunk
                 chunk = []
             chunk.append(e)
+            top = e.seq if top is None else max(top, e.seq)
         if chunk:
             yield chunk
 

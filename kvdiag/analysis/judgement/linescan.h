@@ -311,20 +311,6 @@ static int name_of(const unsigned char *s, Py_ssize_t n, const char *const *name
     return other;
 }
 
-/* Room for one more event's code. */
-static int code_room(Taken *c) {
-    if (c->n < c->cap) return 0;
-    Py_ssize_t cap = c->cap ? c->cap * 2 : 1024;
-    char *codes = PyMem_Realloc(c->codes, (size_t)cap);
-    if (!codes) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    c->codes = codes;
-    c->cap = cap;
-    return 0;
-}
-
 /* Scratch for a read's strings (items()). */
 static const unsigned char **scratch_s;
 static Py_ssize_t *scratch_n, scratch_cap;
@@ -371,7 +357,7 @@ static int scan_line(Taken *c, Cur *cur, int64_t pos, int64_t expect, int64_t *s
     Py_ssize_t saved[NVEC];
     for (int j = 0; j < NVEC; j++) saved[j] = v[j].n;
     int saved_all_runs = c->all_runs;
-    if (code_room(c) || vec_reserve(&v[V_STEP], 1)) return -2;
+    if (codes_room(c, 1) || vec_reserve(&v[V_STEP], 1)) return -2;
     v[V_STEP].v[v[V_STEP].n++] = VAL(K_STEP);
     *step = VAL(K_STEP);
     switch (k) {
