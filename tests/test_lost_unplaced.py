@@ -207,7 +207,8 @@ def test_a_native_trace_without_its_uploads_renumbered_says_the_loss_everywhere(
     console.print(overview(load_document(str(cut))))
     screen = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
     assert said in screen
-    assert "every judged kind is recorded, yet 33 event(s) written are not in the trace" in screen
+    assert ("every judged kind is recorded (as its writer declares), yet 33 event(s) written "
+            "are not in the trace") in screen
 
 
 def test_diff_gives_lost_events_for_a_loss_without_a_place(kvrt_trace: Path,
@@ -393,7 +394,8 @@ def test_the_tui_findings_screen_shows_the_loss(kvrt_trace: Path, tmp_path: Path
     async def script(app: KvdiagApp, pilot: Pilot[int]) -> None:
         screen = " ".join(text(app).split())
         assert "33 event(s) lost from the trace where no seq shows it" in screen
-        assert "every judged kind is recorded, yet 33 event(s) written" in screen
+        assert ("every judged kind is recorded (as its writer declares), yet 33 event(s) "
+                "written") in screen
         await show(pilot, "7")
         screen = " ".join(text(app).split())
         assert "events-lost" in screen

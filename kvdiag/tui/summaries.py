@@ -217,9 +217,8 @@ def recorded_lines(c: Completeness, lost: dict[str, Any] | None = None) -> list[
     how = ("as its writer declares" if c.source == "declared" else
            "inferred from what the trace contains; its writer does not declare it")
     missing = c.missing
-    head = recorded_text([k.kind for k in missing], lost, verb=" is recorded")
-    out = [Text(f"{head} ({how})", style="yellow" if missing or (lost or {}).get("events")
-                else "dim")]
+    head = recorded_text([k.kind for k in missing], lost, verb=" is recorded", how=how)
+    out = [Text(head, style="yellow" if missing or (lost or {}).get("events") else "dim")]
     for k in missing:
         out.append(Text(f"  {k.kind} not recorded — {k.hides}", style="yellow"))
     return out

@@ -259,14 +259,15 @@ def lost_text(lost: dict[str, Any] | None) -> str | None:
 
 
 def recorded_text(missing: list[str], lost: dict[str, Any] | None, *,
-                  verb: str = "") -> str:
+                  verb: str = "", how: str = "") -> str:
     """What the trace records, in a few words, for every surface's completeness line: the
     judged kinds it lacks, or every one — qualified when events are lost (the judgement's
     ``lost_events``): a kind recorded may have lost events of its own, and where no seq shows
     the loss (``unplaced``) any kind may be among them. ``verb``: " is recorded" where the
-    surface words it as a sentence."""
+    surface words it as a sentence; ``how``: how that is known (declared or inferred), said
+    right after it."""
     head = (f"not recorded: {', '.join(missing)}" if missing
-            else f"every judged kind{verb}")
+            else f"every judged kind{verb}") + (f" ({how})" if how else "")
     if not lost or not lost.get("events"):
         return head
     place = ("where is not recorded" if lost.get("unplaced") and not lost["gaps"]
