@@ -31,7 +31,7 @@ needs_c = pytest.mark.skipif(
     C is None or not linescan.ready(columns.accumulator(())), reason="no C pass here")
 
 DECODE = msgspec.json.Decoder(ev.AnyEvent).decode
-SCANNED = {ev.Write, ev.Upload, ev.Evict, ev.Read, ev.Fits}
+SCANNED = {ev.Write, ev.Upload, ev.Evict, ev.Read, ev.Fits, ev.Step, ev.Mark, ev.Output}
 FIELDS = [b"kind", b"seq", b"t_ns", b"step", b"layer", b"stream", b"slot", b"page", b"pages",
           b"cells", b"rows", b"dirty", b"versions", b"target", b"bytes", b"reason",
           b"key_stream", b"pool", b"ring", b"host", b"served", b"ranges", b"result", b"route",
@@ -137,11 +137,13 @@ def test_model_captures_are_read_line_for_line_as_decoded(
     for path in paths:
         lines = _lines(path)
         kinds = [DECODE(x) for x in lines]
-        plain = sum(type(e) in SCANNED for e in kinds)
         read = assert_lines_read_as_decoded(lines)
-        # only fits decisions with a bad outcome are left to Python
-        bad = sum(type(e) is ev.Fits and (e.route == "fallback" or not e.result) for e in kinds)
-        assert read == plain - bad > 0, path
+        # left to Python: fits decisions with a bad outcome, outputs that diverged or have no
+        # reference, and (to a pass that has seen no step yet) steps
+        expect = sum(type(e) in (ev.Write, ev.Upload, ev.Evict, ev.Read, ev.Mark)
+                     or (type(e) is ev.Fits and e.route != "fallback" and e.result)
+                     or (type(e) is ev.Output and e.diverged is False) for e in kinds)
+        assert read == expect > 0, path
 
 
 @needs_c
@@ -243,6 +245,7 @@ def test_what_the_c_pass_declines_and_what_it_skips() -> None:
         LINE.replace(b'"bytes":1024', b'"bytes":1234567890123456789'),
         LINE.replace(b'"reason":"ring"', b'"reason":"r\\u0069ng"'),
         LINE[:-1] + b',"new":"\\u00e9"}',
+        LINE[:-1] + b',"new":[123456789012345678901]}',  # beyond 64 bits: the reader refuses it
         LINE.replace(b',"slot":5', b""),
         LINE.replace(b'"slot":5', b'"slot":5.0'),
     ):
@@ -260,6 +263,32 @@ def test_what_the_c_pass_declines_and_what_it_skips() -> None:
     assert scanned(fits.replace(b'"streamed"', b'"fallback"'), 7) is None
     assert scanned(fits.replace(b'"ne":[1,1,1,1]', b'"ne":[1,1,1]'), 7) is None
     assert decoded(fits.replace(b'"ne":[1,1,1,1]', b'"ne":[1,1,1]'), 7) is None
+
+
+@needs_c
+def test_a_step_is_read_while_its_phase_goes_on() -> None:
+    """GIVEN a pass that has seen a decode step WHEN more steps come THEN a decode step is read
+    (it says nothing new) and a prefill step is declined (a decode loop ends: Python's to see,
+    as the decoded path hands it); after it, a prefill step is read; a diverged output and one
+    without a reference are declined, one within its tolerance read."""
+    def step(seq: int, phase: bytes) -> bytes:
+        return (b'{"kind":"step","seq":%d,"t_ns":1,"step":%d,"phase":"%s","streams":[0],'
+                b'"tokens":1,"n_kv":1}' % (seq, seq, phase))
+
+    acc = columns.accumulator(())
+    assert acc.add([DECODE(step(1, b"decode"))], 0, True) == [0]
+    assert acc.scan(step(2, b"decode") + b"\n", 0, 1, 2, 9)[1] == 1
+    assert acc.scan(step(3, b"prefill") + b"\n", 0, 2, 3, 9)[1] == 0
+    assert acc.add([DECODE(step(3, b"prefill"))], 2, True) == [0]
+    assert acc.scan(step(4, b"prefill") + b"\n", 0, 3, 4, 9)[1] == 1
+    out = (b'{"kind":"output","seq":7,"t_ns":1,"step":0,"stream":1,"checksum":"a",'
+           b'"ref_checksum":"b","max_abs_delta":%s,"tolerance":%s}')
+    for delta, tol, taken in ((b"0.25", b"0.5", True), (b"5e-1", b"5E-1", True),
+                              (b"1", b"0.001", False), (b"null", b"0.001", False),
+                              (b"0", b"0", True)):
+        line = out % (delta, tol)
+        assert (scanned(line, 7) is not None) is taken, line
+        assert scanned(line, 7) == decoded(line, 7)
 
 
 @needs_c

@@ -69,14 +69,20 @@ static int string(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
     return 1;
 }
 
-/* A JSON number, checked against the grammar and skipped. */
-static int number(Cur *c) {
+/* A JSON number, checked against the grammar and skipped. ``short_ints``: an integer (no
+ * fraction, no exponent) of more than INT_DIGITS digits is declined (a trace reader refuses a
+ * line holding one beyond 64 bits anywhere, kvdiag/trace/reader.py _huge_integer). */
+static int number(Cur *c, int short_ints) {
     const unsigned char *q = c->p;
     if (q < c->end && *q == '-') q++;
     if (q >= c->end || !is_digit(*q)) return 0;
+    const unsigned char *digits = q;
     if (*q == '0') q++;
     else
         while (q < c->end && is_digit(*q)) q++;
+    if (short_ints && q - digits > INT_DIGITS &&
+        !(q < c->end && (*q == '.' || *q == 'e' || *q == 'E')))
+        return 0;
     if (q < c->end && *q == '.') {
         q++;
         if (q >= c->end || !is_digit(*q)) return 0;
@@ -165,8 +171,8 @@ static int member(Cur *c, const unsigned char **s, Py_ssize_t *n, int plain) {
     return 1;
 }
 
-/* Any JSON value, checked and skipped. */
-static int value(Cur *c, int depth) {
+/* Any JSON value, checked and skipped (``short_ints``: as number()). */
+static int value(Cur *c, int depth, int short_ints) {
     if (c->p >= c->end) return 0;
     unsigned char ch = *c->p;
     if (ch == '"') {
@@ -174,7 +180,7 @@ static int value(Cur *c, int depth) {
         Py_ssize_t n;
         return string(c, &s, &n, 0);
     }
-    if (ch == '-' || is_digit(ch)) return number(c);
+    if (ch == '-' || is_digit(ch)) return number(c, short_ints);
     if (ch == 't') return literal(c, "true");
     if (ch == 'f') return literal(c, "false");
     if (ch == 'n') return literal(c, "null");
@@ -190,7 +196,7 @@ static int value(Cur *c, int depth) {
             if (!member(c, &s, &n, 0)) return 0;
         }
         ws(c);
-        if (!value(c, depth + 1)) return 0;
+        if (!value(c, depth + 1, short_ints)) return 0;
         int more = after_item(c, close);
         if (more != 1) return more == 2;
     }

@@ -185,6 +185,8 @@ typedef struct {
     Py_ssize_t n, cap;
     int all_runs;
     PyObject *reads; /* a list where the reads are kept, else NULL */
+    int phase; /* the last step's phase added (1 decode, 0 another, -1 none yet): kept across
+                * takes, for linescan's steps */
 } Taken;
 
 static void taken_clear(Taken *c) {
@@ -195,6 +197,7 @@ static void taken_clear(Taken *c) {
     c->codes = NULL;
     c->n = c->cap = 0;
     c->all_runs = 1;
+    c->phase = -1;
 }
 
 /* Empty again, the room kept (a stream's next chunk fills as much). */
@@ -273,7 +276,7 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
     for (int j = 0; j < NVEC; j++) saved[j] = v[j].n;
     Py_ssize_t saved_n = c->n, saved_reads = c->reads ? PyList_GET_SIZE(c->reads) : 0;
     Py_ssize_t saved_handed = handed ? PyList_GET_SIZE(handed) : 0;
-    int saved_all_runs = c->all_runs;
+    int saved_all_runs = c->all_runs, saved_phase = c->phase;
     if (codes_room(c, n)) return -1;
     char *codes = c->codes + c->n;
     PyObject *reads = c->reads;
@@ -506,6 +509,7 @@ static int add_events(Taken *c, PyObject *events, PyTypeObject **tp, Py_ssize_t 
             Py_DECREF(ph);
             hand = decode != last_decode;
             last_decode = decode;
+            c->phase = decode;
             break;
         }
         case OUTPUT: {
@@ -549,6 +553,7 @@ fail:
     for (int j = 0; j < NVEC; j++) v[j].n = saved[j];
     c->n = saved_n;
     c->all_runs = saved_all_runs;
+    c->phase = saved_phase;
     if (c->reads) PyList_SetSlice(c->reads, saved_reads, PY_SSIZE_T_MAX, NULL);
     if (handed) PyList_SetSlice(handed, saved_handed, PY_SSIZE_T_MAX, NULL);
     return -1;
@@ -705,11 +710,16 @@ static PyObject *acc_scan(Accumulator *self, PyObject *args) {
         }
     }
     const unsigned char *stop = p, *r = p;
-    /* past the declined line: the lines that do not begin as a kind read here */
+    /* past the declined line: the lines that do not begin as a kind read here, and those of
+     * its own kind right after it (an output that diverged is followed by the other streams'
+     * outputs, likely to diverge too: one decoded run, not one line each) */
+    int declined = 0;
     while (r < end && !limited) {
         const unsigned char *q = memchr(r, '\n', (size_t)(end - r));
         const unsigned char *next = q ? q + 1 : end;
-        if (r != stop && scan_ready && begins_as_read(r, next)) break;
+        int kind = scan_ready ? begins_as_read(r, next) : 0;
+        if (r == stop) declined = kind;
+        else if (kind && kind != declined) break;
         r = next;
     }
     out = Py_BuildValue("nnLn", (Py_ssize_t)(stop - s), count, (long long)step,

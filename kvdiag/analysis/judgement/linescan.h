@@ -1,18 +1,20 @@
 /* The judgement's columns read straight from a trace's lines, for the kinds that make most of
- * a trace (write, upload, evict, read, fits), without decoding them into objects
+ * a trace (write, upload, evict, read, fits, and a step's, a mark's and an output's lines),
+ * without decoding them into objects
  * (kvdiag/analysis/judgement/linescan.py; included by columns.c, whose Taken it fills as
  * add_events does from decoded events).
  *
  * A line is taken only where msgspec's decoder would make the same event of it: the types are
  * the model's own (linescan.py hands over msgspec.inspect's description of each struct:
  * integers, strings, booleans, literals, null-or-X, fixed and variable tuples, structs by key
- * and array-like structs), checked as strictly as the decoder checks them; keys the model does
+ * floats, and array-like structs), checked as strictly as the decoder checks them; keys the model does
  * not name are checked against JSON's grammar and skipped, as the decoder skips them. Anything
  * this pass is not sure of is declined and left to the decoder, which stays the reference: a
  * "kind" key that is not the first, a key given twice, an integer of more than INT_DIGITS
  * digits, a string with a non-ASCII byte or a \u escape (jsonscan.h), an array-like struct
  * without all its fields, a type the description does not cover, a line without its newline.
- * So is a line the columns would hand to Python (a fits decision with a bad outcome), and one
+ * So is a line the columns would hand to Python (a fits decision with a bad outcome, a step
+ * whose phase is not the last step's, an output that diverged or has no reference), and one
  * whose seq is not the one the reader and the lost-event check expect next.
  * tests/test_linescan.py holds the columns and the judgement equal on real, random and hostile
  * lines. Nothing here reads outside the buffer it is given.
@@ -23,7 +25,7 @@
 #include "jsonscan.h"
 
 enum { S_INT, S_STR, S_BOOL, S_NONE, S_LIT, S_TUPLE, S_VARTUPLE, S_OPT, S_STRUCT, S_ASTRUCT,
-       S_OTHER };
+       S_FLOAT, S_OTHER };
 #define MAX_NODES 512
 #define MAX_FIELDS 256
 #define MAX_LITS 128
@@ -51,10 +53,8 @@ static int n_nodes, n_kids, n_sfields, n_lits;
 /* The kinds read here, by columns.c's code: the tag, the struct's node, and where each field
  * the columns need is among its fields (-1: the kind is not read here). */
 enum { K_SEQ, K_STEP, K_LAYER, K_STREAM, K_CELLS, K_VERSIONS, K_PAGES, K_SLOT, K_BYTES,
-       K_TARGET, K_REASON, K_POOL, K_RING, K_HOST, K_SERVED, K_RANGES, K_ROUTE, K_RESULT, NK };
-static const char *const KEY_NAMES[NK] = {
-    "seq", "step", "layer", "stream", "cells", "versions", "pages", "slot", "bytes", "target",
-    "reason", "pool", "ring", "host", "served", "ranges", "route", "result"};
+       K_TARGET, K_REASON, K_POOL, K_RING, K_HOST, K_SERVED, K_RANGES, K_ROUTE, K_RESULT,
+       K_PHASE, K_DELTA, K_TOLERANCE, NK };
 typedef struct {
     char tag[LIT_LEN];
     Py_ssize_t tag_len;
@@ -68,8 +68,9 @@ static int scan_ready = 0;
  * index, a boolean; where an array began (read again for its items); whether it was given. */
 typedef struct {
     int64_t val;
+    double f; /* a float's value */
     const unsigned char *at;
-    int given;
+    int given, null;
 } Rec;
 
 static int valid(Cur *c, int node, int depth, Rec *rec);
@@ -105,6 +106,32 @@ static inline int quoted(Cur *c, const SField *sf) {
     return 1;
 }
 
+/* A JSON number read as a double (msgspec's float takes an integer too): checked against the
+ * grammar, then converted by strtod, which rounds correctly as msgspec's parser does. Declined:
+ * more than 20 significant characters or an exponent beyond +-300 (no overflow, no
+ * underflow to be sure of). */
+static int real(Cur *c, double *out) {
+    const unsigned char *start = c->p;
+    if (!number(c, 1)) return 0;
+    Py_ssize_t n = c->p - start;
+    if (n > 24) return 0;
+    char buf[32];
+    memcpy(buf, start, (size_t)n);
+    buf[n] = 0;
+    const char *e = strpbrk(buf, "eE");
+    if (e) {
+        long x = strtol(e + 1, NULL, 10);
+        if (x > 300 || x < -300) return 0;
+    }
+    char *end;
+    *out = PyOS_string_to_double(buf, &end, NULL);
+    if (*out == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return end == buf + n;
+}
+
 /* The members of an object whose '{' (and, for an event, its "kind" member) was read; ``rec``
  * gets one Rec per field of the struct, or is NULL. */
 static int members(Cur *c, const Node *nd, int depth, Rec *rec, int open, int tagged) {
@@ -136,7 +163,8 @@ static int members(Cur *c, const Node *nd, int depth, Rec *rec, int open, int ta
         if (f < 0) {
             /* the tag given twice is the decoder's to judge; another key is skipped by it */
             if (tagged && n == 4 && memcmp(s, "kind", 4) == 0) return 0;
-            if (!value(c, depth + 1)) return 0;
+            /* skipped as the decoder skips it, but for an integer it might refuse the line for */
+            if (!value(c, depth + 1, 1)) return 0;
         } else {
             if (seen & ((uint64_t)1 << f)) return 0;
             seen |= (uint64_t)1 << f;
@@ -194,7 +222,10 @@ static int valid(Cur *c, int node, int depth, Rec *rec) {
         return 1;
     }
     case S_NONE:
-        if (rec) rec->val = -1;
+        if (rec) {
+            rec->val = -1;
+            rec->null = 1;
+        }
         return literal(c, "null");
     case S_LIT: {
         const unsigned char *s;
@@ -207,10 +238,19 @@ static int valid(Cur *c, int node, int depth, Rec *rec) {
     }
     case S_OPT:
         if (c->p < c->end && *c->p == 'n') {
-            if (rec) rec->val = -1;
+            if (rec) {
+                rec->val = -1;
+                rec->null = 1;
+            }
             return literal(c, "null");
         }
         return valid(c, nd->a, depth, rec);
+    case S_FLOAT: {
+        double f;
+        if (!real(c, &f)) return 0;
+        if (rec) rec->f = f;
+        return 1;
+    }
     case S_TUPLE:
     case S_VARTUPLE:
     case S_ASTRUCT: {
@@ -345,6 +385,20 @@ static int scan_line(Taken *c, Cur *cur, int64_t pos, int64_t expect, int64_t *s
 #define VAL(f) rec[at[f]].val
     if (VAL(K_SEQ) != expect) return -1;
     /* fields with a default, not given: the default (the model's, checked by configure) */
+    int decode = 0;
+    if (k == STEP) {
+        /* a step says something new only where its phase changes (AdaptAnalyzer: a decode loop
+         * starts there; add_events hands those): such a step is Python's to see */
+        const Node *ln = &nodes[sfields[nd->a + at[K_PHASE]].node];
+        const char *name = lits[ln->a + VAL(K_PHASE)];
+        decode = lit_len[ln->a + VAL(K_PHASE)] == 6 && memcmp(name, "decode", 6) == 0;
+        if (decode != c->phase) return -1;
+    }
+    if (k == OUTPUT) {
+        /* an output with a reference that did not diverge: counted; the others are Python's */
+        const Rec *d = &rec[at[K_DELTA]], *t = &rec[at[K_TOLERANCE]];
+        if (!d->given || !t->given || d->null || t->null || d->f > t->f) return -1;
+    }
     int route = 0;
     if (k == FITS) {
         /* a literal's index is in the description's order: the route is found by its name */
@@ -481,12 +535,25 @@ static int scan_line(Taken *c, Cur *cur, int64_t pos, int64_t expect, int64_t *s
         v[V_FROUTE].v[v[V_FROUTE].n++] = route;
         v[V_FRES].v[v[V_FRES].n++] = VAL(K_RESULT);
         break;
+    case STEP:
+    case MARK:
+        break; /* their code and step are all the columns keep */
+    case OUTPUT:
+        if (vec_reserve(&v[V_OPOS], 1) || vec_reserve(&v[V_OSEQ], 1) ||
+            vec_reserve(&v[V_OSTREAM], 1) || vec_reserve(&v[V_ODIV], 1))
+            goto error;
+        v[V_OPOS].v[v[V_OPOS].n++] = pos;
+        v[V_OSEQ].v[v[V_OSEQ].n++] = VAL(K_SEQ);
+        v[V_OSTREAM].v[v[V_OSTREAM].n++] = VAL(K_STREAM);
+        v[V_ODIV].v[v[V_ODIV].n++] = 0;
+        break;
     default:
         goto declined;
     }
 #undef GIVEN
 #undef VAL
     c->codes[c->n++] = (char)k;
+    if (k == STEP) c->phase = decode;
     return k;
 declined:
     for (int j = 0; j < NVEC; j++) v[j].n = saved[j];
@@ -498,7 +565,7 @@ error:
     return -2;
 }
 
-/* Whether the line [p, q) begins as an event of a kind read here: {"kind":"<tag>" */
+/* The kind read here that the line [p, q) begins as ({"kind":"<tag>"), plus one; 0: none. */
 static int begins_as_read(const unsigned char *p, const unsigned char *q) {
     static const char open[] = "{\"kind\":\"";
     Py_ssize_t n = (Py_ssize_t)sizeof open - 1;
@@ -508,7 +575,7 @@ static int begins_as_read(const unsigned char *p, const unsigned char *q) {
         const Root *R = &roots[i];
         if (R->node >= 0 && q - p > R->tag_len && memcmp(p, R->tag, (size_t)R->tag_len) == 0 &&
             p[R->tag_len] == '"')
-            return 1;
+            return i + 1;
     }
     return 0;
 }

@@ -1,5 +1,6 @@
 """The judgement's columns read straight from a trace's lines, for the kinds that make most of a
-trace (write, upload, evict, read, fits), without decoding them into events.
+trace (write, upload, evict, read, fits; step, mark and output), without decoding them into
+events.
 
 Decoding is most of what judging a trace costs: on bench_tui's 1M-event trace, the reader's
 decode took 1.3 s of the judging pass's 2.4 s of CPU (measured), most of it making the
@@ -24,12 +25,13 @@ import msgspec.inspect as mi
 
 from kvdiag.analysis.judgement import columns
 
-S_INT, S_STR, S_BOOL, S_NONE, S_LIT, S_TUPLE, S_VARTUPLE, S_OPT, S_STRUCT, S_ASTRUCT, S_OTHER = (
-    range(11))
+(S_INT, S_STR, S_BOOL, S_NONE, S_LIT, S_TUPLE, S_VARTUPLE, S_OPT, S_STRUCT, S_ASTRUCT, S_FLOAT,
+ S_OTHER) = range(12)
 """linescan.h's node types."""
 
 KEYS = ("seq", "step", "layer", "stream", "cells", "versions", "pages", "slot", "bytes",
-        "target", "reason", "pool", "ring", "host", "served", "ranges", "route", "result")
+        "target", "reason", "pool", "ring", "host", "served", "ranges", "route", "result",
+        "phase", "max_abs_delta", "tolerance")
 """linescan.h's K_* keys, in its order."""
 
 _NEEDED: dict[int, dict[str, str]] = {
@@ -43,6 +45,10 @@ _NEEDED: dict[int, dict[str, str]] = {
                    "ring": "int", "host": "int", "served": "runs", "ranges": "ranges"},
     columns.FITS: {"seq": "int", "step": "int", "layer": "int", "route": "lit",
                    "result": "bool"},
+    columns.STEP: {"seq": "int", "step": "int", "phase": "lit"},
+    columns.MARK: {"seq": "int", "step": "int"},
+    columns.OUTPUT: {"seq": "int", "step": "int", "stream": "int", "max_abs_delta": "float?",
+                     "tolerance": "float?"},
 }
 """Per kind read here, the fields its columns take (add_events in columns.c) and the shape
 linescan.h reads them in: a field of another shape leaves the kind to the decoder."""
@@ -80,6 +86,9 @@ class _Description:
             return (S_STR if plain else S_OTHER, 0, 0)
         if isinstance(t, mi.BoolType):
             return (S_BOOL, 0, 0)
+        if isinstance(t, mi.FloatType):
+            plain = (t.gt, t.ge, t.lt, t.le, t.multiple_of) == (None,) * 5
+            return (S_FLOAT if plain else S_OTHER, 0, 0)
         if isinstance(t, mi.NoneType):
             return (S_NONE, 0, 0)
         if isinstance(t, mi.LiteralType):
@@ -126,8 +135,10 @@ class _Description:
             return "bool"
         if kind == S_LIT:
             return "lit"
-        if kind == S_OPT and self.shape(a) == "int":
-            return "int?"
+        if kind == S_FLOAT:
+            return "float"
+        if kind == S_OPT and self.shape(a) in ("int", "float"):
+            return self.shape(a) + "?"
         if kind == S_TUPLE and n == 2 and all(self.shape(k) == "int" for k in self.kids[a:a + 2]):
             return "pair"
         if kind == S_VARTUPLE:
@@ -162,9 +173,11 @@ def describe() -> tuple[tuple[Any, ...], ...]:
             if i is None or d.shape(d.fields[first + i][2]) != shape:
                 ok = False
                 break
-            # a field the columns need is given, or its default is what the C pass assumes
+            # a field the columns need is given, or its default is what the C pass assumes:
+            # an empty tuple, or None for a field that may be null (read as null)
             f = info.fields[i]
-            if not f.required and f.default != ():
+            if not f.required and f.default != () and not (shape.endswith("?")
+                                                           and f.default is None):
                 ok = False
                 break
             at[KEYS.index(name)] = i
