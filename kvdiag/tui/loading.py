@@ -63,11 +63,14 @@ JUDGING_PUBLISH_S = 1.0
 """Once the index is complete, the judged prefix is published this often: each snapshot makes
 the screens draw again, CPU the judging process on another core could use (bench_tui: a tenth
 of a core while the Judge finished alone)."""
-CHILD_DELTA_S = 1.0
-"""How often a judging process sends what it judged. Each delta carries the ledger rows not
-sealed into a block yet, whole (they may still change): on bench_tui's 5M-event trace a delta
-was up to 3.6 MB, and at one every 0.2 s the process spent half its time blocked on the pipe
-while the viewer, busy indexing, read and unpickled them."""
+CHILD_DELTA_S = 0.5
+"""How often a judging process sends what it judged. A delta carries the rows judged since the
+last one (each row travels once; a thread of the viewer reads the pipe as it is written), so
+the process's peak memory grows with the rows in one delta: on bench_tui's 5M-event trace its
+peak RSS was 106-109 MiB at one delta a second and 94-99 MiB at one every half second, with no
+more CPU (measured, alternated runs). (Before rows travelled once, a delta resent every row not
+yet sealed in a block, up to 3.6 MB, and at one every 0.2 s the process spent half its time
+blocked on the pipe.)"""
 YIELD_CHUNK = 1 << 20
 PROCESS_MIN_BYTES = 64 << 20
 """Traces this big are judged in a child process (starting one costs a few tenths of a
