@@ -48,6 +48,15 @@ MAX_GAPS = 20
 """Gaps listed one by one (each counted beyond that)."""
 
 
+def one_by_one(events: Sequence[Any]) -> bool:
+    """Whether the seqs of ``events`` (at least one) rise one by one: its first and last seq
+    against the count, and the seqs between compared with a range (C speed) — a block out of
+    order (a line repeated) can have the count of a whole run and hide a lost seq."""
+    first, last, n = events[0].seq, events[-1].seq, len(events)
+    return last - first == n - 1 and (n < 3 or list(map(_SEQ, events)) == list(range(first,
+                                                                                    last + 1)))
+
+
 class Gap(NamedTuple):
     """Seqs ``first`` .. ``last`` are missing between the event before them (``step_before``)
     and the one after (``seq_after`` at ``step_after``)."""
@@ -138,8 +147,7 @@ class SeqGaps:
         # First and last settle it only where the seqs in between rise one by one: a block the
         # reader found out of order (its "sequence" problem: a line repeated) can hide a lost
         # seq behind the repeated one (compared with a range: C speed).
-        if ((first == self.next or (self.next is None and first == 1)) and last - first == n - 1
-                and (n < 3 or list(map(_SEQ, events)) == list(range(first, last + 1)))):
+        if (first == self.next or (self.next is None and first == 1)) and one_by_one(events):
             self.next = last + 1
             self.step = events[-1].step
             return []

@@ -98,7 +98,7 @@ from kvdiag.analysis.judgement.fits import (
     route_code,
     route_name,
 )
-from kvdiag.analysis.judgement.gaps import Gap, SeqGaps
+from kvdiag.analysis.judgement.gaps import Gap, SeqGaps, one_by_one
 from kvdiag.analysis.judgement.ledger import Ledger, LedgerSnapshot
 from kvdiag.analysis.judgement.linescan import ready as scan_ready
 from kvdiag.analysis.judgement.seqjudge import available as walk_available
@@ -1308,9 +1308,6 @@ def _declares(e: object) -> bool:
     return t is ev.Records or (t is ev.Unknown and e.kind == "records")  # type: ignore[attr-defined]
 
 
-_SEQ_OF = operator.attrgetter("seq")
-
-
 def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
             ) -> Iterator[list[ev.AnyEvent | ev.Unknown]]:
     """``events`` in lists of at most ``size`` to feed with :meth:`Judge.feed_all`, each
@@ -1326,12 +1323,10 @@ def batches(events: Iterable[ev.AnyEvent | ev.Unknown], size: int = CHUNK
         if not block:
             return
         types = set(map(type, block))  # a C pass: most blocks hold neither kind
-        first, last = block[0].seq, block[-1].seq
-        # one by one (compared with a range: C speed), a block has no gap but maybe before
-        # its first event, where it starts anyway
+        # one by one, a block has no gap but maybe before its first event, where it starts
         if (ev.Records not in types and ev.Unknown not in types and ev.Snapshot not in types
-                and last - first == len(block) - 1
-                and (len(block) < 3 or list(map(_SEQ_OF, block)) == list(range(first, last + 1)))):
+                and one_by_one(block)):
+            last = block[-1].seq
             top = last if top is None else max(top, last)
             yield block
             continue
