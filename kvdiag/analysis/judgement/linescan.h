@@ -48,7 +48,7 @@ static int kids[MAX_NODES];
 static SField sfields[MAX_FIELDS];
 static char lits[MAX_LITS][LIT_LEN];
 static Py_ssize_t lit_len[MAX_LITS];
-static int n_nodes, n_kids, n_sfields, n_lits;
+static int n_nodes; /* nodes[] in use (configure checks every other index against its table) */
 
 /* The kinds read here, by columns.c's code: the tag, the struct's node, and where each field
  * the columns need is among its fields (-1: the kind is not read here). */
@@ -609,7 +609,7 @@ static PyObject *scan_configure(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "a description too large");
         return NULL;
     }
-    n_nodes = n_kids = n_sfields = n_lits = 0;
+    n_nodes = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nd); i++) {
         Node *x = &nodes[i];
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(nd, i), "iii", &x->type, &x->a, &x->n)) return NULL;
@@ -656,9 +656,6 @@ static PyObject *scan_configure(PyObject *self, PyObject *args) {
         R->node = node;
     }
     n_nodes = (int)PyTuple_GET_SIZE(nd);
-    n_kids = (int)PyTuple_GET_SIZE(kd);
-    n_sfields = (int)PyTuple_GET_SIZE(fd);
-    n_lits = (int)PyTuple_GET_SIZE(ld);
     json_init();
     scan_ready = 1;
     Py_RETURN_NONE;
